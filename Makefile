@@ -1,0 +1,55 @@
+# Two commands on a fresh machine:  `make demo` (the local cluster on CPU) and `make test`.
+# Every target sets up what it needs, idempotently, into .venv with pip (uv/poetry would fetch a CUDA torch).
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.ardiff-installed
+# pip's "Location ... is ignored" lines come from this machine's pip config, not from us.
+QUIET_PIP := grep -v -e 'is ignored: it is neither a file nor a directory' || true
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+
+.PHONY: help setup test lint format demo up down clean
+
+help:
+	@echo "make demo    run the whole system locally on CPU (dev cluster, real workers, MP4s in ./demo-out)"
+	@echo "make test    set up .venv, then ruff + pytest (CPU; GPU tests are deselected)"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip 2>&1 | $(QUIET_PIP)
+
+# Re-installs only when pyproject.toml changes.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[worker,operator,test]' 2>&1 | $(QUIET_PIP)
+	touch $@
+
+setup: $(STAMP)
+	@command -v redis-server >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server; }
+	$(BIN)/python -m ardiff.devcluster.binaries --bin-dir $(BIN)
+ifneq ($(HAS_GPU),1)
+	@# Last step on CPU: PyPI's torchvision/torchaudio/torchcodec cannot load beside the CPU torch build
+	@# (any later pip install of the vllm stack brings them back, hence last).
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | grep -v -e 'not installed' -e 'is ignored' || true
+endif
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: setup lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+demo: setup
+	$(BIN)/ardiff demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

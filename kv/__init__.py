@@ -1,0 +1,1 @@
+"""Where KV lives: its size (`capacity`) and its location (`placement`, in Redis)."""

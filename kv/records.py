@@ -1,0 +1,209 @@
+"""The records the placement store keeps in Redis, as typed values (docs/contracts.md §2).
+
+Frozen dataclasses that validate themselves; `from_hash` decodes a Redis hash (bytes keys and values).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal
+
+# A DNS-1123 label: what Kubernetes allows for names of namespaces, pools, pods and sessions.
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+MAX_IMAGE_BYTES = 4 << 20
+MAX_PRIORITY = 1000
+
+PlacementPolicy = Literal["least-loaded", "pack"]
+EvictionPolicy = Literal["LRU", "Never"]
+
+
+def check_name(kind: str, value: object) -> str:
+    """Reject anything that is not a DNS-1123 label: it becomes part of Redis keys and URLs."""
+    if not isinstance(value, str) or not _DNS_LABEL.match(value):
+        raise ValueError(f"placement {kind} must be a DNS-1123 label (a-z, 0-9, '-', ≤ 63), got {value!r}")
+    return value
+
+
+def _non_negative_int(kind: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"placement {kind} must be a non-negative integer, got {value!r}")
+    return value
+
+
+class SessionState(StrEnum):
+    PLACED = "placed"
+    EVICTED = "evicted"
+    LOST = "lost"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class PoolId:
+    """A worker pool: all its keys share one Redis Cluster hash slot."""
+
+    namespace: str
+    name: str
+
+    def __post_init__(self) -> None:
+        check_name("namespace", self.namespace)
+        check_name("pool", self.name)
+
+    @property
+    def tag(self) -> str:
+        return f"{{ardiff:{self.namespace}/{self.name}}}"
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """What the operator knows about a session when it asks for a slot."""
+
+    name: str
+    token_sha256: str
+    seed: int = 0
+    prompt: str = ""
+    image: bytes = b""
+    max_chunks: int = 0  # 0: unlimited
+    priority: int = 0
+    eviction_policy: EvictionPolicy = "LRU"
+
+    def __post_init__(self) -> None:
+        check_name("session", self.name)
+        if not isinstance(self.token_sha256, str) or not _SHA256_HEX.match(self.token_sha256):
+            raise ValueError(f"placement token_sha256 must be 64 lowercase hex digits, got {self.token_sha256!r}")
+        _non_negative_int("seed", self.seed)
+        _non_negative_int("max_chunks", self.max_chunks)
+        if _non_negative_int("priority", self.priority) > MAX_PRIORITY:
+            raise ValueError(f"placement priority must be <= {MAX_PRIORITY}, got {self.priority}")
+        if not isinstance(self.prompt, str):
+            raise ValueError(f"placement prompt must be a string, got {type(self.prompt).__name__}")
+        if not isinstance(self.image, bytes) or len(self.image) > MAX_IMAGE_BYTES:
+            raise ValueError(f"placement image must be at most {MAX_IMAGE_BYTES} bytes")
+        if self.eviction_policy not in ("LRU", "Never"):
+            raise ValueError(f"placement eviction_policy must be 'LRU' or 'Never', got {self.eviction_policy!r}")
+
+
+def _text(raw: dict[bytes, bytes], field: str, default: str = "") -> str:
+    value = raw.get(field.encode())
+    return default if value is None else value.decode()
+
+
+def _int(raw: dict[bytes, bytes], field: str, default: int = 0) -> int:
+    value = raw.get(field.encode())
+    return default if value in (None, b"") else int(value)
+
+
+@dataclass(frozen=True)
+class PodRecord:
+    name: str
+    capacity: int
+    used: int
+    endpoint: str
+    epoch: int
+    lease_expires_ms: int
+    draining: bool
+
+    @property
+    def free(self) -> int:
+        return max(0, self.capacity - self.used)
+
+    @classmethod
+    def from_hash(cls, name: str, raw: dict[bytes, bytes]) -> PodRecord:
+        return cls(
+            name=name,
+            capacity=_int(raw, "capacity"),
+            used=_int(raw, "used"),
+            endpoint=_text(raw, "endpoint"),
+            epoch=_int(raw, "epoch"),
+            lease_expires_ms=_int(raw, "lease_expires_ms"),
+            draining=_int(raw, "draining") == 1,
+        )
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    name: str
+    pool: str
+    pod: str
+    pod_epoch: int
+    state: SessionState
+    token_sha256: str
+    seed: int
+    prompt: str
+    image: bytes
+    reset_required: bool
+    max_chunks: int
+    priority: int
+    eviction_policy: EvictionPolicy
+    chunk_index: int
+    last_tick_ms: int
+
+    @classmethod
+    def from_hash(cls, name: str, raw: dict[bytes, bytes]) -> SessionRecord:
+        policy = _text(raw, "eviction_policy", "LRU")
+        return cls(
+            name=name,
+            pool=_text(raw, "pool"),
+            pod=_text(raw, "pod"),
+            pod_epoch=_int(raw, "pod_epoch"),
+            state=SessionState(_text(raw, "state")),
+            token_sha256=_text(raw, "token_sha256"),
+            seed=_int(raw, "seed"),
+            prompt=_text(raw, "prompt"),
+            image=raw.get(b"image", b""),
+            reset_required=_int(raw, "reset_required") == 1,
+            max_chunks=_int(raw, "max_chunks"),
+            priority=_int(raw, "priority"),
+            eviction_policy="Never" if policy == "Never" else "LRU",
+            chunk_index=_int(raw, "chunk_index"),
+            last_tick_ms=_int(raw, "last_tick_ms"),
+        )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a session lives now."""
+
+    session: str
+    pod: str
+    endpoint: str
+    pod_epoch: int
+    reset_required: bool
+
+
+@dataclass(frozen=True)
+class PlaceResult:
+    """`placement` is None while no slot exists (the session stays Pending).
+
+    `victim` names the session evicted to make room, so the caller can report it.
+    `already_placed` is True when the session was placed before this call (idempotent place).
+    """
+
+    placement: Placement | None
+    victim: str | None = None
+    already_placed: bool = False
+
+
+@dataclass(frozen=True)
+class PodRegistration:
+    """A (re)started worker's fencing epoch and the sessions its previous incarnation held (now `lost`)."""
+
+    epoch: int
+    lost_sessions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PodEvent:
+    """One entry of a pod's notification stream."""
+
+    id: str
+    kind: Literal["close", "evict"]
+    session: str
+    reason: str
+    epoch: int

@@ -1,0 +1,1 @@
+"""The kopf control plane for ARDiffusionWorkerPool and ARDiffusionSession."""
