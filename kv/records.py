@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
+from ardiff.kv.errors import InvalidPlacementArgument
+
 # A DNS-1123 label: what Kubernetes allows for names of namespaces, pools, pods and sessions.
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -24,13 +26,15 @@ EvictionPolicy = Literal["LRU", "Never"]
 def check_name(kind: str, value: object) -> str:
     """Reject anything that is not a DNS-1123 label: it becomes part of Redis keys and URLs."""
     if not isinstance(value, str) or not _DNS_LABEL.match(value):
-        raise ValueError(f"placement {kind} must be a DNS-1123 label (a-z, 0-9, '-', ≤ 63), got {value!r}")
+        raise InvalidPlacementArgument(
+            f"placement {kind} must be a DNS-1123 label (a-z, 0-9, '-', ≤ 63), got {value!r}"
+        )
     return value
 
 
-def _non_negative_int(kind: str, value: object) -> int:
+def check_non_negative_int(kind: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"placement {kind} must be a non-negative integer, got {value!r}")
+        raise InvalidPlacementArgument(f"placement {kind} must be a non-negative integer, got {value!r}")
     return value
 
 
@@ -76,17 +80,25 @@ class SessionSpec:
     def __post_init__(self) -> None:
         check_name("session", self.name)
         if not isinstance(self.token_sha256, str) or not _SHA256_HEX.match(self.token_sha256):
-            raise ValueError(f"placement token_sha256 must be 64 lowercase hex digits, got {self.token_sha256!r}")
-        _non_negative_int("seed", self.seed)
-        _non_negative_int("max_chunks", self.max_chunks)
-        if _non_negative_int("priority", self.priority) > MAX_PRIORITY:
-            raise ValueError(f"placement priority must be <= {MAX_PRIORITY}, got {self.priority}")
+            raise InvalidPlacementArgument(
+                f"placement token_sha256 must be 64 lowercase hex digits, got {self.token_sha256!r}"
+            )
+        check_non_negative_int("seed", self.seed)
+        check_non_negative_int("max_chunks", self.max_chunks)
+        if check_non_negative_int("priority", self.priority) > MAX_PRIORITY:
+            raise InvalidPlacementArgument(
+                f"placement priority must be <= {MAX_PRIORITY}, got {self.priority}"
+            )
         if not isinstance(self.prompt, str):
-            raise ValueError(f"placement prompt must be a string, got {type(self.prompt).__name__}")
+            raise InvalidPlacementArgument(
+                f"placement prompt must be a string, got {type(self.prompt).__name__}"
+            )
         if not isinstance(self.image, bytes) or len(self.image) > MAX_IMAGE_BYTES:
-            raise ValueError(f"placement image must be at most {MAX_IMAGE_BYTES} bytes")
+            raise InvalidPlacementArgument(f"placement image must be at most {MAX_IMAGE_BYTES} bytes")
         if self.eviction_policy not in ("LRU", "Never"):
-            raise ValueError(f"placement eviction_policy must be 'LRU' or 'Never', got {self.eviction_policy!r}")
+            raise InvalidPlacementArgument(
+                f"placement eviction_policy must be 'LRU' or 'Never', got {self.eviction_policy!r}"
+            )
 
 
 def _text(raw: dict[bytes, bytes], field: str, default: str = "") -> str:
@@ -192,10 +204,15 @@ class PlaceResult:
 
 @dataclass(frozen=True)
 class PodRegistration:
-    """A (re)started worker's fencing epoch and the sessions its previous incarnation held (now `lost`)."""
+    """A (re)started worker's fencing epoch and the sessions its previous incarnation held (now `lost`).
+
+    `recreated` is True when a heartbeat found the pod record missing (Redis lost its data) or held by an
+    older incarnation, and wrote it again.
+    """
 
     epoch: int
     lost_sessions: tuple[str, ...] = ()
+    recreated: bool = False
 
 
 @dataclass(frozen=True)

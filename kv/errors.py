@@ -1,0 +1,103 @@
+"""Typed errors of the placement store, and the status codes its Lua scripts return (kv/lua/_lib.lua).
+
+Every error subclasses `ardiff.errors.ArdiffError` with a stable `code`; the worker maps them to HTTP statuses
+(`SessionNotHere` → 410/421 by `state`, `UnknownSession` → 404, `PodFenced` → the worker stops serving).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import TYPE_CHECKING
+
+from ardiff.errors import ArdiffError
+
+if TYPE_CHECKING:
+    from ardiff.kv.records import SessionState
+
+
+class ScriptStatus(IntEnum):
+    """First element of every script reply; must match the constants at the top of kv/lua/_lib.lua."""
+
+    OK = 0
+    STALE_PLAN = 1  # internal: the call did not declare every key it needs; retried with them
+    POD_FENCED = 2
+    SESSION_NOT_HERE = 3
+    UNKNOWN_SESSION = 4
+    UNKNOWN_POD = 5
+    CAPACITY_BELOW_USED = 6
+
+
+class PlacementError(ArdiffError):
+    code = "placement_error"
+
+
+class InvalidPlacementArgument(PlacementError, ValueError):
+    """A bad argument, rejected before anything is sent to Redis."""
+
+    code = "invalid_argument"
+
+
+class InvalidRedisUrl(PlacementError, ValueError):
+    code = "invalid_redis_url"
+
+
+class PodFenced(PlacementError):
+    """A newer incarnation of the pod registered: this one must stop serving its sessions."""
+
+    code = "pod_fenced"
+
+    def __init__(self, pod: str, epoch: int, current_epoch: int) -> None:
+        super().__init__(f"pod {pod} epoch {epoch} is fenced: the pod's record has epoch {current_epoch}")
+        self.pod = pod
+        self.epoch = epoch
+        self.current_epoch = current_epoch
+
+
+class SessionNotHere(PlacementError):
+    """The session exists but is not placed on the calling pod incarnation.
+
+    `state` says why (evicted/closed → 410, lost → reset on re-placement, placed elsewhere → 421 with
+    `endpoint`, the owning pod's endpoint, or "" when unknown).
+    """
+
+    code = "session_not_here"
+
+    def __init__(self, session: str, state: SessionState, pod: str, endpoint: str = "") -> None:
+        where = f"placed on pod {pod}" if state == "placed" else f"{state} (pod {pod or '-'})"
+        super().__init__(f"session {session} is not here: it is {where}")
+        self.session = session
+        self.state = state
+        self.pod = pod
+        self.endpoint = endpoint
+
+
+class UnknownSession(PlacementError):
+    code = "unknown_session"
+
+    def __init__(self, session: str) -> None:
+        super().__init__(f"session {session} has no placement record")
+        self.session = session
+
+
+class UnknownPod(PlacementError):
+    code = "unknown_pod"
+
+    def __init__(self, pod: str) -> None:
+        super().__init__(f"pod {pod} is not registered")
+        self.pod = pod
+
+
+class CapacityBelowUsed(PlacementError):
+    code = "capacity_below_used"
+
+    def __init__(self, pod: str, capacity: int, used: int) -> None:
+        super().__init__(f"pod {pod} capacity must be >= its {used} placed sessions, got {capacity}")
+        self.pod = pod
+        self.capacity = capacity
+        self.used = used
+
+
+class PlacementContention(PlacementError):
+    """A script kept finding new keys to declare (the pool changed under it on every attempt)."""
+
+    code = "placement_contention"

@@ -1,0 +1,72 @@
+"""The one key builder of the placement store: every Redis key of a pool, under the pool's hash tag.
+
+All keys of a pool share `{ardiff:<namespace>/<pool>}`, so they live in one Redis Cluster slot and a script
+may touch any of them. Scripts never build keys: callers pass these names through KEYS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ardiff.kv.records import PoolId
+
+
+@dataclass(frozen=True)
+class PoolKeys:
+    pool: PoolId
+
+    @property
+    def prefix(self) -> str:
+        return self.pool.tag
+
+    # Records (docs/contracts.md §2).
+    def pod(self, pod: str) -> str:
+        return f"{self.prefix}:pod:{pod}"
+
+    def session(self, session: str) -> str:
+        return f"{self.prefix}:session:{session}"
+
+    def events(self, pod: str) -> str:
+        """The pod's notification stream (consumer group `worker`)."""
+        return f"{self.prefix}:events:{pod}"
+
+    # Indexes the scripts maintain next to the records.
+    @property
+    def pods(self) -> str:
+        """Set: registered pod names."""
+        return f"{self.prefix}:pods"
+
+    @property
+    def open(self) -> str:
+        """Sorted set: pods that accept placements (not draining, a free slot), scored by used / capacity."""
+        return f"{self.prefix}:open"
+
+    @property
+    def leases(self) -> str:
+        """Sorted set: pod → lease_expires_ms."""
+        return f"{self.prefix}:leases"
+
+    @property
+    def draining(self) -> str:
+        """Set: draining pods."""
+        return f"{self.prefix}:draining"
+
+    @property
+    def residents(self) -> str:
+        """Sorted set (lexicographic): `<pod>/<session>` for every placed session."""
+        return f"{self.prefix}:residents"
+
+    @property
+    def lru(self) -> str:
+        """Sorted set: `<pod>/<session>` of evictable sessions, scored priority * 2^42 + last_tick_ms."""
+        return f"{self.prefix}:lru"
+
+    @property
+    def pattern(self) -> str:
+        """SCAN pattern matching every key of the pool (names are DNS labels: no glob characters)."""
+        return f"{self.prefix}:*"
+
+
+def resident(pod: str, session: str) -> str:
+    """Index member naming `session` on `pod` (as kv/lua/_lib.lua `resident`)."""
+    return f"{pod}/{session}"

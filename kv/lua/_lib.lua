@@ -1,0 +1,220 @@
+-- _lib.lua: helpers shared by the placement scripts. The loader (kv/placement.py) prepends this file to every
+-- operation script, so each operation still runs as ONE atomic script.
+--
+-- No key is ever built here: every key name arrives through KEYS, either as a fixed pool key or in the call's
+-- *plan* (the per-pod and per-session keys the caller declared up front, as Redis Cluster requires).
+-- Key variables end in `_key`, key tables in `_keys`; tests/kv/test_placement_lua.py checks both rules.
+
+-- Status codes: kv/errors.py (ScriptStatus) maps them to typed exceptions.
+local OK = 0
+local STALE_PLAN = 1
+local POD_FENCED = 2
+local SESSION_NOT_HERE = 3
+local UNKNOWN_SESSION = 4
+local UNKNOWN_POD = 5
+local CAPACITY_BELOW_USED = 6
+
+-- LRU score = priority * 2^42 + last_tick_ms: one sorted set orders sessions by priority, then by last tick.
+-- 2^42 ms lasts until 2109 and 1000 * 2^42 < 2^53, so scores stay exact doubles.
+local PRIORITY_SCALE = 4398046511104
+local SCAN_BATCH = 16
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Exact decimal text for integral doubles (tostring would switch to %.14g and lose digits).
+local function int_text(n)
+  return string.format('%.0f', n)
+end
+
+-- Sorted-set member naming one session on one pod: `<pod>/<session>` (names are DNS labels, never contain '/').
+local function resident(pod, session)
+  return pod .. '/' .. session
+end
+
+local function split_resident(member)
+  local slash = string.find(member, '/', 1, true)
+  return string.sub(member, 1, slash - 1), string.sub(member, slash + 1)
+end
+
+-- Sessions that `residents_key` lists for `pod`: a lexicographic range over `<pod>/...`.
+local function residents_of(residents_key, pod)
+  local members = redis.call('ZRANGE', residents_key, '[' .. pod .. '/', '[' .. pod .. '/\255', 'BYLEX')
+  local sessions = {}
+  for i, member in ipairs(members) do
+    local _, session = split_resident(member)
+    sessions[i] = session
+  end
+  return sessions
+end
+
+-- The plan: ARGV[first_arg] = number of pods P, ARGV[first_arg + 1] = number of sessions S, then P pod names and
+-- S session names; KEYS from first_key: per pod (record, event stream), then per session (record).
+local function read_plan(first_key, first_arg)
+  local plan = {pod_keys = {}, stream_keys = {}, session_keys = {}}
+  local n_pods = tonumber(ARGV[first_arg])
+  local n_sessions = tonumber(ARGV[first_arg + 1])
+  local k = first_key
+  local a = first_arg + 2
+  for _ = 1, n_pods do
+    plan.pod_keys[ARGV[a]] = KEYS[k]
+    plan.stream_keys[ARGV[a]] = KEYS[k + 1]
+    k = k + 2
+    a = a + 1
+  end
+  for _ = 1, n_sessions do
+    plan.session_keys[ARGV[a]] = KEYS[k]
+    k = k + 1
+    a = a + 1
+  end
+  return plan
+end
+
+-- Collects the pods and sessions a call needs but did not declare; `stale_reply` asks the caller to retry
+-- with them. Nothing has been written when a script returns it.
+local function new_missing()
+  return {pods = {}, sessions = {}, any = false}
+end
+
+local function need_pod(plan, missing, pod)
+  if plan.pod_keys[pod] == nil then
+    table.insert(missing.pods, pod)
+    missing.any = true
+  end
+end
+
+local function need_session(plan, missing, session)
+  if plan.session_keys[session] == nil then
+    table.insert(missing.sessions, session)
+    missing.any = true
+  end
+end
+
+local function stale_reply(missing)
+  return {STALE_PLAN, missing.pods, missing.sessions}
+end
+
+-- A pod accepts placements iff it is not draining and has a free slot; `open_key` holds exactly those pods,
+-- scored by load (used / capacity). Lease expiry is checked at use, from `leases_key`.
+local function refresh_open(open_key, pod_key, pod)
+  local rec = redis.call('HMGET', pod_key, 'capacity', 'used', 'draining')
+  local capacity = tonumber(rec[1]) or 0
+  local used = tonumber(rec[2]) or 0
+  if rec[3] == '0' and used < capacity then
+    redis.call('ZADD', open_key, used / capacity, pod)
+  else
+    redis.call('ZREM', open_key, pod)
+  end
+end
+
+local function lease_live(leases_key, pod, now)
+  local expires = redis.call('ZSCORE', leases_key, pod)
+  return expires ~= false and tonumber(expires) > now
+end
+
+local function lru_score(priority, last_tick_ms)
+  return int_text(tonumber(priority) * PRIORITY_SCALE + last_tick_ms)
+end
+
+local function post_event(stream_key, maxlen, kind, session, reason, epoch)
+  redis.call('XADD', stream_key, 'MAXLEN', '~', maxlen, '*',
+    'kind', kind, 'session', session, 'reason', reason, 'epoch', epoch)
+end
+
+-- The session loses its slot: it leaves the resident and LRU indexes and its record gets `state`.
+local function unbind(session_key, residents_key, lru_key, pod, session, state)
+  local member = resident(pod, session)
+  redis.call('ZREM', residents_key, member)
+  redis.call('ZREM', lru_key, member)
+  redis.call('HSET', session_key, 'state', state)
+end
+
+-- The evictable session to evict first: lowest priority level (<= max_priority) first, then least recently
+-- ticked, idle since `cutoff_ms` or earlier, and accepted by `accept(pod)`. One range query per priority level
+-- present, plus one per batch of rejected candidates; returns pod, session or nil.
+local function find_victim(lru_key, max_priority, cutoff_ms, accept)
+  local floor = 0
+  while true do
+    local first = redis.call('ZRANGE', lru_key, int_text(floor), '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+    if #first == 0 then
+      return nil
+    end
+    local level = math.floor(tonumber(first[2]) / PRIORITY_SCALE)
+    if level > max_priority then
+      return nil
+    end
+    local base = level * PRIORITY_SCALE
+    if cutoff_ms >= 0 then
+      local offset = 0
+      while true do
+        local batch = redis.call('ZRANGE', lru_key, int_text(base), int_text(base + cutoff_ms), 'BYSCORE',
+          'LIMIT', offset, SCAN_BATCH)
+        for _, member in ipairs(batch) do
+          local pod, session = split_resident(member)
+          if accept(pod) then
+            return pod, session
+          end
+        end
+        if #batch < SCAN_BATCH then
+          break
+        end
+        offset = offset + SCAN_BATCH
+      end
+    end
+    floor = base + PRIORITY_SCALE
+  end
+end
+
+-- Forget pod `pod` and everything bound to it: its sessions become `lost` (records kept for the operator).
+local function drop_pod(k, plan, pod)
+  local lost = residents_of(k.residents_key, pod)
+  for _, session in ipairs(lost) do
+    unbind(plan.session_keys[session], k.residents_key, k.lru_key, pod, session, 'lost')
+  end
+  redis.call('DEL', plan.pod_keys[pod], plan.stream_keys[pod])
+  redis.call('SREM', k.pods_key, pod)
+  redis.call('ZREM', k.open_key, pod)
+  redis.call('ZREM', k.leases_key, pod)
+  redis.call('SREM', k.draining_key, pod)
+  return lost
+end
+
+-- Reads the session record (state, pod, pod_epoch, then `extra` fields) and checks that pod `pod` at `epoch`
+-- holds it. Returns nil and the fields, or the reply to return: an older incarnation of the pod is fenced.
+local function check_bound(session_key, pod_key, pod, epoch, extra)
+  local s = redis.call('HMGET', session_key, 'state', 'pod', 'pod_epoch', unpack(extra))
+  if s[1] == false then
+    return {UNKNOWN_SESSION}
+  end
+  local pod_epoch = tonumber(redis.call('HGET', pod_key, 'epoch'))
+  if pod_epoch ~= nil and epoch < pod_epoch then
+    return {POD_FENCED, int_text(pod_epoch)}
+  end
+  local session_epoch = tonumber(s[3]) or 0
+  if s[2] == pod and epoch < session_epoch then
+    return {POD_FENCED, int_text(session_epoch)}
+  end
+  if s[1] ~= 'placed' or s[2] ~= pod or session_epoch ~= epoch then
+    return {SESSION_NOT_HERE, s[1], s[2], int_text(session_epoch)}
+  end
+  return nil, s
+end
+
+-- Binds a session to `pod`: its record (spec from ARGV[2..9] = pool, token_sha256, seed, prompt, image,
+-- max_chunks, priority, eviction_policy: the layout place.lua and restore.lua share) and its index entries.
+-- The caller accounts for the pod's `used`.
+local function bind(session_key, residents_key, lru_key, session, pod, pod_epoch, chunk_index, reset_required, now)
+  redis.call('HSET', session_key, 'pool', ARGV[2], 'pod', pod, 'pod_epoch', pod_epoch, 'state', 'placed',
+    'token_sha256', ARGV[3], 'seed', ARGV[4], 'prompt', ARGV[5], 'image', ARGV[6], 'reset_required', reset_required,
+    'max_chunks', ARGV[7], 'priority', ARGV[8], 'eviction_policy', ARGV[9], 'chunk_index', chunk_index,
+    'last_tick_ms', int_text(now))
+  redis.call('PERSIST', session_key)
+  redis.call('ZADD', residents_key, 0, resident(pod, session))
+  if ARGV[9] == 'LRU' then
+    redis.call('ZADD', lru_key, lru_score(ARGV[8], now), resident(pod, session))
+  end
+end
+
+-- Operation script follows.

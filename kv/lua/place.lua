@@ -1,0 +1,130 @@
+-- place.lua: give a session a slot (idempotent), evicting the least recently ticked session if allowed.
+--
+-- KEYS[1] session record   KEYS[2] open pods (zset)   KEYS[3] leases (zset)   KEYS[4] draining pods (set)
+-- KEYS[5] residents (zset) KEYS[6] LRU index (zset)   KEYS[7...] plan: chosen pod and victim (see _lib.lua)
+-- ARGV[1] session   ARGV[2] pool   ARGV[3] token_sha256   ARGV[4] seed   ARGV[5] prompt   ARGV[6] image
+-- ARGV[7] max_chunks   ARGV[8] priority   ARGV[9] eviction_policy (LRU|Never)   ARGV[10] may_evict (1|0)
+-- ARGV[11] min_idle_ms   ARGV[12] policy (least-loaded|pack)   ARGV[13] stream maxlen
+-- ARGV[14...] plan
+--
+-- A placed session is returned as is. Otherwise: the live, non-draining pod with a free slot that the policy
+-- prefers (least-loaded: lowest used/capacity; pack: highest). With no such pod, a first admission (no record,
+-- or `closed`) called with may_evict=1 evicts the session with the lowest priority (<= its own), then the least
+-- recently ticked, idle >= min_idle_ms, never `Never`, on a live non-draining pod, and takes its slot; the
+-- victim's record becomes `evicted` (it keeps its pod) and an `evict` event goes to that pod's stream.
+-- `evicted`/`lost` sessions take free slots only and come back with reset_required=1.
+-- Returns {OK, outcome ('placed'|'already'|'pending'), pod, pod_epoch, endpoint, reset_required, victim,
+--          hint pod, hint victim pod, hint victim session} (hints: the pods/sessions the next call will likely
+--          need) or {STALE_PLAN, {pods}, {sessions}}
+local session_key = KEYS[1]
+local open_key = KEYS[2]
+local leases_key = KEYS[3]
+local draining_key = KEYS[4]
+local residents_key = KEYS[5]
+local lru_key = KEYS[6]
+local session = ARGV[1]
+local priority = tonumber(ARGV[8])
+local may_evict = ARGV[10] == '1'
+local min_idle_ms = tonumber(ARGV[11])
+local pack = ARGV[12] == 'pack'
+local stream_maxlen = ARGV[13]
+local plan = read_plan(7, 14)
+local missing = new_missing()
+
+local now = now_ms()
+local function placeable(pod)
+  return lease_live(leases_key, pod, now) and redis.call('SISMEMBER', draining_key, pod) == 0
+end
+
+-- The first live pod in `open_key` in policy order (pods there are non-draining with a free slot).
+local function preferred_pod()
+  local start = 0
+  while true do
+    local batch
+    if pack then
+      batch = redis.call('ZRANGE', open_key, start, start + SCAN_BATCH - 1, 'REV', 'WITHSCORES')
+    else
+      batch = redis.call('ZRANGE', open_key, start, start + SCAN_BATCH - 1, 'WITHSCORES')
+    end
+    for i = 1, #batch, 2 do
+      if lease_live(leases_key, batch[i], now) then
+        return batch[i], batch[i + 1]
+      end
+    end
+    if #batch < 2 * SCAN_BATCH then
+      return nil
+    end
+    start = start + SCAN_BATCH
+  end
+end
+
+-- The preferred pod, or a declared pod with the same load (saves a round trip on ties).
+local function choose_pod()
+  local best, load = preferred_pod()
+  if best == nil or plan.pod_keys[best] ~= nil then
+    return best
+  end
+  for pod, _ in pairs(plan.pod_keys) do
+    if redis.call('ZSCORE', open_key, pod) == load and lease_live(leases_key, pod, now) then
+      return pod
+    end
+  end
+  return best
+end
+
+local function hints()
+  local pod = preferred_pod()
+  if pod ~= nil then
+    return pod, false, false
+  end
+  local victim_pod, victim = find_victim(lru_key, priority, now - min_idle_ms, placeable)
+  return false, victim_pod or false, victim or false
+end
+
+local s = redis.call('HMGET', session_key, 'state', 'pod', 'pod_epoch', 'reset_required')
+if s[1] == 'placed' then
+  need_pod(plan, missing, s[2])
+  if missing.any then
+    return stale_reply(missing)
+  end
+  local endpoint = redis.call('HGET', plan.pod_keys[s[2]], 'endpoint')
+  return {OK, 'already', s[2], s[3], endpoint or '', tonumber(s[4]) or 0, false, false, false, false}
+end
+local first_admission = s[1] == false or s[1] == 'closed'
+
+local pod = choose_pod()
+local victim = false
+if pod == nil and first_admission and may_evict then
+  local victim_pod, victim_session = find_victim(lru_key, priority, now - min_idle_ms, placeable)
+  if victim_pod ~= nil then
+    need_pod(plan, missing, victim_pod)
+    need_session(plan, missing, victim_session)
+    pod = victim_pod
+    victim = victim_session
+  end
+elseif pod ~= nil then
+  need_pod(plan, missing, pod)
+end
+if pod == nil then
+  local hint_pod, hint_victim_pod, hint_victim = hints()
+  return {OK, 'pending', false, false, false, 0, false, hint_pod, hint_victim_pod, hint_victim}
+end
+if missing.any then
+  return stale_reply(missing)
+end
+
+local pod_key = plan.pod_keys[pod]
+local p = redis.call('HMGET', pod_key, 'epoch', 'endpoint')
+if victim then
+  local victim_key = plan.session_keys[victim]
+  local victim_epoch = redis.call('HGET', victim_key, 'pod_epoch')
+  unbind(victim_key, residents_key, lru_key, pod, victim, 'evicted')
+  post_event(plan.stream_keys[pod], stream_maxlen, 'evict', victim, 'evicted for ' .. session, victim_epoch)
+else
+  redis.call('HINCRBY', pod_key, 'used', 1)
+end
+local reset_required = first_admission and 0 or 1
+bind(session_key, residents_key, lru_key, session, pod, p[1], 0, reset_required, now)
+refresh_open(open_key, pod_key, pod)
+local hint_pod, hint_victim_pod, hint_victim = hints()
+return {OK, 'placed', pod, p[1], p[2], reset_required, victim, hint_pod, hint_victim_pod, hint_victim}

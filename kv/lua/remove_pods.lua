@@ -1,0 +1,40 @@
+-- remove_pods.lua: forget pods that are gone (deleted by the operator, or whose lease expired).
+--
+-- KEYS[1] pods (set)   KEYS[2] open pods (zset)   KEYS[3] leases (zset)   KEYS[4] draining pods (set)
+-- KEYS[5] residents (zset)   KEYS[6] LRU index (zset)   KEYS[7...] plan: the pods and their sessions (_lib.lua)
+-- ARGV[1] mode: 'expired' (every pod whose lease ended) or 'named'   ARGV[2] the pod (mode 'named')
+-- ARGV[3...] plan
+--
+-- Each pod's record and event stream are deleted; its sessions become `lost` (records kept, slots gone).
+-- Returns {OK, {pod, {sessions}, pod, {sessions}, ...}} | {STALE_PLAN, {pods}, {sessions}}
+local k = {pods_key = KEYS[1], open_key = KEYS[2], leases_key = KEYS[3], draining_key = KEYS[4],
+  residents_key = KEYS[5], lru_key = KEYS[6]}
+local plan = read_plan(7, 3)
+
+local targets
+if ARGV[1] == 'expired' then
+  local now = now_ms()
+  targets = redis.call('ZRANGE', k.leases_key, '-inf', int_text(now), 'BYSCORE')
+elseif redis.call('SISMEMBER', k.pods_key, ARGV[2]) == 1 then
+  targets = {ARGV[2]}
+else
+  targets = {}
+end
+
+local missing = new_missing()
+for _, pod in ipairs(targets) do
+  need_pod(plan, missing, pod)
+  for _, session in ipairs(residents_of(k.residents_key, pod)) do
+    need_session(plan, missing, session)
+  end
+end
+if missing.any then
+  return stale_reply(missing)
+end
+
+local removed = {}
+for _, pod in ipairs(targets) do
+  table.insert(removed, pod)
+  table.insert(removed, drop_pod(k, plan, pod))
+end
+return {OK, removed}

@@ -1,0 +1,779 @@
+"""The placement store: which pod holds which session, in Redis (DESIGN §3.2, docs/contracts.md §2).
+
+Every mutation is one atomic Lua script (`kv/lua/<operation>.lua`, with `kv/lua/_lib.lua` prepended); Python
+never reads, decides and writes back. Server `TIME` is the only clock the scripts use.
+
+Redis Cluster needs every key a script touches in KEYS, but some keys depend on what the script finds (the
+pod a session lands on, the victim it evicts, the sessions of a dead pod). Such calls declare a *plan* of the
+per-pod and per-session keys they expect to need; a script that finds one missing writes nothing and answers
+STALE_PLAN with the names, and the call is repeated with them. `place` remembers the pod (or victim) its
+previous reply predicted, so a steady stream of placements takes one round trip each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.resources
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, get_args
+from urllib.parse import unquote, urlsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.sentinel import Sentinel
+from redis.exceptions import ResponseError
+
+from ardiff.kv.errors import (
+    CapacityBelowUsed,
+    InvalidPlacementArgument,
+    InvalidRedisUrl,
+    PlacementContention,
+    PlacementError,
+    PodFenced,
+    ScriptStatus,
+    SessionNotHere,
+    UnknownPod,
+    UnknownSession,
+)
+from ardiff.kv.keys import PoolKeys, resident
+from ardiff.kv.records import (
+    MAX_PRIORITY,
+    Placement,
+    PlacementPolicy,
+    PlaceResult,
+    PodEvent,
+    PodRecord,
+    PodRegistration,
+    PoolId,
+    SessionRecord,
+    SessionSpec,
+    SessionState,
+    check_name,
+    check_non_negative_int,
+)
+
+CONSUMER_GROUP = "worker"
+DEFAULT_CLOSED_TTL_MS = 3_600_000  # closed records linger so the worker can answer 410, not 404
+DEFAULT_STREAM_MAXLEN = 1_000
+DEFAULT_SENTINEL_PORT = 26379
+LRU_PRIORITY_SCALE = 1 << 42  # as kv/lua/_lib.lua PRIORITY_SCALE
+MAX_PLAN_ATTEMPTS = 16
+SCRIPTS = (
+    "register_pod",
+    "touch",
+    "mark_reset_required",
+    "drain_pod",
+    "place",
+    "restore",
+    "release",
+    "evict_lru",
+    "remove_pods",
+    "delete_pool",
+)
+
+
+def load_script(name: str) -> str:
+    """The source of one operation: the shared helpers, then the operation (one atomic script)."""
+    lua = importlib.resources.files("ardiff.kv") / "lua"
+    return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+
+
+def build_redis_client(url: str) -> aioredis.Redis:
+    """A `redis.asyncio` client for `redis://`, `rediss://` (TLS) or
+    `redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]` (the master of `service`)."""
+    if not isinstance(url, str) or "://" not in url:
+        raise InvalidRedisUrl(f"placement redis url must look like redis://host:port/db, got {url!r}")
+    scheme = url.split("://", 1)[0]
+    if scheme in ("redis", "rediss"):
+        parts = urlsplit(url)
+        try:
+            parts.port  # noqa: B018 -- raises ValueError on a malformed port
+            if not parts.hostname:
+                raise ValueError("no host")
+            return aioredis.from_url(url)
+        except ValueError as exc:
+            raise InvalidRedisUrl(f"placement redis url {_redacted(url)} is malformed: {exc}") from None
+    if scheme == "redis+sentinel":
+        return _sentinel_master(url)
+    raise InvalidRedisUrl(
+        f"placement redis url scheme must be redis, rediss or redis+sentinel, "
+        f"got {scheme!r} in {_redacted(url)}"
+    )
+
+
+def _redacted(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    userinfo, at, hosts = rest.rpartition("@")
+    return f"{scheme}://***@{hosts}" if at and userinfo else url
+
+
+def _sentinel_master(url: str) -> aioredis.Redis:
+    rest = url.split("://", 1)[1]
+    netloc, _, path = rest.partition("/")
+    userinfo, _, hosts = netloc.rpartition("@")
+    username, _, password = userinfo.partition(":")
+    path_parts = [part for part in path.split("/") if part]
+    try:
+        if not hosts or not 1 <= len(path_parts) <= 2:
+            raise ValueError("expected host:port[,host:port]/service[/db]")
+        sentinels = []
+        for host_port in hosts.split(","):
+            host, _, port = host_port.rpartition(":") if ":" in host_port else (host_port, "", "")
+            if not host:
+                raise ValueError(f"empty sentinel host in {host_port!r}")
+            sentinels.append((host, int(port) if port else DEFAULT_SENTINEL_PORT))
+        db = int(path_parts[1]) if len(path_parts) == 2 else 0
+    except ValueError as exc:
+        raise InvalidRedisUrl(f"placement sentinel url {_redacted(url)} is malformed: {exc}") from None
+    sentinel = Sentinel(sentinels, username=unquote(username) or None, password=unquote(password) or None)
+    return sentinel.master_for(path_parts[0], db=db)
+
+
+def _positive_int(kind: str, value: object) -> int:
+    if check_non_negative_int(kind, value) == 0:
+        raise InvalidPlacementArgument(f"placement {kind} must be a positive integer, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def _check_pool(pool: object) -> PoolId:
+    if not isinstance(pool, PoolId):
+        raise InvalidPlacementArgument(f"placement pool must be a PoolId, got {pool!r}")
+    return pool
+
+
+def _check_endpoint(endpoint: object) -> str:
+    parts = urlsplit(endpoint) if isinstance(endpoint, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+        raise InvalidPlacementArgument(f"placement endpoint must be an http(s) URL, got {endpoint!r}")
+    return endpoint  # type: ignore[return-value]
+
+
+def _check_text(kind: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidPlacementArgument(f"placement {kind} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _text(value: bytes | str | None) -> str:
+    return value.decode() if isinstance(value, bytes) else (value or "")
+
+
+def _texts(values: Iterable[bytes]) -> list[str]:
+    return [_text(value) for value in values]
+
+
+@dataclass
+class _Plan:
+    """Per-pod and per-session keys a call declares up front (see the module docstring)."""
+
+    pods: list[str] = field(default_factory=list)
+    sessions: list[str] = field(default_factory=list)
+
+    def add(self, pods: Iterable[str], sessions: Iterable[str]) -> None:
+        self.pods += [pod for pod in pods if pod not in self.pods]
+        self.sessions += [session for session in sessions if session not in self.sessions]
+
+    def keys(self, keys: PoolKeys) -> list[str]:
+        pod_keys = [key for pod in self.pods for key in (keys.pod(pod), keys.events(pod))]
+        return pod_keys + [keys.session(session) for session in self.sessions]
+
+    def args(self) -> list[str | int]:
+        return [len(self.pods), len(self.sessions), *self.pods, *self.sessions]
+
+
+class PlacementStore:
+    """Async placement store over one Redis (standalone, TLS or Sentinel-managed; Cluster-safe key layout)."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        closed_ttl_ms: int = DEFAULT_CLOSED_TTL_MS,
+        stream_maxlen: int = DEFAULT_STREAM_MAXLEN,
+    ) -> None:
+        self.client = client
+        self.closed_ttl_ms = _positive_int("closed_ttl_ms", closed_ttl_ms)
+        self.stream_maxlen = _positive_int("stream_maxlen", stream_maxlen)
+        self._scripts = {name: client.register_script(load_script(name)) for name in SCRIPTS}
+        # place(): the pods/sessions the previous reply predicted the next placement in a pool will need.
+        self._place_hints: dict[PoolId, _Plan] = {}
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> PlacementStore:
+        return cls(build_redis_client(url), **options)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def __aenter__(self) -> PlacementStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _run(
+        self,
+        script: str,
+        keys: list[str],
+        args: list[Any],
+        *,
+        pool_keys: PoolKeys | None = None,
+        plan: _Plan | None = None,
+    ) -> tuple[ScriptStatus, list[Any]]:
+        """Run one script; with a plan, repeat it with every key it reports missing."""
+        for _ in range(MAX_PLAN_ATTEMPTS):
+            call_keys, call_args = keys, args
+            if plan is not None and pool_keys is not None:
+                call_keys, call_args = keys + plan.keys(pool_keys), args + plan.args()
+            reply = await self._scripts[script](keys=call_keys, args=call_args)
+            status = ScriptStatus(int(reply[0]))
+            if status is not ScriptStatus.STALE_PLAN:
+                return status, reply[1:]
+            if plan is None:
+                raise PlacementError(f"placement script {script} asked for a plan it was not given")
+            plan.add(_texts(reply[1]), _texts(reply[2]))
+        raise PlacementContention(
+            f"placement {script} still found undeclared keys after {MAX_PLAN_ATTEMPTS} attempts"
+        )
+
+    # ---- worker side -------------------------------------------------------------------------------------
+
+    async def register_pod(
+        self, pool: PoolId, pod: str, *, capacity: int, endpoint: str, lease_ms: int
+    ) -> PodRegistration:
+        """Register a (re)started worker: a new epoch, max(now_ms, previous + 1); the sessions an earlier
+        incarnation held become `lost` and are returned."""
+        return await self._upsert_pod(pool, pod, 0, capacity, endpoint, lease_ms)
+
+    async def heartbeat(
+        self, pool: PoolId, pod: str, *, epoch: int, capacity: int, endpoint: str, lease_ms: int
+    ) -> PodRegistration:
+        """Renew the lease. Raises `PodFenced` if a newer incarnation registered; re-creates the record if it
+        is missing (Redis lost its data) or belongs to an older incarnation (`recreated=True`)."""
+        return await self._upsert_pod(pool, pod, _positive_int("epoch", epoch), capacity, endpoint, lease_ms)
+
+    async def _upsert_pod(
+        self, pool: PoolId, pod: str, epoch: int, capacity: int, endpoint: str, lease_ms: int
+    ) -> PodRegistration:
+        keys = PoolKeys(_check_pool(pool))
+        check_name("pod", pod)
+        check_non_negative_int("capacity", capacity)
+        _check_endpoint(endpoint)
+        _positive_int("lease_ms", lease_ms)
+        status, reply = await self._run(
+            "register_pod",
+            [
+                keys.pod(pod),
+                keys.events(pod),
+                keys.pods,
+                keys.open,
+                keys.leases,
+                keys.draining,
+                keys.residents,
+                keys.lru,
+            ],
+            [pod, epoch, capacity, endpoint, lease_ms],
+            pool_keys=keys,
+            plan=_Plan(),
+        )
+        if status is ScriptStatus.POD_FENCED:
+            raise PodFenced(pod, epoch, int(reply[0]))
+        if status is ScriptStatus.CAPACITY_BELOW_USED:
+            raise CapacityBelowUsed(pod, capacity, int(reply[0]))
+        return PodRegistration(
+            epoch=int(reply[0]),
+            lost_sessions=tuple(_texts(reply[2])),
+            recreated=_text(reply[1]) == "recreated",
+        )
+
+    async def touch(
+        self,
+        pool: PoolId,
+        session: str,
+        *,
+        pod: str,
+        epoch: int,
+        chunk_index: int,
+        reset_done: bool = False,
+    ) -> int:
+        """Record a tick (one round trip): chunk_index, last_tick_ms (server time, returned), LRU order.
+
+        Raises `UnknownSession`, `PodFenced`, or `SessionNotHere` (its `state`, owning `pod` and `endpoint`).
+        """
+        keys = PoolKeys(_check_pool(pool))
+        check_name("session", session)
+        check_name("pod", pod)
+        _positive_int("epoch", epoch)
+        check_non_negative_int("chunk_index", chunk_index)
+        status, reply = await self._run(
+            "touch",
+            [keys.session(session), keys.pod(pod), keys.lru],
+            [session, pod, epoch, chunk_index, int(bool(reset_done))],
+        )
+        if status is not ScriptStatus.OK:
+            raise await self._refusal(keys, status, reply, session=session, pod=pod, epoch=epoch)
+        return int(reply[0])
+
+    async def mark_reset_required(self, pool: PoolId, session: str, *, pod: str, epoch: int) -> None:
+        """A forward failed and the runner freed the session's KV: the next tick must reset at chunk 0."""
+        keys = PoolKeys(_check_pool(pool))
+        check_name("session", session)
+        check_name("pod", pod)
+        _positive_int("epoch", epoch)
+        status, reply = await self._run(
+            "mark_reset_required", [keys.session(session), keys.pod(pod)], [pod, epoch]
+        )
+        if status is not ScriptStatus.OK:
+            raise await self._refusal(keys, status, reply, session=session, pod=pod, epoch=epoch)
+
+    async def _refusal(
+        self, keys: PoolKeys, status: ScriptStatus, reply: list[Any], *, session: str, pod: str, epoch: int
+    ) -> PlacementError:
+        if status is ScriptStatus.UNKNOWN_SESSION:
+            return UnknownSession(session)
+        if status is ScriptStatus.POD_FENCED:
+            return PodFenced(pod, epoch, int(reply[0]))
+        if status is ScriptStatus.SESSION_NOT_HERE:
+            state, owner = SessionState(_text(reply[0])), _text(reply[1])
+            endpoint = ""
+            if state is SessionState.PLACED and owner:
+                endpoint = _text(await self.client.hget(keys.pod(owner), "endpoint"))
+            return SessionNotHere(session, state, owner, endpoint)
+        return PlacementError(f"placement script answered {status.name} for session {session}")
+
+    async def read_events(
+        self, pool: PoolId, pod: str, *, block_ms: int = 0, count: int = 100
+    ) -> list[PodEvent]:
+        """The pod's notifications: first those delivered before but never acknowledged (a restarted worker
+        gets them again), then new ones, waiting up to `block_ms` (0: do not wait). Acknowledge them with
+        `ack_events`."""
+        keys = PoolKeys(_check_pool(pool))
+        check_name("pod", pod)
+        check_non_negative_int("block_ms", block_ms)
+        _positive_int("count", count)
+        stream = keys.events(pod)
+        for _ in range(2):
+            try:
+                entries = await self._read_stream(stream, pod, "0", count, None)
+                if not entries:
+                    entries = await self._read_stream(stream, pod, ">", count, block_ms or None)
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                await self._create_group(stream)
+                continue
+            return await self._events(stream, entries)
+        raise PlacementError(f"placement event stream {stream} lost its consumer group twice in a row")
+
+    async def _read_stream(
+        self, stream: str, consumer: str, start: str, count: int, block: int | None
+    ) -> list[tuple[bytes, dict[bytes, bytes] | None]]:
+        reply = await self.client.xreadgroup(
+            CONSUMER_GROUP, consumer, {stream: start}, count=count, block=block
+        )
+        return [entry for _, entries in reply for entry in entries] if reply else []
+
+    async def _create_group(self, stream: str) -> None:
+        try:
+            await self.client.xgroup_create(stream, CONSUMER_GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def _events(
+        self, stream: str, entries: list[tuple[bytes, dict[bytes, bytes] | None]]
+    ) -> list[PodEvent]:
+        events, trimmed = [], []
+        for entry_id, fields in entries:
+            if not fields:  # trimmed (MAXLEN) while pending: nothing left to deliver
+                trimmed.append(entry_id)
+                continue
+            events.append(
+                PodEvent(
+                    id=_text(entry_id),
+                    kind="evict" if fields.get(b"kind") == b"evict" else "close",
+                    session=_text(fields.get(b"session")),
+                    reason=_text(fields.get(b"reason")),
+                    epoch=int(fields.get(b"epoch") or 0),
+                )
+            )
+        if trimmed:
+            await self.client.xack(stream, CONSUMER_GROUP, *trimmed)
+        return events
+
+    async def ack_events(self, pool: PoolId, pod: str, ids: Sequence[str]) -> int:
+        """Acknowledge handled notifications; returns how many were pending."""
+        keys = PoolKeys(_check_pool(pool))
+        check_name("pod", pod)
+        ids = [_check_text("event id", entry_id) for entry_id in ids]
+        if not ids:
+            return 0
+        return int(await self.client.xack(keys.events(pod), CONSUMER_GROUP, *ids))
+
+    async def set_draining(self, pool: PoolId, pod: str, *, draining: bool = True) -> None:
+        """The worker got SIGTERM (or recovered from it): no new placements on this pod, sessions stay."""
+        await self._drain(pool, pod, draining=draining, only_if_empty=False)
+
+    async def _drain(self, pool: PoolId, pod: str, *, draining: bool, only_if_empty: bool) -> bool:
+        keys = PoolKeys(_check_pool(pool))
+        check_name("pod", pod)
+        status, reply = await self._run(
+            "drain_pod",
+            [keys.pod(pod), keys.open, keys.draining],
+            [pod, int(bool(draining)), int(bool(only_if_empty))],
+        )
+        if status is ScriptStatus.UNKNOWN_POD:
+            raise UnknownPod(pod)
+        return int(reply[0]) == 1
+
+    # ---- operator side -----------------------------------------------------------------------------------
+
+    async def place(
+        self,
+        pool: PoolId,
+        spec: SessionSpec,
+        *,
+        may_evict: bool = False,
+        min_idle_ms: int = 0,
+        policy: PlacementPolicy = "least-loaded",
+    ) -> PlaceResult:
+        """Give `spec.name` a slot, or return its current one (`already_placed=True`).
+
+        Picks a live, non-draining pod with a free slot (`least-loaded` or `pack`). With none, a first
+        admission (no record, or `closed`) called with `may_evict=True` evicts the session with the lowest
+        priority (<= its own), then the least recently ticked, idle >= `min_idle_ms`, never
+        `evictionPolicy: Never`, and takes its slot (`victim`). `evicted`/`lost` sessions take free slots
+        only and come back with `reset_required`. `placement` is None when nothing fits (the caller decides
+        whether the pool grows).
+        """
+        keys = PoolKeys(_check_pool(pool))
+        if not isinstance(spec, SessionSpec):
+            raise InvalidPlacementArgument(f"placement spec must be a SessionSpec, got {spec!r}")
+        check_non_negative_int("min_idle_ms", min_idle_ms)
+        if policy not in get_args(PlacementPolicy):
+            raise InvalidPlacementArgument(
+                f"placement policy must be one of {get_args(PlacementPolicy)}, got {policy!r}"
+            )
+        hint = self._place_hints.get(pool, _Plan())
+        plan = _Plan(list(hint.pods), list(hint.sessions))
+        _, reply = await self._run(
+            "place",
+            [keys.session(spec.name), keys.open, keys.leases, keys.draining, keys.residents, keys.lru],
+            [
+                spec.name,
+                pool.name,
+                spec.token_sha256,
+                spec.seed,
+                spec.prompt,
+                spec.image,
+                spec.max_chunks,
+                spec.priority,
+                spec.eviction_policy,
+                int(bool(may_evict)),
+                min_idle_ms,
+                policy,
+                self.stream_maxlen,
+            ],
+            pool_keys=keys,
+            plan=plan,
+        )
+        outcome, pod, pod_epoch, endpoint, reset_required, victim = reply[:6]
+        hint_pod, hint_victim_pod, hint_victim = reply[6:9]
+        if _text(outcome) != "already":  # an idempotent answer predicts nothing about the pool
+            self._place_hints[pool] = _Plan(
+                [_text(p) for p in (hint_pod, hint_victim_pod) if p],
+                [_text(hint_victim)] if hint_victim else [],
+            )
+        if _text(outcome) == "pending":
+            return PlaceResult(placement=None)
+        placement = Placement(
+            session=spec.name,
+            pod=_text(pod),
+            endpoint=_text(endpoint),
+            pod_epoch=int(pod_epoch),
+            reset_required=int(reset_required) == 1,
+        )
+        return PlaceResult(
+            placement=placement, victim=_text(victim) or None, already_placed=_text(outcome) == "already"
+        )
+
+    async def restore(
+        self,
+        pool: PoolId,
+        spec: SessionSpec,
+        *,
+        pod: str,
+        pod_epoch: int,
+        chunk_index: int,
+        reset_required: bool,
+    ) -> Placement | None:
+        """Rebuild a binding from the session CR's status after Redis lost its data.
+
+        Succeeds only if the session has no record and the pod's record exists with `pod_epoch` (its heartbeat
+        re-created it) with a free slot; otherwise returns None and the operator re-places the session."""
+        keys = PoolKeys(_check_pool(pool))
+        if not isinstance(spec, SessionSpec):
+            raise InvalidPlacementArgument(f"placement spec must be a SessionSpec, got {spec!r}")
+        check_name("pod", pod)
+        _positive_int("pod_epoch", pod_epoch)
+        check_non_negative_int("chunk_index", chunk_index)
+        _, reply = await self._run(
+            "restore",
+            [keys.session(spec.name), keys.pod(pod), keys.open, keys.residents, keys.lru],
+            [
+                spec.name,
+                pool.name,
+                spec.token_sha256,
+                spec.seed,
+                spec.prompt,
+                spec.image,
+                spec.max_chunks,
+                spec.priority,
+                spec.eviction_policy,
+                pod,
+                pod_epoch,
+                chunk_index,
+                int(bool(reset_required)),
+            ],
+        )
+        if int(reply[0]) != 1:
+            return None
+        return Placement(
+            session=spec.name,
+            pod=pod,
+            endpoint=_text(reply[1]),
+            pod_epoch=pod_epoch,
+            reset_required=bool(reset_required),
+        )
+
+    async def release(self, pool: PoolId, session: str, *, reason: str) -> SessionState | None:
+        """Close a session (idempotent): a placed one frees its slot and its pod gets a `close` event. The
+        record stays `closed` for `closed_ttl_ms`. Returns the state before the call (None: no record)."""
+        keys = PoolKeys(_check_pool(pool))
+        check_name("session", session)
+        _check_text("reason", reason)
+        _, reply = await self._run(
+            "release",
+            [keys.session(session), keys.open, keys.residents, keys.lru],
+            [session, reason, self.closed_ttl_ms, self.stream_maxlen],
+            pool_keys=keys,
+            plan=_Plan(),
+        )
+        return SessionState(_text(reply[0])) if reply[0] else None
+
+    async def evict_lru(
+        self, pool: PoolId, *, min_idle_ms: int, max_priority: int = MAX_PRIORITY, reason: str = "evicted"
+    ) -> str | None:
+        """Evict the session `place` would evict first (priority <= `max_priority`, idle >= `min_idle_ms`,
+        never `Never`), freeing its slot; returns its name, or None when no session qualifies."""
+        keys = PoolKeys(_check_pool(pool))
+        check_non_negative_int("min_idle_ms", min_idle_ms)
+        if check_non_negative_int("max_priority", max_priority) > MAX_PRIORITY:
+            raise InvalidPlacementArgument(
+                f"placement max_priority must be <= {MAX_PRIORITY}, got {max_priority}"
+            )
+        _check_text("reason", reason)
+        _, reply = await self._run(
+            "evict_lru",
+            [keys.open, keys.residents, keys.lru],
+            [min_idle_ms, max_priority, reason, self.stream_maxlen],
+            pool_keys=keys,
+            plan=_Plan(),
+        )
+        return _text(reply[0]) or None
+
+    async def drain_pod(self, pool: PoolId, pod: str, *, only_if_empty: bool = True) -> bool:
+        """Atomically mark the pod draining (iff it holds no session, if `only_if_empty`); True if marked."""
+        return await self._drain(pool, pod, draining=True, only_if_empty=only_if_empty)
+
+    async def remove_pod(self, pool: PoolId, pod: str) -> tuple[str, ...]:
+        """The pod is gone (the operator deleted it): forget it; its sessions become `lost`, returned."""
+        keys = PoolKeys(_check_pool(pool))
+        check_name("pod", pod)
+        removed = await self._remove_pods(keys, "named", pod)
+        return removed.get(pod, ())
+
+    async def reap_expired(self, pool: PoolId) -> dict[str, tuple[str, ...]]:
+        """Forget every pod whose lease expired; returns {pod: its sessions, now `lost`}."""
+        return await self._remove_pods(PoolKeys(_check_pool(pool)), "expired", "")
+
+    async def _remove_pods(self, keys: PoolKeys, mode: str, pod: str) -> dict[str, tuple[str, ...]]:
+        _, reply = await self._run(
+            "remove_pods",
+            [keys.pods, keys.open, keys.leases, keys.draining, keys.residents, keys.lru],
+            [mode, pod],
+            pool_keys=keys,
+            plan=_Plan(),
+        )
+        removed = reply[0]
+        return {_text(removed[i]): tuple(_texts(removed[i + 1])) for i in range(0, len(removed), 2)}
+
+    async def delete_pool(self, pool: PoolId) -> int:
+        """Delete every key of the pool; returns how many were deleted."""
+        keys = PoolKeys(_check_pool(pool))
+        deleted = 0
+        batch: list[str] = []
+        async for key in self.client.scan_iter(match=keys.pattern, count=500):
+            batch.append(_text(key))
+            if len(batch) == 500:
+                deleted += await self._delete_keys(batch)
+                batch = []
+        if batch:
+            deleted += await self._delete_keys(batch)
+        self._place_hints.pop(pool, None)
+        return deleted
+
+    async def _delete_keys(self, batch: list[str]) -> int:
+        _, reply = await self._run("delete_pool", batch, [])
+        return int(reply[0])
+
+    # ---- reads -------------------------------------------------------------------------------------------
+
+    async def get_session(self, pool: PoolId, name: str) -> SessionRecord | None:
+        return (await self.get_sessions(pool, [name])).get(name)
+
+    async def get_sessions(self, pool: PoolId, names: Iterable[str]) -> dict[str, SessionRecord]:
+        """The records of `names` that exist (one round trip)."""
+        keys = PoolKeys(_check_pool(pool))
+        names = [check_name("session", name) for name in names]
+        async with self.client.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.hgetall(keys.session(name))
+            raws = await pipe.execute()
+        return {
+            name: SessionRecord.from_hash(name, raw) for name, raw in zip(names, raws, strict=True) if raw
+        }
+
+    async def get_pod(self, pool: PoolId, pod: str) -> PodRecord | None:
+        keys = PoolKeys(_check_pool(pool))
+        raw = await self.client.hgetall(keys.pod(check_name("pod", pod)))
+        return PodRecord.from_hash(pod, raw) if raw else None
+
+    async def list_pods(self, pool: PoolId) -> list[PodRecord]:
+        """Registered pods, by name."""
+        keys = PoolKeys(_check_pool(pool))
+        names = sorted(_texts(await self.client.smembers(keys.pods)))
+        async with self.client.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.hgetall(keys.pod(name))
+            raws = await pipe.execute()
+        return [PodRecord.from_hash(name, raw) for name, raw in zip(names, raws, strict=True) if raw]
+
+    async def check_invariants(self, pool: PoolId) -> list[str]:
+        """Violations of the store's invariants (empty when all hold), read from one consistent snapshot:
+        for every pod `used == |sessions placed on it| <= capacity`; every placed session points to a
+        registered pod with that pod's epoch; the indexes agree with the records."""
+        keys = PoolKeys(_check_pool(pool))
+        for _ in range(MAX_PLAN_ATTEMPTS):
+            snapshot = await _Snapshot.read(self.client, keys)
+            if snapshot is not None:
+                return snapshot.violations()
+            await asyncio.sleep(0.01)
+        raise PlacementContention(f"placement pool {pool} kept changing while its invariants were read")
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """Everything of one pool, read in one MULTI/EXEC (check_invariants)."""
+
+    pods: dict[str, PodRecord]
+    sessions: dict[str, SessionRecord]
+    residents: list[str]
+    lru: dict[str, float]
+    open: dict[str, float]
+    leases: dict[str, float]
+    draining: set[str]
+
+    @classmethod
+    async def read(cls, client: aioredis.Redis, keys: PoolKeys) -> _Snapshot | None:
+        """None when the pool changed between listing its names and reading them (the caller retries)."""
+        pod_names = sorted(_texts(await client.smembers(keys.pods)))
+        session_prefix = keys.session("")
+        session_names = sorted(
+            {_text(key)[len(session_prefix) :] async for key in client.scan_iter(match=f"{session_prefix}*")}
+        )
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.smembers(keys.pods)
+            pipe.zrange(keys.residents, 0, -1)
+            pipe.zrange(keys.lru, 0, -1, withscores=True)
+            pipe.zrange(keys.open, 0, -1, withscores=True)
+            pipe.zrange(keys.leases, 0, -1, withscores=True)
+            pipe.smembers(keys.draining)
+            for name in pod_names:
+                pipe.hgetall(keys.pod(name))
+            for name in session_names:
+                pipe.hgetall(keys.session(name))
+            pods_now, residents, lru, open_, leases, draining, *raws = await pipe.execute()
+        resident_members = _texts(residents)
+        if sorted(_texts(pods_now)) != pod_names or not {
+            member.split("/", 1)[1] for member in resident_members
+        } <= set(session_names):
+            return None
+        pod_raws, session_raws = raws[: len(pod_names)], raws[len(pod_names) :]
+        return cls(
+            pods={n: PodRecord.from_hash(n, raw) for n, raw in zip(pod_names, pod_raws, strict=True)},
+            sessions={
+                n: SessionRecord.from_hash(n, raw)
+                for n, raw in zip(session_names, session_raws, strict=True)
+                if raw
+            },
+            residents=resident_members,
+            lru={_text(m): score for m, score in lru},
+            open={_text(m): score for m, score in open_},
+            leases={_text(m): score for m, score in leases},
+            draining=set(_texts(draining)),
+        )
+
+    def violations(self) -> list[str]:
+        found: list[str] = []
+        on_pod: dict[str, list[str]] = {name: [] for name in self.pods}
+        for member in self.residents:
+            pod, session = member.split("/", 1)
+            on_pod.setdefault(pod, []).append(session)
+            record = self.sessions.get(session)
+            if record is None or record.state is not SessionState.PLACED or record.pod != pod:
+                found.append(f"resident {member} has no matching placed session record")
+        for name, pod in self.pods.items():
+            placed = len(on_pod[name])
+            if pod.used != placed:
+                found.append(f"pod {name} used={pod.used} but {placed} sessions are placed on it")
+            if pod.used > pod.capacity:
+                found.append(f"pod {name} used={pod.used} exceeds capacity={pod.capacity}")
+            if self.leases.get(name) != pod.lease_expires_ms:
+                found.append(f"pod {name} lease index disagrees with lease_expires_ms={pod.lease_expires_ms}")
+            if (name in self.draining) != pod.draining:
+                found.append(f"pod {name} draining index disagrees with draining={int(pod.draining)}")
+            accepts = not pod.draining and pod.used < pod.capacity
+            if accepts != (name in self.open):
+                found.append(
+                    f"pod {name} open index disagrees (used={pod.used}, draining={int(pod.draining)})"
+                )
+        for pod in on_pod.keys() - self.pods.keys():
+            found.append(f"sessions {sorted(on_pod[pod])} are placed on unregistered pod {pod}")
+        for extra in (self.open.keys() | self.leases.keys() | self.draining) - self.pods.keys():
+            found.append(f"index entry for unregistered pod {extra}")
+        residents = set(self.residents)
+        for name, record in self.sessions.items():
+            if record.state is not SessionState.PLACED:
+                continue
+            member = resident(record.pod, name)
+            pod = self.pods.get(record.pod)
+            if pod is None:
+                found.append(f"session {name} is placed on unregistered pod {record.pod}")
+            elif record.pod_epoch != pod.epoch:
+                found.append(
+                    f"session {name} has pod_epoch {record.pod_epoch}, pod {record.pod} has {pod.epoch}"
+                )
+            if member not in residents:
+                found.append(f"placed session {name} is missing from the resident index")
+            expected_lru = record.priority * LRU_PRIORITY_SCALE + record.last_tick_ms
+            if record.eviction_policy == "LRU" and self.lru.get(member) != expected_lru:
+                found.append(f"session {name} LRU entry {self.lru.get(member)} != {expected_lru}")
+            if record.eviction_policy == "Never" and member in self.lru:
+                found.append(f"session {name} has evictionPolicy Never but is in the LRU index")
+        placed_members = {
+            resident(r.pod, n) for n, r in self.sessions.items() if r.state is SessionState.PLACED
+        }
+        for member in self.lru.keys() - placed_members:
+            found.append(f"LRU entry {member} is not a placed session")
+        return found
