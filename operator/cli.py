@@ -1,4 +1,7 @@
-"""Command-line entry points of this component (see ardiff/cli.py)."""
+"""`ardiff operator run`: the kopf control plane (docs/contracts.md §5).
+
+Kept light: kopf, the Kubernetes client and the handlers are imported only when the command runs.
+"""
 
 from __future__ import annotations
 
@@ -7,3 +10,64 @@ import argparse
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add this component's commands to `ardiff`."""
+    operator = subparsers.add_parser("operator", help="the kopf control plane")
+    commands = operator.add_subparsers(dest="operator_command", metavar="COMMAND", required=True)
+    run = commands.add_parser(
+        "run",
+        help="reconcile ARDiffusionWorkerPools and ARDiffusionSessions",
+        description="Run the operator. Namespaced by default (ARDIFF_WATCH_NAMESPACES, else the Pod's own "
+        "namespace, else `default`); it then needs no cluster-scoped rights.",
+    )
+    scope = run.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n", "--namespace", dest="namespaces", action="append", metavar="NS", help="watch NS (repeatable)"
+    )
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    run.add_argument("--redis-url", help="placement store the operator uses (env ARDIFF_REDIS_URL)")
+    run.add_argument(
+        "--worker-redis-url", help="placement store URL given to worker Pods (env ARDIFF_WORKER_REDIS_URL)"
+    )
+    peering = run.add_mutually_exclusive_group()
+    peering.add_argument("--standalone", action="store_true", help="no peering: this is the only operator")
+    peering.add_argument("--peering", metavar="NAME", help="mandatory kopf peering (HA: one active replica)")
+    run.add_argument("--priority", type=int, help="peering priority; the highest one is active")
+    run.add_argument(
+        "--liveness", metavar="URL", help="serve kopf's health probe, e.g. http://0.0.0.0:8080/healthz"
+    )
+    run.add_argument(
+        "--reconcile-seconds",
+        type=float,
+        help="a pool's reconcile period (env ARDIFF_OPERATOR_RECONCILE_SECONDS, default 2)",
+    )
+    run.set_defaults(func=run_operator)
+
+
+def run_operator(args: argparse.Namespace) -> int:
+    from ardiff.operator.config import config_from_env
+
+    config = config_from_env(
+        redis_url=args.redis_url,
+        worker_redis_url=args.worker_redis_url,
+        namespaces=tuple(args.namespaces or ()),
+        all_namespaces=args.all_namespaces,
+        standalone=args.standalone,
+        peering=args.peering,
+        priority=args.priority,
+        liveness=args.liveness,
+        reconcile_seconds=args.reconcile_seconds,
+    )
+
+    import kopf
+
+    import ardiff.operator.handlers  # noqa: F401  (registers the handlers with kopf's default registry)
+
+    kopf.run(
+        clusterwide=config.all_namespaces,
+        namespaces=config.namespaces,
+        standalone=config.standalone or None,
+        peering_name=config.peering,
+        priority=config.priority,
+        liveness_endpoint=config.liveness,
+        memo=kopf.Memo(config=config),
+    )
+    return 0

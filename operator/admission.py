@@ -1,0 +1,115 @@
+"""Turning an ARDiffusionSession into a placement request: its token Secret, its image bytes, its spec.
+
+A session that cannot be admitted raises `AdmissionFailure` with the status reason it ends `Failed` with.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+import kopf
+
+from ardiff.kv.records import MAX_IMAGE_BYTES, SessionSpec
+from ardiff.operator.context import OperatorContext
+from ardiff.operator.kube import CONFIGMAPS, SECRETS
+from ardiff.operator.specs import ImageRef, SessionResourceSpec
+from ardiff.operator.status import Reason
+from ardiff.operator.tokens import build_token_secret, new_token, read_token, token_secret_name, token_sha256
+from ardiff.operator.views import SessionView
+
+
+class AdmissionFailure(Exception):
+    def __init__(self, reason: Reason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+async def ensure_token_sha256(ctx: OperatorContext, session: SessionView) -> str:
+    """Create the session's token Secret once (owned by the session); return the token's SHA-256."""
+    secret = build_token_secret(session.namespace, session.name, new_token())
+    kopf.adopt(secret, owner=session.reference)
+    created = await ctx.kube.create(SECRETS, secret)
+    if created is None:  # it exists (an earlier attempt, or an operator restart): keep its token
+        existing = await ctx.kube.get(SECRETS, session.namespace, token_secret_name(session.name))
+        if existing is None:
+            raise kopf.TemporaryError("token secret was deleted while being read", delay=1)
+        secret = existing
+    return token_sha256(read_token(secret))
+
+
+async def read_token_sha256(ctx: OperatorContext, session: SessionView) -> str:
+    secret = await ctx.kube.get(SECRETS, session.namespace, token_secret_name(session.name))
+    if secret is None:
+        return await ensure_token_sha256(ctx, session)
+    return token_sha256(read_token(secret))
+
+
+def _decode_image(source: dict[str, Any], ref: ImageRef) -> bytes | None:
+    binary = (source.get("binaryData") or {}).get(ref.key)
+    data = (source.get("data") or {}).get(ref.key)
+    try:
+        if binary is not None:
+            return base64.b64decode(binary, validate=True)
+        if data is not None:
+            # ConfigMap `data` is plain text; Secret `data` is base64, like ConfigMap `binaryData`.
+            return base64.b64decode(data, validate=True) if ref.source == "secret" else data.encode()
+    except (binascii.Error, ValueError):
+        raise AdmissionFailure(
+            Reason.INVALID_SPEC, f"image key {ref.key!r} of {ref.name} is not base64"
+        ) from None
+    return None
+
+
+async def resolve_image(ctx: OperatorContext, namespace: str, ref: ImageRef | None) -> bytes:
+    """The conditioning image's bytes from a ConfigMap/Secret key (b"" when the session has none)."""
+    if ref is None:
+        return b""
+    kind = CONFIGMAPS if ref.source == "configMap" else SECRETS
+    source = await ctx.kube.get(kind, namespace, ref.name)
+    image = None if source is None else _decode_image(source, ref)
+    if image is None:
+        raise AdmissionFailure(Reason.IMAGE_NOT_FOUND, f"{ref.source} {ref.name} has no key {ref.key!r}")
+    if len(image) > MAX_IMAGE_BYTES:
+        raise AdmissionFailure(
+            Reason.INVALID_SPEC,
+            f"image {ref.source} {ref.name}/{ref.key} has {len(image)} bytes, max {MAX_IMAGE_BYTES}",
+        )
+    return image
+
+
+def build_placement_spec(
+    name: str, spec: SessionResourceSpec, *, token_sha256: str, image: bytes
+) -> SessionSpec:
+    return SessionSpec(
+        name=name,
+        token_sha256=token_sha256,
+        seed=spec.seed,
+        prompt=spec.prompt,
+        image=image,
+        max_chunks=spec.max_chunks,
+        priority=spec.priority,
+        eviction_policy=spec.eviction_policy,
+    )
+
+
+async def placement_spec(
+    ctx: OperatorContext, session: SessionView, *, create_token: bool = False
+) -> SessionSpec:
+    """The session's placement request, resolved once and cached while the session waits for a slot."""
+    key = (session.namespace, session.name)
+    cached = ctx.waiting_specs.get(key)
+    if cached is not None:
+        return cached
+    if session.spec is None:
+        raise AdmissionFailure(Reason.INVALID_SPEC, session.invalid_reason or "invalid spec")
+    sha = await (ensure_token_sha256 if create_token else read_token_sha256)(ctx, session)
+    image = await resolve_image(ctx, session.namespace, session.spec.image)
+    try:
+        spec = build_placement_spec(session.name, session.spec, token_sha256=sha, image=image)
+    except ValueError as exc:
+        raise AdmissionFailure(Reason.INVALID_SPEC, str(exc)) from None
+    ctx.waiting_specs[key] = spec
+    return spec

@@ -1,0 +1,91 @@
+"""The operator's settings: command-line flags with environment fallbacks (docs/contracts.md §5)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ardiff.errors import ArdiffError
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+class OperatorConfigError(ArdiffError):
+    code = "invalid_operator_config"
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    redis_url: str
+    worker_redis_url: str  # what worker Pods are told (in-cluster DNS may differ from the operator's view)
+    namespaces: tuple[str, ...] = ()  # empty with all_namespaces=True
+    all_namespaces: bool = False
+    standalone: bool = False
+    peering: str | None = None
+    priority: int = 0
+    liveness: str | None = None
+    reconcile_seconds: float = 2.0  # a pool's level-triggered reconcile period
+    mirror_seconds: float = 5.0  # throttle of the chunkIndex/lastTickTime status mirror
+    cancellation_polling_seconds: float = 2.0  # how often kopf re-checks a stopping daemon
+    status_write_concurrency: int = 16
+
+    def __post_init__(self) -> None:
+        if not self.redis_url:
+            raise OperatorConfigError("operator redis_url must be set (--redis-url or ARDIFF_REDIS_URL)")
+        if self.all_namespaces == bool(self.namespaces):
+            raise OperatorConfigError(
+                f"operator must watch some namespaces or all of them, got namespaces={self.namespaces}, "
+                f"all_namespaces={self.all_namespaces}"
+            )
+        if self.standalone and self.peering:
+            raise OperatorConfigError("operator standalone and peering are mutually exclusive")
+        positive = {
+            "reconcile_seconds": self.reconcile_seconds,
+            "mirror_seconds": self.mirror_seconds,
+            "cancellation_polling_seconds": self.cancellation_polling_seconds,
+            "status_write_concurrency": self.status_write_concurrency,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise OperatorConfigError(f"operator {name} must be positive, got {value}")
+
+
+def default_namespaces(env: Mapping[str, str]) -> tuple[str, ...]:
+    """`ARDIFF_WATCH_NAMESPACES`, else the operator Pod's own namespace, else `default`."""
+    listed = tuple(ns.strip() for ns in env.get("ARDIFF_WATCH_NAMESPACES", "").split(",") if ns.strip())
+    if listed:
+        return listed
+    if SERVICE_ACCOUNT_NAMESPACE.exists():
+        return (SERVICE_ACCOUNT_NAMESPACE.read_text().strip(),)
+    return ("default",)
+
+
+def env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise OperatorConfigError(f"operator {name} must be a number, got {raw!r}") from None
+
+
+def config_from_env(env: Mapping[str, str] = os.environ, **overrides: object) -> OperatorConfig:
+    """Environment values, with explicit (non-None) `overrides` from the command line taking precedence."""
+    given = {k: v for k, v in overrides.items() if v is not None and v != () and v is not False}
+    redis_url = str(given.pop("redis_url", env.get("ARDIFF_REDIS_URL", "")))
+    all_namespaces = bool(given.pop("all_namespaces", False))
+    namespaces = given.pop("namespaces", ()) or (() if all_namespaces else default_namespaces(env))
+    values: dict[str, object] = {
+        "redis_url": redis_url,
+        "worker_redis_url": env.get("ARDIFF_WORKER_REDIS_URL") or redis_url,
+        "namespaces": tuple(namespaces),  # type: ignore[arg-type]
+        "all_namespaces": all_namespaces,
+        "reconcile_seconds": env_float(env, "ARDIFF_OPERATOR_RECONCILE_SECONDS", 2.0),
+        "mirror_seconds": env_float(env, "ARDIFF_OPERATOR_MIRROR_SECONDS", 5.0),
+        "cancellation_polling_seconds": env_float(env, "ARDIFF_OPERATOR_CANCELLATION_POLLING_SECONDS", 2.0),
+    }
+    values.update(given)
+    return OperatorConfig(**values)  # type: ignore[arg-type]

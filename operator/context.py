@@ -1,0 +1,72 @@
+"""The operator's process-wide state, created by the startup handler and kept in kopf's memo.
+
+Nothing here is the truth: Redis and the API server are. These are clients, per-pool locks, and caches that
+a restarted operator rebuilds from them (level-triggered), at the cost of one extra read or write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ardiff.kv.placement import PlacementStore
+from ardiff.kv.records import PoolId, SessionSpec
+from ardiff.operator.config import OperatorConfig
+from ardiff.operator.kube import KubeApi
+
+SessionKey = tuple[str, str]  # (namespace, session name)
+
+
+@dataclass
+class OperatorContext:
+    config: OperatorConfig
+    store: PlacementStore
+    kube: KubeApi
+    # One reconcile or admission at a time per pool, so may_evict and scaling see a settled pool.
+    locks: defaultdict[PoolId, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
+    # Wakes a pool's reconcile before its period ends (a slot was freed, a session is waiting, ...).
+    kicks: defaultdict[PoolId, asyncio.Event] = field(default_factory=lambda: defaultdict(asyncio.Event))
+    # Pods created but not yet seen by the pod index, with their creation time (monotonic seconds): the next
+    # reconcile counts them, so it does not create them again.
+    expected_pods: defaultdict[PoolId, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
+    # When each registered pod was last seen holding no session (monotonic seconds).
+    empty_since: dict[tuple[PoolId, str], float] = field(default_factory=dict)
+    # The last status written per session, so a lagging watch does not make us write it twice.
+    written_status: dict[SessionKey, dict[str, Any]] = field(default_factory=dict)
+    mirrored_at: dict[SessionKey, float] = field(default_factory=dict)
+    # Placement requests of sessions still waiting for a slot (token hash + image bytes resolved once).
+    waiting_specs: dict[SessionKey, SessionSpec] = field(default_factory=dict)
+    # Why a session's state changed, when the status cannot tell (e.g. who evicted it): used once.
+    notes: dict[SessionKey, str] = field(default_factory=dict)
+
+    def kick(self, pool: PoolId) -> None:
+        self.kicks[pool].set()
+
+    def mirror_due(self, key: SessionKey) -> bool:
+        return time.monotonic() - self.mirrored_at.get(key, 0.0) >= self.config.mirror_seconds
+
+    def remember_status(self, key: SessionKey, status: dict[str, Any]) -> None:
+        self.written_status[key] = {**self.written_status.get(key, {}), **status}
+        self.mirrored_at[key] = time.monotonic()
+
+    def forget_session(self, key: SessionKey) -> None:
+        for cache in (self.written_status, self.mirrored_at, self.waiting_specs, self.notes):
+            cache.pop(key, None)
+
+    def forget_pool(self, pool: PoolId) -> None:
+        self.expected_pods.pop(pool, None)
+        self.kicks.pop(pool, None)
+        for key in [k for k in self.empty_since if k[0] == pool]:
+            del self.empty_since[key]
+
+    async def redis_time_ms(self) -> int:
+        """Redis server time: the clock the placement scripts stamp `last_tick_ms` with."""
+        seconds, micros = await self.store.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def close(self) -> None:
+        await self.kube.close()
+        await self.store.close()

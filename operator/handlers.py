@@ -1,0 +1,316 @@
+"""The kopf handlers: small, registered here, doing their work through `admission` and `reconcile`.
+
+- startup/cleanup/probe own the clients and settings;
+- three indexes keep pools, their worker Pods and their sessions in memory (level-triggered reads);
+- a session's create handler admits it at once (token Secret, image, `place`); its delete handler releases it;
+- one daemon per pool re-derives the pool's and its sessions' state every few seconds, or sooner when kicked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import kopf
+
+from ardiff.kv.placement import PlacementStore
+from ardiff.kv.records import PoolId
+from ardiff.operator.admission import AdmissionFailure, placement_spec
+from ardiff.operator.config import OperatorConfig
+from ardiff.operator.context import OperatorContext
+from ardiff.operator.kube import KubeApi
+from ardiff.operator.pods import POOL_LABEL
+from ardiff.operator.reconcile import (
+    delete_pool,
+    ensure_service,
+    live_pods,
+    now_rfc3339,
+    pod_slots,
+    reconcile_pool,
+    write_pool_status,
+)
+from ardiff.operator.scaling import may_grow
+from ardiff.operator.specs import GROUP, POOL_PLURAL, SESSION_PLURAL, VERSION
+from ardiff.operator.status import (
+    ConditionSpec,
+    Reason,
+    SessionObservation,
+    build_conditions,
+    build_failed_status,
+    build_session_status,
+)
+from ardiff.operator.views import PodView, PoolView, SessionView
+
+FINALIZER = "ardiffusion.dev/finalizer"
+ANNOTATIONS_PREFIX = "ardiffusion.dev"
+WORKER_LABELS = {POOL_LABEL: kopf.PRESENT, "app.kubernetes.io/component": "worker"}
+# A kicked pool waits at least this long between rounds (kicks come in bursts: 1,000 sessions at once).
+MIN_ROUND_GAP_SECONDS = 0.2
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    config: OperatorConfig = memo.config
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATIONS_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATIONS_PREFIX, key="last-handled-configuration"
+    )
+    # Watches reconnect well before proxies cut idle streams; requests fail fast instead of hanging handlers.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 30
+    settings.networking.request_timeout = 60
+    settings.posting.enabled = True
+    settings.posting.reporting_component = "ardiff-operator"
+    settings.background.cancellation_polling = config.cancellation_polling_seconds
+    settings.execution.max_workers = 4  # sync handlers only; everything here is async
+    # Namespaced mode runs without cluster-scoped rights: no namespace or CRD scanning.
+    settings.scanning.disabled = not config.all_namespaces
+    settings.watching.label_selectors["pods"] = f"{POOL_LABEL},app.kubernetes.io/component=worker"
+    # Peering (standalone / name / priority) comes from `kopf.run`'s arguments (operator/cli.py).
+    info = kopf.login_via_client(logger=logger, settings=settings)
+    if info is None:
+        raise kopf.PermanentError("no Kubernetes credentials (in-cluster service account or kubeconfig)")
+    memo.ctx = OperatorContext(
+        config=config,
+        store=PlacementStore.from_url(config.redis_url),
+        kube=KubeApi.from_connection(info),
+    )
+    logger.info(f"operator started: namespaces={config.namespaces or 'all'}, redis={config.redis_url}")
+
+
+@kopf.on.cleanup()
+async def close_clients(memo: kopf.Memo, **_: Any) -> None:
+    ctx: OperatorContext | None = getattr(memo, "ctx", None)
+    if ctx is not None:
+        await ctx.close()
+
+
+@kopf.on.probe(id="redis")
+async def redis_reachable(memo: kopf.Memo, **_: Any) -> float:
+    """Liveness: the round trip to Redis in milliseconds (raises when Redis is unreachable)."""
+    started = time.perf_counter()
+    await memo.ctx.store.client.ping()
+    return round((time.perf_counter() - started) * 1000, 3)
+
+
+# --- indexes: what each pool reconcile reads, kept current by kopf's watches ------------------------------
+
+
+@kopf.index(GROUP, VERSION, POOL_PLURAL)
+def pools(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], PoolView]:
+    return {(namespace, name): PoolView.from_body(body)}
+
+
+@kopf.index("pods", labels=WORKER_LABELS)
+def worker_pods(
+    namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[tuple[str, str], PodView]:
+    return {(namespace, labels[POOL_LABEL]): PodView.from_body(body)}
+
+
+@kopf.index(GROUP, VERSION, SESSION_PLURAL)
+def sessions_by_pool(namespace: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str | None], SessionView]:
+    view = SessionView.from_body(body)
+    return {(namespace, view.spec.pool_ref if view.spec else None): view}
+
+
+def _values(index: kopf.Index, key: Any) -> list[Any]:
+    return list(index.get(key, ()))
+
+
+def _first(index: kopf.Index, key: Any) -> Any | None:
+    return next(iter(index.get(key, ())), None)
+
+
+@kopf.on.event("pods", labels=WORKER_LABELS)
+def kick_pool_on_pod_change(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+    """A worker Pod changed (Ready, deleted, ...): its pool reconciles now rather than at the next period."""
+    ctx: OperatorContext | None = getattr(memo, "ctx", None)
+    if ctx is not None:
+        ctx.kick(PoolId(namespace, labels[POOL_LABEL]))
+
+
+# --- sessions ------------------------------------------------------------------------------------------
+
+
+@kopf.on.create(GROUP, VERSION, SESSION_PLURAL, backoff=2)
+async def admit_session(
+    body: kopf.Body,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    logger: kopf.Logger,
+    pools: kopf.Index,
+    worker_pods: kopf.Index,
+    sessions_by_pool: kopf.Index,
+    **_: Any,
+) -> None:
+    """Token Secret, image, then a slot at once if one is free (or, at max, by evicting an idle session)."""
+    ctx: OperatorContext = memo.ctx
+    session = SessionView.from_body(body)
+    key = (session.namespace, session.name)
+    status = await admission_status(ctx, session, pools, worker_pods, sessions_by_pool, logger)
+    patch.status.update(status)
+    ctx.remember_status(key, status)
+
+
+async def admission_status(
+    ctx: OperatorContext,
+    session: SessionView,
+    pools: kopf.Index,
+    worker_pods: kopf.Index,
+    sessions_by_pool: kopf.Index,
+    logger: kopf.Logger,
+) -> dict[str, Any]:
+    def failed(reason: Reason, message: str) -> dict[str, Any]:
+        kopf.event(session.reference, type="Warning", reason="Failed", message=f"{reason}: {message}")
+        logger.warning(f"session {session.name} failed: {reason}: {message}")
+        return build_failed_status(
+            session.status,
+            session=session.name,
+            reason=reason,
+            message=message,
+            generation=session.generation,
+            now=now_rfc3339(),
+        )
+
+    if session.spec is None:
+        return failed(Reason.INVALID_SPEC, session.invalid_reason or "invalid spec")
+    try:
+        spec = await placement_spec(ctx, session, create_token=True)
+    except AdmissionFailure as exc:
+        return failed(exc.reason, exc.message)
+    pool: PoolView | None = _first(pools, (session.namespace, session.spec.pool_ref))
+    if pool is None:
+        return failed(
+            Reason.UNKNOWN_POOL, f"no ARDiffusionWorkerPool {session.spec.pool_ref!r} in {session.namespace}"
+        )
+    if pool.deleting:
+        return failed(Reason.POOL_DELETED, f"pool {pool.name} is being deleted")
+    pid = PoolId(pool.namespace, pool.name)
+    pods: list[PodView] = _values(worker_pods, (pool.namespace, pool.name))
+    async with ctx.locks[pid]:
+        live = await live_pods(ctx, pid)
+        can_grow = pool.spec is None or may_grow(pod_slots(ctx, pid, pods, live), pool.spec.max_replicas)
+        min_idle_ms = pool.spec.min_idle_seconds * 1000 if pool.spec else 0
+        placed = await ctx.store.place(pid, spec, may_evict=not can_grow, min_idle_ms=min_idle_ms)
+        now_ms = await ctx.redis_time_ms()
+    if placed.placement is None:
+        ctx.kick(pid)  # the pool may need another pod
+    else:
+        ctx.waiting_specs.pop((session.namespace, session.name), None)
+    if placed.victim is not None:
+        ctx.notes[(session.namespace, placed.victim)] = f"evicted to make room for session {session.name}"
+        ctx.kick(pid)  # the victim's status changes in the pool's next round
+        logger.info(f"session {session.name} evicted session {placed.victim}")
+    record = await ctx.store.get_session(pid, session.name)
+    where = record.pod if record is not None else None
+    ready = any(p.name == where and p.ready for p in pods)
+    observation = SessionObservation(record=record, pod=live.get(where or ""), pod_ready=ready, now_ms=now_ms)
+    return build_session_status(
+        session.status, observation, session=session.name, generation=session.generation, now=now_rfc3339()
+    )
+
+
+@kopf.on.delete(GROUP, VERSION, SESSION_PLURAL, backoff=2)
+async def release_session(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """Free the slot; the worker gets `close` through its pod's stream. The token Secret is owned."""
+    ctx: OperatorContext = memo.ctx
+    session = SessionView.from_body(body)
+    ctx.forget_session((session.namespace, session.name))
+    if session.spec is None:
+        return
+    pid = PoolId(session.namespace, session.spec.pool_ref)
+    await ctx.store.release(pid, session.name, reason="deleted")
+    ctx.kick(pid)  # a waiting session may take the slot
+    logger.info(f"session {session.name} released")
+
+
+# --- pools ---------------------------------------------------------------------------------------------
+
+
+@kopf.daemon(GROUP, VERSION, POOL_PLURAL, cancellation_timeout=10)
+async def reconcile_pool_forever(
+    body: kopf.Body,
+    status: kopf.Status,
+    memo: kopf.Memo,
+    logger: kopf.Logger,
+    worker_pods: kopf.Index,
+    sessions_by_pool: kopf.Index,
+    **_: Any,
+) -> None:
+    """The pool's level-triggered loop: every `reconcile_seconds`, or sooner when kicked."""
+    ctx: OperatorContext = memo.ctx
+    pool = PoolView.from_body(body)
+    pid = PoolId(pool.namespace, pool.name)
+    await ensure_service(ctx, pool)
+    while True:
+        started = time.monotonic()
+        pool = PoolView.from_body(body)  # `body` is live in daemons: the latest spec each round
+        if pool.deleting:
+            return
+        try:
+            await pool_round(ctx, pool, sessions_by_pool, worker_pods, dict(status), logger)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # one failed round must not end the loop; the next one retries
+            logger.exception(f"pool {pid} reconcile failed: {exc}")
+        await wait_for_kick(ctx, pid, started)
+
+
+async def pool_round(
+    ctx: OperatorContext,
+    pool: PoolView,
+    sessions_by_pool: kopf.Index,
+    worker_pods: kopf.Index,
+    status: dict[str, Any],
+    logger: kopf.Logger,
+) -> None:
+    key = (pool.namespace, pool.name)
+    if pool.spec is None:
+        condition = ConditionSpec(
+            "Ready", False, Reason.INVALID_SPEC.value, pool.invalid_reason or "invalid spec"
+        )
+        conditions = build_conditions(
+            status.get("conditions") or (), [condition], now=now_rfc3339(), generation=pool.generation
+        )
+        if conditions != status.get("conditions"):
+            await write_pool_status(
+                ctx, pool, {"conditions": conditions, "observedGeneration": pool.generation}
+            )
+        return
+    patch = await reconcile_pool(
+        ctx, pool, _values(sessions_by_pool, key), _values(worker_pods, key), status, logger
+    )
+    if patch is not None:
+        await write_pool_status(ctx, pool, patch)
+
+
+async def wait_for_kick(ctx: OperatorContext, pool: PoolId, started: float) -> None:
+    kick = ctx.kicks[pool]
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(kick.wait(), timeout=ctx.config.reconcile_seconds)
+    kick.clear()
+    gap = MIN_ROUND_GAP_SECONDS - (time.monotonic() - started)
+    if gap > 0:
+        await asyncio.sleep(gap)
+
+
+@kopf.on.delete(GROUP, VERSION, POOL_PLURAL, backoff=2)
+async def delete_pool_resources(
+    body: kopf.Body,
+    memo: kopf.Memo,
+    logger: kopf.Logger,
+    worker_pods: kopf.Index,
+    sessions_by_pool: kopf.Index,
+    **_: Any,
+) -> None:
+    ctx: OperatorContext = memo.ctx
+    pool = PoolView.from_body(body)
+    key = (pool.namespace, pool.name)
+    sessions: Iterable[SessionView] = _values(sessions_by_pool, key)
+    await delete_pool(ctx, pool, list(sessions), _values(worker_pods, key), logger)

@@ -1,0 +1,150 @@
+"""A small async Kubernetes API client for the objects the operator owns or reads.
+
+kopf has no public client, and the official `kubernetes` client is synchronous: each call would block the
+event loop that runs every handler. This speaks plain JSON over one pooled `httpx.AsyncClient`, built from the
+same credentials kopf logged in with. Create treats 409 as "already exists", delete treats 404 as done.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import kopf
+
+from ardiff.operator.specs import API_VERSION, POOL_PLURAL, SESSION_PLURAL
+
+
+@dataclass(frozen=True)
+class ApiResource:
+    """A namespaced resource's REST location."""
+
+    api_version: str  # "v1" for the core group, "<group>/<version>" otherwise
+    plural: str
+
+    def path(self, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+        prefix = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        parts = [prefix, "namespaces", namespace, self.plural]
+        parts += [name] if name else []
+        parts += [subresource] if subresource else []
+        return "/".join(parts)
+
+
+PODS = ApiResource("v1", "pods")
+SERVICES = ApiResource("v1", "services")
+SECRETS = ApiResource("v1", "secrets")
+CONFIGMAPS = ApiResource("v1", "configmaps")
+POOLS = ApiResource(API_VERSION, POOL_PLURAL)
+SESSIONS = ApiResource(API_VERSION, SESSION_PLURAL)
+
+
+class KubeApiError(Exception):
+    def __init__(self, status: int, method: str, path: str, body: str) -> None:
+        super().__init__(f"{method} {path} -> HTTP {status}: {body[:500]}")
+        self.status = status
+
+
+class KubeApi:
+    """JSON over HTTP to the API server; one instance per operator process (kept in kopf's memo)."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self._client = client
+
+    @classmethod
+    def from_connection(cls, info: kopf.ConnectionInfo, *, timeout: float = 30.0) -> KubeApi:
+        headers = {"Accept": "application/json"}
+        auth: tuple[str, str] | None = None
+        if info.token:
+            headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
+        elif info.username and info.password:
+            auth = (info.username, info.password)
+        verify: ssl.SSLContext | bool = not info.insecure
+        if not info.insecure and (info.ca_path or info.ca_data):
+            verify = ssl.create_default_context(
+                cafile=info.ca_path or None,  # type: ignore[arg-type]
+                cadata=info.ca_data.decode() if isinstance(info.ca_data, bytes) else info.ca_data,
+            )
+        cert = (str(info.certificate_path), str(info.private_key_path)) if info.certificate_path else None
+        if cert and isinstance(verify, ssl.SSLContext):
+            verify.load_cert_chain(*cert)
+        client = httpx.AsyncClient(
+            base_url=info.server.rstrip("/"),
+            headers=headers,
+            auth=auth,
+            verify=verify,
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=32, max_keepalive_connections=32),
+        )
+        return cls(client)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        content_type: str = "application/json",
+        params: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        response = await self._client.request(
+            method,
+            path,
+            json=body,
+            params=params,
+            headers={"Content-Type": content_type} if body is not None else None,
+        )
+        if response.status_code >= 400:
+            raise KubeApiError(response.status_code, method, path, response.text)
+        return response.json() if response.content else {}
+
+    async def get(self, resource: ApiResource, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        try:
+            return await self._request("GET", resource.path(namespace, name))
+        except KubeApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def create(self, resource: ApiResource, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create the object; None when one of that name already exists (409)."""
+        namespace = body["metadata"]["namespace"]
+        try:
+            return await self._request("POST", resource.path(namespace), body=body)
+        except KubeApiError as exc:
+            if exc.status == 409:
+                return None
+            raise
+
+    async def delete(self, resource: ApiResource, namespace: str, name: str) -> bool:
+        """Delete the object; False when it was already gone (404)."""
+        try:
+            await self._request("DELETE", resource.path(namespace, name))
+        except KubeApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def patch_status(
+        self, resource: ApiResource, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> bool:
+        """Merge-patch `status` (null deletes a field); False when the object is gone."""
+        try:
+            await self._request(
+                "PATCH",
+                resource.path(namespace, name, "status"),
+                body={"status": dict(status)},
+                content_type="application/merge-patch+json",
+            )
+        except KubeApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True

@@ -1,0 +1,153 @@
+"""Pure builders for what a pool owns: its worker Pods and its headless Service (docs/contracts.md §1, §3).
+
+They return plain dicts (the handler adopts and creates them); user input is deep-copied, never aliased.
+"""
+
+from __future__ import annotations
+
+import copy
+import secrets
+import string
+from typing import Any
+
+from ardiff.operator.specs import WorkerPoolSpec
+
+POOL_LABEL = "ardiffusion.dev/pool"
+WORKER_PORT = 8000
+WORKER_PORT_NAME = "http"
+WORKER_CONTAINER = "worker"
+WORKER_USER_ID = 1000
+_SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
+
+
+def pool_labels(pool: str) -> dict[str, str]:
+    """The labels every worker Pod of `pool` carries; also the Service's selector."""
+    return {
+        "app.kubernetes.io/name": "ardiff",
+        "app.kubernetes.io/component": "worker",
+        POOL_LABEL: pool,
+    }
+
+
+def worker_pod_name(pool: str, suffix: str | None = None) -> str:
+    """`<pool>-<5 lowercase alphanumerics>`; random unless `suffix` is given."""
+    suffix = suffix or "".join(secrets.choice(_SUFFIX_ALPHABET) for _ in range(5))
+    if len(suffix) != 5 or any(ch not in _SUFFIX_ALPHABET for ch in suffix):
+        raise ValueError(f"worker pod suffix must be 5 lowercase alphanumerics, got {suffix!r}")
+    return f"{pool}-{suffix}"
+
+
+def pool_service_name(pool: str) -> str:
+    return f"{pool}-workers"
+
+
+def build_worker_env(
+    namespace: str, pool: str, spec: WorkerPoolSpec, *, worker_redis_url: str | None
+) -> list[dict[str, Any]]:
+    """The worker's settings (contracts §3), then the pool's own `env`, which wins on a name clash."""
+    model = spec.model
+    values: dict[str, str | None] = {
+        "ARDIFF_MODEL": model.name,
+        "ARDIFF_PIPELINE": model.pipeline,
+        "ARDIFF_HEIGHT": str(model.height),
+        "ARDIFF_WIDTH": str(model.width),
+        "ARDIFF_DTYPE": model.dtype,
+        "ARDIFF_KV_MEMORY_FRACTION": str(spec.kv_memory_fraction),
+        "ARDIFF_SESSION_CAPACITY": None if spec.session_capacity is None else str(spec.session_capacity),
+        "ARDIFF_CPU_FREE_MEMORY_BYTES": None
+        if spec.cpu_free_memory_bytes is None
+        else str(spec.cpu_free_memory_bytes),
+        "ARDIFF_REDIS_URL": worker_redis_url,
+        "ARDIFF_NAMESPACE": namespace,
+        "ARDIFF_POOL": pool,
+        "ARDIFF_PORT": str(WORKER_PORT),
+    }
+    env: list[dict[str, Any]] = [{"name": name, "value": value} for name, value in values.items() if value]
+    env += [
+        {"name": "ARDIFF_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "ARDIFF_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    overridden = {entry["name"] for entry in spec.env}
+    return [entry for entry in env if entry["name"] not in overridden] + copy.deepcopy(spec.env)
+
+
+def build_worker_pod(
+    namespace: str, pool: str, spec: WorkerPoolSpec, *, pod_name: str, worker_redis_url: str | None
+) -> dict[str, Any]:
+    """One worker Pod of `pool` (not yet adopted: the handler sets the owner reference)."""
+    probe_port = {"port": WORKER_PORT_NAME}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod_name, "namespace": namespace, "labels": pool_labels(pool)},
+        "spec": {
+            # Stable DNS `<pod>.<pool>-workers` through the headless Service.
+            "hostname": pod_name,
+            "subdomain": pool_service_name(pool),
+            "restartPolicy": "Always",
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 30,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": WORKER_USER_ID,
+                "runAsGroup": WORKER_USER_ID,
+                "fsGroup": WORKER_USER_ID,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "nodeSelector": copy.deepcopy(spec.node_selector),
+            "tolerations": copy.deepcopy(spec.tolerations),
+            "containers": [
+                {
+                    "name": WORKER_CONTAINER,
+                    "image": spec.image,
+                    "command": ["ardiff", "worker", "serve"],
+                    "env": build_worker_env(namespace, pool, spec, worker_redis_url=worker_redis_url),
+                    "ports": [{"name": WORKER_PORT_NAME, "containerPort": WORKER_PORT, "protocol": "TCP"}],
+                    # Loading a real checkpoint takes minutes: the startup probe holds liveness off till then.
+                    "startupProbe": {
+                        "httpGet": {"path": "/healthz", **probe_port},
+                        "periodSeconds": 5,
+                        "failureThreshold": 120,
+                    },
+                    "livenessProbe": {
+                        "httpGet": {"path": "/healthz", **probe_port},
+                        "periodSeconds": 10,
+                        "failureThreshold": 3,
+                    },
+                    "readinessProbe": {
+                        "httpGet": {"path": "/readyz", **probe_port},
+                        "periodSeconds": 2,
+                        "failureThreshold": 2,
+                    },
+                    "resources": copy.deepcopy(spec.resources),
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "readOnlyRootFilesystem": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def build_pool_service(namespace: str, pool: str) -> dict[str, Any]:
+    """The pool's headless Service: per-pod DNS names, no load balancing (sessions are pinned)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": pool_service_name(pool), "namespace": namespace, "labels": pool_labels(pool)},
+        "spec": {
+            "clusterIP": "None",
+            "selector": pool_labels(pool),
+            "publishNotReadyAddresses": False,
+            "ports": [
+                {
+                    "name": WORKER_PORT_NAME,
+                    "port": WORKER_PORT,
+                    "targetPort": WORKER_PORT_NAME,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }

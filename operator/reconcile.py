@@ -1,0 +1,461 @@
+"""One pool's level-triggered reconcile: Redis + Pods + session CRs in, placements, statuses and Pods out.
+
+Each round re-derives everything from what it reads (batched: one Redis read for all of a pool's sessions),
+so a missed event or an operator restart converges on the next round. Writes happen only on change.
+
+Order of a round (under the pool's lock):
+1. pods: reap expired leases, forget pods that no longer exist, keep terminating pods from new placements;
+2. sessions: expire idle ones, restore bindings Redis lost, place waiting / lost / evicted ones;
+3. statuses: re-read, derive, patch what changed (events on phase transitions);
+4. scaling: create pods for waiting sessions, drain and delete empty ones;
+5. the pool's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from ardiff.kv.errors import UnknownPod
+from ardiff.kv.records import PodRecord, PoolId, SessionRecord, SessionSpec, SessionState
+from ardiff.operator.admission import AdmissionFailure, placement_spec
+from ardiff.operator.context import OperatorContext, SessionKey
+from ardiff.operator.kube import PODS, POOLS, SERVICES, SESSIONS
+from ardiff.operator.pods import build_pool_service, build_worker_pod, pool_service_name, worker_pod_name
+from ardiff.operator.scaling import PodSlots, may_grow, plan_scaling
+from ardiff.operator.status import (
+    Phase,
+    PoolObservation,
+    Reason,
+    SessionObservation,
+    build_failed_status,
+    build_pool_status,
+    build_session_status,
+    rfc3339,
+    status_patch,
+)
+from ardiff.operator.views import PodView, PoolView, SessionView
+
+# A created pod the index has not reported within this long is no longer counted (its creation was undone).
+EXPECTED_POD_TTL_SECONDS = 60.0
+
+
+def now_rfc3339() -> str:
+    return rfc3339(int(time.time() * 1000))
+
+
+def needs_reconcile(session: SessionView) -> bool:
+    """Sessions a pool round looks after: not being deleted, valid, and not finished."""
+    if session.deleting or session.spec is None:
+        return False
+    if session.phase == Phase.EXPIRED:
+        return False
+    # A session that arrived before its pool is admitted once the pool exists.
+    return session.phase != Phase.FAILED or session.status.get("reason") == Reason.UNKNOWN_POOL
+
+
+def record_spec(record: SessionRecord) -> SessionSpec:
+    """A lost or evicted session's placement request, from its own Redis record."""
+    return SessionSpec(
+        name=record.name,
+        token_sha256=record.token_sha256,
+        seed=record.seed,
+        prompt=record.prompt,
+        image=record.image,
+        max_chunks=record.max_chunks,
+        priority=record.priority,
+        eviction_policy=record.eviction_policy,
+    )
+
+
+def pod_slots(
+    ctx: OperatorContext, pool: PoolId, pods: Iterable[PodView], live: Mapping[str, PodRecord]
+) -> dict[str, PodSlots]:
+    """The pool's pods as scaling sees them: existing (not terminating) and just created ones."""
+    now = time.monotonic()
+    expected = ctx.expected_pods[pool]
+    existing = {p.name for p in pods if not p.deleting}
+    for name, created in list(expected.items()):
+        if name in existing or now - created > EXPECTED_POD_TTL_SECONDS:
+            del expected[name]
+    slots = {}
+    for name in existing | set(expected):
+        record = live.get(name)
+        key = (pool, name)
+        if record is not None and record.used == 0:
+            ctx.empty_since.setdefault(key, now)
+        else:
+            ctx.empty_since.pop(key, None)
+        slots[name] = PodSlots(
+            name=name,
+            registered=record is not None,
+            capacity=record.capacity if record and not record.draining else 0,
+            used=record.used if record else 0,
+            empty_since=ctx.empty_since.get(key),
+        )
+    return slots
+
+
+async def live_pods(ctx: OperatorContext, pool: PoolId) -> dict[str, PodRecord]:
+    return {p.name: p for p in await ctx.store.list_pods(pool)}
+
+
+async def sync_pods(ctx: OperatorContext, pool: PoolId, pods: Sequence[PodView]) -> dict[str, PodRecord]:
+    """Make Redis agree with the Pods: reap expired leases, forget deleted pods, drain terminating ones."""
+    await ctx.store.reap_expired(pool)
+    live = await live_pods(ctx, pool)
+    known = {p.name: p for p in pods}
+    changed = False
+    for name, record in live.items():
+        pod = known.get(name)
+        if pod is None and name not in ctx.expected_pods[pool]:
+            await ctx.store.remove_pod(pool, name)  # its sessions become `lost`
+            changed = True
+        elif pod is not None and pod.deleting and not record.draining:
+            await ctx.store.set_draining(pool, name, draining=True)
+            changed = True
+    return await live_pods(ctx, pool) if changed else live
+
+
+@dataclass
+class RoundResult:
+    waiting: int = 0  # sessions that need a slot and did not get one
+    evictions: int = 0
+    # Sessions whose status this round must not rewrite: failed now, or bound to a pod that must re-register
+    # before their binding can be restored (writing Pending would erase the binding from the status).
+    settled: set[str] = field(default_factory=set)
+
+
+def _placement_order(session: SessionView) -> tuple[int, str, str]:
+    assert session.spec is not None
+    return (-session.spec.priority, session.created, session.name)
+
+
+async def place_sessions(
+    ctx: OperatorContext,
+    pool: PoolView,
+    sessions: Sequence[SessionView],
+    records: Mapping[str, SessionRecord | None],
+    live: Mapping[str, PodRecord],
+    slots: Mapping[str, PodSlots],
+    logger: kopf.Logger,
+) -> RoundResult:
+    """Restore bindings Redis lost; place sessions that wait for a slot (first admissions may evict)."""
+    assert pool.spec is not None
+    pid = PoolId(pool.namespace, pool.name)
+    result = RoundResult()
+    free = sum(p.free for p in live.values() if not p.draining)
+    can_evict = not may_grow(slots, pool.spec.max_replicas)
+    for session in sorted(sessions, key=_placement_order):
+        key = (session.namespace, session.name)
+        record = records.get(session.name)
+        reset = False
+        if record is None:
+            bound_pod, bound_epoch = session.status.get("pod"), session.status.get("podEpoch")
+            if bound_pod and bound_epoch:
+                # Redis lost this binding (flushed or restarted): rebuild it from the CR's status.
+                pod = live.get(bound_pod)
+                if pod is None and bound_pod in slots:
+                    result.settled.add(session.name)  # the pod exists: wait for its heartbeat to re-register
+                    continue
+                if pod is not None and pod.epoch == bound_epoch:
+                    try:
+                        spec = await placement_spec(ctx, session)
+                    except AdmissionFailure as exc:
+                        await write_failed(ctx, session, exc.reason, exc.message)
+                        result.settled.add(session.name)
+                        continue
+                    if await restore_binding(ctx, pid, session, spec, bound_pod, int(bound_epoch), logger):
+                        free -= 1
+                        continue
+                reset = True  # its pod is gone, restarted or full: the KV is lost
+            # A session Redis forgot while it was Lost or Evicted has no KV anywhere either.
+            reset = reset or session.phase in (Phase.LOST, Phase.EVICTED)
+            first_admission = not reset
+        elif record.state in (SessionState.LOST, SessionState.EVICTED):
+            first_admission = False
+        else:
+            continue
+        may_evict = first_admission and can_evict
+        if free <= 0 and not may_evict:
+            result.waiting += 1
+            continue
+        try:
+            spec = record_spec(record) if record is not None else await placement_spec(ctx, session)
+        except AdmissionFailure as exc:
+            await write_failed(ctx, session, exc.reason, exc.message)
+            result.settled.add(session.name)
+            continue
+        placed = await ctx.store.place(
+            pid, spec, may_evict=may_evict, min_idle_ms=pool.spec.min_idle_seconds * 1000
+        )
+        if placed.placement is None:
+            result.waiting += 1
+            if not may_evict:
+                free = 0  # `place` found no free slot: nobody else without eviction will either
+            continue
+        ctx.waiting_specs.pop(key, None)
+        if placed.victim is not None:
+            result.evictions += 1
+            ctx.notes[(session.namespace, placed.victim)] = f"evicted to make room for session {session.name}"
+        else:
+            free -= 1
+        if reset:
+            where = placed.placement
+            await ctx.store.mark_reset_required(pid, session.name, pod=where.pod, epoch=where.pod_epoch)
+            ctx.notes[key] = f"placed on {where.pod} after Redis lost its binding to a pod that is gone"
+    return result
+
+
+async def restore_binding(
+    ctx: OperatorContext,
+    pool: PoolId,
+    session: SessionView,
+    spec: SessionSpec,
+    pod: str,
+    epoch: int,
+    logger: kopf.Logger,
+) -> bool:
+    """Re-create a binding from the CR's status; False when the store refused (the pod has no free slot)."""
+    restored = await ctx.store.restore(
+        pool,
+        spec,
+        pod=pod,
+        pod_epoch=epoch,
+        chunk_index=int(session.status.get("chunkIndex") or 0),
+        reset_required=bool(session.status.get("resetRequired")),
+    )
+    if restored is None:
+        return False
+    ctx.waiting_specs.pop((session.namespace, session.name), None)
+    logger.info(f"restored the binding of session {session.name} to {pod} (epoch {epoch}) from its status")
+    return True
+
+
+async def expire_idle(
+    ctx: OperatorContext,
+    pool: PoolId,
+    sessions: Sequence[SessionView],
+    records: Mapping[str, SessionRecord | None],
+    now_ms: int,
+) -> int:
+    expired = 0
+    for session in sessions:
+        record = records.get(session.name)
+        timeout_s = session.spec.idle_timeout_seconds if session.spec else 0
+        if record is None or record.state is not SessionState.PLACED or not timeout_s:
+            continue
+        if now_ms - record.last_tick_ms >= timeout_s * 1000:
+            await ctx.store.release(pool, session.name, reason="idle-timeout")
+            ctx.notes[(session.namespace, session.name)] = f"no tick for {timeout_s} s; the slot was released"
+            expired += 1
+    return expired
+
+
+EVENTS_ON_ENTERING = {
+    Phase.LOST: ("Warning", "Lost"),
+    Phase.EVICTED: ("Warning", "Evicted"),
+    Phase.EXPIRED: ("Normal", "Expired"),
+    Phase.FAILED: ("Warning", "Failed"),
+}
+
+
+def post_transition_event(
+    session: SessionView, previous: Mapping[str, Any], status: Mapping[str, Any]
+) -> None:
+    """News only: entering Lost/Evicted/Expired/Failed, and being placed again after losing the KV."""
+    phase, before = status.get("phase"), previous.get("phase")
+    message = status.get("message", "")
+    if phase != before and phase in EVENTS_ON_ENTERING:
+        kind, reason = EVENTS_ON_ENTERING[Phase(phase)]
+        kopf.event(session.reference, type=kind, reason=reason, message=message)
+    elif status.get("reason") == Reason.RESET_REQUIRED and previous.get("reason") != Reason.RESET_REQUIRED:
+        kopf.event(
+            session.reference, type="Normal", reason="Replaced", message=f"on {status.get('pod')}: {message}"
+        )
+
+
+def previous_status(ctx: OperatorContext, session: SessionView) -> dict[str, Any]:
+    """The CR's status as last seen, updated with what we wrote since (the watch may lag behind)."""
+    return {**session.status, **ctx.written_status.get((session.namespace, session.name), {})}
+
+
+async def write_status(ctx: OperatorContext, session: SessionView, desired: Mapping[str, Any]) -> bool:
+    """Patch the session's status if anything worth writing changed; True if a write happened."""
+    key: SessionKey = (session.namespace, session.name)
+    previous = previous_status(ctx, session)
+    patch = status_patch(previous, desired, mirror_due=ctx.mirror_due(key))
+    if patch is None:
+        return False
+    post_transition_event(session, previous, desired)
+    if await ctx.kube.patch_status(SESSIONS, session.namespace, session.name, patch):
+        ctx.remember_status(key, patch)
+    return True
+
+
+async def write_failed(ctx: OperatorContext, session: SessionView, reason: Reason, message: str) -> None:
+    previous = previous_status(ctx, session)
+    status = build_failed_status(
+        previous,
+        session=session.name,
+        reason=reason,
+        message=message,
+        generation=session.generation,
+        now=now_rfc3339(),
+    )
+    await write_status(ctx, session, status)
+
+
+async def write_session_statuses(
+    ctx: OperatorContext,
+    sessions: Iterable[SessionView],
+    records: Mapping[str, SessionRecord | None],
+    live: Mapping[str, PodRecord],
+    pods: Mapping[str, PodView],
+    now_ms: int,
+) -> int:
+    now = now_rfc3339()
+    limit = asyncio.Semaphore(ctx.config.status_write_concurrency)
+
+    async def one(session: SessionView) -> bool:
+        key = (session.namespace, session.name)
+        record = records.get(session.name)
+        pod = live.get(record.pod) if record is not None else None
+        view = pods.get(record.pod) if record is not None else None
+        obs = SessionObservation(record=record, pod=pod, pod_ready=bool(view and view.ready), now_ms=now_ms)
+        desired = build_session_status(
+            previous_status(ctx, session),
+            obs,
+            session=session.name,
+            generation=session.generation,
+            now=now,
+            message=ctx.notes.pop(key, None),
+        )
+        async with limit:
+            return await write_status(ctx, session, desired)
+
+    return sum(await asyncio.gather(*(one(s) for s in sessions)))
+
+
+async def ensure_service(ctx: OperatorContext, pool: PoolView) -> None:
+    service = build_pool_service(pool.namespace, pool.name)
+    kopf.adopt(service, owner=pool.reference)
+    await ctx.kube.create(SERVICES, service)
+
+
+async def create_worker_pod(ctx: OperatorContext, pool: PoolView, logger: kopf.Logger) -> str:
+    """Create one worker Pod with a fresh name (a name collision just draws another)."""
+    assert pool.spec is not None
+    pid = PoolId(pool.namespace, pool.name)
+    while True:
+        name = worker_pod_name(pool.name)
+        body = build_worker_pod(
+            pool.namespace, pool.name, pool.spec, pod_name=name, worker_redis_url=ctx.config.worker_redis_url
+        )
+        kopf.adopt(body, owner=pool.reference)
+        ctx.expected_pods[pid][name] = time.monotonic()
+        if await ctx.kube.create(PODS, body) is not None:
+            logger.info(f"created worker pod {name}")
+            return name
+        del ctx.expected_pods[pid][name]
+
+
+async def retire_worker_pod(ctx: OperatorContext, pool: PoolId, name: str, logger: kopf.Logger) -> bool:
+    """Drain (only if it holds no session), then delete the Pod and its Redis record."""
+    try:
+        drained = await ctx.store.drain_pod(pool, name, only_if_empty=True)
+    except UnknownPod:
+        drained = True  # its record is already gone (lease expired): nothing can be placed on it
+    if not drained:
+        logger.info(f"kept worker pod {name}: it received a session before it could be drained")
+        return False
+    await ctx.kube.delete(PODS, pool.namespace, name)
+    await ctx.store.remove_pod(pool, name)
+    ctx.empty_since.pop((pool, name), None)
+    logger.info(f"deleted empty worker pod {name}")
+    return True
+
+
+async def reconcile_pool(
+    ctx: OperatorContext,
+    pool: PoolView,
+    sessions: Sequence[SessionView],
+    pods: Sequence[PodView],
+    previous_pool_status: Mapping[str, Any],
+    logger: kopf.Logger,
+) -> dict[str, Any] | None:
+    """One round; returns the pool status patch (None when unchanged)."""
+    assert pool.spec is not None
+    pid = PoolId(pool.namespace, pool.name)
+    active = [s for s in sessions if needs_reconcile(s)]
+    names = [s.name for s in active]
+    async with ctx.locks[pid]:
+        live = await sync_pods(ctx, pid, pods)
+        slots = pod_slots(ctx, pid, pods, live)
+        records = await ctx.store.get_sessions(pid, names)
+        now_ms = await ctx.redis_time_ms()
+        await expire_idle(ctx, pid, active, records, now_ms)
+        result = await place_sessions(ctx, pool, active, records, live, slots, logger)
+        records = await ctx.store.get_sessions(pid, names)
+        live = await live_pods(ctx, pid)
+        slots = pod_slots(ctx, pid, pods, live)
+        by_name = {p.name: p for p in pods}
+        unsettled = [s for s in active if s.name not in result.settled]
+        await write_session_statuses(ctx, unsettled, records, live, by_name, now_ms)
+        plan = plan_scaling(
+            slots,
+            waiting=result.waiting,
+            min_replicas=pool.spec.min_replicas,
+            max_replicas=pool.spec.max_replicas,
+            session_capacity=pool.spec.session_capacity,
+            scale_down_delay=pool.spec.scale_down_delay_seconds,
+            now=time.monotonic(),
+        )
+        for _ in range(plan.create):
+            await create_worker_pod(ctx, pool, logger)
+        retired = [name for name in plan.delete if await retire_worker_pod(ctx, pid, name, logger)]
+    existing = [p for p in pods if not p.deleting and p.name not in retired]
+    ready = {p.name for p in existing if p.ready}
+    observation = PoolObservation(
+        replicas=len({p.name for p in existing} | set(ctx.expected_pods[pid])),
+        ready_replicas=len(ready),
+        capacity=sum(r.capacity for name, r in live.items() if name in ready and not r.draining),
+        sessions=sum(r.used for r in live.values()),
+        pending=result.waiting,
+        min_replicas=pool.spec.min_replicas,
+        max_replicas=pool.spec.max_replicas,
+    )
+    status = build_pool_status(
+        previous_pool_status, observation, generation=pool.generation, now=now_rfc3339()
+    )
+    return status_patch(previous_pool_status, status, mirror_due=True)
+
+
+async def write_pool_status(ctx: OperatorContext, pool: PoolView, patch: Mapping[str, Any]) -> None:
+    await ctx.kube.patch_status(POOLS, pool.namespace, pool.name, patch)
+
+
+async def delete_pool(
+    ctx: OperatorContext,
+    pool: PoolView,
+    sessions: Sequence[SessionView],
+    pods: Sequence[PodView],
+    logger: kopf.Logger,
+) -> None:
+    """Fail the pool's sessions (`PoolDeleted`), delete its Pods and Service, and forget it in Redis."""
+    pid = PoolId(pool.namespace, pool.name)
+    async with ctx.locks[pid]:
+        for session in sessions:
+            if not session.deleting and session.phase != Phase.FAILED:
+                await write_failed(ctx, session, Reason.POOL_DELETED, f"pool {pool.name} was deleted")
+        for pod in pods:
+            await ctx.kube.delete(PODS, pool.namespace, pod.name)
+        await ctx.kube.delete(SERVICES, pool.namespace, pool_service_name(pool.name))
+        await ctx.store.delete_pool(pid)
+    ctx.forget_pool(pid)
+    logger.info(f"pool {pool.name} deleted: {len(pods)} pods, {len(sessions)} sessions failed")

@@ -1,0 +1,85 @@
+"""How many worker pods a pool should have, and which ones may go: pure decisions, no I/O.
+
+Scale up while sessions wait and no slot is free (counting slots still booting), never above `max`.
+Scale down only pods that hold no session and have been empty for `scaleDownDelaySeconds`, never below `min`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PodSlots:
+    """One worker pod as scaling sees it."""
+
+    name: str
+    registered: bool  # it has a live record in Redis (its capacity is known)
+    capacity: int
+    used: int
+    empty_since: (
+        float | None
+    )  # monotonic seconds since the pod last held no session, or None if it holds some
+
+
+@dataclass(frozen=True)
+class ScalePlan:
+    create: int
+    delete: tuple[str, ...]
+
+
+def per_pod_capacity(pods: Mapping[str, PodSlots], session_capacity: int | None) -> int | None:
+    """Slots one more pod brings: the largest registered pod's, else the spec's cap, else unknown."""
+    known = [p.capacity for p in pods.values() if p.registered and p.capacity > 0]
+    if known:
+        return max(known)
+    return session_capacity
+
+
+def may_grow(pods: Mapping[str, PodSlots], max_replicas: int) -> bool:
+    """True while the pool can still get more slots: below max, or pods at max still booting.
+
+    `place` may evict only when this is False.
+    """
+    return len(pods) < max_replicas or any(not p.registered for p in pods.values())
+
+
+def plan_scaling(
+    pods: Mapping[str, PodSlots],
+    *,
+    waiting: int,
+    min_replicas: int,
+    max_replicas: int,
+    session_capacity: int | None,
+    scale_down_delay: float,
+    now: float,
+) -> ScalePlan:
+    """`waiting`: sessions that need a slot and did not get one in this reconcile."""
+    current = len(pods)
+    booting = [p for p in pods.values() if not p.registered]
+    free = sum(max(0, p.capacity - p.used) for p in pods.values() if p.registered)
+    if current < min_replicas:
+        return ScalePlan(create=min_replicas - current, delete=())
+    if waiting > 0:
+        if free > 0 or current >= max_replicas:
+            return ScalePlan(create=0, delete=())
+        slots_per_pod = per_pod_capacity(pods, session_capacity)
+        if slots_per_pod is None:
+            # Capacity unknown until the first pod registers: grow one pod at a time.
+            return ScalePlan(create=0 if booting else 1, delete=())
+        uncovered = waiting - len(booting) * slots_per_pod
+        wanted = math.ceil(uncovered / slots_per_pod) if uncovered > 0 else 0
+        return ScalePlan(create=min(wanted, max_replicas - current), delete=())
+    empty = sorted(
+        (p for p in pods.values() if p.registered and p.used == 0 and p.empty_since is not None),
+        key=lambda p: (p.empty_since, p.name),
+    )
+    # Above max (the spec was lowered): empty pods go at once; otherwise only after the delay, down to min.
+    immediate = [p.name for p in empty][: max(0, current - max_replicas)]
+    due = [
+        p.name for p in empty if p.name not in immediate and now - (p.empty_since or now) >= scale_down_delay
+    ]
+    keep_min = max(0, current - len(immediate) - min_replicas)
+    return ScalePlan(create=0, delete=tuple(immediate + due[:keep_min]))

@@ -1,0 +1,228 @@
+"""The two custom resources' `spec`s as validated values.
+
+The API server (or the dev cluster) already checks the CRD schema; these parsers re-check what the operator
+relies on, apply the CRD's defaults (an emulated API may not), and turn a bad spec into one clear message that
+the operator reports as `Failed` / `InvalidSpec` instead of retrying forever.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ardiff.kv.records import MAX_PRIORITY, EvictionPolicy, check_name
+
+GROUP = "ardiffusion.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+POOL_KIND = "ARDiffusionWorkerPool"
+POOL_PLURAL = "ardiffusionworkerpools"
+SESSION_KIND = "ARDiffusionSession"
+SESSION_PLURAL = "ardiffusionsessions"
+
+DEFAULT_MODEL = "tiny-lingbot-world"
+DEFAULT_PIPELINE = "LingBotWorldCausalDMDPipeline"
+DEFAULT_SCALE_DOWN_DELAY_SECONDS = 300
+DEFAULT_MIN_IDLE_SECONDS = 30
+DEFAULT_IDLE_TIMEOUT_SECONDS = 0  # never
+DEFAULT_HEIGHT = 480
+DEFAULT_WIDTH = 832
+DEFAULT_KV_MEMORY_FRACTION = 0.9
+
+
+class InvalidSpec(ValueError):
+    """A spec the operator cannot act on; the message names the field."""
+
+
+def _int(spec: Mapping[str, Any], path: str, default: int, *, minimum: int = 0) -> int:
+    value = _get(spec, path, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidSpec(f"spec.{path} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _str(spec: Mapping[str, Any], path: str, default: str | None = None) -> str:
+    value = _get(spec, path, default)
+    if not isinstance(value, str) or not value:
+        raise InvalidSpec(f"spec.{path} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _get(spec: Mapping[str, Any], path: str, default: Any) -> Any:
+    node: Any = spec
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or node.get(part) is None:
+            return default
+        node = node[part]
+    return node
+
+
+def _mapping(spec: Mapping[str, Any], path: str) -> dict[str, Any]:
+    value = _get(spec, path, {})
+    if not isinstance(value, Mapping):
+        raise InvalidSpec(f"spec.{path} must be an object, got {value!r}")
+    return copy.deepcopy(dict(value))
+
+
+def _list(spec: Mapping[str, Any], path: str) -> list[Any]:
+    value = _get(spec, path, [])
+    if not isinstance(value, list):
+        raise InvalidSpec(f"spec.{path} must be a list, got {value!r}")
+    return copy.deepcopy(value)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str = DEFAULT_MODEL  # an embedded model's name or a model directory in the worker image
+    pipeline: str = DEFAULT_PIPELINE
+    height: int = DEFAULT_HEIGHT
+    width: int = DEFAULT_WIDTH
+    dtype: str | None = None  # None: the worker's default for its device
+
+    def __post_init__(self) -> None:
+        for name, value in {"height": self.height, "width": self.width}.items():
+            if value <= 0:
+                raise InvalidSpec(f"spec.model.{name} must be positive, got {value}")
+
+    @classmethod
+    def from_resource(cls, spec: Mapping[str, Any]) -> ModelSpec:
+        has_name, has_path = (
+            _get(spec, "model.name", None) is not None,
+            _get(spec, "model.path", None) is not None,
+        )
+        if has_name and has_path:
+            raise InvalidSpec("spec.model must set only one of name and path")
+        dtype = _get(spec, "model.dtype", None)
+        return cls(
+            name=_str(spec, "model.path") if has_path else _str(spec, "model.name", DEFAULT_MODEL),
+            pipeline=_str(spec, "model.pipeline", DEFAULT_PIPELINE),
+            height=_int(spec, "model.height", DEFAULT_HEIGHT, minimum=1),
+            width=_int(spec, "model.width", DEFAULT_WIDTH, minimum=1),
+            dtype=None if dtype is None else _str(spec, "model.dtype"),
+        )
+
+
+@dataclass(frozen=True)
+class WorkerPoolSpec:
+    """`ARDiffusionWorkerPool.spec`: what one worker pod runs and how many of them may exist."""
+
+    image: str
+    model: ModelSpec = field(default_factory=ModelSpec)
+    resources: dict[str, Any] = field(default_factory=dict)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    env: list[dict[str, Any]] = field(default_factory=list)
+    kv_memory_fraction: float = DEFAULT_KV_MEMORY_FRACTION
+    session_capacity: int | None = None
+    cpu_free_memory_bytes: int | None = None
+    min_replicas: int = 1
+    max_replicas: int = 1
+    scale_down_delay_seconds: int = DEFAULT_SCALE_DOWN_DELAY_SECONDS
+    min_idle_seconds: int = DEFAULT_MIN_IDLE_SECONDS
+
+    def __post_init__(self) -> None:
+        if self.max_replicas < max(1, self.min_replicas):
+            raise InvalidSpec(
+                f"spec.replicas.max must be >= max(1, replicas.min), got max={self.max_replicas}, "
+                f"min={self.min_replicas}"
+            )
+        if not 0 < self.kv_memory_fraction <= 1:
+            raise InvalidSpec(f"spec.kv.gpuMemoryFraction must be in (0, 1], got {self.kv_memory_fraction}")
+        if self.session_capacity is not None and self.session_capacity < 1:
+            raise InvalidSpec(f"spec.kv.sessionCapacity must be >= 1, got {self.session_capacity}")
+        for entry in self.env:
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+                raise InvalidSpec(f"spec.env entries must be EnvVar objects with a name, got {entry!r}")
+
+    @classmethod
+    def from_resource(cls, spec: Mapping[str, Any]) -> WorkerPoolSpec:
+        fraction = _get(spec, "kv.gpuMemoryFraction", DEFAULT_KV_MEMORY_FRACTION)
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise InvalidSpec(f"spec.kv.gpuMemoryFraction must be a number, got {fraction!r}")
+        capacity = _get(spec, "kv.sessionCapacity", None)
+        cpu_bytes = _get(spec, "kv.cpuFreeMemoryBytes", None)
+        min_replicas = _int(spec, "replicas.min", 1)
+        return cls(
+            image=_str(spec, "image"),
+            model=ModelSpec.from_resource(spec),
+            resources=_mapping(spec, "resources"),
+            node_selector=_mapping(spec, "nodeSelector"),
+            tolerations=_list(spec, "tolerations"),
+            env=_list(spec, "env"),
+            kv_memory_fraction=float(fraction),
+            session_capacity=None if capacity is None else _int(spec, "kv.sessionCapacity", 1, minimum=1),
+            cpu_free_memory_bytes=None
+            if cpu_bytes is None
+            else _int(spec, "kv.cpuFreeMemoryBytes", 1, minimum=1),
+            min_replicas=min_replicas,
+            max_replicas=_int(spec, "replicas.max", max(1, min_replicas)),
+            scale_down_delay_seconds=_int(spec, "scaleDownDelaySeconds", DEFAULT_SCALE_DOWN_DELAY_SECONDS),
+            min_idle_seconds=_int(spec, "eviction.minIdleSeconds", DEFAULT_MIN_IDLE_SECONDS),
+        )
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """Where a session's conditioning image lives: one key of a ConfigMap or Secret in its namespace."""
+
+    source: Literal["configMap", "secret"]
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class SessionResourceSpec:
+    """`ARDiffusionSession.spec`."""
+
+    pool_ref: str
+    prompt: str = ""
+    seed: int = 0
+    priority: int = 0
+    eviction_policy: EvictionPolicy = "LRU"
+    idle_timeout_seconds: int = DEFAULT_IDLE_TIMEOUT_SECONDS  # 0: never expires
+    max_chunks: int = 0  # 0: unlimited (the CRD leaves it unset)
+    image: ImageRef | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            check_name("pool", self.pool_ref)
+        except ValueError:
+            raise InvalidSpec(f"spec.poolRef must be a DNS-1123 label, got {self.pool_ref!r}") from None
+        if self.priority > MAX_PRIORITY:
+            raise InvalidSpec(f"spec.priority must be <= {MAX_PRIORITY}, got {self.priority}")
+        if self.eviction_policy not in ("LRU", "Never"):
+            raise InvalidSpec(f"spec.evictionPolicy must be 'LRU' or 'Never', got {self.eviction_policy!r}")
+
+    @classmethod
+    def from_resource(cls, spec: Mapping[str, Any]) -> SessionResourceSpec:
+        prompt = _get(spec, "prompt", "")
+        if not isinstance(prompt, str):
+            raise InvalidSpec(f"spec.prompt must be a string, got {prompt!r}")
+        return cls(
+            pool_ref=_str(spec, "poolRef"),
+            prompt=prompt,
+            seed=_int(spec, "seed", 0),
+            priority=_int(spec, "priority", 0),
+            eviction_policy=_get(spec, "evictionPolicy", "LRU"),
+            idle_timeout_seconds=_int(spec, "idleTimeoutSeconds", DEFAULT_IDLE_TIMEOUT_SECONDS),
+            max_chunks=_int(spec, "maxChunks", 0),
+            image=_image_ref(spec),
+        )
+
+
+def _image_ref(spec: Mapping[str, Any]) -> ImageRef | None:
+    image = _get(spec, "image", None)
+    if image is None:
+        return None
+    if not isinstance(image, Mapping):
+        raise InvalidSpec(f"spec.image must be an object, got {image!r}")
+    sources = {"configMapKeyRef": "configMap", "secretKeyRef": "secret"}
+    present = [ref for ref in sources if image.get(ref) is not None]
+    if len(present) != 1:
+        raise InvalidSpec("spec.image must set exactly one of configMapKeyRef, secretKeyRef")
+    (ref,) = present
+    return ImageRef(
+        source=sources[ref], name=_str(spec, f"image.{ref}.name"), key=_str(spec, f"image.{ref}.key")
+    )

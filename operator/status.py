@@ -1,0 +1,246 @@
+"""What the operator writes into `status`, derived purely from what it observed (Redis records + Pods).
+
+`status.phase` is the session's state machine (DESIGN §5):
+Pending → Ready; Ready → Lost | Evicted | Expired; Lost | Evicted → Ready (resetRequired); Failed is final.
+Writes go through `status_patch`, which returns only what changed: per-tick data (`chunkIndex`,
+`lastTickTime`) rides along with any other change, or alone once its mirror interval is due.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from ardiff.kv.records import PodRecord, SessionRecord, SessionState
+from ardiff.operator.tokens import TOKEN_KEY, token_secret_name
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    READY = "Ready"
+    LOST = "Lost"
+    EVICTED = "Evicted"
+    EXPIRED = "Expired"
+    FAILED = "Failed"
+
+
+class Reason(StrEnum):
+    """`status.reason`: one stable word per cause."""
+
+    WAITING_FOR_CAPACITY = "WaitingForCapacity"
+    POD_NOT_READY = "PodNotReady"
+    PLACED = "Placed"
+    RESET_REQUIRED = "ResetRequired"  # placed again after its KV was lost or evicted
+    POD_LOST = "PodLost"
+    EVICTED = "Evicted"
+    IDLE_TIMEOUT = "IdleTimeout"
+    UNKNOWN_POOL = "UnknownPool"
+    INVALID_SPEC = "InvalidSpec"
+    IMAGE_NOT_FOUND = "ImageNotFound"
+    POOL_DELETED = "PoolDeleted"
+
+
+DEFAULT_MESSAGES = {
+    Reason.WAITING_FOR_CAPACITY: "waiting for a free slot in the pool",
+    Reason.POD_NOT_READY: "placed on a pod that is not Ready",
+    Reason.PLACED: "placed; tick at status.endpoint",
+    Reason.RESET_REQUIRED: "placed again after losing its KV cache; the next tick must reset (chunk 0)",
+    Reason.POD_LOST: "its pod was lost; waiting for a free slot",
+    Reason.EVICTED: "evicted to make room for another session; waiting for a free slot",
+    Reason.IDLE_TIMEOUT: "no tick within spec.idleTimeoutSeconds; the slot was released",
+}
+
+# Per-tick data: mirrored on a throttle, never per tick.
+THROTTLED_FIELDS = ("chunkIndex", "lastTickTime")
+
+
+def rfc3339(ms: int) -> str:
+    return (
+        datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+@dataclass(frozen=True)
+class ConditionSpec:
+    type: str
+    status: bool
+    reason: str
+    message: str
+
+
+def build_conditions(
+    previous: Sequence[Mapping[str, Any]], desired: Sequence[ConditionSpec], *, now: str, generation: int
+) -> list[dict[str, Any]]:
+    """Kubernetes conditions; `lastTransitionTime` moves only when a condition's status changes."""
+    before = {c.get("type"): c for c in previous or ()}
+    conditions = []
+    for cond in desired:
+        status = "True" if cond.status else "False"
+        old = before.get(cond.type)
+        since = old["lastTransitionTime"] if old and old.get("status") == status else now
+        conditions.append(
+            {
+                "type": cond.type,
+                "status": status,
+                "reason": cond.reason,
+                "message": cond.message,
+                "lastTransitionTime": since,
+                "observedGeneration": generation,
+            }
+        )
+    return conditions
+
+
+@dataclass(frozen=True)
+class SessionObservation:
+    """Everything one session's status is derived from, observed in one reconcile."""
+
+    record: SessionRecord | None
+    pod: PodRecord | None  # the Redis record of the pod the session is placed on
+    pod_ready: bool  # that pod's Kubernetes Ready condition
+    now_ms: int  # Redis server time
+
+
+def derive_session_phase(obs: SessionObservation) -> tuple[Phase, Reason]:
+    record = obs.record
+    if record is None:
+        return Phase.PENDING, Reason.WAITING_FOR_CAPACITY
+    if record.state is SessionState.LOST:
+        return Phase.LOST, Reason.POD_LOST
+    if record.state is SessionState.EVICTED:
+        return Phase.EVICTED, Reason.EVICTED
+    if record.state is SessionState.CLOSED:
+        return Phase.EXPIRED, Reason.IDLE_TIMEOUT
+    pod = obs.pod
+    live = pod is not None and pod.epoch == record.pod_epoch and pod.lease_expires_ms > obs.now_ms
+    if not (live and obs.pod_ready):
+        return Phase.PENDING, Reason.POD_NOT_READY
+    return Phase.READY, Reason.RESET_REQUIRED if record.reset_required else Reason.PLACED
+
+
+def build_session_status(
+    previous: Mapping[str, Any],
+    obs: SessionObservation,
+    *,
+    session: str,
+    generation: int,
+    now: str,
+    message: str | None = None,
+) -> dict[str, Any]:
+    """The whole desired status of a session that is not Failed (fields set to None are removed)."""
+    phase, reason = derive_session_phase(obs)
+    if message is None:
+        same_reason = previous.get("reason") == reason and previous.get("message")
+        message = previous["message"] if same_reason else DEFAULT_MESSAGES[reason]
+    record = obs.record
+    placed = record is not None and record.state is SessionState.PLACED
+    status: dict[str, Any] = {
+        "phase": phase.value,
+        "reason": reason.value,
+        "message": message,
+        "pod": record.pod if placed else None,
+        "podEpoch": record.pod_epoch if placed else None,
+        "endpoint": obs.pod.endpoint if placed and obs.pod is not None else None,
+        "resetRequired": bool(record.reset_required or not placed) if record is not None else False,
+        "tokenSecretRef": {"name": token_secret_name(session), "key": TOKEN_KEY},
+        "observedGeneration": generation,
+        "chunkIndex": record.chunk_index if record is not None else previous.get("chunkIndex", 0),
+        "lastTickTime": rfc3339(record.last_tick_ms) if record and record.last_tick_ms else None,
+    }
+    if record is None:
+        # No record (never placed, or Redis lost it): keep what the CR knew about ticks.
+        status["lastTickTime"] = previous.get("lastTickTime")
+    status["conditions"] = build_conditions(
+        previous.get("conditions") or (),
+        [ConditionSpec("Ready", phase is Phase.READY, reason.value, message)],
+        now=now,
+        generation=generation,
+    )
+    return status
+
+
+def build_failed_status(
+    previous: Mapping[str, Any], *, session: str, reason: Reason, message: str, generation: int, now: str
+) -> dict[str, Any]:
+    """A session the operator cannot serve; nothing of it is held in Redis."""
+    return {
+        "phase": Phase.FAILED.value,
+        "reason": reason.value,
+        "message": message,
+        "pod": None,
+        "podEpoch": None,
+        "endpoint": None,
+        "tokenSecretRef": {"name": token_secret_name(session), "key": TOKEN_KEY},
+        "observedGeneration": generation,
+        "conditions": build_conditions(
+            previous.get("conditions") or (),
+            [ConditionSpec("Ready", False, reason.value, message)],
+            now=now,
+            generation=generation,
+        ),
+    }
+
+
+def status_patch(
+    previous: Mapping[str, Any], desired: Mapping[str, Any], *, mirror_due: bool
+) -> dict[str, Any] | None:
+    """The merge patch that turns `previous` into `desired`, or None when nothing worth writing changed.
+
+    A field that is None in `desired` and absent in `previous` is not a change.
+    """
+    changed = {k: v for k, v in desired.items() if previous.get(k) != v}
+    if not changed:
+        return None
+    if set(changed) <= set(THROTTLED_FIELDS) and not mirror_due:
+        return None
+    return changed
+
+
+@dataclass(frozen=True)
+class PoolObservation:
+    replicas: int  # worker Pods that exist and are not being deleted
+    ready_replicas: int
+    capacity: int  # slots on live pods (Redis pod records)
+    sessions: int  # sessions placed in the pool
+    pending: int  # sessions waiting for a slot
+    min_replicas: int
+    max_replicas: int
+
+
+def build_pool_status(
+    previous: Mapping[str, Any], obs: PoolObservation, *, generation: int, now: str
+) -> dict[str, Any]:
+    at_max = obs.replicas >= obs.max_replicas
+    full = obs.sessions >= obs.capacity
+    conditions = [
+        ConditionSpec(
+            "Ready",
+            obs.ready_replicas >= max(1, obs.min_replicas),
+            "MinimumReplicasReady"
+            if obs.ready_replicas >= max(1, obs.min_replicas)
+            else "WaitingForReplicas",
+            f"{obs.ready_replicas} of {obs.replicas} worker pods ready (min {obs.min_replicas})",
+        ),
+        ConditionSpec(
+            "AtCapacity",
+            at_max and full,
+            "FullAtMaxReplicas" if at_max and full else "CanAdmit",
+            f"{obs.sessions} of {obs.capacity} slots used on {obs.replicas} of max {obs.max_replicas} pods",
+        ),
+    ]
+    return {
+        "replicas": obs.replicas,
+        "readyReplicas": obs.ready_replicas,
+        "capacity": obs.capacity,
+        "sessions": obs.sessions,
+        "pending": obs.pending,
+        "observedGeneration": generation,
+        "conditions": build_conditions(
+            previous.get("conditions") or (), conditions, now=now, generation=generation
+        ),
+    }

@@ -1,0 +1,122 @@
+"""Small immutable views of the objects the operator indexes (kopf keeps them in memory per object).
+
+Indexes hold these instead of whole bodies: a pool's reconcile reads all its sessions and pods every few
+seconds, so what it reads must be cheap to keep and to compare.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ardiff.operator.specs import (
+    API_VERSION,
+    POOL_KIND,
+    SESSION_KIND,
+    InvalidSpec,
+    SessionResourceSpec,
+    WorkerPoolSpec,
+)
+
+
+def _reference(kind: str, namespace: str, name: str, uid: str) -> dict[str, Any]:
+    """Enough of a body for kopf to adopt a child of this object or post an Event about it."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": kind,
+        "metadata": {"name": name, "namespace": namespace, "uid": uid},
+    }
+
+
+@dataclass(frozen=True)
+class PodView:
+    """A worker Pod as the pool sees it."""
+
+    name: str
+    ready: bool  # condition Ready=True and not being deleted
+    deleting: bool
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> PodView:
+        conditions = (body.get("status") or {}).get("conditions") or []
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        deleting = bool(body["metadata"].get("deletionTimestamp"))
+        return cls(name=body["metadata"]["name"], ready=ready and not deleting, deleting=deleting)
+
+
+@dataclass(frozen=True)
+class SessionView:
+    """An ARDiffusionSession: identity, parsed spec (None when invalid) and a copy of its status."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    deleting: bool
+    spec: SessionResourceSpec | None
+    invalid_reason: str | None
+    status: Mapping[str, Any] = field(default_factory=dict)
+    created: str = ""
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> SessionView:
+        meta = body["metadata"]
+        try:
+            spec, invalid = SessionResourceSpec.from_resource(body.get("spec") or {}), None
+        except InvalidSpec as exc:
+            spec, invalid = None, str(exc)
+        return cls(
+            namespace=meta["namespace"],
+            name=meta["name"],
+            uid=meta.get("uid", ""),
+            generation=int(meta.get("generation") or 1),
+            deleting=bool(meta.get("deletionTimestamp")),
+            spec=spec,
+            invalid_reason=invalid,
+            status=copy.deepcopy(dict(body.get("status") or {})),
+            created=meta.get("creationTimestamp") or "",
+        )
+
+    @property
+    def phase(self) -> str | None:
+        return self.status.get("phase")
+
+    @property
+    def reference(self) -> dict[str, Any]:
+        return _reference(SESSION_KIND, self.namespace, self.name, self.uid)
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """An ARDiffusionWorkerPool: identity and parsed spec (None when invalid)."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    deleting: bool
+    spec: WorkerPoolSpec | None
+    invalid_reason: str | None
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> PoolView:
+        meta = body["metadata"]
+        try:
+            spec, invalid = WorkerPoolSpec.from_resource(body.get("spec") or {}), None
+        except InvalidSpec as exc:
+            spec, invalid = None, str(exc)
+        return cls(
+            namespace=meta["namespace"],
+            name=meta["name"],
+            uid=meta.get("uid", ""),
+            generation=int(meta.get("generation") or 1),
+            deleting=bool(meta.get("deletionTimestamp")),
+            spec=spec,
+            invalid_reason=invalid,
+        )
+
+    @property
+    def reference(self) -> dict[str, Any]:
+        return _reference(POOL_KIND, self.namespace, self.name, self.uid)

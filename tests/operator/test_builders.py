@@ -1,0 +1,257 @@
+"""Pure builders of the operator, compared with exact dicts (no cluster, no Redis)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+import pytest
+
+from ardiff.operator.pods import build_pool_service, build_worker_env, build_worker_pod, worker_pod_name
+from ardiff.operator.specs import ImageRef, InvalidSpec, SessionResourceSpec, WorkerPoolSpec
+from ardiff.operator.tokens import build_token_secret, read_token, token_sha256
+
+POOL_SPEC = {
+    "model": {
+        "name": "tiny-lingbot-world",
+        "pipeline": "LingBotWorldCausalDMDPipeline",
+        "height": 64,
+        "width": 64,
+    },
+    "image": "ghcr.io/ardiff/ardiff-worker:0.1.0",
+    "resources": {"limits": {"nvidia.com/gpu": 1}},
+    "nodeSelector": {"gpu": "h200"},
+    "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "env": [{"name": "ARDIFF_RUNTIME", "value": "fake"}, {"name": "ARDIFF_PORT", "value": "9000"}],
+    "kv": {"gpuMemoryFraction": 0.5, "sessionCapacity": 4},
+    "replicas": {"min": 1, "max": 3},
+    "scaleDownDelaySeconds": 5,
+    "eviction": {"minIdleSeconds": 0},
+}
+
+LABELS = {
+    "app.kubernetes.io/name": "ardiff",
+    "app.kubernetes.io/component": "worker",
+    "ardiffusion.dev/pool": "tiny",
+}
+
+
+def test_worker_pod_is_exactly_what_contracts_describe() -> None:
+    spec = WorkerPoolSpec.from_resource(POOL_SPEC)
+    pod = build_worker_pod(
+        "worlds", "tiny", spec, pod_name="tiny-ab12c", worker_redis_url="redis://redis:6379/0"
+    )
+    probe = {"port": "http"}
+    assert pod == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "tiny-ab12c", "namespace": "worlds", "labels": LABELS},
+        "spec": {
+            "hostname": "tiny-ab12c",
+            "subdomain": "tiny-workers",
+            "restartPolicy": "Always",
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 30,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 1000,
+                "runAsGroup": 1000,
+                "fsGroup": 1000,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "nodeSelector": {"gpu": "h200"},
+            "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [
+                {
+                    "name": "worker",
+                    "image": "ghcr.io/ardiff/ardiff-worker:0.1.0",
+                    "command": ["ardiff", "worker", "serve"],
+                    "env": [
+                        {"name": "ARDIFF_MODEL", "value": "tiny-lingbot-world"},
+                        {"name": "ARDIFF_PIPELINE", "value": "LingBotWorldCausalDMDPipeline"},
+                        {"name": "ARDIFF_HEIGHT", "value": "64"},
+                        {"name": "ARDIFF_WIDTH", "value": "64"},
+                        {"name": "ARDIFF_KV_MEMORY_FRACTION", "value": "0.5"},
+                        {"name": "ARDIFF_SESSION_CAPACITY", "value": "4"},
+                        {"name": "ARDIFF_REDIS_URL", "value": "redis://redis:6379/0"},
+                        {"name": "ARDIFF_NAMESPACE", "value": "worlds"},
+                        {"name": "ARDIFF_POOL", "value": "tiny"},
+                        {
+                            "name": "ARDIFF_POD_NAME",
+                            "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                        },
+                        {"name": "ARDIFF_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                        # The pool's own env comes last and replaces a default of the same name.
+                        {"name": "ARDIFF_RUNTIME", "value": "fake"},
+                        {"name": "ARDIFF_PORT", "value": "9000"},
+                    ],
+                    "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
+                    "startupProbe": {
+                        "httpGet": {"path": "/healthz", **probe},
+                        "periodSeconds": 5,
+                        "failureThreshold": 120,
+                    },
+                    "livenessProbe": {
+                        "httpGet": {"path": "/healthz", **probe},
+                        "periodSeconds": 10,
+                        "failureThreshold": 3,
+                    },
+                    "readinessProbe": {
+                        "httpGet": {"path": "/readyz", **probe},
+                        "periodSeconds": 2,
+                        "failureThreshold": 2,
+                    },
+                    "resources": {"limits": {"nvidia.com/gpu": 1}},
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "readOnlyRootFilesystem": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def test_worker_pod_does_not_alias_the_spec() -> None:
+    spec = WorkerPoolSpec.from_resource(POOL_SPEC)
+    pod = build_worker_pod("worlds", "tiny", spec, pod_name="tiny-ab12c", worker_redis_url=None)
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = 8
+    pod["spec"]["tolerations"].clear()
+    assert spec.resources == {"limits": {"nvidia.com/gpu": 1}}
+    assert len(spec.tolerations) == 1
+
+
+def test_worker_env_defaults_and_optional_settings() -> None:
+    spec = WorkerPoolSpec.from_resource(
+        {
+            "image": "w:1",
+            "model": {"path": "/models/lingbot", "dtype": "bfloat16"},
+            "kv": {"cpuFreeMemoryBytes": 1024},
+        }
+    )
+    env = {e["name"]: e.get("value") for e in build_worker_env("ns", "p", spec, worker_redis_url=None)}
+    assert env == {
+        "ARDIFF_MODEL": "/models/lingbot",
+        "ARDIFF_PIPELINE": "LingBotWorldCausalDMDPipeline",
+        "ARDIFF_HEIGHT": "480",
+        "ARDIFF_WIDTH": "832",
+        "ARDIFF_DTYPE": "bfloat16",
+        "ARDIFF_KV_MEMORY_FRACTION": "0.9",
+        "ARDIFF_CPU_FREE_MEMORY_BYTES": "1024",
+        "ARDIFF_NAMESPACE": "ns",
+        "ARDIFF_POOL": "p",
+        "ARDIFF_PORT": "8000",
+        "ARDIFF_POD_NAME": None,
+        "ARDIFF_POD_IP": None,
+    }
+
+
+def test_pool_service_is_headless_and_selects_the_pool() -> None:
+    assert build_pool_service("worlds", "tiny") == {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "tiny-workers", "namespace": "worlds", "labels": LABELS},
+        "spec": {
+            "clusterIP": "None",
+            "selector": LABELS,
+            "publishNotReadyAddresses": False,
+            "ports": [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def test_worker_pod_names() -> None:
+    assert worker_pod_name("tiny", "ab12c") == "tiny-ab12c"
+    names = {worker_pod_name("tiny") for _ in range(50)}
+    assert len(names) == 50
+    assert all(n.startswith("tiny-") and len(n) == 10 and n[5:].isalnum() and n.islower() for n in names)
+    with pytest.raises(ValueError, match="5 lowercase alphanumerics"):
+        worker_pod_name("tiny", "AB12C")
+
+
+def test_token_secret_round_trip() -> None:
+    secret = build_token_secret("worlds", "forest", "s3cret")
+    assert secret == {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": "forest-token",
+            "namespace": "worlds",
+            "labels": {"app.kubernetes.io/name": "ardiff", "ardiffusion.dev/session": "forest"},
+        },
+        "data": {"token": base64.b64encode(b"s3cret").decode()},
+    }
+    assert read_token(secret) == "s3cret"
+    assert token_sha256("s3cret") == hashlib.sha256(b"s3cret").hexdigest()
+    with pytest.raises(ValueError, match="has no key 'token'"):
+        read_token({"metadata": {"name": "x"}, "data": {}})
+
+
+def test_pool_spec_defaults_follow_the_crd() -> None:
+    spec = WorkerPoolSpec.from_resource({"image": "w:1", "model": {"name": "m"}})
+    assert (spec.min_replicas, spec.max_replicas, spec.scale_down_delay_seconds, spec.min_idle_seconds) == (
+        1,
+        1,
+        300,
+        30,
+    )
+    assert (spec.model.height, spec.model.width, spec.kv_memory_fraction, spec.session_capacity) == (
+        480,
+        832,
+        0.9,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"model": {"name": "m"}}, "spec.image must be a non-empty string"),
+        ({"image": "w", "replicas": {"min": 3, "max": 2}}, "spec.replicas.max must be >= max"),
+        ({"image": "w", "replicas": {"min": -1}}, "spec.replicas.min must be an integer >= 0"),
+        ({"image": "w", "kv": {"gpuMemoryFraction": 1.5}}, "spec.kv.gpuMemoryFraction must be in"),
+        ({"image": "w", "kv": {"gpuMemoryFraction": "half"}}, "spec.kv.gpuMemoryFraction must be a number"),
+        ({"image": "w", "model": {"name": "m", "path": "/p"}}, "only one of name and path"),
+        ({"image": "w", "env": [{"value": "x"}]}, "spec.env entries must be EnvVar objects"),
+        ({"image": "w", "tolerations": {"key": "x"}}, "spec.tolerations must be a list"),
+    ],
+)
+def test_bad_pool_specs_name_the_field(spec: dict, message: str) -> None:
+    with pytest.raises(InvalidSpec, match=message.replace("(", r"\(").replace(".", r"\.")):
+        WorkerPoolSpec.from_resource(spec)
+
+
+def test_session_spec_parsing() -> None:
+    spec = SessionResourceSpec.from_resource(
+        {
+            "poolRef": "tiny",
+            "prompt": "a forest",
+            "seed": 3,
+            "priority": 10,
+            "evictionPolicy": "Never",
+            "image": {"configMapKeyRef": {"name": "pics", "key": "forest.png"}},
+        }
+    )
+    assert (spec.pool_ref, spec.prompt, spec.seed, spec.priority) == ("tiny", "a forest", 3, 10)
+    assert (spec.eviction_policy, spec.idle_timeout_seconds, spec.max_chunks) == ("Never", 0, 0)
+    assert spec.image == ImageRef(source="configMap", name="pics", key="forest.png")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"prompt": "x"}, "spec.poolRef must be a non-empty string"),
+        ({"poolRef": "Not_A_Label"}, "spec.poolRef must be a DNS-1123 label"),
+        ({"poolRef": "p", "priority": 1001}, "spec.priority must be <= 1000"),
+        ({"poolRef": "p", "evictionPolicy": "FIFO"}, "spec.evictionPolicy must be 'LRU' or 'Never'"),
+        ({"poolRef": "p", "seed": -1}, "spec.seed must be an integer >= 0"),
+        ({"poolRef": "p", "prompt": 7}, "spec.prompt must be a string"),
+        ({"poolRef": "p", "image": {}}, "exactly one of configMapKeyRef, secretKeyRef"),
+        ({"poolRef": "p", "image": {"secretKeyRef": {"name": "s"}}}, "spec.image.secretKeyRef.key must be"),
+    ],
+)
+def test_bad_session_specs_name_the_field(spec: dict, message: str) -> None:
+    with pytest.raises(InvalidSpec, match=message.replace(".", r"\.")):
+        SessionResourceSpec.from_resource(spec)

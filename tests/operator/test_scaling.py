@@ -1,0 +1,71 @@
+"""Scaling decisions: pure, so every rule is checked on exact inputs."""
+
+from __future__ import annotations
+
+from ardiff.operator.scaling import PodSlots, ScalePlan, may_grow, plan_scaling
+
+
+def pods(*specs: tuple[str, bool, int, int, float | None]) -> dict[str, PodSlots]:
+    return {s[0]: PodSlots(*s) for s in specs}
+
+
+def plan(slots: dict[str, PodSlots], waiting: int = 0, **overrides: object) -> ScalePlan:
+    args: dict[str, object] = {
+        "min_replicas": 1,
+        "max_replicas": 4,
+        "session_capacity": None,
+        "scale_down_delay": 10.0,
+        "now": 100.0,
+    }
+    args.update(overrides)
+    return plan_scaling(slots, waiting=waiting, **args)  # type: ignore[arg-type]
+
+
+def test_starts_min_pods() -> None:
+    assert plan({}, min_replicas=2) == ScalePlan(create=2, delete=())
+
+
+def test_grows_by_the_pods_the_waiting_sessions_need() -> None:
+    full = pods(("a", True, 4, 4, None))
+    assert plan(full, waiting=1) == ScalePlan(create=1, delete=())
+    assert plan(full, waiting=9) == ScalePlan(create=3, delete=())  # 9 sessions / 4 slots, capped at max 4
+    assert plan(full, waiting=9, max_replicas=2) == ScalePlan(create=1, delete=())
+
+
+def test_counts_booting_pods_as_coming_capacity() -> None:
+    slots = pods(("a", True, 4, 4, None), ("b", False, 0, 0, None))
+    assert plan(slots, waiting=4) == ScalePlan(create=0, delete=())
+    assert plan(slots, waiting=5) == ScalePlan(create=1, delete=())
+
+
+def test_unknown_capacity_grows_one_pod_at_a_time() -> None:
+    assert plan(pods(("a", False, 0, 0, None)), waiting=10) == ScalePlan(create=0, delete=())
+    assert plan(pods(("a", True, 0, 0, None)), waiting=10) == ScalePlan(create=1, delete=())
+    assert plan(pods(("a", False, 0, 0, None)), waiting=10, session_capacity=2) == ScalePlan(
+        create=4 - 1, delete=()
+    )
+
+
+def test_does_not_grow_while_a_slot_is_free_or_at_max() -> None:
+    assert plan(pods(("a", True, 4, 3, None)), waiting=2) == ScalePlan(create=0, delete=())
+    at_max = pods(*[(n, True, 1, 1, None) for n in "abcd"])
+    assert plan(at_max, waiting=5) == ScalePlan(create=0, delete=())
+
+
+def test_shrinks_only_empty_pods_after_the_delay_and_never_below_min() -> None:
+    slots = pods(("a", True, 4, 0, 80.0), ("b", True, 4, 0, 95.0), ("c", True, 4, 2, None))
+    assert plan(slots) == ScalePlan(create=0, delete=("a",))  # b has been empty for 5 s only
+    assert plan(slots, now=200.0) == ScalePlan(create=0, delete=("a", "b"))
+    assert plan(slots, now=200.0, min_replicas=2) == ScalePlan(create=0, delete=("a",))
+    assert plan(slots, now=200.0, waiting=1) == ScalePlan(create=0, delete=())  # someone waits: keep them
+
+
+def test_never_deletes_a_pod_with_sessions_even_above_max() -> None:
+    slots = pods(("a", True, 4, 1, None), ("b", True, 4, 0, 99.0), ("c", True, 4, 2, None))
+    assert plan(slots, max_replicas=1, min_replicas=1) == ScalePlan(create=0, delete=("b",))
+
+
+def test_may_grow() -> None:
+    assert may_grow(pods(("a", True, 4, 4, None)), max_replicas=2)
+    assert not may_grow(pods(("a", True, 4, 4, None), ("b", True, 4, 4, None)), max_replicas=2)
+    assert may_grow(pods(("a", True, 4, 4, None), ("b", False, 0, 0, None)), max_replicas=2)

@@ -1,0 +1,183 @@
+"""Status derivation and write throttling: pure functions over Redis records."""
+
+from __future__ import annotations
+
+import pytest
+
+from ardiff.kv.records import PodRecord, SessionRecord, SessionState
+from ardiff.operator.status import (
+    ConditionSpec,
+    Phase,
+    PoolObservation,
+    Reason,
+    SessionObservation,
+    build_conditions,
+    build_failed_status,
+    build_pool_status,
+    build_session_status,
+    derive_session_phase,
+    status_patch,
+)
+
+NOW_MS = 1_700_000_000_000
+POD = PodRecord(
+    name="tiny-ab12c",
+    capacity=4,
+    used=1,
+    endpoint="http://10.0.0.7:8000",
+    epoch=42,
+    lease_expires_ms=NOW_MS + 5000,
+    draining=False,
+)
+
+
+def record(state: SessionState = SessionState.PLACED, **fields: object) -> SessionRecord:
+    values: dict[str, object] = {
+        "name": "forest",
+        "pool": "tiny",
+        "pod": "tiny-ab12c",
+        "pod_epoch": 42,
+        "state": state,
+        "token_sha256": "0" * 64,
+        "seed": 0,
+        "prompt": "",
+        "image": b"",
+        "reset_required": False,
+        "max_chunks": 0,
+        "priority": 0,
+        "eviction_policy": "LRU",
+        "chunk_index": 7,
+        "last_tick_ms": NOW_MS - 1000,
+    }
+    values.update(fields)
+    return SessionRecord(**values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("rec", "pod", "ready", "expected"),
+    [
+        (None, None, False, (Phase.PENDING, Reason.WAITING_FOR_CAPACITY)),
+        (record(), POD, True, (Phase.READY, Reason.PLACED)),
+        (record(reset_required=True), POD, True, (Phase.READY, Reason.RESET_REQUIRED)),
+        (record(), POD, False, (Phase.PENDING, Reason.POD_NOT_READY)),
+        (record(pod_epoch=41), POD, True, (Phase.PENDING, Reason.POD_NOT_READY)),  # fenced incarnation
+        (record(), None, True, (Phase.PENDING, Reason.POD_NOT_READY)),
+        (
+            record(),
+            PodRecord(**{**POD.__dict__, "lease_expires_ms": NOW_MS}),
+            True,
+            (Phase.PENDING, Reason.POD_NOT_READY),
+        ),
+        (record(SessionState.LOST), POD, True, (Phase.LOST, Reason.POD_LOST)),
+        (record(SessionState.EVICTED), POD, True, (Phase.EVICTED, Reason.EVICTED)),
+        (record(SessionState.CLOSED), POD, True, (Phase.EXPIRED, Reason.IDLE_TIMEOUT)),
+    ],
+)
+def test_phase_follows_the_records(
+    rec: SessionRecord | None, pod: PodRecord | None, ready: bool, expected
+) -> None:
+    assert derive_session_phase(SessionObservation(rec, pod, ready, NOW_MS)) == expected
+
+
+def test_ready_status_mirrors_the_binding() -> None:
+    status = build_session_status(
+        {}, SessionObservation(record(), POD, True, NOW_MS), session="forest", generation=3, now="T1"
+    )
+    assert status == {
+        "phase": "Ready",
+        "reason": "Placed",
+        "message": "placed; tick at status.endpoint",
+        "pod": "tiny-ab12c",
+        "podEpoch": 42,
+        "endpoint": "http://10.0.0.7:8000",
+        "resetRequired": False,
+        "tokenSecretRef": {"name": "forest-token", "key": "token"},
+        "observedGeneration": 3,
+        "chunkIndex": 7,
+        "lastTickTime": "2023-11-14T22:13:19.000Z",
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "Placed",
+                "message": "placed; tick at status.endpoint",
+                "lastTransitionTime": "T1",
+                "observedGeneration": 3,
+            }
+        ],
+    }
+
+
+def test_lost_status_drops_the_binding_and_requires_a_reset() -> None:
+    ready = build_session_status(
+        {}, SessionObservation(record(), POD, True, NOW_MS), session="forest", generation=1, now="T1"
+    )
+    lost = build_session_status(
+        ready,
+        SessionObservation(record(SessionState.LOST), None, False, NOW_MS),
+        session="forest",
+        generation=1,
+        now="T2",
+    )
+    assert (lost["phase"], lost["reason"], lost["resetRequired"]) == ("Lost", "PodLost", True)
+    assert (lost["pod"], lost["podEpoch"], lost["endpoint"]) == (None, None, None)
+    assert lost["conditions"][0]["status"] == "False"
+    assert lost["conditions"][0]["lastTransitionTime"] == "T2"
+
+
+def test_a_note_replaces_the_default_message_and_sticks_while_the_reason_does() -> None:
+    obs = SessionObservation(record(SessionState.EVICTED), POD, True, NOW_MS)
+    first = build_session_status(
+        {}, obs, session="forest", generation=1, now="T1", message="evicted for desert"
+    )
+    again = build_session_status(first, obs, session="forest", generation=1, now="T2")
+    assert first["message"] == again["message"] == "evicted for desert"
+    assert status_patch(first, again, mirror_due=True) is None
+
+
+def test_conditions_keep_their_transition_time_while_unchanged() -> None:
+    first = build_conditions([], [ConditionSpec("Ready", True, "Placed", "m")], now="T1", generation=1)
+    same = build_conditions(first, [ConditionSpec("Ready", True, "Placed", "other")], now="T2", generation=1)
+    flipped = build_conditions(same, [ConditionSpec("Ready", False, "PodLost", "m")], now="T3", generation=1)
+    assert [c["lastTransitionTime"] for c in (first[0], same[0], flipped[0])] == ["T1", "T1", "T3"]
+
+
+def test_tick_data_is_written_only_when_due_or_with_another_change() -> None:
+    previous = {"phase": "Ready", "chunkIndex": 3, "lastTickTime": "a"}
+    ticked = {"phase": "Ready", "chunkIndex": 9, "lastTickTime": "b"}
+    assert status_patch(previous, ticked, mirror_due=False) is None
+    assert status_patch(previous, ticked, mirror_due=True) == {"chunkIndex": 9, "lastTickTime": "b"}
+    moved = {**ticked, "phase": "Lost"}
+    assert status_patch(previous, moved, mirror_due=False) == {
+        "phase": "Lost",
+        "chunkIndex": 9,
+        "lastTickTime": "b",
+    }
+    assert status_patch(previous, {**previous, "pod": None}, mirror_due=True) is None
+
+
+def test_failed_status() -> None:
+    status = build_failed_status(
+        {}, session="s", reason=Reason.UNKNOWN_POOL, message="no pool 'x'", generation=2, now="T"
+    )
+    assert (status["phase"], status["reason"], status["message"]) == ("Failed", "UnknownPool", "no pool 'x'")
+    assert status["conditions"][0]["status"] == "False"
+
+
+def test_pool_status() -> None:
+    obs = PoolObservation(
+        replicas=3, ready_replicas=3, capacity=12, sessions=12, pending=2, min_replicas=1, max_replicas=3
+    )
+    status = build_pool_status({}, obs, generation=5, now="T")
+    assert {k: v for k, v in status.items() if k != "conditions"} == {
+        "replicas": 3,
+        "readyReplicas": 3,
+        "capacity": 12,
+        "sessions": 12,
+        "pending": 2,
+        "observedGeneration": 5,
+    }
+    assert [(c["type"], c["status"], c["reason"]) for c in status["conditions"]] == [
+        ("Ready", "True", "MinimumReplicasReady"),
+        ("AtCapacity", "True", "FullAtMaxReplicas"),
+    ]
