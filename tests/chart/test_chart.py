@@ -1,0 +1,476 @@
+"""Static checks of charts/ardiff: lint, Kubernetes schemas, values schema, RBAC, security, wiring."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from ardiff.operator.pods import WORKER_PORT, WORKER_PORT_NAME, pool_labels
+
+# Kinds kubernetes-validate has no schema for. The first three are checked against our CRDs instead
+# (test_crds.py); ServiceMonitor belongs to the Prometheus Operator and is checked field by field below.
+CUSTOM_KINDS = {"ARDiffusionWorkerPool", "KopfPeering", "ClusterKopfPeering", "ServiceMonitor"}
+# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest with bundled schemas.
+KUBERNETES_VERSIONS = ["1.28.0", kubernetes_validate.latest_version()]
+CLUSTER_SCOPED_KINDS = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering", "Namespace"}
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [obj for obj in objects if obj["kind"] == kind]
+
+
+def one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    matches = [obj for obj in by_kind(objects, kind) if name is None or obj["metadata"]["name"] == name]
+    assert len(matches) == 1, f"expected one {kind} {name or ''}, got {[m['metadata'] for m in matches]}"
+    return matches[0]
+
+
+def pod_templates(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [obj["spec"]["template"] for obj in objects if obj["kind"] in {"StatefulSet", "Deployment"}]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {entry["name"]: entry for entry in container.get("env", [])}
+
+
+def test_helm_lint_strict(chart, variant):
+    result = chart.helm_with_values("lint", variant)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize("kubernetes_version", KUBERNETES_VERSIONS)
+def test_builtin_manifests_pass_kubernetes_validate_strict(chart, variant, kubernetes_version):
+    objects = chart.render(variant)
+    builtin = [obj for obj in objects if obj["kind"] not in CUSTOM_KINDS]
+    assert len(builtin) >= 8
+    for obj in builtin:
+        # Raises ValidationError (unknown or mistyped field) or SchemaNotFoundError (a kind not listed above).
+        kubernetes_validate.validate(obj, kubernetes_version, strict=True)
+
+
+def test_defaults_render_the_documented_objects(chart):
+    kinds = sorted(obj["kind"] for obj in chart.render())
+    assert kinds == sorted(
+        [
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "KopfPeering",
+            "StatefulSet",  # operator
+            "Service",  # operator (headless)
+            "Secret",  # Redis URL, password, config
+            "StatefulSet",  # Redis
+            "Service",  # Redis
+            "NetworkPolicy",  # workers
+            "NetworkPolicy",  # Redis
+            "PodDisruptionBudget",  # operator
+            "PodDisruptionBudget",  # workers
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"operator": {"replicas": 0}}, "operator.replicas: Must be greater than or equal to 1"),
+        (
+            {"operator": {"replicas": "two"}},
+            "operator.replicas: Invalid type. Expected: integer, given: string",
+        ),
+        ({"redis": {"mode": "sentinel"}}, 'redis.mode must be one of the following: "bundled", "external"'),
+        (
+            {"redis": {"mode": "external"}},
+            "redis.external.url: String length must be greater than or equal to 1",
+        ),
+        (
+            {"redis": {"mode": "external", "external": {"url": "http://redis:6379"}}},
+            "redis.external.url: Does not match",
+        ),
+        ({"redis": {"bundled": {"password": "short"}}}, "redis.bundled.password: Does not match pattern"),
+        ({"operator": {"podSecurityContext": {"runAsNonRoot": False}}}, "runAsNonRoot does not match: true"),
+        (
+            {"operator": {"securityContext": {"allowPrivilegeEscalation": True}}},
+            "allowPrivilegeEscalation does",
+        ),
+        (
+            {"operator": {"watchNamespaces": ["Not_A_Namespace"]}},
+            "operator.watchNamespaces.0: Does not match",
+        ),
+        ({"operator": {"replica": 2}}, "operator: Additional property replica is not allowed"),
+        ({"networkPolicy": {"workerClients": [{}]}}, "networkPolicy.workerClients.0: Must have at least 1"),
+        (
+            {"podDisruptionBudget": {"workers": {"maxUnavailable": 0}}},
+            "podDisruptionBudget.workers.maxUnavailable",
+        ),
+        ({"monitoring": {"serviceMonitor": {"interval": "often"}}}, "interval: Does not match pattern"),
+        # Cross-field rules that JSON schema would word badly fail in the templates instead.
+        (
+            {"clusterWide": True, "operator": {"watchNamespaces": ["team-a"]}},
+            "operator.watchNamespaces must be empty when clusterWide is true",
+        ),
+        (
+            {"operator": {"serviceAccount": {"create": False}}},
+            "operator.serviceAccount.name is required when operator.serviceAccount.create is false",
+        ),
+    ],
+)
+def test_bad_values_fail_with_a_clear_message(chart, values, message):
+    result = chart.helm_with_values("template", values)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
+    assert result.stdout == ""
+
+
+def _rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    """(apiGroup, resource) -> verbs, one entry per pair."""
+    rules: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}, rule  # no resourceNames/nonResourceURLs
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                rules.setdefault((group, resource), set()).update(rule["verbs"])
+    return rules
+
+
+def _expected_rules(peering: str) -> dict[tuple[str, str], set[str]]:
+    crs = {"get", "list", "watch", "patch"}
+    return {
+        ("ardiffusion.dev", "ardiffusionworkerpools"): crs,
+        ("ardiffusion.dev", "ardiffusionsessions"): crs,
+        ("ardiffusion.dev", "ardiffusionworkerpools/status"): {"get", "patch"},
+        ("ardiffusion.dev", "ardiffusionsessions/status"): {"get", "patch"},
+        ("", "pods"): {"create", "delete", "get", "list", "watch", "patch"},
+        ("", "services"): {"create", "delete", "get", "list", "watch", "patch"},
+        ("", "secrets"): {"create", "delete", "get", "list", "watch"},
+        ("", "configmaps"): {"get", "list", "watch"},
+        ("", "events"): {"create", "patch"},
+        ("kopf.dev", peering): {"get", "list", "watch", "patch"},
+    }
+
+
+def test_rbac_has_no_wildcards(chart, variant):
+    roles = [obj for obj in chart.render(variant) if obj["kind"] in {"Role", "ClusterRole"}]
+    assert roles
+    for role in roles:
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert not any("*" in item for item in rule[field]), (role["metadata"]["name"], rule)
+
+
+def test_namespaced_mode_is_least_privilege_and_nothing_cluster_scoped(chart):
+    values = {"operator": {"watchNamespaces": ["team-a", "team-b"]}}
+    objects = chart.render(values)
+    assert not [obj["kind"] for obj in objects if obj["kind"] in CLUSTER_SCOPED_KINDS]
+    assert all(obj["metadata"].get("namespace") for obj in objects)
+    operator = f"{chart.fullname}-operator"
+    roles = by_kind(objects, "Role")
+    assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
+    for role in roles:
+        assert _rules(role) == _expected_rules("kopfpeerings")
+    for binding in by_kind(objects, "RoleBinding"):
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": operator,
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": operator, "namespace": chart.namespace}
+        ]
+    peerings = by_kind(objects, "KopfPeering")
+    assert sorted((p["metadata"]["namespace"], p["metadata"]["name"]) for p in peerings) == [
+        ("team-a", chart.fullname),
+        ("team-b", chart.fullname),
+    ]
+    args = one(objects, "StatefulSet", operator)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [arg for arg in args if arg.startswith("--namespace")] == [
+        "--namespace=team-a",
+        "--namespace=team-b",
+    ]
+    assert "--all-namespaces" not in args
+
+
+def test_cluster_wide_mode_binds_a_cluster_role(chart):
+    objects = chart.render({"clusterWide": True})
+    assert not by_kind(objects, "Role")
+    assert not by_kind(objects, "RoleBinding")
+    operator = f"{chart.fullname}-operator"
+    assert _rules(one(objects, "ClusterRole", operator)) == {
+        **_expected_rules("clusterkopfpeerings"),
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+    }
+    binding = one(objects, "ClusterRoleBinding", operator)
+    assert binding["roleRef"]["kind"] == "ClusterRole"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": operator, "namespace": chart.namespace}]
+    assert one(objects, "ClusterKopfPeering")["metadata"]["name"] == chart.fullname
+    assert not by_kind(objects, "KopfPeering")
+    args = one(objects, "StatefulSet", operator)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--all-namespaces" in args
+    assert not [arg for arg in args if arg.startswith("--namespace")]
+
+
+def test_operator_runs_the_contract_command_line(chart):
+    operator = f"{chart.fullname}-operator"
+    statefulset = one(chart.render({"operator": {"replicas": 2}}), "StatefulSet", operator)
+    assert statefulset["spec"]["replicas"] == 2
+    pod = statefulset["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == operator
+    [container] = pod["containers"]
+    assert container["image"] == "ghcr.io/ardiff/ardiff-operator:0.1.0"
+    assert container["args"] == [
+        "operator",
+        "run",
+        f"--namespace={chart.namespace}",
+        f"--peering={chart.fullname}",
+        "--priority=$(ARDIFF_OPERATOR_PRIORITY)",
+        "--liveness=http://0.0.0.0:8080/healthz",
+    ]
+    env = env_of(container)
+    # Every replica gets a distinct peering priority (kopf pauses all operators that share the highest one).
+    assert env["ARDIFF_OPERATOR_PRIORITY"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}
+    }
+    secret_ref = {"secretKeyRef": {"name": f"{chart.fullname}-redis", "key": "url"}}
+    assert env["ARDIFF_REDIS_URL"]["valueFrom"] == secret_ref
+    assert env["ARDIFF_WORKER_REDIS_URL"]["valueFrom"] == secret_ref
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["ports"] == [{"name": "health", "containerPort": 8080, "protocol": "TCP"}]
+
+
+def test_every_pod_is_non_root_read_only_and_capability_free(chart, variant):
+    templates = pod_templates(chart.render(variant))
+    assert len(templates) == (1 if variant.get("redis", {}).get("mode") == "external" else 2)
+    for template in templates:
+        pod = template["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] > 0
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["readOnlyRootFilesystem"] is True
+            assert context["capabilities"] == {"drop": ["ALL"]}
+            assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+            assert "memory" in container["resources"]["limits"]
+
+
+def test_bundled_redis_has_a_password_kept_out_of_command_lines(chart):
+    password = "correct-horse-battery-staple"
+    objects = chart.render({"redis": {"bundled": {"password": password}}})
+    redis = f"{chart.fullname}-redis"
+    secret = one(objects, "Secret", redis)["stringData"]
+    assert secret["password"] == password
+    assert secret["url"] == f"redis://:{password}@{redis}.{chart.namespace}.svc:6379/0"
+    config = secret["redis.conf"].splitlines()
+    assert f"requirepass {password}" in config
+    assert "maxmemory-policy noeviction" in config
+    assert {"appendonly no", 'save ""'} <= set(config)
+    service = one(objects, "Service", redis)
+    statefulset = one(objects, "StatefulSet", redis)
+    assert service["spec"]["selector"] == statefulset["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"] == [
+        {"name": "redis", "port": 6379, "targetPort": "redis", "protocol": "TCP"}
+    ]
+    [container] = statefulset["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["redis-server", "/etc/redis/redis.conf"]
+    assert password not in str(statefulset)
+    assert statefulset["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"] == redis
+
+
+def test_bundled_redis_password_is_generated_when_not_given(chart):
+    secrets = [one(chart.render(), "Secret")["stringData"] for _ in range(2)]
+    for secret in secrets:
+        assert len(secret["password"]) == 40
+        assert secret["password"].isalnum()
+        assert f"requirepass {secret['password']}" in secret["redis.conf"]
+    assert secrets[0]["password"] != secrets[1]["password"]
+
+
+def test_redis_persistence_claims_a_volume(chart):
+    objects = chart.render({"redis": {"bundled": {"persistence": {"enabled": True, "size": "5Gi"}}}})
+    statefulset = one(objects, "StatefulSet", f"{chart.fullname}-redis")
+    [claim] = statefulset["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "data"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
+    assert "appendonly yes" in one(objects, "Secret")["stringData"]["redis.conf"].splitlines()
+
+
+def test_external_redis_from_an_existing_secret_with_a_private_ca(chart):
+    objects = chart.render(
+        {
+            "redis": {
+                "mode": "external",
+                "external": {
+                    "existingSecret": "team-redis",
+                    "existingSecretKey": "uri",
+                    "tls": {"caSecret": "ca"},
+                },
+            }
+        }
+    )
+    assert not by_kind(objects, "Secret")
+    assert [obj["metadata"]["name"] for obj in by_kind(objects, "StatefulSet")] == [
+        f"{chart.fullname}-operator"
+    ]
+    pod = one(objects, "StatefulSet")["spec"]["template"]["spec"]
+    env = env_of(pod["containers"][0])
+    assert env["ARDIFF_REDIS_URL"]["valueFrom"] == {"secretKeyRef": {"name": "team-redis", "key": "uri"}}
+    assert {"name": "redis-tls", "secret": {"secretName": "ca"}} in pod["volumes"]
+    assert {"name": "redis-tls", "mountPath": "/etc/ardiff/redis-tls", "readOnly": True} in pod["containers"][
+        0
+    ]["volumeMounts"]
+
+
+def test_external_redis_url_goes_into_a_secret(chart):
+    url = "rediss://:s3cret@redis.example.com:6380/2"
+    objects = chart.render({"redis": {"mode": "external", "external": {"url": url}}})
+    assert one(objects, "Secret", f"{chart.fullname}-redis")["stringData"] == {"url": url}
+    assert url not in str(one(objects, "StatefulSet"))
+
+
+def test_worker_selectors_match_the_pods_the_operator_creates(chart):
+    objects = chart.render(
+        {"monitoring": {"serviceMonitor": {"enabled": True}}, "operator": {"watchNamespaces": ["a", "b"]}}
+    )
+    worker_labels = pool_labels("any-pool")
+    workers = [obj for obj in objects if obj["metadata"]["name"] == f"{chart.fullname}-workers"]
+    selectors = [obj["spec"]["podSelector"]["matchLabels"] for obj in by_kind(workers, "NetworkPolicy")]
+    selectors += [obj["spec"]["selector"]["matchLabels"] for obj in by_kind(workers, "PodDisruptionBudget")]
+    selectors.append(one(objects, "ServiceMonitor")["spec"]["selector"]["matchLabels"])
+    assert len(selectors) == 5
+    for selector in selectors:
+        assert selector.items() <= worker_labels.items()
+        assert selector  # an empty selector would match every pod
+
+
+def test_worker_network_policy_admits_the_operator_and_the_configured_clients(chart):
+    router = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "router"}}}
+    objects = chart.render({"networkPolicy": {"workerClients": [router]}})
+    policy = one(objects, "NetworkPolicy", f"{chart.fullname}-workers")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    [ingress] = policy["spec"]["ingress"]
+    operator_peer = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": chart.namespace}},
+        "podSelector": {
+            "matchLabels": {
+                "app.kubernetes.io/name": "ardiff",
+                "app.kubernetes.io/instance": chart.release,
+                "app.kubernetes.io/component": "operator",
+            }
+        },
+    }
+    assert ingress["from"] == [operator_peer, router]
+    assert ingress["ports"] == [{"port": WORKER_PORT, "protocol": "TCP"}]
+    operator_pod_labels = one(objects, "StatefulSet", f"{chart.fullname}-operator")["spec"]["template"][
+        "metadata"
+    ]["labels"]
+    assert operator_peer["podSelector"]["matchLabels"].items() <= operator_pod_labels.items()
+
+    redis_policy = one(objects, "NetworkPolicy", f"{chart.fullname}-redis")
+    [redis_ingress] = redis_policy["spec"]["ingress"]
+    assert redis_ingress["from"][0] == operator_peer
+    assert redis_ingress["from"][1]["podSelector"]["matchLabels"].items() <= pool_labels("p").items()
+    assert redis_ingress["from"][1]["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [chart.namespace]}
+    ]
+    assert redis_ingress["ports"] == [{"port": 6379, "protocol": "TCP"}]
+
+
+def test_network_policy_can_be_turned_off(chart):
+    assert not by_kind(chart.render({"networkPolicy": {"enabled": False}}), "NetworkPolicy")
+
+
+def test_service_monitor_scrapes_worker_metrics_in_the_watched_namespaces(chart):
+    values = {
+        "monitoring": {"serviceMonitor": {"enabled": True, "interval": "30s", "labels": {"release": "prom"}}}
+    }
+    monitor = one(chart.render(values), "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [chart.namespace]}
+    assert monitor["spec"]["endpoints"] == [{"port": WORKER_PORT_NAME, "path": "/metrics", "interval": "30s"}]
+    cluster_wide = one(chart.render({**values, "clusterWide": True}), "ServiceMonitor")
+    assert cluster_wide["spec"]["namespaceSelector"] == {"any": True}
+
+
+def test_pod_disruption_budgets(chart):
+    objects = chart.render({"podDisruptionBudget": {"workers": {"maxUnavailable": "25%"}}})
+    budgets = {obj["metadata"]["name"]: obj["spec"] for obj in by_kind(objects, "PodDisruptionBudget")}
+    operator = one(objects, "StatefulSet", f"{chart.fullname}-operator")
+    assert budgets[f"{chart.fullname}-operator"] == {
+        "maxUnavailable": 1,
+        "selector": operator["spec"]["selector"],
+    }
+    assert budgets[f"{chart.fullname}-workers"]["maxUnavailable"] == "25%"
+    off = {"podDisruptionBudget": {"operator": {"enabled": False}, "workers": {"enabled": False}}}
+    assert not by_kind(chart.render(off), "PodDisruptionBudget")
+
+
+def test_default_pool_runs_the_worker_image_and_merges_the_users_spec(chart):
+    values = {"defaultPool": {"enabled": True, "name": "gpus", "spec": {"replicas": {"max": 4}}}}
+    pool = one(chart.render(values), "ARDiffusionWorkerPool")
+    assert pool["apiVersion"] == "ardiffusion.dev/v1alpha1"
+    assert (pool["metadata"]["name"], pool["metadata"]["namespace"]) == ("gpus", chart.namespace)
+    assert pool["spec"] == {
+        "image": "ghcr.io/ardiff/ardiff-worker:0.1.0",
+        "model": {"name": "tiny-lingbot-world"},
+        "replicas": {"min": 1, "max": 4},
+        "resources": {"limits": {"nvidia.com/gpu": 1}},
+    }
+    custom = {"defaultPool": {"enabled": True, "spec": {"image": "registry.local/worker:dev"}}}
+    assert one(chart.render(custom), "ARDiffusionWorkerPool")["spec"]["image"] == "registry.local/worker:dev"
+    assert not by_kind(chart.render(), "ARDiffusionWorkerPool")
+
+
+def render_notes(chart, tmp_path, values: dict[str, Any]) -> str:
+    """NOTES.txt as `helm install` prints it (helm template skips NOTES; a copy renders it in a ConfigMap)."""
+    copy = tmp_path / "ardiff"
+    shutil.copytree(chart.path, copy)
+    notes = (copy / "templates" / "NOTES.txt").read_text()
+    (copy / "templates" / "_notes.tpl").write_text('{{- define "test.notes" -}}' + notes + "{{- end -}}")
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "notes"},
+        "data": {"notes": "NOTES"},
+    }
+    template = json.dumps(configmap).replace('"NOTES"', '{{ include "test.notes" . | quote }}')
+    (copy / "templates" / "notes.yaml").write_text(template)
+    [configmap] = dataclasses.replace(chart, path=copy).render(values, "--show-only", "templates/notes.yaml")
+    return configmap["data"]["notes"]
+
+
+def test_notes_show_how_to_create_a_pool_and_a_session_and_tick_it(chart, tmp_path):
+    notes = render_notes(chart, tmp_path, {})
+    assert f"kubectl -n {chart.namespace} apply -f - <<'YAML'" in notes
+    assert "kind: ARDiffusionWorkerPool" in notes
+    assert "image: ghcr.io/ardiff/ardiff-worker:0.1.0" in notes
+    assert "kind: ARDiffusionSession" in notes
+    assert "--for=jsonpath='{.status.phase}'=Ready" in notes
+    assert "/v1/sessions/my-world/ticks" in notes
+    assert "Authorization: Bearer $TOKEN" in notes
+    with_pool = render_notes(chart, tmp_path / "pool", {"defaultPool": {"enabled": True, "name": "gpus"}})
+    assert "kind: ARDiffusionWorkerPool" not in with_pool
+    assert f"kubectl -n {chart.namespace} get ardiffusionworkerpools gpus" in with_pool
+    assert "poolRef: gpus" in with_pool
+
+
+def test_readme_install_steps_are_the_ones_the_chart_prints(chart, tmp_path):
+    readme = (chart.path.parents[1] / "README.md").read_text()
+    section = readme.split("## Install on a cluster", 1)[1].split("\n## ", 1)[0]
+    install_block = re.findall(r"```bash\n(.*?)```", section, re.S)[1]
+    assert "helm install ardiff charts/ardiff -n worlds" in install_block
+    notes = render_notes(dataclasses.replace(chart, release="ardiff", namespace="worlds"), tmp_path, {})
+    printed = {line.strip() for line in notes.splitlines()}
+    steps = [line.strip() for line in install_block.splitlines() if line.strip()]
+    assert len(steps) > 30
+    for line in steps:
+        if not line.startswith("helm install"):
+            assert line in printed, f"README step not printed by the chart's NOTES: {line}"

@@ -1,0 +1,106 @@
+"""The images the chart runs: what they install, and that they agree with the chart and the operator."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tomllib
+
+import yaml
+
+from ardiff.operator.pods import WORKER_USER_ID
+
+# Nothing of the GPU stack may reach the operator image.
+GPU_STACK = re.compile(r"^(torch|torchvision|torchaudio|triton|vllm|vllm-omni|xformers|nvidia-.*|cuda-.*)$")
+
+
+def _pyproject(chart) -> dict:
+    return tomllib.loads((chart.path.parents[1] / "pyproject.toml").read_text())
+
+
+def test_operator_install_pulls_no_torch_or_vllm(chart):
+    root = chart.path.parents[1]
+    dry_run = ["install", "--dry-run", "--ignore-installed", "--quiet", "--report", "-", ".[operator]"]
+    report = subprocess.run(
+        [sys.executable, "-m", "pip", *dry_run],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    installed = {item["metadata"]["name"].lower() for item in json.loads(report.stdout)["install"]}
+    assert {"ardiff", "kopf", "kubernetes", "redis", "httpx"} <= installed
+    assert not {name for name in installed if GPU_STACK.match(name)}
+    # The operator extra itself must stay light too, not only its resolution today.
+    for requirement in _pyproject(chart)["project"]["optional-dependencies"]["operator"]:
+        assert not GPU_STACK.match(re.split(r"[<>=!~\[; ]", requirement)[0].lower()), requirement
+
+
+def _instructions(path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n", " ", path.read_text())
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
+
+
+def _build_tag(path) -> str:
+    [tag] = re.findall(r"docker build -f \S+ -t (\S+) \.", path.read_text())
+    return tag
+
+
+def test_operator_image_is_slim_python_with_the_operator_extra_only(chart):
+    dockerfile = chart.path.parents[1] / "operator" / "Dockerfile"
+    steps = _instructions(dockerfile)
+    bases = [args for op, args in steps if op == "FROM"]
+    assert all(base.split()[0].startswith("python:3.11-slim") for base in bases)
+    runs = " ".join(args for op, args in steps if op == "RUN")
+    assert "'.[operator]'" in runs
+    assert "worker]" not in runs
+    values = yaml.safe_load((chart.path / "values.yaml").read_text())
+    [user] = [args for op, args in steps if op == "USER"]
+    assert user == f"{values['operator']['podSecurityContext']['runAsUser']}:10001"
+    image = values["operator"]["image"]["repository"]
+    assert (
+        _build_tag(dockerfile)
+        == f"{image}:{yaml.safe_load((chart.path / 'Chart.yaml').read_text())['appVersion']}"
+    )
+
+
+def test_worker_image_is_the_pinned_vllm_omni_image_with_the_worker_extra(chart):
+    dockerfile = chart.path.parents[1] / "worker" / "Dockerfile"
+    steps = _instructions(dockerfile)
+    pins = {
+        name: version
+        for name, version in (
+            re.match(r"([\w-]+)==([\w.]+)", req).groups()
+            for req in _pyproject(chart)["project"]["optional-dependencies"]["worker"]
+            if "==" in req
+        )
+    }
+    assert ("ARG", f"VLLM_OMNI_IMAGE=vllm/vllm-omni:v{pins['vllm-omni']}") in steps
+    assert ("FROM", "${VLLM_OMNI_IMAGE}") in steps
+    runs = " ".join(args for op, args in steps if op == "RUN")
+    assert "'.[worker]'" in runs
+    for package in ("torch", "vllm", "vllm-omni"):
+        assert pins[package] in runs  # the build fails if the base image drifts from the pins
+    # The operator runs worker pods as WORKER_USER_ID; that user owns HOME (the model cache).
+    [user] = [args for op, args in steps if op == "USER"]
+    assert user == f"{WORKER_USER_ID}:{WORKER_USER_ID}"
+    values = yaml.safe_load((chart.path / "values.yaml").read_text())
+    app_version = yaml.safe_load((chart.path / "Chart.yaml").read_text())["appVersion"]
+    assert _build_tag(dockerfile) == f"{values['worker']['image']['repository']}:{app_version}"
+
+
+def test_docker_context_holds_exactly_the_package_folders(chart):
+    root = chart.path.parents[1]
+    package_dirs = set(_pyproject(chart)["tool"]["setuptools"]["package-dir"].values())
+    allowed = {
+        line[1:].rstrip("/") for line in (root / ".dockerignore").read_text().splitlines() if line[:1] == "!"
+    }
+    assert allowed == package_dirs | {"pyproject.toml", "README.md"}
+    for name in ("operator", "worker"):
+        steps = _instructions(root / name / "Dockerfile")
+        sources = {part.rstrip("/") for op, args in steps if op == "COPY" for part in args.split()[:-1]}
+        assert sources == package_dirs | {"pyproject.toml", "README.md"}, name
