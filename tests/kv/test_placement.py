@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import random
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import pytest
 
-from ardiff.kv.errors import PodFenced, SessionNotHere, UnknownPod, UnknownSession
+from ardiff.kv.errors import (
+    CapacityBelowUsed,
+    InvalidPlacementArgument,
+    PodFenced,
+    SessionNotHere,
+    UnknownPod,
+    UnknownSession,
+)
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PodRegistration, PoolId, SessionSpec, SessionState
 
@@ -223,3 +232,412 @@ async def test_blocking_read_wakes_on_a_new_event(store: PlacementStore, pool: P
     await store.release(pool, "s1", reason="bye")
     events = await asyncio.wait_for(reader, timeout=5)
     assert [e.session for e in events] == ["s1"]
+
+
+# ---- eviction ---------------------------------------------------------------------------------------------
+
+
+async def tick(store: PlacementStore, pool: PoolId, session: str) -> int:
+    """Touch `session` where it is placed, one millisecond after the previous tick (distinct LRU stamps)."""
+    await asyncio.sleep(0.002)
+    record = await store.get_session(pool, session)
+    assert record is not None
+    return await store.touch(
+        pool, session, pod=record.pod, epoch=record.pod_epoch, chunk_index=record.chunk_index + 1
+    )
+
+
+async def test_evict_lru_takes_lowest_priority_then_least_recently_ticked(
+    store: PlacementStore, pool: PoolId
+) -> None:
+    await register(store, pool, "w-a", capacity=6)
+    for name, priority, policy in [
+        ("old-high", 5, "LRU"),
+        ("low-1", 1, "LRU"),
+        ("low-2", 1, "LRU"),
+        ("zero", 0, "LRU"),
+        ("pinned", 0, "Never"),
+    ]:
+        await store.place(pool, spec(name, priority=priority, eviction_policy=policy))
+    for name in ("old-high", "low-2", "low-1", "zero"):  # old-high ticked longest ago, zero most recently
+        await tick(store, pool, name)
+
+    order = [await store.evict_lru(pool, min_idle_ms=0, reason="test") for _ in range(5)]
+    assert order == ["zero", "low-2", "low-1", "old-high", None]  # never `pinned`
+    records = await store.get_sessions(pool, ["zero", "low-2", "low-1", "old-high", "pinned"])
+    assert {n: r.state for n, r in records.items()} == {
+        "zero": "evicted",
+        "low-2": "evicted",
+        "low-1": "evicted",
+        "old-high": "evicted",
+        "pinned": "placed",
+    }
+    assert records["zero"].pod == "w-a"  # an evicted record keeps its pod: the worker answers 410
+    events = await store.read_events(pool, "w-a")
+    assert [(e.kind, e.session, e.reason) for e in events] == [
+        ("evict", name, "test") for name in ("zero", "low-2", "low-1", "old-high")
+    ]
+    assert [p.used for p in await store.list_pods(pool)] == [1]
+    assert await store.check_invariants(pool) == []
+
+
+async def test_evict_lru_respects_max_priority_and_min_idle(store: PlacementStore, pool: PoolId) -> None:
+    await register(store, pool, "w-a", capacity=2)
+    await store.place(pool, spec("high", priority=9))
+    await store.place(pool, spec("fresh", priority=0))
+    assert await store.evict_lru(pool, min_idle_ms=0, max_priority=8) == "fresh"
+    assert await store.evict_lru(pool, min_idle_ms=0, max_priority=8) is None
+    await tick(store, pool, "high")
+    assert await store.evict_lru(pool, min_idle_ms=60_000) is None  # ticked just now: not idle
+    assert (await store.get_session(pool, "high")).state is SessionState.PLACED  # type: ignore[union-attr]
+
+
+async def test_place_evicts_for_a_first_admission_only(store: PlacementStore, pool: PoolId) -> None:
+    """Victim choice through `place`: priority bound, min idle, `Never`, re-placements never evict."""
+    await register(store, pool, "w-a", capacity=3)
+    await store.place(pool, spec("low", priority=1))
+    await store.place(pool, spec("high", priority=8))
+    await store.place(pool, spec("pinned", priority=0, eviction_policy="Never"))
+    await asyncio.sleep(0.06)  # all three are idle for >= 50 ms now
+
+    # A newcomer of priority 5 may evict `low` (1 <= 5) but never `high` (8 > 5) nor `pinned`.
+    first = await store.place(pool, spec("new-1", priority=5), may_evict=True, min_idle_ms=50)
+    assert first.victim == "low"
+    assert first.placement is not None
+    assert first.placement.pod == "w-a"
+    assert not first.placement.reset_required
+    # new-1 was just placed: not idle, so it is no victim either (no thrashing between newcomers).
+    second = await store.place(pool, spec("new-2", priority=5), may_evict=True, min_idle_ms=50)
+    assert second.placement is None
+    assert second.victim is None
+    # Without may_evict nothing is evicted even though `low`-like victims would qualify.
+    assert (await store.place(pool, spec("new-3", priority=9), may_evict=False)).placement is None
+
+    # The evicted session comes back only into a free slot, never by evicting.
+    assert (await store.place(pool, spec("low", priority=1), may_evict=True)).placement is None
+    assert (await store.get_session(pool, "low")).state is SessionState.EVICTED  # type: ignore[union-attr]
+    await store.release(pool, "new-1", reason="deleted")
+    back = await store.place(pool, spec("low", priority=1), may_evict=True)
+    assert back.placement is not None
+    assert back.placement.reset_required
+    assert back.victim is None
+    record = await store.get_session(pool, "low")
+    assert record is not None
+    assert (record.state, record.reset_required, record.chunk_index) == ("placed", True, 0)
+
+    # A priority-9 newcomer may evict `high` too, but the lowest priority goes first.
+    await asyncio.sleep(0.06)
+    third = await store.place(pool, spec("new-4", priority=9), may_evict=True, min_idle_ms=50)
+    assert third.victim == "low"  # lowest priority first, even though `high` ticked longer ago
+    events = await store.read_events(pool, "w-a")
+    assert [(e.kind, e.session) for e in events] == [("evict", "low"), ("close", "new-1"), ("evict", "low")]
+    assert await store.check_invariants(pool) == []
+
+
+async def test_victims_on_draining_or_dead_pods_are_skipped(store: PlacementStore, pool: PoolId) -> None:
+    await register(store, pool, "w-a", capacity=1)
+    await register(store, pool, "w-b", capacity=1)
+    await store.place(pool, spec("on-a"))
+    await store.place(pool, spec("on-b"))
+    placed = await placed_pods(store, pool, ["on-a", "on-b"])
+    assert sorted(placed.values()) == ["w-a", "w-b"]
+    await store.set_draining(pool, placed["on-a"], draining=True)
+    result = await store.place(pool, spec("new"), may_evict=True)
+    assert result.victim == "on-b"  # on-a is older, but its pod takes no new session
+    assert result.placement is not None
+    assert result.placement.pod == placed["on-b"]
+
+
+# ---- pods: leases, fencing, draining, removal -------------------------------------------------------------
+
+
+async def test_reap_expired_returns_exactly_the_dead_pods_sessions(
+    store: PlacementStore, pool: PoolId
+) -> None:
+    await register(store, pool, "w-dying", capacity=2, lease_ms=150)
+    await register(store, pool, "w-alive", capacity=2)
+    names = [f"s{i}" for i in range(4)]
+    for name in names:
+        await store.place(pool, spec(name))
+    where = await placed_pods(store, pool, names)
+    assert sorted(where.values()) == ["w-alive", "w-alive", "w-dying", "w-dying"]
+
+    assert await store.reap_expired(pool) == {}
+    await asyncio.sleep(0.2)
+    reaped = await store.reap_expired(pool)
+    assert {pod: sorted(sessions) for pod, sessions in reaped.items()} == {
+        "w-dying": sorted(n for n, p in where.items() if p == "w-dying")
+    }
+    records = await store.get_sessions(pool, names)
+    assert {n: r.state for n, r in records.items()} == {
+        n: ("lost" if p == "w-dying" else "placed") for n, p in where.items()
+    }
+    assert [p.name for p in await store.list_pods(pool)] == ["w-alive"]
+    assert await store.client.exists(f"{pool.tag}:events:w-dying") == 0
+    assert await store.reap_expired(pool) == {}
+    assert await store.check_invariants(pool) == []
+
+
+async def test_a_restarted_worker_fences_its_previous_incarnation(
+    store: PlacementStore, pool: PoolId
+) -> None:
+    old = await register(store, pool, "w-a", capacity=2)
+    await store.place(pool, spec("s1"))
+    await store.place(pool, spec("s2"))
+    new = await register(store, pool, "w-a", capacity=2)
+    assert new.epoch > old.epoch
+    assert sorted(new.lost_sessions) == ["s1", "s2"]
+    assert {r.state for r in (await store.get_sessions(pool, ["s1", "s2"])).values()} == {"lost"}
+    pod = await store.get_pod(pool, "w-a")
+    assert pod is not None
+    assert (pod.epoch, pod.used) == (new.epoch, 0)
+
+    with pytest.raises(PodFenced) as fenced:
+        await store.heartbeat(
+            pool, "w-a", epoch=old.epoch, capacity=2, endpoint="http://w-a.workers:8000", lease_ms=LEASE_MS
+        )
+    assert fenced.value.current_epoch == new.epoch
+    with pytest.raises(PodFenced):
+        await store.touch(pool, "s1", pod="w-a", epoch=old.epoch, chunk_index=1)
+    with pytest.raises(PodFenced):
+        await store.mark_reset_required(pool, "s1", pod="w-a", epoch=old.epoch)
+    renewed = await store.heartbeat(
+        pool, "w-a", epoch=new.epoch, capacity=2, endpoint="http://w-a.workers:8000", lease_ms=LEASE_MS
+    )
+    assert renewed == PodRegistration(epoch=new.epoch)
+
+    # The new incarnation does not hold the lost sessions until they are placed again (with a reset).
+    with pytest.raises(SessionNotHere) as not_here:
+        await store.touch(pool, "s1", pod="w-a", epoch=new.epoch, chunk_index=1)
+    assert not_here.value.state is SessionState.LOST
+    again = await store.place(pool, spec("s1"), may_evict=True)
+    assert again.placement is not None
+    assert (again.placement.pod_epoch, again.placement.reset_required) == (new.epoch, True)
+    assert await store.check_invariants(pool) == []
+
+
+async def test_epochs_increase_even_within_one_millisecond(store: PlacementStore, pool: PoolId) -> None:
+    epochs = [(await register(store, pool, "w-a", capacity=1)).epoch for _ in range(20)]
+    assert epochs == sorted(set(epochs))
+
+
+async def test_heartbeat_cannot_shrink_capacity_below_placed_sessions(
+    store: PlacementStore, pool: PoolId
+) -> None:
+    reg = await register(store, pool, "w-a", capacity=2)
+    await store.place(pool, spec("s1"))
+    await store.place(pool, spec("s2"))
+    with pytest.raises(CapacityBelowUsed):
+        await store.heartbeat(
+            pool, "w-a", epoch=reg.epoch, capacity=1, endpoint="http://w-a.workers:8000", lease_ms=LEASE_MS
+        )
+    assert [(p.capacity, p.used) for p in await store.list_pods(pool)] == [(2, 2)]
+
+
+async def test_drain_pod_only_when_empty(store: PlacementStore, pool: PoolId) -> None:
+    await register(store, pool, "w-a", capacity=2)
+    await store.place(pool, spec("s1"))
+    assert await store.drain_pod(pool, "w-a", only_if_empty=True) is False
+    assert (await store.get_pod(pool, "w-a")).draining is False  # type: ignore[union-attr]
+    await store.release(pool, "s1", reason="deleted")
+    assert await store.drain_pod(pool, "w-a", only_if_empty=True) is True
+    assert (await store.get_pod(pool, "w-a")).draining is True  # type: ignore[union-attr]
+    assert (await store.place(pool, spec("s2"))).placement is None
+    with pytest.raises(UnknownPod):
+        await store.drain_pod(pool, "w-gone")
+    assert await store.check_invariants(pool) == []
+
+
+async def test_remove_pod_loses_its_sessions(store: PlacementStore, pool: PoolId) -> None:
+    await register(store, pool, "w-a", capacity=2)
+    await store.place(pool, spec("s1"))
+    await store.place(pool, spec("s2"))
+    assert sorted(await store.remove_pod(pool, "w-a")) == ["s1", "s2"]
+    assert await store.remove_pod(pool, "w-a") == ()
+    assert await store.list_pods(pool) == []
+    assert {r.state for r in (await store.get_sessions(pool, ["s1", "s2"])).values()} == {"lost"}
+    assert await store.check_invariants(pool) == []
+
+
+async def test_delete_pool_removes_every_key(store: PlacementStore, pool: PoolId) -> None:
+    await register(store, pool, "w-a", capacity=2)
+    await store.place(pool, spec("s1"))
+    await store.release(pool, "s1", reason="bye")
+    assert await store.delete_pool(pool) > 0
+    assert [key async for key in store.client.scan_iter(match=f"{pool.tag}*")] == []
+
+
+async def test_check_invariants_reports_corruption(store: PlacementStore, pool: PoolId) -> None:
+    await register(store, pool, "w-a", capacity=2)
+    await store.place(pool, spec("s1"))
+    await store.client.hset(f"{pool.tag}:pod:w-a", "used", 3)
+    await store.client.hset(f"{pool.tag}:session:s1", "pod_epoch", 1)
+    violations = await store.check_invariants(pool)
+    assert "pod w-a used=3 but 1 sessions are placed on it" in violations
+    assert "pod w-a used=3 exceeds capacity=2" in violations
+    assert any(v.startswith("session s1 has pod_epoch 1") for v in violations)
+
+
+# ---- concurrency ------------------------------------------------------------------------------------------
+
+PLACERS = 32
+TOTAL_OPERATIONS = 5_000
+
+
+async def test_concurrent_placers_never_over_admit(redis_url: str, pool: PoolId) -> None:
+    """32 placers on 4 clients, 5,000 place/release/touch operations in all, against 8 pods (36 slots)."""
+    stores = [PlacementStore.from_url(redis_url) for _ in range(4)]
+    capacities = {f"w-{i}": 3 + i % 4 for i in range(8)}
+    try:
+        for pod, capacity in capacities.items():
+            await register(stores[0], pool, pod, capacity)
+        names = [f"s{i}" for i in range(120)]
+        done: Counter[str] = Counter()
+        over_admitted: list[str] = []
+        running = True
+
+        async def placer(index: int) -> None:
+            store = stores[index % len(stores)]
+            rng = random.Random(index)
+            for _ in range(TOTAL_OPERATIONS // PLACERS + (index < TOTAL_OPERATIONS % PLACERS)):
+                name, roll = rng.choice(names), rng.random()
+                if roll < 0.5:
+                    result = await store.place(
+                        pool, spec(name, priority=rng.randint(0, 3)), may_evict=rng.random() < 0.3
+                    )
+                    done["placed" if result.placement else "pending"] += 1
+                    done["evictions"] += result.victim is not None
+                elif roll < 0.75:
+                    done[f"release-{await store.release(pool, name, reason='test')}"] += 1
+                else:
+                    record = await store.get_session(pool, name)
+                    if record is None or record.state is not SessionState.PLACED:
+                        done["touch-skipped"] += 1
+                        continue
+                    try:
+                        await store.touch(pool, name, pod=record.pod, epoch=record.pod_epoch, chunk_index=1)
+                        done["touched"] += 1
+                    except (SessionNotHere, UnknownSession):  # released or evicted since the read
+                        done["touch-refused"] += 1
+
+        async def watch_capacity() -> None:
+            while running:
+                over_admitted.extend(
+                    f"{p.name}: {p.used}/{p.capacity}"
+                    for p in await stores[0].list_pods(pool)
+                    if p.used > p.capacity
+                )
+                await asyncio.sleep(0.01)
+
+        watcher = asyncio.create_task(watch_capacity())
+        await asyncio.gather(*(placer(i) for i in range(PLACERS)))
+        running = False
+        await watcher
+
+        operations = sum(v for k, v in done.items() if k != "evictions")
+        assert operations == TOTAL_OPERATIONS
+        assert over_admitted == []
+        assert done["placed"] > 100
+        assert done["evictions"] > 10
+        assert done["release-placed"] > 100
+        assert done["touched"] > 100
+        assert await stores[0].check_invariants(pool) == []
+        pods = await stores[0].list_pods(pool)
+        records = await stores[0].get_sessions(pool, names)
+        placed = [r for r in records.values() if r.state is SessionState.PLACED]
+        assert sum(p.used for p in pods) == len(placed)
+        assert all(p.used <= capacities[p.name] for p in pods)
+    finally:
+        for store in stores:
+            await store.close()
+
+
+# ---- bad arguments ----------------------------------------------------------------------------------------
+
+
+async def pool_state(store: PlacementStore, pool: PoolId) -> dict[bytes, object]:
+    """Every key of the pool with its full content (hashes, sets, sorted sets, streams)."""
+    state: dict[bytes, object] = {}
+    async for key in store.client.scan_iter(match=f"{pool.tag}*"):
+        kind = (await store.client.type(key)).decode()
+        readers = {
+            "hash": store.client.hgetall,
+            "set": store.client.smembers,
+            "zset": lambda k: store.client.zrange(k, 0, -1, withscores=True),
+            "stream": store.client.xrange,
+        }
+        state[key] = (kind, await readers[kind](key))
+    return state
+
+
+def _call(method: str, **kwargs: object) -> tuple[str, dict[str, object]]:
+    return method, kwargs
+
+
+BAD_CALLS = [
+    _call("register_pod", pod="Bad_Name", capacity=1, endpoint="http://w:8000", lease_ms=1000),
+    _call("register_pod", pod="w-a", capacity=-1, endpoint="http://w:8000", lease_ms=1000),
+    _call("register_pod", pod="w-a", capacity=True, endpoint="http://w:8000", lease_ms=1000),
+    _call("register_pod", pod="w-a", capacity=1, endpoint="", lease_ms=1000),
+    _call("register_pod", pod="w-a", capacity=1, endpoint="ftp://w:21", lease_ms=1000),
+    _call("register_pod", pod="w-a", capacity=1, endpoint="http://w:8000", lease_ms=0),
+    _call("heartbeat", pod="w-a", epoch=0, capacity=1, endpoint="http://w:8000", lease_ms=1000),
+    _call("touch", session="s1", pod="w-a", epoch=1, chunk_index=-1),
+    _call("touch", session="S1", pod="w-a", epoch=1, chunk_index=0),
+    _call("touch", session="s1", pod="w-a", epoch=-3, chunk_index=0),
+    _call("mark_reset_required", session="s1", pod="", epoch=1),
+    _call("read_events", pod="w-a", count=0),
+    _call("read_events", pod="w-a", block_ms=-1),
+    _call("ack_events", pod="w-a", ids=[""]),
+    _call("set_draining", pod="w_a"),
+    _call("place", spec="s1"),
+    _call("place", spec=spec("s1"), policy="random"),
+    _call("place", spec=spec("s1"), min_idle_ms=-5),
+    _call("restore", spec=spec("s1"), pod="w-a", pod_epoch=0, chunk_index=0, reset_required=False),
+    _call("restore", spec=spec("s1"), pod="w-a", pod_epoch=5, chunk_index=-1, reset_required=False),
+    _call("release", session="s1", reason=""),
+    _call("release", session="-s1", reason="bye"),
+    _call("evict_lru", min_idle_ms=0, max_priority=1001),
+    _call("evict_lru", min_idle_ms=-1),
+    _call("drain_pod", pod="x" * 64),
+    _call("remove_pod", pod="W-A"),
+    _call("get_sessions", names=["ok", "not ok"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "kwargs"), BAD_CALLS, ids=[f"{m}-{i}" for i, (m, _) in enumerate(BAD_CALLS)]
+)
+async def test_bad_arguments_raise_and_change_nothing(
+    store: PlacementStore, pool: PoolId, method: str, kwargs: dict[str, object]
+) -> None:
+    await register(store, pool, "w-a", capacity=1)
+    await store.place(pool, spec("s1"))
+    before = await pool_state(store, pool)
+    with pytest.raises(InvalidPlacementArgument) as raised:
+        await getattr(store, method)(pool, **kwargs)
+    assert raised.value.code == "invalid_argument"
+    assert str(raised.value).startswith("placement ")
+    assert await pool_state(store, pool) == before
+
+
+async def test_a_pool_must_be_a_pool_id(store: PlacementStore) -> None:
+    with pytest.raises(InvalidPlacementArgument, match="pool must be a PoolId"):
+        await store.list_pods("default/p")  # type: ignore[arg-type]
+    with pytest.raises(InvalidPlacementArgument, match="namespace must be a DNS-1123 label"):
+        PoolId("Default", "p")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"name": "s1", "token_sha256": "abc"},
+        {"name": "s1", "token_sha256": TOKEN, "priority": 1001},
+        {"name": "s1", "token_sha256": TOKEN, "seed": -1},
+        {"name": "s1", "token_sha256": TOKEN, "image": b"x" * (4 * 1024 * 1024 + 1)},
+        {"name": "s1", "token_sha256": TOKEN, "eviction_policy": "Sometimes"},
+    ],
+)
+def test_bad_session_specs_are_rejected(fields: dict[str, object]) -> None:
+    with pytest.raises(InvalidPlacementArgument):
+        SessionSpec(**fields)  # type: ignore[arg-type]
