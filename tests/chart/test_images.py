@@ -38,6 +38,37 @@ def test_operator_install_pulls_no_torch_or_vllm(chart):
         assert not GPU_STACK.match(re.split(r"[<>=!~\[; ]", requirement)[0].lower()), requirement
 
 
+# Runs in a fresh interpreter: any import of the GPU stack on the operator's code path fails loudly.
+_OPERATOR_IMPORTS_WITHOUT_GPU_STACK = """
+import sys
+
+class BlockGpuStack:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"torch", "vllm", "vllm_omni", "triton"}:
+            raise ImportError(f"the operator image has no {name}")
+        return None
+
+sys.meta_path.insert(0, BlockGpuStack())
+import ardiff.operator.handlers
+from ardiff.cli import build_parser
+
+build_parser().parse_args(["operator", "run", "--namespace", "worlds", "--peering", "p"])
+print("ok")
+"""
+
+
+def test_operator_code_path_imports_nothing_of_the_gpu_stack(chart, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-c", _OPERATOR_IMPORTS_WITHOUT_GPU_STACK],
+        cwd=tmp_path,  # not the repository root: its operator/ folder would shadow the standard library
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
 def _instructions(path) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined, comments dropped."""
     text = re.sub(r"\\\n", " ", path.read_text())
