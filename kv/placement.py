@@ -20,8 +20,10 @@ from typing import Any, get_args
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
-from redis.exceptions import ResponseError
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 from ardiff.kv.errors import (
     CapacityBelowUsed,
@@ -90,7 +92,7 @@ def build_redis_client(url: str) -> aioredis.Redis:
             parts.port  # noqa: B018 -- raises ValueError on a malformed port
             if not parts.hostname:
                 raise ValueError("no host")
-            return aioredis.from_url(url)
+            return aioredis.from_url(url, **_connection_options())
         except ValueError as exc:
             raise InvalidRedisUrl(f"placement redis url {_redacted(url)} is malformed: {exc}") from None
     if scheme == "redis+sentinel":
@@ -99,6 +101,16 @@ def build_redis_client(url: str) -> aioredis.Redis:
         f"placement redis url scheme must be redis, rediss or redis+sentinel, "
         f"got {scheme!r} in {_redacted(url)}"
     )
+
+
+def _connection_options() -> dict[str, Any]:
+    # A Redis restart leaves every pooled connection dead; reconnect and resend instead of failing the call.
+    # A resent script may run twice if only its reply was lost: the scripts are idempotent, except that a
+    # repeated register_pod mints one more epoch and a repeated evict_lru evicts one more session.
+    return {
+        "retry": Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=3),
+        "retry_on_error": [ConnectionError, TimeoutError],
+    }
 
 
 def _redacted(url: str) -> str:
@@ -125,7 +137,12 @@ def _sentinel_master(url: str) -> aioredis.Redis:
         db = int(path_parts[1]) if len(path_parts) == 2 else 0
     except ValueError as exc:
         raise InvalidRedisUrl(f"placement sentinel url {_redacted(url)} is malformed: {exc}") from None
-    sentinel = Sentinel(sentinels, username=unquote(username) or None, password=unquote(password) or None)
+    sentinel = Sentinel(
+        sentinels,
+        username=unquote(username) or None,
+        password=unquote(password) or None,
+        **_connection_options(),
+    )
     return sentinel.master_for(path_parts[0], db=db)
 
 
@@ -242,7 +259,8 @@ class PlacementStore:
         self, pool: PoolId, pod: str, *, capacity: int, endpoint: str, lease_ms: int
     ) -> PodRegistration:
         """Register a (re)started worker: a new epoch, max(now_ms, previous + 1); the sessions an earlier
-        incarnation held become `lost` and are returned."""
+        incarnation held become `lost` and are returned. After Redis lost the previous record only the server
+        clock orders epochs, so two registrations of one pod must be more than a millisecond apart."""
         return await self._upsert_pod(pool, pod, 0, capacity, endpoint, lease_ms)
 
     async def heartbeat(
