@@ -1,4 +1,4 @@
-"""Command-line entry points of this component (see ardiff/cli.py)."""
+"""`ardiff worker serve` and `ardiff worker make-tiny-model` (light: heavy imports happen in the commands)."""
 
 from __future__ import annotations
 
@@ -7,3 +7,44 @@ import argparse
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add this component's commands to `ardiff`."""
+    from ardiff.worker.settings import add_settings_arguments
+
+    worker = subparsers.add_parser("worker", help="the GPU worker: vllm-omni's paged-KV runner behind HTTP")
+    commands = worker.add_subparsers(dest="worker_command", metavar="COMMAND", required=True)
+
+    serve = commands.add_parser(
+        "serve",
+        help="serve ticks over HTTP (settings: flags, else ARDIFF_* env, see docs/contracts.md §3)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_settings_arguments(serve)
+    serve.set_defaults(func=_serve)
+
+    tiny = commands.add_parser(
+        "make-tiny-model", help="write a tiny random LingBot-World checkpoint (a few MB)"
+    )
+    tiny.add_argument("directory", help="where to write it (created; must be empty or absent)")
+    tiny.add_argument("--seed", type=int, default=0, help="weights are a pure function of the seed")
+    tiny.set_defaults(func=_make_tiny_model)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ardiff.worker.server import serve
+    from ardiff.worker.settings import build_settings
+
+    try:
+        settings = build_settings(args)
+    except ValueError as exc:
+        from ardiff.errors import ArdiffError
+
+        raise ArdiffError(str(exc), code="invalid_settings") from None
+    serve(settings)
+    return 0
+
+
+def _make_tiny_model(args: argparse.Namespace) -> int:
+    from ardiff.worker.tiny_model import write_tiny_model
+
+    path = write_tiny_model(args.directory, seed=args.seed)
+    print(f"wrote a tiny LingBot-World checkpoint to {path}")
+    return 0

@@ -1,0 +1,175 @@
+"""Real worker processes (`ardiff worker serve`) on loopback, for the worker tests.
+
+`launch_worker` starts one with the env of docs/contracts.md §3 and waits until `/readyz` answers 200; every
+process it started is stopped at the end of the test session (modules stop theirs earlier). The returned
+`WorkerProcess` carries a small HTTP client for ticks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ardiff.devcluster.redis_server import free_port
+from ardiff.kv.placement import PlacementStore
+from ardiff.kv.records import SessionSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+CAMERA = {
+    "track": "camera",
+    "schema": "lingbot.camera_actions.v1",
+    "data": {"mode": "frames", "frames": [["w"], ["w"], ["w", "j"]]},
+}
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass
+class WorkerProcess:
+    env: dict[str, str]
+    port: int
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=120))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> WorkerProcess:
+        log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ardiff.cli", "worker", "serve"],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        return self
+
+    def wait_ready(self, timeout: float) -> WorkerProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise AssertionError(f"worker exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if self.client.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"worker not ready within {timeout}s:\n{self.log()}")
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+    def stop(self, timeout: float = 60) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.client.close()
+        return self.process.returncode
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-20000:]
+
+    # -- HTTP helpers ------------------------------------------------------------------------------------
+
+    def tick(
+        self,
+        session: str,
+        chunk_index: int,
+        *,
+        token: str | None = None,
+        request_id: str | None = None,
+        accept: str | None = None,
+        headers: dict[str, str] | None = None,
+        **body: Any,
+    ) -> httpx.Response:
+        payload = {
+            "request_id": request_id or f"{session}-{chunk_index}",
+            "chunk_index": chunk_index,
+            "controls": [CAMERA],
+            **body,
+        }
+        return self.client.post(
+            f"{self.url}/v1/sessions/{session}/ticks",
+            json=payload,
+            headers=self.headers(token, accept=accept, **(headers or {})),
+        )
+
+    @staticmethod
+    def headers(token: str | None, *, accept: str | None = None, **extra: str) -> dict[str, str]:
+        headers = dict(extra)
+        if token is not None:
+            headers["authorization"] = f"Bearer {token}"
+        if accept is not None:
+            headers["accept"] = accept
+        return headers
+
+
+LaunchWorker = Callable[..., WorkerProcess]
+
+
+@pytest.fixture(scope="session")
+def launch_worker() -> Iterator[LaunchWorker]:
+    started: list[WorkerProcess] = []
+    logs = Path(tempfile.mkdtemp(prefix="ardiff-worker-logs-"))
+
+    def launch(*, ready_timeout: float = 60, wait: bool = True, **settings: Any) -> WorkerProcess:
+        port = free_port()
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "HF_HUB_OFFLINE": "1",
+            "ARDIFF_HOST": "127.0.0.1",
+            "ARDIFF_POD_IP": "127.0.0.1",
+            "ARDIFF_PORT": str(port),
+        }
+        env.pop("ARDIFF_TEST_FAULTS", None)
+        env.update({f"ARDIFF_{name.upper()}": str(value) for name, value in settings.items()})
+        worker = WorkerProcess(env, port, logs / f"worker-{port}.log").start()
+        started.append(worker)
+        return worker.wait_ready(ready_timeout) if wait else worker
+
+    yield launch
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture(scope="session")
+async def store(redis_url: str) -> PlacementStore:
+    placement = PlacementStore.from_url(redis_url)
+    yield placement
+    await placement.close()
+
+
+@pytest.fixture(scope="session")
+def session_spec() -> Callable[..., SessionSpec]:
+    def build(name: str, token: str, **kwargs: Any) -> SessionSpec:
+        return SessionSpec(
+            name=name, token_sha256=token_hash(token), **{"prompt": "a walk in the forest", **kwargs}
+        )
+
+    return build

@@ -1,0 +1,391 @@
+"""The worker's HTTP error contract (docs/contracts.md §4), one test per code, against a real worker process.
+
+The worker runs the `fake` runtime (deterministic frames, no torch) in placement mode on the shared Redis:
+sessions are placed through the real `PlacementStore`, exactly as the operator does. What needs the real model
+(isolation, KV accounting, a malformed camera control) is in test_real_runtime.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+import httpx
+import numpy as np
+import pytest
+
+from ardiff.kv.records import PoolId, SessionState
+from ardiff.worker.conditioning import Conditioning, seed_image
+from ardiff.worker.fake_runtime import fake_frames
+from ardiff.worker.tick_rules import parse_tick
+
+POOL = PoolId("default", f"wk-contract-{uuid.uuid4().hex[:6]}")
+POD = "fake-worker-0"
+TOKEN = "s3cret-token"
+FAKE_TICK_SECONDS = 0.3  # long enough for two requests to overlap
+
+
+@pytest.fixture(scope="module")
+def worker(launch_worker, redis_url):
+    process = launch_worker(
+        runtime="fake",
+        redis_url=redis_url,
+        namespace=POOL.namespace,
+        pool=POOL.name,
+        pod_name=POD,
+        fake_capacity=3,
+        fake_tick_seconds=FAKE_TICK_SECONDS,
+        lease_seconds=5,
+        heartbeat_seconds=0.5,
+        test_faults=1,
+    )
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+async def place(store, session_spec, worker):
+    """Place a fresh session on the worker's pod (the only live pod taking placements in the pool)."""
+    placed: list[str] = []
+
+    async def place_one(token: str = TOKEN, **kwargs):
+        name = f"s-{uuid.uuid4().hex[:8]}"
+        result = await store.place(POOL, session_spec(name, token, **kwargs))
+        assert result.placement is not None
+        assert result.placement.pod == POD
+        placed.append(name)
+        return name
+
+    yield place_one
+    for name in placed:
+        await store.release(POOL, name, reason="test done")
+
+
+def error_of(response: httpx.Response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert error["code"] == code
+    assert {"code", "message", "type", "param"} <= error.keys()
+    assert error["message"]
+    return error
+
+
+async def wait_for(predicate, within: float = 10.0):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        value = await predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+async def test_registers_the_pod_with_capacity_endpoint_and_epoch(worker, store):
+    pod = await store.get_pod(POOL, POD)
+    assert pod is not None
+    assert pod.capacity == 3
+    assert pod.endpoint == worker.url
+    assert pod.epoch > 0
+    assert not pod.draining
+    assert pod.lease_expires_ms > time.time() * 1000
+    assert worker.client.get(f"{worker.url}/readyz").json() == {"status": "ready"}
+    assert worker.client.get(f"{worker.url}/healthz").json() == {"status": "ok"}
+
+
+async def test_tick_returns_the_chunk_frames_and_touches_the_record(worker, store, place):
+    session = await place(seed=7, prompt="a red castle")
+    response = worker.tick(session, 0, token=TOKEN, applied_event_ids=[3, 5])
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/octet-stream"
+    assert response.headers["ardiff-frame-shape"] == "9,64,64,3"
+    assert json.loads(response.headers["ardiff-chunk-metadata"]) == {
+        "session_id": session,
+        "request_id": f"{session}-0",
+        "chunk_index": 0,
+        "applied_event_ids": [3, 5],
+    }
+    stages = [part.split(";")[0] for part in response.headers["server-timing"].split(", ")]
+    assert stages == ["queue", "forward", "decode", "encode"]
+    frames = np.frombuffer(response.content, dtype=np.uint8).reshape(9, 64, 64, 3)
+    tick = parse_tick(
+        session,
+        {
+            "request_id": "x",
+            "chunk_index": 0,
+            "controls": [
+                {
+                    "track": "camera",
+                    "schema": "lingbot.camera_actions.v1",
+                    "data": {"mode": "frames", "frames": [["w"], ["w"], ["w", "j"]]},
+                }
+            ],
+        },
+    )
+    expected = fake_frames(Conditioning(seed=7, prompt="a red castle"), seed_image(7, 64, 64), tick)
+    np.testing.assert_array_equal(frames, expected)
+
+    record = await store.get_session(POOL, session)
+    assert record.chunk_index == 1
+    assert record.last_tick_ms > 0
+    second = worker.tick(session, 1, token=TOKEN)
+    assert second.headers["ardiff-frame-shape"] == "12,64,64,3"
+    assert (await store.get_session(POOL, session)).chunk_index == 2
+
+
+async def test_a_tick_prompt_overrides_the_session_prompt(worker, place):
+    session = await place(seed=3, prompt="a quiet river")
+    response = worker.tick(session, 0, token=TOKEN, prompt="a burning city")
+    tick = parse_tick(
+        session,
+        {
+            "request_id": "x",
+            "chunk_index": 0,
+            "controls": [
+                {
+                    "track": "camera",
+                    "schema": "lingbot.camera_actions.v1",
+                    "data": {"mode": "frames", "frames": [["w"], ["w"], ["w", "j"]]},
+                }
+            ],
+        },
+    )
+    expected = fake_frames(Conditioning(seed=3, prompt="a burning city"), seed_image(3, 64, 64), tick)
+    np.testing.assert_array_equal(np.frombuffer(response.content, np.uint8).reshape(expected.shape), expected)
+
+
+async def test_mp4_by_accept_header(worker, place):
+    import av
+
+    session = await place()
+    response = worker.tick(session, 0, token=TOKEN, accept="video/mp4")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "video/mp4"
+    with av.open(__import__("io").BytesIO(response.content)) as container:
+        decoded = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    assert len(decoded) == 9
+    assert decoded[0].shape == (64, 64, 3)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"chunk_index": -1}, "chunk_index"),
+        ({"chunk_index": True}, "chunk_index"),
+        ({"request_id": "  "}, "request_id"),
+        ({"applied_event_ids": [4, 2]}, "applied_event_ids"),
+        ({"controls": [{"track": "", "schema": "x", "data": {}}]}, "controls.0.track"),
+        ({"prompt": "   "}, "prompt"),
+        ({"controls": [{"track": "camera", "schema": "x"}]}, "controls.0.data"),
+        ({"surprise": 1}, "surprise"),
+    ],
+)
+async def test_invalid_tick_is_400_naming_the_field(worker, place, body, param):
+    session = await place()
+    payload = {"request_id": "r", "chunk_index": 0, **body}
+    response = worker.client.post(
+        f"{worker.url}/v1/sessions/{session}/ticks", json=payload, headers=worker.headers(TOKEN)
+    )
+    assert error_of(response, 400, "invalid_tick")["param"] == param
+
+
+async def test_malformed_json_is_400(worker, place):
+    session = await place()
+    response = worker.client.post(
+        f"{worker.url}/v1/sessions/{session}/ticks",
+        content=b'{"request_id": ',
+        headers={**worker.headers(TOKEN), "content-type": "application/json"},
+    )
+    assert error_of(response, 400, "invalid_tick")["param"] == "body"
+
+
+async def test_missing_or_wrong_token_is_401(worker, place):
+    session = await place()
+    error_of(worker.tick(session, 0), 401, "unauthorized")
+    error_of(worker.tick(session, 0, token="not-the-token"), 401, "unauthorized")
+    error_of(worker.tick(session, 0, headers={"authorization": f"Basic {TOKEN}"}), 401, "unauthorized")
+    assert worker.tick(session, 0, token=TOKEN).status_code == 200
+
+
+async def test_unknown_session_is_404(worker):
+    error_of(worker.tick("no-such-session", 0, token=TOKEN), 404, "unknown_session")
+    error_of(worker.tick("Not_A_Name", 0, token=TOKEN), 404, "unknown_session")
+    error_of(worker.client.get(f"{worker.url}/v1/sessions/no-such-session"), 404, "unknown_session")
+
+
+async def test_chunk_out_of_order_is_409_with_the_expected_index(worker, place):
+    session = await place()
+    assert (
+        error_of(worker.tick(session, 1, token=TOKEN), 409, "chunk_out_of_order")["expected_chunk_index"] == 0
+    )
+    assert worker.tick(session, 0, token=TOKEN).status_code == 200
+    assert (
+        error_of(worker.tick(session, 3, token=TOKEN), 409, "chunk_out_of_order")["expected_chunk_index"] == 1
+    )
+    reset_later = worker.tick(session, 2, token=TOKEN, reset=True)
+    assert error_of(reset_later, 409, "chunk_out_of_order")["expected_chunk_index"] == 0
+
+
+async def test_max_chunks_is_409(worker, place):
+    session = await place(max_chunks=1)
+    assert worker.tick(session, 0, token=TOKEN).status_code == 200
+    assert error_of(worker.tick(session, 1, token=TOKEN), 409, "max_chunks_reached")["max_chunks"] == 1
+
+
+async def test_concurrent_ticks_on_one_session_are_409_tick_in_progress(worker, place):
+    session = await place()
+    body = {"request_id": "first", "chunk_index": 0, "controls": []}
+    async with httpx.AsyncClient(base_url=worker.url, timeout=30) as client:
+        first = asyncio.create_task(
+            client.post(f"/v1/sessions/{session}/ticks", json=body, headers=worker.headers(TOKEN))
+        )
+        await asyncio.sleep(FAKE_TICK_SECONDS / 3)
+        second = await client.post(
+            f"/v1/sessions/{session}/ticks",
+            json={**body, "request_id": "second"},
+            headers=worker.headers(TOKEN),
+        )
+        first = await first
+    assert first.status_code == 200
+    error_of(second, 409, "tick_in_progress")
+
+
+async def test_retried_request_id_returns_the_same_chunk_without_advancing(worker, store, place):
+    session = await place()
+    first = worker.tick(session, 0, token=TOKEN, request_id="req-a")
+    again = worker.tick(session, 0, token=TOKEN, request_id="req-a")
+    assert again.status_code == 200
+    assert again.content == first.content
+    assert again.headers["ardiff-chunk-metadata"] == first.headers["ardiff-chunk-metadata"]
+    assert (await store.get_session(POOL, session)).chunk_index == 1
+    described = worker.client.get(f"{worker.url}/v1/sessions/{session}", headers=worker.headers(TOKEN)).json()
+    assert described["next_chunk_index"] == 1
+    assert described["ticks"] == 1
+    # a new request id for the same chunk is not a retry
+    error_of(worker.tick(session, 0, token=TOKEN, request_id="req-b"), 409, "chunk_out_of_order")
+    assert worker.tick(session, 1, token=TOKEN, request_id="req-c").status_code == 200
+
+
+async def test_forward_failure_is_500_closes_only_that_session(worker, store, place):
+    failing, healthy = await place(), await place()
+    assert worker.tick(failing, 0, token=TOKEN).status_code == 200
+    assert worker.tick(healthy, 0, token=TOKEN).status_code == 200
+    error_of(
+        worker.tick(failing, 1, token=TOKEN, headers={"ardiff-test-fault": "forward"}), 500, "forward_failed"
+    )
+    assert (await store.get_session(POOL, failing)).reset_required
+    assert worker.tick(healthy, 1, token=TOKEN).status_code == 200  # the other session keeps working
+
+    error_of(worker.tick(failing, 1, token=TOKEN), 409, "reset_required")
+    error_of(worker.tick(failing, 0, token=TOKEN), 409, "reset_required")
+    restarted = worker.tick(failing, 0, token=TOKEN, reset=True)
+    assert restarted.status_code == 200
+    assert restarted.headers["ardiff-frame-shape"] == "9,64,64,3"
+    record = await store.get_session(POOL, failing)
+    assert not record.reset_required
+    assert record.chunk_index == 1
+    assert worker.tick(failing, 1, token=TOKEN).status_code == 200
+
+
+async def test_re_placed_session_must_reset(worker, store, place):
+    session = await place()
+    assert worker.tick(session, 0, token=TOKEN).status_code == 200
+    assert await store.evict_lru(POOL, min_idle_ms=0) == session  # the only session placed in the pool
+    assert (await store.get_session(POOL, session)).state is SessionState.EVICTED
+    error_of(worker.tick(session, 1, token=TOKEN), 410, "session_evicted")
+    replaced = await store.place(POOL, await _spec_of(store, session))
+    assert replaced.placement is not None
+    assert replaced.placement.reset_required
+    error_of(worker.tick(session, 0, token=TOKEN), 409, "reset_required")
+    assert worker.tick(session, 0, token=TOKEN, reset=True).status_code == 200
+
+
+async def _spec_of(store, session):
+    from ardiff.kv.records import SessionSpec
+
+    record = await store.get_session(POOL, session)
+    return SessionSpec(name=session, token_sha256=record.token_sha256, seed=record.seed, prompt=record.prompt)
+
+
+async def test_released_session_is_410_and_leaves_the_runner(worker, store, place):
+    session = await place()
+    assert worker.tick(session, 0, token=TOKEN).status_code == 200
+    await store.release(POOL, session, reason="deleted")
+    error_of(worker.tick(session, 1, token=TOKEN), 410, "session_closed")
+
+    async def gone():
+        listing = worker.client.get(f"{worker.url}/v1/sessions").json()
+        return session not in {s["session_id"] for s in listing["sessions"]}
+
+    await wait_for(gone)  # the worker consumed the `close` event and freed the runner's state
+    metrics = worker.client.get(f"{worker.url}/metrics").text
+    assert 'ardiff_session_evictions_total{reason="close"}' in metrics
+
+
+async def test_delete_closes_the_session_and_is_idempotent(worker, place):
+    session = await place()
+    assert worker.tick(session, 0, token=TOKEN).status_code == 200
+    url = f"{worker.url}/v1/sessions/{session}"
+    error_of(worker.client.delete(url), 401, "unauthorized")
+    first = worker.client.delete(url, headers=worker.headers(TOKEN))
+    assert first.status_code == 200
+    assert first.json()["state"] == "closed"
+    assert worker.client.delete(url, headers=worker.headers(TOKEN)).json()["state"] == "closed"
+    error_of(worker.tick(session, 1, token=TOKEN), 410, "session_closed")
+
+
+async def test_reset_route_starts_over(worker, store, place):
+    session = await place()
+    for chunk in range(2):
+        assert worker.tick(session, chunk, token=TOKEN).status_code == 200
+    reset = worker.client.post(f"{worker.url}/v1/sessions/{session}/reset", headers=worker.headers(TOKEN))
+    assert reset.status_code == 200
+    assert reset.json()["next_chunk_index"] == 0
+    assert (await store.get_session(POOL, session)).chunk_index == 0
+    assert worker.tick(session, 0, token=TOKEN).headers["ardiff-frame-shape"] == "9,64,64,3"
+
+
+async def test_session_on_another_pod_is_421_with_its_endpoint(worker, store, session_spec, place):
+    await place()  # the worker's pod holds one session, so least-loaded placement picks the empty one
+    other = "fake-worker-elsewhere"
+    await store.register_pod(POOL, other, capacity=1, endpoint="http://10.9.8.7:8000", lease_ms=60_000)
+    try:
+        name = f"s-{uuid.uuid4().hex[:8]}"
+        result = await store.place(POOL, session_spec(name, TOKEN))
+        assert result.placement.pod == other, "the empty foreign pod should take the session"
+        error = error_of(worker.tick(name, 0, token=TOKEN), 421, "misdirected")
+        assert error["endpoint"] == "http://10.9.8.7:8000"
+        await store.release(POOL, name, reason="test done")
+    finally:
+        await store.remove_pod(POOL, other)
+
+
+async def test_body_over_the_limit_is_413(worker, place):
+    session = await place()
+    response = worker.client.post(
+        f"{worker.url}/v1/sessions/{session}/ticks",
+        json={"request_id": "r", "chunk_index": 0, "prompt": "x" * (2 << 20)},
+        headers=worker.headers(TOKEN),
+    )
+    error_of(response, 413, "body_too_large")
+
+
+async def test_metrics_expose_ticks_frames_capacity_and_errors(worker, place):
+    session = await place()
+    assert worker.tick(session, 0, token=TOKEN).status_code == 200
+    error_of(worker.tick(session, 5, token=TOKEN), 409, "chunk_out_of_order")
+    text = worker.client.get(f"{worker.url}/metrics").text
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("ardiff_") and " " in line:
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    assert values["ardiff_session_capacity"] == 3
+    assert values["ardiff_ticks_total"] >= 1
+    assert values["ardiff_frames_total"] >= 9
+    assert values['ardiff_tick_errors_total{code="chunk_out_of_order"}'] >= 1
+    assert values["ardiff_kv_blocks"] == 27
+    assert values["ardiff_worker_ready"] == 1
+    assert values['ardiff_tick_latency_seconds_count{stage="forward"}'] >= 1

@@ -1,0 +1,145 @@
+"""The worker process's life: standalone admission, drain on SIGTERM, lease healing when Redis loses data.
+
+Each test starts its own `fake`-runtime worker (they end differently); the fake starts in about a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import uuid
+
+import httpx
+
+from ardiff.devcluster.redis_server import RedisServer
+from ardiff.kv.placement import PlacementStore
+from ardiff.kv.records import PoolId
+
+TOKEN = "lifecycle-token"
+
+
+def _error_code(response: httpx.Response) -> str:
+    return response.json()["error"]["code"]
+
+
+def test_standalone_admits_up_to_capacity_without_auth(launch_worker):
+    worker = launch_worker(runtime="fake", fake_capacity=1)
+    try:
+        assert worker.tick("first", 0, prompt="a forest").status_code == 200
+        full = worker.tick("second", 0, prompt="a forest")
+        assert full.status_code == 429
+        assert _error_code(full) == "at_capacity"
+        assert worker.client.delete(f"{worker.url}/v1/sessions/first").status_code == 200
+        assert worker.tick("second", 0, prompt="a forest").status_code == 200
+        listing = worker.client.get(f"{worker.url}/v1/sessions").json()
+        assert listing["capacity"] == 1
+        assert [s["session_id"] for s in listing["sessions"]] == ["second"]
+    finally:
+        worker.stop()
+
+
+async def test_sigterm_drains_finishes_the_tick_in_flight_then_exits(launch_worker, redis_url, session_spec):
+    pool = PoolId("default", f"wk-drain-{uuid.uuid4().hex[:6]}")
+    worker = launch_worker(
+        runtime="fake",
+        redis_url=redis_url,
+        pool=pool.name,
+        pod_name="drain-pod",
+        fake_tick_seconds=1.5,
+        heartbeat_seconds=0.5,
+        lease_seconds=5,
+    )
+    async with PlacementStore.from_url(redis_url) as store:
+        for name in ("busy", "late"):
+            assert (await store.place(pool, session_spec(name, TOKEN))).placement.pod == "drain-pod"
+        async with httpx.AsyncClient(base_url=worker.url, timeout=30) as client:
+            body = {"request_id": "r0", "chunk_index": 0, "controls": []}
+            headers = {"authorization": f"Bearer {TOKEN}"}
+            in_flight = asyncio.create_task(
+                client.post("/v1/sessions/busy/ticks", json=body, headers=headers)
+            )
+            await asyncio.sleep(0.5)
+            worker.signal()
+            await asyncio.sleep(0.3)
+            late = await client.post("/v1/sessions/late/ticks", json=body, headers=headers)
+            assert late.status_code == 503
+            assert _error_code(late) == "not_ready"
+            readyz = await client.get("/readyz")
+            assert readyz.status_code == 503
+            finished = await in_flight
+        assert finished.status_code == 200  # the tick in flight completed
+        assert finished.headers["ardiff-frame-shape"] == "9,64,64,3"
+        assert (await store.get_pod(pool, "drain-pod")).draining
+        assert (await store.get_session(pool, "busy")).chunk_index == 1
+        assert worker.process.wait(timeout=20) == 0
+        await store.delete_pool(pool)
+
+
+async def test_heartbeat_recreates_the_pod_record_after_redis_loses_it(launch_worker):
+    pool = PoolId("default", "wk-heal")
+    with RedisServer() as redis:
+        worker = launch_worker(
+            runtime="fake",
+            redis_url=redis.url,
+            pool=pool.name,
+            pod_name="heal-pod",
+            heartbeat_seconds=0.3,
+            lease_seconds=3,
+            fake_capacity=2,
+        )
+        try:
+            async with PlacementStore.from_url(redis.url) as store:
+                before = await store.get_pod(pool, "heal-pod")
+                assert before is not None
+            redis.restart()  # no persistence: every key is gone
+            async with PlacementStore.from_url(redis.url) as store:
+                assert await store.get_pod(pool, "heal-pod") is None
+                deadline = time.monotonic() + 10
+                healed = None
+                while healed is None and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)
+                    healed = await store.get_pod(pool, "heal-pod")
+                assert healed is not None, worker.log()
+                assert healed.epoch == before.epoch
+                assert healed.capacity == 2
+                assert healed.endpoint == worker.url
+                # the consumer group was healed too: a close event reaches the worker again
+                assert worker.client.get(f"{worker.url}/readyz").status_code == 200
+        finally:
+            worker.stop()
+
+
+def test_the_fake_runtime_path_never_imports_torch():
+    code = """
+import sys, time
+from fastapi.testclient import TestClient
+from ardiff.worker.app import create_app
+from ardiff.worker.server import load_runtime
+from ardiff.worker.service import WorkerService
+from ardiff.worker.settings import WorkerSettings
+settings = WorkerSettings(runtime="fake")
+with TestClient(create_app(WorkerService(settings, lambda: load_runtime(settings)))) as client:
+    while client.get("/readyz").status_code != 200:
+        time.sleep(0.01)
+    tick = {"request_id": "r", "chunk_index": 0, "prompt": "a forest"}
+    assert client.post("/v1/sessions/s/ticks", json=tick).status_code == 200
+print(sorted(name for name in ("torch", "vllm", "vllm_omni") if name in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
+
+
+def test_bad_settings_fail_without_traceback():
+    out = subprocess.run(
+        [sys.executable, "-m", "ardiff.cli", "worker", "serve", "--height", "50"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 1
+    assert "invalid_settings" in out.stderr
+    assert "height must be a positive multiple of 16, got 50" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,185 @@
+"""Fast tests of the worker's pure parts: settings, tick rules, session book, conditioning, encoding."""
+
+from __future__ import annotations
+
+import argparse
+import io
+
+import av
+import numpy as np
+import PIL.Image
+import pytest
+
+from ardiff.worker.conditioning import conditioning_image, seed_image
+from ardiff.worker.encoding import MP4, RAW, choose_media_type, encode_mp4
+from ardiff.worker.errors import ChunkOutOfOrder, InvalidTick, Misdirected
+from ardiff.worker.session_book import CachedChunk, SessionBook, SessionStatus
+from ardiff.worker.settings import WorkerSettings, add_settings_arguments, build_settings
+from ardiff.worker.tick_rules import param_for, parse_tick
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_settings_flags_win_over_env_which_win_over_defaults():
+    env = {
+        "ARDIFF_HEIGHT": "128",
+        "ARDIFF_WIDTH": "96",
+        "ARDIFF_RUNTIME": "fake",
+        "ARDIFF_PORT": "9001",
+        "ARDIFF_SESSION_CAPACITY": "",
+        "ARDIFF_TEST_FAULTS": "1",
+        "ARDIFF_POD_NAME": "pod-a",
+    }
+    settings = build_settings(_parse(["--height", "32", "--kv-memory-fraction", "0.5"]), env)
+    assert (settings.height, settings.width, settings.port) == (32, 96, 9001)
+    assert settings.runtime == "fake"
+    assert settings.kv_memory_fraction == 0.5
+    assert settings.session_capacity is None  # an empty env value is unset
+    assert settings.test_faults is True
+    assert settings.advertised_endpoint == "http://127.0.0.1:9001"
+    assert settings.standalone
+    defaults = build_settings({}, {"ARDIFF_POD_NAME": "pod-a"})
+    assert defaults.model == "tiny-lingbot-world"
+    assert defaults.kv_fraction(accelerator=True) == 0.9
+    assert defaults.kv_fraction(accelerator=False) == 0.1
+    assert defaults.cpu_free_memory_bytes == 8 << 30
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"height": 50}, "worker height must be a positive multiple of 16, got 50"),
+        ({"fake_capacity": 0}, "worker fake_capacity must be positive, got 0"),
+        ({"kv_memory_fraction": 1.5}, "worker kv_memory_fraction must be in (0, 1], got 1.5"),
+        ({"heartbeat_seconds": 20}, "worker heartbeat_seconds must be shorter than lease_seconds"),
+        ({"redis_url": "redis://x", "pod_name": "Bad_Name"}, "pod must be a DNS-1123 label"),
+    ],
+)
+def test_settings_reject_bad_values_with_a_clear_message(values, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
+        WorkerSettings(**{"pod_name": "pod-a", **values})
+
+
+def test_settings_reject_unparsable_env():
+    with pytest.raises(ValueError, match="worker port must be a int, got 'http'"):
+        build_settings({}, {"ARDIFF_PORT": "http", "ARDIFF_POD_NAME": "pod-a"})
+
+
+def test_tick_rules_are_vllm_omnis_and_name_the_field():
+    tick = parse_tick(
+        "s1",
+        {
+            "request_id": "r",
+            "chunk_index": 2,
+            "applied_event_ids": [1, 4],
+            "prompt": "p",
+            "controls": [{"track": "camera", "schema": "x", "data": {"k": [1, 2]}}],
+        },
+    )
+    assert (tick.session_id, tick.chunk_index, tick.applied_event_ids) == ("s1", 2, (1, 4))
+    assert tick.controls[0].to_dict() == {"track": "camera", "schema": "x", "data": {"k": [1, 2]}}
+    cases = {
+        "chunk_index": {"request_id": "r", "chunk_index": -3},
+        "request_id": {"request_id": " ", "chunk_index": 0},
+        "applied_event_ids": {"request_id": "r", "chunk_index": 0, "applied_event_ids": [3, 3]},
+        "controls": {
+            "request_id": "r",
+            "chunk_index": 0,
+            "controls": [{"track": "", "schema": "x", "data": {}}],
+        },
+        "reset": {"request_id": "r", "chunk_index": 0, "reset": "yes"},
+    }
+    for field, body in cases.items():
+        with pytest.raises(InvalidTick) as caught:
+            parse_tick("s1", body)
+        assert caught.value.param == field, caught.value.message
+    with pytest.raises(InvalidTick) as caught:
+        parse_tick(" ", {"request_id": "r", "chunk_index": 0})
+    assert caught.value.param == "session_id"
+    assert param_for("LingBot realtime ticks require exactly one camera control.", "controls") == "controls"
+    assert param_for("nothing recognisable", "body") == "body"
+
+
+def test_error_envelopes_carry_code_param_and_extras():
+    assert ChunkOutOfOrder("expected 3", expected_chunk_index=3).envelope() == {
+        "error": {
+            "code": "chunk_out_of_order",
+            "message": "expected 3",
+            "type": "Conflict",
+            "param": "chunk_index",
+            "expected_chunk_index": 3,
+        }
+    }
+    misdirected = Misdirected("elsewhere", endpoint="http://10.0.0.2:8000")
+    assert misdirected.status == 421
+    assert misdirected.envelope()["error"]["endpoint"] == "http://10.0.0.2:8000"
+
+
+def test_session_book_transitions_and_round_trip():
+    frames = np.arange(2 * 16 * 16 * 3, dtype=np.uint8).reshape(2, 16, 16, 3)
+    chunk = CachedChunk(
+        "req-0",
+        0,
+        frames,
+        {"session_id": "s", "request_id": "req-0", "chunk_index": 0, "applied_event_ids": []},
+    )
+    book = SessionBook("s", token_sha256="ab" * 32).advanced(chunk)
+    assert (book.next_chunk_index, book.status, book.ticks) == (1, SessionStatus.ACTIVE, 1)
+    assert book.retry_of("req-0", 0) is chunk
+    assert book.retry_of("req-0", 1) is None
+    assert book.retry_of("req-1", 0) is None
+    restored = SessionBook.from_dict(book.to_dict())
+    assert restored.to_dict() == book.to_dict()
+    np.testing.assert_array_equal(restored.last_chunk.frames, frames)
+    failed = book.failed()
+    assert failed.status is SessionStatus.RESET_REQUIRED
+    assert failed.last_chunk is None
+    assert failed.holds_slot
+    again = failed.after_reset()
+    assert (again.status, again.next_chunk_index) == (SessionStatus.ACTIVE, 0)
+    assert not book.closed().holds_slot
+    assert book.describe() == {
+        "session_id": "s",
+        "state": "active",
+        "next_chunk_index": 1,
+        "last_request_id": "req-0",
+        "ticks": 1,
+    }
+
+
+def test_conditioning_image_from_seed_or_record_bytes():
+    first = seed_image(42, 64, 96)
+    assert first.shape == (64, 96, 3)
+    assert first.dtype == np.uint8
+    np.testing.assert_array_equal(first, seed_image(42, 64, 96))
+    assert not np.array_equal(first, seed_image(43, 64, 96))
+    np.testing.assert_array_equal(conditioning_image(b"", 42, 64, 96), first)
+    png = io.BytesIO()
+    PIL.Image.fromarray(np.full((30, 40, 3), (200, 10, 10), np.uint8)).save(png, format="PNG")
+    decoded = conditioning_image(png.getvalue(), 0, 32, 48)
+    assert decoded.shape == (32, 48, 3)
+    assert tuple(decoded[5, 5]) == (200, 10, 10)
+    with pytest.raises(InvalidTick) as caught:
+        conditioning_image(b"not an image", 0, 32, 32)
+    assert caught.value.param == "image"
+
+
+def test_accept_header_chooses_mp4_or_raw():
+    assert choose_media_type(None) == RAW
+    assert choose_media_type("video/mp4") == MP4
+    assert choose_media_type("application/octet-stream;q=0.5, video/mp4") == MP4
+    assert choose_media_type("video/mp4;q=0.1, application/octet-stream") == RAW
+    assert choose_media_type("text/html") == RAW
+
+
+def test_mp4_round_trip_keeps_frame_count_and_size():
+    frames = np.stack([np.full((32, 48, 3), 10 * i, np.uint8) for i in range(9)])
+    with av.open(io.BytesIO(encode_mp4(frames))) as container:
+        decoded = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    assert len(decoded) == 9
+    assert decoded[4].shape == (32, 48, 3)
+    assert abs(int(decoded[4].mean()) - 40) <= 3

@@ -1,0 +1,298 @@
+"""The worker's HTTP API (docs/contracts.md §4): FastAPI routes over a `WorkerService`.
+
+`create_app()` is the one place where exceptions become HTTP answers: every error is the envelope
+`{"error": {code, message, type, param, ...}}`, request-shape errors are 400 `invalid_tick`, and a bug is a
+500 `internal_error` (never a traceback).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Path, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ardiff import __version__
+from ardiff.worker.encoding import MP4, RAW, choose_media_type
+from ardiff.worker.errors import BodyTooLarge, InvalidTick, NotReady, WorkerError
+from ardiff.worker.service import WorkerService
+
+log = logging.getLogger(__name__)
+
+# A tick is a few hundred bytes (a camera trajectory a few KB); images come from the session record.
+MAX_BODY_BYTES = 1 << 20
+FAULT_HEADER = "ardiff-test-fault"
+
+
+# ------------------------------------------------------------------------------ request/response models
+
+
+class ControlBody(BaseModel):
+    """One control track of a tick (vllm-omni's `ARDiffusionControlInput`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    track: str = Field(min_length=1, examples=["camera"])
+    schema_: str = Field(alias="schema", min_length=1, examples=["lingbot.camera_actions.v1"])
+    data: dict[str, Any] = Field(examples=[{"mode": "frames", "frames": [["w"], ["w"], ["w", "j"]]}])
+
+
+class TickBody(BaseModel):
+    """vllm-omni's `ARDiffusionTickRequest` minus `session_id` (the URL names the session)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    request_id: str = Field(
+        min_length=1, description="correlation id; a retry with the same id replays the chunk"
+    )
+    chunk_index: int = Field(ge=0, description="the session's next chunk (0 after a reset)")
+    applied_event_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    prompt: str | None = Field(default=None, description="overrides the session's prompt for this tick")
+    controls: list[ControlBody] = Field(default_factory=list)
+    reset: bool = False
+    close_session: bool = False
+
+
+class ErrorInfo(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    code: str
+    message: str
+    type: str
+    param: str | None = None
+
+
+class ErrorEnvelope(BaseModel):
+    error: ErrorInfo
+
+
+class SessionView(BaseModel):
+    session_id: str
+    state: str
+    next_chunk_index: int
+    last_request_id: str | None
+    ticks: int
+    resident: bool
+    in_flight: bool = False
+
+
+class KVBlocksView(BaseModel):
+    free: int
+    total: int
+
+
+class SessionList(BaseModel):
+    ready: bool
+    capacity: int
+    admitted: int
+    kv_blocks: KVBlocksView | None
+    sessions: list[SessionView]
+
+
+class Status(BaseModel):
+    status: str
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": ErrorEnvelope} for status in statuses}
+
+
+_FRAME_HEADERS = {
+    "ardiff-chunk-metadata": {
+        "description": "JSON: session_id, request_id, chunk_index, applied_event_ids",
+        "schema": {"type": "string"},
+    },
+    "ardiff-frame-shape": {"description": "F,H,W,3", "schema": {"type": "string"}},
+    "server-timing": {"description": "queue, forward, decode, encode (ms)", "schema": {"type": "string"}},
+}
+_TICK_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "the chunk's frames: raw uint8 FxHxWx3, or H.264 MP4",
+        "content": {
+            RAW: {"schema": {"type": "string", "format": "binary"}},
+            MP4: {"schema": {"type": "string", "format": "binary"}},
+        },
+        "headers": _FRAME_HEADERS,
+    },
+    **_errors(400, 401, 404, 409, 410, 413, 421, 429, 500, 503),
+}
+_SESSION_ERRORS = _errors(400, 401, 404, 409, 410, 421, 503)
+
+SessionId = Annotated[str, Path(description="the ARDiffusionSession's name")]
+bearer = HTTPBearer(auto_error=False, description="the session's token (Secret `<session>-token`)")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
+# ------------------------------------------------------------------------------------------ middleware
+
+
+class BodySizeLimit:
+    """413 `body_too_large` for a body over `limit` bytes, declared or streamed, before any route runs."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._reject(scope, receive, send)
+            return
+        received = 0
+        response_started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise _BodyOverflow
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal response_started
+            response_started = response_started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _BodyOverflow:
+            if not response_started:
+                await self._reject(scope, receive, send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        error = BodyTooLarge(f"request body exceeds {self.limit} bytes")
+        await _error_response(error)(scope, receive, send)
+
+
+class _BodyOverflow(Exception):
+    pass
+
+
+class RouteError(WorkerError):
+    """An unknown route (404) or method (405): Starlette's status, a code made from its phrase."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status  # type: ignore[misc]  # per instance: Starlette picks the status
+        self.code = message.lower().replace(" ", "_")
+
+
+def _error_response(error: WorkerError) -> JSONResponse:
+    return JSONResponse(error.envelope(), status_code=error.status)
+
+
+# ------------------------------------------------------------------------------------------ the app
+
+
+def create_app(service: WorkerService) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(
+        title="ardiff worker",
+        version=__version__,
+        description="Ticks of the AR-diffusion sessions resident on this pod (vllm-omni paged-KV runner).",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    app.add_middleware(BodySizeLimit, limit=MAX_BODY_BYTES)
+
+    # -------------------------------------------------------------- the one exception -> status mapping
+    def count(error: WorkerError) -> JSONResponse:
+        service.metrics.errors.labels(error.code).inc()
+        return _error_response(error)
+
+    @app.exception_handler(WorkerError)
+    async def worker_error(request: Request, exc: WorkerError) -> JSONResponse:
+        return count(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid request"}
+        loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "path", "header", "query")]
+        param = "body" if first.get("type") == "json_invalid" else ".".join(loc) or "body"
+        return count(InvalidTick(f"{param}: {first.get('msg', 'invalid')}", param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error = RouteError(exc.status_code, str(exc.detail))
+        return JSONResponse(error.envelope(), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error in %s %s", request.method, request.url.path)
+        return count(WorkerError(f"internal error ({type(exc).__name__})"))
+
+    # -------------------------------------------------------------- routes
+
+    def authorization(credentials: HTTPAuthorizationCredentials | None) -> str | None:
+        return None if credentials is None else f"{credentials.scheme} {credentials.credentials}"
+
+    @app.post(
+        "/v1/sessions/{session_id}/ticks",
+        response_class=Response,
+        responses=_TICK_RESPONSES,
+        summary="Generate the session's next chunk",
+    )
+    async def post_tick(
+        session_id: SessionId,
+        body: TickBody,
+        credentials: Credentials = None,
+        accept: Annotated[str | None, Header()] = None,
+        fault: Annotated[str | None, Header(alias=FAULT_HEADER, include_in_schema=False)] = None,
+    ) -> Response:
+        result = await service.tick(
+            session_id,
+            body.model_dump(by_alias=True),
+            authorization=authorization(credentials),
+            media_type=choose_media_type(accept),
+            inject_fault=service.settings.test_faults and fault == "forward",
+        )
+        return Response(result.body, media_type=result.media_type, headers=result.headers)
+
+    @app.delete("/v1/sessions/{session_id}", response_model=SessionView, responses=_SESSION_ERRORS)
+    async def delete_session(session_id: SessionId, credentials: Credentials = None) -> dict[str, Any]:
+        return await service.close(session_id, authorization(credentials))
+
+    @app.post("/v1/sessions/{session_id}/reset", response_model=SessionView, responses=_SESSION_ERRORS)
+    async def reset_session(session_id: SessionId, credentials: Credentials = None) -> dict[str, Any]:
+        return await service.reset(session_id, authorization(credentials))
+
+    @app.get("/v1/sessions/{session_id}", response_model=SessionView, responses=_SESSION_ERRORS)
+    async def get_session(session_id: SessionId, credentials: Credentials = None) -> dict[str, Any]:
+        return await service.describe(session_id, authorization(credentials))
+
+    @app.get("/v1/sessions", response_model=SessionList)
+    async def list_sessions() -> dict[str, Any]:
+        return service.list_sessions()
+
+    @app.get("/healthz", response_model=Status)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", response_model=Status, responses=_errors(503))
+    async def readyz() -> dict[str, str]:
+        if not service.ready:
+            state = "draining" if service.draining else "loading" if not service.loaded else "not registered"
+            raise NotReady(f"worker is not ready ({state})")
+        return {"status": "ready"}
+
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+    async def metrics() -> Response:
+        return Response(service.render_metrics(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app

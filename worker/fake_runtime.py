@@ -1,0 +1,135 @@
+"""A `SessionRuntime` without a model: deterministic frames, quickly, and no torch import.
+
+It behaves like LingBot-World's runner where the worker can observe it: 9 frames for a session's first chunk
+and 12 afterwards, chunk indices contiguous per session (a gap fails the forward), a reset or close frees the
+session's blocks. Frames are a pure function of (seed, image, prompt, chunk index, controls), so a test can
+recompute them. Unlike the real runner, a fake that is full refuses a new session instead of evicting one:
+the worker must never let that happen, and a loud failure shows it if it does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ardiff.worker import tick_rules
+from ardiff.worker.conditioning import Conditioning, conditioning_image
+from ardiff.worker.runtime import ChunkOutput, KVBlocks, PreparedTick
+
+FIRST_CHUNK_FRAMES = 9
+CHUNK_FRAMES = 12
+BLOCKS_PER_CHUNK = 3
+MAX_BLOCKS_PER_SESSION = 9  # sink + window, as the real cache slides
+
+
+@dataclass(frozen=True)
+class FakeRequest:
+    tick: Any  # vllm-omni's ARDiffusionTickRequest
+    conditioning: Conditioning
+    image: np.ndarray
+
+
+def fake_frames(conditioning: Conditioning, image: np.ndarray, tick: Any) -> np.ndarray:
+    """The frames of `tick`'s chunk: the conditioning image, tinted by a hash of everything that matters."""
+    height, width, _ = image.shape
+    count = FIRST_CHUNK_FRAMES if tick.chunk_index == 0 else CHUNK_FRAMES
+    key = json.dumps(
+        {
+            "seed": conditioning.seed,
+            "prompt": conditioning.prompt,
+            "chunk": tick.chunk_index,
+            "controls": [control.to_dict() for control in tick.controls],
+        },
+        sort_keys=True,
+    ).encode()
+    digest = hashlib.sha256(key + image.tobytes()).digest()
+    rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    offsets = rng.integers(-40, 40, size=(count, 1, 1, 3))
+    frames = image[None].astype(np.int16) + offsets + np.arange(count, dtype=np.int16)[:, None, None, None]
+    return np.clip(frames, 0, 255).astype(np.uint8).reshape(count, height, width, 3)
+
+
+class FakeRuntime:
+    def __init__(self, *, height: int, width: int, capacity: int, tick_seconds: float = 0.0) -> None:
+        if capacity <= 0:
+            raise ValueError(f"fake runtime capacity must be positive, got {capacity}")
+        self._height, self._width = height, width
+        self._capacity = capacity
+        self._tick_seconds = tick_seconds
+        self._next_chunk: dict[str, int] = {}
+        self._lock = threading.Lock()  # forward runs on the forward thread; snapshots are read elsewhere
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def frame_size(self) -> tuple[int, int]:
+        return self._height, self._width
+
+    def prepare(self, tick: Any, conditioning: Conditioning) -> PreparedTick:
+        image = conditioning_image(conditioning.image, conditioning.seed, self._height, self._width)
+        return PreparedTick(tick.session_id, FakeRequest(tick, conditioning, image))
+
+    def forward(self, prepared: PreparedTick, *, inject_fault: bool = False) -> ChunkOutput:
+        request: FakeRequest = prepared.request
+        tick, session_id = request.tick, prepared.session_id
+        started = time.perf_counter()
+        try:
+            if tick.reset:
+                self.reset(session_id)
+            with self._lock:
+                if session_id not in self._next_chunk and len(self._next_chunk) >= self._capacity:
+                    raise RuntimeError(
+                        f"fake runtime is full ({self._capacity} sessions); the worker over-admitted"
+                    )
+                expected = self._next_chunk.setdefault(session_id, 0)
+            if tick.chunk_index != expected:
+                raise ValueError(
+                    f"chunk_index must be contiguous: expected {expected}, got {tick.chunk_index}"
+                )
+            if self._tick_seconds:
+                time.sleep(self._tick_seconds)
+            if inject_fault:
+                raise RuntimeError("injected forward fault (ARDIFF_TEST_FAULTS)")
+            frames = fake_frames(request.conditioning, request.image, tick)
+        except Exception:
+            self.close(session_id)  # fail closed, like the runner's bound session
+            raise
+        with self._lock:
+            self._next_chunk[session_id] = expected + 1
+        if tick.close_session:
+            self.close(session_id)
+        return ChunkOutput(
+            frames=frames,
+            metadata=tick_rules.metadata_of(tick),
+            forward_s=time.perf_counter() - started,
+            decode_s=0.0,
+        )
+
+    def reset(self, session_id: str) -> None:
+        self.close(session_id)
+
+    def close(self, session_id: str) -> None:
+        with self._lock:
+            self._next_chunk.pop(session_id, None)
+
+    def resident_sessions(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(self._next_chunk)
+
+    def kv_blocks(self) -> KVBlocks:
+        total = self._capacity * MAX_BLOCKS_PER_SESSION
+        with self._lock:
+            used = sum(min(n * BLOCKS_PER_CHUNK, MAX_BLOCKS_PER_SESSION) for n in self._next_chunk.values())
+        return KVBlocks(free=total - used, total=total)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._next_chunk.clear()

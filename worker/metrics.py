@@ -1,0 +1,57 @@
+"""The worker's Prometheus metrics (`ardiff_` prefix), in a registry of its own per app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ardiff.worker.runtime import SessionRuntime
+
+# Ticks take ~0.1 s (tiny model on CPU) to a few seconds (the real model at 480x832).
+_TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclass
+class WorkerMetrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.tick_latency = Histogram(
+            "ardiff_tick_latency_seconds",
+            "Time from a tick's arrival to its frames being ready, by stage",
+            ["stage"],
+            buckets=_TICK_BUCKETS,
+            registry=r,
+        )
+        self.ticks = Counter("ardiff_ticks", "Ticks answered with frames", registry=r)
+        self.frames = Counter("ardiff_frames", "Frames generated (rate = frames/s)", registry=r)
+        self.errors = Counter(
+            "ardiff_tick_errors", "Requests answered with an error, by code", ["code"], registry=r
+        )
+        self.evictions = Counter(
+            "ardiff_session_evictions",
+            "Sessions released on this worker other than by a client, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.sessions_resident = Gauge("ardiff_sessions_resident", "Sessions the runner holds", registry=r)
+        self.sessions_admitted = Gauge(
+            "ardiff_sessions_admitted", "Sessions holding a slot on this worker", registry=r
+        )
+        self.capacity = Gauge("ardiff_session_capacity", "Sessions this worker admits", registry=r)
+        self.kv_free_blocks = Gauge("ardiff_kv_free_blocks", "Free blocks of the paged KV pool", registry=r)
+        self.kv_blocks = Gauge("ardiff_kv_blocks", "Blocks of the paged KV pool", registry=r)
+        self.ready = Gauge("ardiff_worker_ready", "1 when the worker accepts ticks", registry=r)
+
+    def render(self, runtime: SessionRuntime | None, *, admitted: int, ready: bool) -> bytes:
+        """The exposition text, with the gauges refreshed from the runtime's snapshots."""
+        if runtime is not None:
+            blocks = runtime.kv_blocks()
+            self.sessions_resident.set(len(runtime.resident_sessions()))
+            self.kv_free_blocks.set(blocks.free)
+            self.kv_blocks.set(blocks.total)
+        self.sessions_admitted.set(admitted)
+        self.ready.set(1 if ready else 0)
+        return generate_latest(self.registry)

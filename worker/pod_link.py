@@ -1,0 +1,145 @@
+"""This worker's side of the placement store (`ardiff.kv.placement`, docs/contracts.md §2).
+
+It registers the pod with the runner's capacity, keeps the lease alive (a heartbeat re-creates a record Redis
+lost), reads the pod's event stream, and answers the per-tick questions: is this session placed here, by this
+incarnation of the pod, and where does it live otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+
+from ardiff.kv.errors import PodFenced
+from ardiff.kv.placement import PlacementStore
+from ardiff.kv.records import PodEvent, PoolId, SessionRecord, SessionState
+from ardiff.worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+EventHandler = Callable[[PodEvent], Awaitable[None]]
+# How long one blocking read of the event stream waits; also bounds how late a stop is noticed.
+EVENT_BLOCK_MS = 1000
+RETRY_SECONDS = 1.0
+
+
+class PodLink:
+    def __init__(self, store: PlacementStore, settings: WorkerSettings) -> None:
+        self.store = store
+        self.pool = PoolId(settings.namespace, settings.pool)
+        self.pod = settings.pod_name
+        self.endpoint = settings.advertised_endpoint
+        self.lease_ms = int(settings.lease_seconds * 1000)
+        self.heartbeat_seconds = settings.heartbeat_seconds
+        self.capacity = 0
+        self.epoch: int | None = None
+
+    @classmethod
+    def connect(cls, settings: WorkerSettings) -> PodLink:
+        assert settings.redis_url is not None
+        return cls(PlacementStore.from_url(settings.redis_url), settings)
+
+    @property
+    def registered(self) -> bool:
+        return self.epoch is not None
+
+    async def register(self, capacity: int) -> None:
+        self.capacity = capacity
+        registration = await self.store.register_pod(
+            self.pool, self.pod, capacity=capacity, endpoint=self.endpoint, lease_ms=self.lease_ms
+        )
+        self.epoch = registration.epoch
+        log.info(
+            "registered pod %s in %s: epoch=%d capacity=%d endpoint=%s (sessions of the previous "
+            "incarnation now lost: %s)",
+            self.pod,
+            self.pool,
+            self.epoch,
+            capacity,
+            self.endpoint,
+            list(registration.lost_sessions) or "none",
+        )
+
+    async def heartbeat_forever(self, on_fenced: Callable[[], None]) -> None:
+        """Renew the lease until cancelled; a fenced pod (a newer incarnation exists) stops serving."""
+        while True:
+            await asyncio.sleep(self.heartbeat_seconds)
+            try:
+                await self.store.heartbeat(
+                    self.pool,
+                    self.pod,
+                    epoch=self.epoch,
+                    capacity=self.capacity,
+                    endpoint=self.endpoint,
+                    lease_ms=self.lease_ms,
+                )
+            except PodFenced:
+                log.error("pod %s epoch %s was fenced by a newer incarnation; stopping", self.pod, self.epoch)
+                on_fenced()
+                return
+            except Exception as exc:  # Redis away: keep trying, the lease decides when the pod counts as dead
+                log.warning("heartbeat of pod %s failed: %s", self.pod, exc)
+
+    async def events_forever(self, handle: EventHandler) -> None:
+        """Consume the pod's close/evict stream until cancelled; an entry is acked once it was handled."""
+        while True:
+            try:
+                events = await self.store.read_events(self.pool, self.pod, block_ms=EVENT_BLOCK_MS, count=32)
+            except Exception as exc:
+                log.warning("reading the event stream of pod %s failed: %s", self.pod, exc)
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
+            handled: list[str] = []
+            for event in events:
+                if event.epoch == self.epoch:
+                    try:
+                        await handle(event)
+                    except Exception:
+                        log.exception(
+                            "handling %s of session %s failed; retried later", event.kind, event.session
+                        )
+                        continue
+                else:  # meant for an earlier incarnation of this pod, whose sessions are already lost
+                    log.info(
+                        "ignoring %s of %s for epoch %d (ours %s)",
+                        event.kind,
+                        event.session,
+                        event.epoch,
+                        self.epoch,
+                    )
+                handled.append(event.id)
+            if handled:
+                await self.store.ack_events(self.pool, self.pod, handled)
+
+    def is_here(self, record: SessionRecord) -> bool:
+        """Placed on this pod by this incarnation (a session of an earlier epoch lost its state)."""
+        return (
+            record.state is SessionState.PLACED and record.pod == self.pod and record.pod_epoch == self.epoch
+        )
+
+    async def session(self, session: str) -> SessionRecord | None:
+        return await self.store.get_session(self.pool, session)
+
+    async def sessions(self, sessions: Iterable[str]) -> dict[str, SessionRecord | None]:
+        names = list(sessions)
+        records = await self.store.get_sessions(self.pool, names) if names else {}
+        return {name: records.get(name) for name in names}
+
+    async def endpoint_of(self, pod: str) -> str | None:
+        record = await self.store.get_pod(self.pool, pod)
+        return record.endpoint if record is not None else None
+
+    async def touch(self, session: str, *, chunk_index: int, reset_done: bool) -> None:
+        await self.store.touch(
+            self.pool, session, pod=self.pod, epoch=self.epoch, chunk_index=chunk_index, reset_done=reset_done
+        )
+
+    async def mark_reset_required(self, session: str) -> None:
+        await self.store.mark_reset_required(self.pool, session, pod=self.pod, epoch=self.epoch)
+
+    async def set_draining(self) -> None:
+        await self.store.set_draining(self.pool, self.pod, draining=True)
+
+    async def close(self) -> None:
+        await self.store.close()

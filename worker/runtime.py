@@ -1,0 +1,97 @@
+"""The capability the HTTP worker needs from whatever runs the model: the `SessionRuntime` protocol.
+
+Two implementations: the vllm-omni session adapter (`ardiff.worker.session_adapter`, the real paged-KV runner)
+and `ardiff.worker.fake_runtime` (deterministic frames, no torch) for control-plane tests.
+
+Threading contract: `forward`, `reset` and `close` are only ever called from the worker's one forward thread,
+one at a time; `prepare` may run on any thread concurrently with them and must not touch session state;
+`resident_sessions` and `kv_blocks` are cheap snapshots safe to read from the event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from ardiff.worker.conditioning import Conditioning
+
+
+@dataclass(frozen=True)
+class KVBlocks:
+    """The runner's paged KV pool: blocks free for sessions, out of the managed total."""
+
+    free: int
+    total: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.free <= self.total:
+            raise ValueError(f"kv blocks free must be in [0, total={self.total}], got {self.free}")
+
+
+@dataclass(frozen=True)
+class ChunkOutput:
+    """One generated AR block."""
+
+    frames: np.ndarray  # uint8 FxHxWx3, decoded by the session's own streaming decoder
+    metadata: dict[str, Any]  # the runner's ARDiffusionChunkMetadata echo
+    forward_s: float
+    decode_s: float
+    latents: Any = None  # model-space latents where the runtime has them (tests compare them bit for bit)
+
+    def __post_init__(self) -> None:
+        if self.frames.dtype != np.uint8 or self.frames.ndim != 4 or self.frames.shape[-1] != 3:
+            raise ValueError(
+                f"chunk frames must be uint8 FxHxWx3, got {self.frames.dtype} {self.frames.shape}"
+            )
+
+
+@dataclass(frozen=True)
+class PreparedTick:
+    """A tick that passed the pipeline's own pre-process; only `forward` looks inside `request`."""
+
+    session_id: str
+    request: Any
+
+
+@runtime_checkable
+class SessionRuntime(Protocol):
+    """Runs ticks of resident sessions; never decides admission (the worker admits at most `capacity`)."""
+
+    @property
+    def capacity(self) -> int:
+        """Sessions the runner keeps resident at once (its KV budget after load, optionally capped)."""
+        ...
+
+    @property
+    def frame_size(self) -> tuple[int, int]:
+        """(height, width) of every frame, fixed at load."""
+        ...
+
+    def prepare(self, tick: Any, conditioning: Conditioning) -> PreparedTick:
+        """Check a vllm-omni tick with the pipeline's own pre-process; `InvalidTick` names the field."""
+        ...
+
+    def forward(self, prepared: PreparedTick, *, inject_fault: bool = False) -> ChunkOutput:
+        """Run one AR block and decode it. Fails closed: on any error the session's state is released.
+
+        `inject_fault` (tests only, behind ARDIFF_TEST_FAULTS) makes the model forward itself raise.
+        """
+        ...
+
+    def reset(self, session_id: str) -> None:
+        """Release the session's KV and model state; idempotent. The next tick starts at chunk 0."""
+        ...
+
+    def close(self, session_id: str) -> None:
+        """Release the session's KV and model state for good; idempotent."""
+        ...
+
+    def resident_sessions(self) -> tuple[str, ...]:
+        """Sessions whose state the runner holds now."""
+        ...
+
+    def kv_blocks(self) -> KVBlocks: ...
+
+    def shutdown(self) -> None: ...

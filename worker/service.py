@@ -1,0 +1,491 @@
+"""The worker's behaviour, independent of HTTP: admission, auth, chunk order, retries, fail-closed, draining.
+
+One forward at a time per pod: every call into the runtime that touches session state (forward, reset,
+close) runs on one dedicated thread while the FIFO `asyncio.Lock` is held, so ticks of different sessions are
+served in arrival order and `/healthz`/`/metrics` stay responsive. At most one tick per session is in flight.
+The runner would evict its least recently used session silently when full; the worker never lets it: it admits
+at most `capacity` sessions, releasing first those the placement store no longer places here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import hmac
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ardiff.kv.records import SessionRecord, SessionState, check_name
+from ardiff.worker import tick_rules
+from ardiff.worker.conditioning import Conditioning
+from ardiff.worker.encoding import MediaType, encode_frames
+from ardiff.worker.errors import (
+    AtCapacity,
+    ChunkOutOfOrder,
+    ForwardFailed,
+    InvalidTick,
+    MaxChunksReached,
+    Misdirected,
+    NotReady,
+    ResetRequired,
+    SessionClosed,
+    SessionEvicted,
+    TickInProgress,
+    Unauthorized,
+    UnknownSession,
+)
+from ardiff.worker.metrics import WorkerMetrics
+from ardiff.worker.runtime import SessionRuntime
+from ardiff.worker.session_book import CachedChunk, SessionBook, SessionStatus
+from ardiff.worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+RuntimeLoader = Callable[[], SessionRuntime]
+
+
+@dataclass(frozen=True)
+class TickResponse:
+    body: bytes
+    media_type: MediaType
+    headers: dict[str, str]
+
+
+def token_sha256(authorization: str | None) -> str | None:
+    """sha256 hex of the bearer token in an `Authorization` header, or None without one."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return hashlib.sha256(token.strip().encode()).hexdigest()
+
+
+def _timing_header(**stages: float) -> str:
+    return ", ".join(f"{name};dur={seconds * 1000:.2f}" for name, seconds in stages.items())
+
+
+class WorkerService:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        loader: RuntimeLoader,
+        *,
+        link: Any = None,  # a PodLink in placement mode, None standalone
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.link = link
+        self.metrics = metrics or WorkerMetrics()
+        self.runtime: SessionRuntime | None = None
+        self.capacity = 0
+        self._loader = loader
+        self._books: dict[str, SessionBook] = {}
+        self._in_flight: set[str] = set()
+        self._idle = asyncio.Event()  # set while no tick is in flight (drain waits on it)
+        self._idle.set()
+        self._forward_lock = asyncio.Lock()  # asyncio.Lock wakes its waiters in arrival order: FIFO fairness
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ardiff-forward")
+        self._tasks: list[asyncio.Task[None]] = []
+        self._draining = False
+        self._stopped = asyncio.Event()  # set when the worker must exit on its own (fenced, load failed)
+        self.failure: BaseException | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    @property
+    def loaded(self) -> bool:
+        return self.runtime is not None
+
+    @property
+    def ready(self) -> bool:
+        registered = self.link is None or self.link.registered
+        return self.loaded and registered and not self._draining and not self._stopped.is_set()
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def stopped(self) -> asyncio.Event:
+        return self._stopped
+
+    async def start(self) -> None:
+        """Load the runtime and register, in the background: the HTTP server answers /healthz meanwhile."""
+        self._tasks.append(asyncio.create_task(self._load_and_register(), name="ardiff-load"))
+
+    async def _load_and_register(self) -> None:
+        try:
+            runtime = await self._on_forward_thread(self._loader)
+            cap = self.settings.session_capacity
+            self.capacity = runtime.capacity if cap is None else min(runtime.capacity, cap)
+            self.runtime = runtime
+            self.metrics.capacity.set(self.capacity)
+            log.info(
+                "runtime loaded: capacity=%d (runner %d) frame_size=%s",
+                self.capacity,
+                runtime.capacity,
+                runtime.frame_size,
+            )
+            if self.link is not None:
+                await self.link.register(self.capacity)
+                self._tasks.append(
+                    asyncio.create_task(self.link.heartbeat_forever(self._fence), name="heartbeat")
+                )
+                self._tasks.append(
+                    asyncio.create_task(self.link.events_forever(self.on_event), name="events")
+                )
+        except Exception as exc:
+            log.exception("worker failed to start")
+            self.failure = exc
+            self._stopped.set()
+
+    def _fence(self) -> None:
+        self.failure = RuntimeError("fenced: a newer incarnation of this pod registered")
+        self._stopped.set()
+
+    async def drain(self) -> None:
+        """SIGTERM: no new placements, new ticks get 503, the ticks already accepted finish."""
+        if self._draining:
+            return
+        self._draining = True
+        log.info("draining: %d tick(s) in flight", len(self._in_flight))
+        if self.link is not None and self.link.registered:
+            try:
+                await self.link.set_draining()
+            except Exception as exc:
+                log.warning("could not mark pod draining in the placement store: %s", exc)
+        await self._idle.wait()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.link is not None:
+            await self.link.close()
+        if self.runtime is not None:
+            await self._on_forward_thread(self.runtime.shutdown)
+        self._executor.shutdown(wait=True)
+
+    async def _on_forward_thread(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(func, *args, **kwargs))
+
+    def _require_ready(self) -> SessionRuntime:
+        if not self.ready or self.runtime is None:
+            state = "draining" if self._draining else "loading" if not self.loaded else "not registered"
+            raise NotReady(f"worker is not ready ({state})")
+        return self.runtime
+
+    # ---------------------------------------------------------------- placement checks
+
+    async def _placed_record(self, session_id: str, authorization: str | None, *, any_state: bool = False):
+        """The session's record when it may be served here (None standalone); 404/401/410/421 otherwise.
+
+        `any_state` lets a DELETE of an evicted or closed session succeed (close is idempotent).
+        """
+        if self.link is None:
+            return None
+        try:
+            check_name("session", session_id)
+        except ValueError:
+            raise UnknownSession(f"no session {session_id!r}") from None
+        try:
+            record = await self.link.session(session_id)
+        except Exception as exc:
+            raise NotReady(f"placement store unavailable: {exc}") from exc
+        if record is None:
+            raise UnknownSession(f"no session {session_id!r} in pool {self.link.pool}")
+        presented = token_sha256(authorization)
+        if presented is None or not hmac.compare_digest(presented, record.token_sha256):
+            raise Unauthorized("missing or wrong bearer token for this session")
+        if record.state is SessionState.PLACED and record.pod != self.link.pod:
+            endpoint = await self.link.endpoint_of(record.pod)
+            raise Misdirected(f"session {session_id!r} lives on pod {record.pod}", endpoint=endpoint)
+        if any_state or self.link.is_here(record):
+            return record
+        if record.state is SessionState.CLOSED:
+            raise SessionClosed(f"session {session_id!r} was closed")
+        if record.state is SessionState.LOST:
+            raise SessionEvicted(f"session {session_id!r} lost its pod; it is re-placed with reset_required")
+        if record.state is SessionState.EVICTED:
+            raise SessionEvicted(f"session {session_id!r} was evicted to make room; it is re-placed later")
+        raise SessionEvicted(f"session {session_id!r} was placed on an earlier incarnation of this pod")
+
+    # ---------------------------------------------------------------- ticks
+
+    async def tick(
+        self,
+        session_id: str,
+        body: dict[str, Any],
+        *,
+        authorization: str | None,
+        media_type: MediaType,
+        inject_fault: bool = False,
+    ) -> TickResponse:
+        arrived = time.perf_counter()
+        runtime = self._require_ready()
+        record = await self._placed_record(session_id, authorization)
+        tick = tick_rules.parse_tick(session_id, body)
+        with self._exclusive(session_id):
+            book = self._books.get(session_id)
+            cached = book.retry_of(tick.request_id, tick.chunk_index) if book else None
+            if cached is not None:
+                return await self._respond(cached, media_type, queue=0.0, forward=0.0, decode=0.0)
+            self._check_order(tick, book, record)
+            prompt = tick.prompt if tick.prompt is not None else record.prompt if record else ""
+            if not prompt.strip():
+                raise InvalidTick(
+                    "prompt must contain non-empty text (the tick's, else the session's)", param="prompt"
+                )
+            conditioning = Conditioning(
+                seed=record.seed if record else 0, prompt=prompt, image=record.image if record else b""
+            )
+            prepared = await asyncio.to_thread(runtime.prepare, tick, conditioning)
+            await self._admit(session_id, record)
+            async with self._forward_lock:
+                queued = time.perf_counter() - arrived
+                book = self._books.get(session_id)
+                if book is None:
+                    raise SessionEvicted(f"session {session_id!r} was released while its tick was queued")
+                self._check_order(tick, book, None)
+                try:
+                    output = await self._on_forward_thread(
+                        runtime.forward, prepared, inject_fault=inject_fault
+                    )
+                except Exception as exc:
+                    log.warning(
+                        "forward of session %s chunk %d failed: %r", session_id, tick.chunk_index, exc
+                    )
+                    self._books[session_id] = book.failed()
+                    failure: Exception | None = exc
+                else:
+                    failure = None
+                    chunk = CachedChunk(tick.request_id, tick.chunk_index, output.frames, output.metadata)
+                    self._books[session_id] = book.advanced(chunk, closed=tick.close_session)
+            if failure is not None:
+                await self._mark_reset_required(session_id)
+                raise ForwardFailed(
+                    f"the forward of chunk {tick.chunk_index} failed ({type(failure).__name__}); the session "
+                    "was closed and needs reset=true, chunk_index=0"
+                )
+            await self._touch(session_id, chunk_index=tick.chunk_index + 1, reset_done=tick.reset)
+            self.metrics.ticks.inc()
+            self.metrics.frames.inc(len(output.frames))
+            self.metrics.tick_latency.labels("queue").observe(queued)
+            self.metrics.tick_latency.labels("forward").observe(output.forward_s)
+            response = await self._respond(
+                chunk, media_type, queue=queued, forward=output.forward_s, decode=output.decode_s
+            )
+            self.metrics.tick_latency.labels("total").observe(time.perf_counter() - arrived)
+            return response
+
+    @contextlib.contextmanager
+    def _exclusive(self, session_id: str) -> Iterator[None]:
+        """At most one tick (or reset) per session in flight."""
+        if session_id in self._in_flight:
+            raise TickInProgress(f"a tick of session {session_id!r} is in flight")
+        self._in_flight.add(session_id)
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._in_flight.discard(session_id)
+            if not self._in_flight:
+                self._idle.set()
+
+    @staticmethod
+    def _check_order(tick: Any, book: SessionBook | None, record: SessionRecord | None) -> None:
+        if book is not None and book.status is SessionStatus.CLOSED:
+            raise SessionClosed(f"session {tick.session_id!r} was closed on this worker")
+        needs_reset = (book is not None and book.status is SessionStatus.RESET_REQUIRED) or (
+            record is not None and record.reset_required
+        )
+        if tick.reset:
+            if tick.chunk_index != 0:
+                raise ChunkOutOfOrder(
+                    "a reset tick starts the session over at chunk 0", expected_chunk_index=0
+                )
+        elif needs_reset:
+            raise ResetRequired(
+                f"session {tick.session_id!r} lost its state; send reset=true with chunk_index=0"
+            )
+        else:
+            expected = book.next_chunk_index if book is not None else 0
+            if tick.chunk_index != expected:
+                raise ChunkOutOfOrder(
+                    f"expected chunk_index {expected}, got {tick.chunk_index}", expected_chunk_index=expected
+                )
+        if record is not None and record.max_chunks and tick.chunk_index >= record.max_chunks:
+            raise MaxChunksReached(
+                f"session {tick.session_id!r} is limited to {record.max_chunks} chunks",
+                max_chunks=record.max_chunks,
+            )
+
+    async def _respond(
+        self, chunk: CachedChunk, media_type: MediaType, *, queue: float, forward: float, decode: float
+    ) -> TickResponse:
+        started = time.perf_counter()
+        if media_type == "application/octet-stream":
+            body = encode_frames(
+                chunk.frames, media_type
+            )  # a copy of a few hundred KB: not worth a thread hop
+        else:
+            body = await asyncio.to_thread(encode_frames, chunk.frames, media_type)
+        encode = time.perf_counter() - started
+        headers = {
+            "ardiff-chunk-metadata": json.dumps(chunk.metadata, ensure_ascii=True, separators=(",", ":")),
+            "ardiff-frame-shape": ",".join(str(n) for n in chunk.frames.shape),
+            "server-timing": _timing_header(queue=queue, forward=forward, decode=decode, encode=encode),
+        }
+        return TickResponse(body, media_type, headers)
+
+    # ---------------------------------------------------------------- admission
+
+    def _admitted(self) -> int:
+        return sum(1 for book in self._books.values() if book.holds_slot)
+
+    async def _admit(self, session_id: str, record: SessionRecord | None) -> None:
+        """Give the session a slot; never more than `capacity` (the runner would evict silently)."""
+        book = self._books.get(session_id)
+        if book is not None and book.holds_slot:
+            return
+        if self._admitted() >= self.capacity:
+            await self._release_stale()
+            if self._admitted() >= self.capacity:
+                raise AtCapacity(f"this worker holds {self.capacity} session(s), its capacity")
+        self._books[session_id] = SessionBook(session_id, token_sha256=record.token_sha256 if record else "")
+
+    async def _release_stale(self) -> None:
+        """Close sessions the store no longer places here (an evict event may not be consumed yet)."""
+        if self.link is None:
+            return
+        candidates = [
+            sid for sid, book in self._books.items() if book.holds_slot and sid not in self._in_flight
+        ]
+        try:
+            records = await self.link.sessions(candidates)
+        except Exception as exc:
+            log.warning("could not check for stale sessions: %s", exc)
+            return
+        for session_id, record in records.items():
+            if record is None or not self.link.is_here(record):
+                await self._release(session_id, reason="stale")
+
+    async def _release(self, session_id: str, *, reason: str, keep_book: bool = False) -> None:
+        """The one teardown path for releases the client did not ask for (events, stale sessions)."""
+        assert self.runtime is not None
+        async with self._forward_lock:
+            await self._on_forward_thread(self.runtime.close, session_id)
+            book = self._books.get(session_id)
+            if keep_book and book is not None and book.status is not SessionStatus.CLOSED:
+                self._books[session_id] = book.failed()
+            else:
+                self._books.pop(session_id, None)
+        self.metrics.evictions.labels(reason).inc()
+        log.info("released session %s (%s)", session_id, reason)
+
+    async def on_event(self, event: Any) -> None:
+        """A `close`/`evict` entry of this pod's stream: release the session's state in the runner."""
+        if self.runtime is None:
+            return
+        record = await self.link.session(event.session)
+        here = record is not None and self.link.is_here(record)
+        book = self._books.get(event.session)
+        if event.kind == "evict" and here and not record.reset_required and book is not None:
+            # Re-placed here and reset since the eviction: the event is older than the session's state.
+            log.info("ignoring stale evict of %s", event.session)
+            return
+        await self._release(event.session, reason=event.kind, keep_book=here)
+
+    # ---------------------------------------------------------------- Redis writes after a tick
+
+    async def _touch(self, session_id: str, *, chunk_index: int, reset_done: bool) -> None:
+        if self.link is None:
+            return
+        from ardiff.kv import errors as placement
+
+        try:
+            await self.link.touch(session_id, chunk_index=chunk_index, reset_done=reset_done)
+        except (placement.SessionNotHere, placement.UnknownSession):
+            await self._release(session_id, reason="evict")
+            raise SessionEvicted(f"session {session_id!r} was moved off this pod during its tick") from None
+        except placement.PodFenced:
+            self._fence()
+            raise NotReady("this pod was fenced by a newer incarnation") from None
+
+    async def _mark_reset_required(self, session_id: str) -> None:
+        if self.link is None:
+            return
+        try:
+            await self.link.mark_reset_required(session_id)
+        except Exception as exc:  # the local book already enforces the reset
+            log.warning("could not mark %s reset_required in the placement store: %s", session_id, exc)
+
+    # ---------------------------------------------------------------- other routes
+
+    async def close(self, session_id: str, authorization: str | None) -> dict[str, Any]:
+        """DELETE: close the session in the runner (idempotent); the operator's release frees the slot."""
+        if self.runtime is None:
+            raise NotReady("worker is not ready (loading)")
+        await self._placed_record(session_id, authorization, any_state=True)
+        async with self._forward_lock:
+            await self._on_forward_thread(self.runtime.close, session_id)
+            book = self._books.get(session_id) or SessionBook(session_id)
+            if self.link is None:
+                self._books.pop(session_id, None)  # standalone: the id is free again
+            else:
+                self._books[session_id] = book.closed()  # 410 until the operator's release is consumed
+        return {**book.closed().describe(), "resident": False}
+
+    async def reset(self, session_id: str, authorization: str | None) -> dict[str, Any]:
+        runtime = self._require_ready()
+        await self._placed_record(session_id, authorization)
+        with self._exclusive(session_id):
+            book = self._books.get(session_id)
+            if book is not None and book.status is SessionStatus.CLOSED:
+                raise SessionClosed(f"session {session_id!r} was closed on this worker")
+            async with self._forward_lock:
+                await self._on_forward_thread(runtime.reset, session_id)
+                if book is not None:
+                    book = self._books[session_id] = book.after_reset()
+            await self._touch(session_id, chunk_index=0, reset_done=True)
+        return self._describe(session_id, book)
+
+    async def describe(self, session_id: str, authorization: str | None) -> dict[str, Any]:
+        if self.runtime is None:
+            raise NotReady("worker is not ready (loading)")
+        record = await self._placed_record(session_id, authorization)
+        book = self._books.get(session_id)
+        if book is None and record is None:
+            raise UnknownSession(f"no session {session_id!r} on this worker")
+        view = self._describe(session_id, book)
+        if record is not None and record.reset_required and book is None:
+            view["state"] = SessionStatus.RESET_REQUIRED.value
+        return view
+
+    def _describe(self, session_id: str, book: SessionBook | None) -> dict[str, Any]:
+        resident = self.runtime is not None and session_id in self.runtime.resident_sessions()
+        view = (book or SessionBook(session_id)).describe()
+        return {**view, "resident": resident, "in_flight": session_id in self._in_flight}
+
+    def list_sessions(self) -> dict[str, Any]:
+        blocks = self.runtime.kv_blocks() if self.runtime is not None else None
+        return {
+            "ready": self.ready,
+            "capacity": self.capacity,
+            "admitted": self._admitted(),
+            "kv_blocks": None if blocks is None else {"free": blocks.free, "total": blocks.total},
+            "sessions": [self._describe(sid, book) for sid, book in sorted(self._books.items())],
+        }
+
+    def render_metrics(self) -> bytes:
+        return self.metrics.render(self.runtime, admitted=self._admitted(), ready=self.ready)

@@ -1,0 +1,182 @@
+"""The worker's settings (docs/contracts.md §3): one frozen value, read from flags, then env, then defaults.
+
+Light on purpose: the `fake` runtime path imports this module and must never import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from ardiff.kv.records import check_name
+
+EMBEDDED_TINY_MODEL = "tiny-lingbot-world"
+DEFAULT_PIPELINE = "LingBotWorldCausalDMDPipeline"
+# The KV pool is `free memory x fraction`. On CPU the pool is host memory next to other processes, so the
+# default fraction there is small (the OS backs the pool lazily, but its block table is built eagerly).
+DEFAULT_GPU_KV_FRACTION = 0.9
+DEFAULT_CPU_KV_FRACTION = 0.1
+Runtime = Literal["vllm", "fake"]
+Dtype = Literal["bfloat16", "float16", "float32"]
+
+
+def _default_model_cache() -> str:
+    return str(Path("~/.cache/ardiff/models").expanduser())
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    model: str = EMBEDDED_TINY_MODEL
+    pipeline: str = DEFAULT_PIPELINE
+    height: int = 64
+    width: int = 64
+    dtype: Dtype | None = None  # None: bfloat16 on an accelerator, float32 on CPU
+    kv_memory_fraction: float | None = None  # None: DEFAULT_GPU_KV_FRACTION / DEFAULT_CPU_KV_FRACTION
+    session_capacity: int | None = None
+    cpu_free_memory_bytes: int = 8 << 30
+    redis_url: str | None = None
+    namespace: str = "default"
+    pool: str = "default"
+    pod_name: str = field(default_factory=socket.gethostname)
+    pod_ip: str = "127.0.0.1"
+    host: str = "0.0.0.0"
+    port: int = 8000
+    endpoint: str | None = None  # None: http://<pod_ip>:<port>
+    lease_seconds: float = 10.0
+    heartbeat_seconds: float = 2.0
+    runtime: Runtime = "vllm"
+    fake_capacity: int = 4
+    fake_tick_seconds: float = 0.0
+    model_cache: str = field(default_factory=_default_model_cache)
+    test_faults: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("height", "width"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value % 16:
+                raise ValueError(f"worker {name} must be a positive multiple of 16, got {value!r}")
+        positive = {
+            "cpu_free_memory_bytes": self.cpu_free_memory_bytes,
+            "fake_capacity": self.fake_capacity,
+            "lease_seconds": self.lease_seconds,
+            "heartbeat_seconds": self.heartbeat_seconds,
+        }
+        if self.session_capacity is not None:
+            positive["session_capacity"] = self.session_capacity
+        for name, value in positive.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"worker {name} must be positive, got {value!r}")
+        if self.heartbeat_seconds >= self.lease_seconds:
+            raise ValueError(
+                f"worker heartbeat_seconds must be shorter than lease_seconds ({self.lease_seconds}), "
+                f"got {self.heartbeat_seconds}"
+            )
+        if self.kv_memory_fraction is not None and not 0 < self.kv_memory_fraction <= 1:
+            raise ValueError(f"worker kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction!r}")
+        if self.fake_tick_seconds < 0:
+            raise ValueError(f"worker fake_tick_seconds must be >= 0, got {self.fake_tick_seconds!r}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"worker port must be in [0, 65535], got {self.port!r}")
+        if self.runtime not in ("vllm", "fake"):
+            raise ValueError(f"worker runtime must be 'vllm' or 'fake', got {self.runtime!r}")
+        if self.dtype not in (None, "bfloat16", "float16", "float32"):
+            raise ValueError(f"worker dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
+        for name in ("model", "pipeline", "host", "pod_ip", "model_cache"):
+            if not getattr(self, name):
+                raise ValueError(f"worker {name} must be non-empty, got {getattr(self, name)!r}")
+        if self.redis_url is not None:  # they become Redis keys; a standalone worker never uses them
+            check_name("namespace", self.namespace)
+            check_name("pool", self.pool)
+            check_name("pod", self.pod_name)
+
+    @property
+    def advertised_endpoint(self) -> str:
+        """What clients are told to call (the Redis pod record's `endpoint`)."""
+        return self.endpoint or f"http://{self.pod_ip}:{self.port}"
+
+    @property
+    def standalone(self) -> bool:
+        """No placement store: no auth, sessions created on first tick up to capacity."""
+        return self.redis_url is None
+
+    def kv_fraction(self, *, accelerator: bool) -> float:
+        if self.kv_memory_fraction is not None:
+            return self.kv_memory_fraction
+        return DEFAULT_GPU_KV_FRACTION if accelerator else DEFAULT_CPU_KV_FRACTION
+
+
+def _env_name(name: str) -> str:
+    return f"ARDIFF_{name.upper()}"
+
+
+def _flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+# Settings without a flag (contracts §3): test-only switches.
+_ENV_ONLY = {"test_faults"}
+_HELP = {
+    "model": "a model directory, or the embedded tiny model's name",
+    "pipeline": "pipeline class",
+    "dtype": "bfloat16 on GPU, float32 on CPU by default",
+    "kv_memory_fraction": "fraction of free device memory for the KV pool (0.9 GPU, 0.1 CPU)",
+    "session_capacity": "optional cap below the runner's resident capacity",
+    "cpu_free_memory_bytes": "'free device memory' on CPU (sizes the KV pool)",
+    "redis_url": "placement store; none = standalone (no auth, sessions created on first tick)",
+    "endpoint": "what clients are told (default http://<pod ip>:<port>)",
+    "runtime": "vllm (vllm-omni's paged-KV runner) or fake (no torch; control-plane tests)",
+    "fake_capacity": "sessions a fake runtime holds",
+    "fake_tick_seconds": "how long a fake forward takes",
+    "model_cache": "where the embedded tiny model is written",
+}
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting; every default is None so that env and defaults apply underneath."""
+    for item in fields(WorkerSettings):
+        if item.name in _ENV_ONLY:
+            continue
+        kwargs: dict[str, Any] = {"default": None, "help": _HELP.get(item.name, "")}
+        kwargs["help"] = f"{kwargs['help']} [env {_env_name(item.name)}]".strip()
+        if item.name == "runtime":
+            kwargs["choices"] = ["vllm", "fake"]
+        if item.name == "dtype":
+            kwargs["choices"] = ["bfloat16", "float16", "float32"]
+        parser.add_argument(_flag_name(item.name), dest=item.name, **kwargs)
+
+
+def _convert(name: str, raw: str) -> Any:
+    kind = {f.name: f.type for f in fields(WorkerSettings)}[name]
+    try:
+        if kind == "bool":
+            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError(raw)
+            return raw.lower() in ("1", "true", "yes")
+        if kind.startswith("int"):
+            return int(raw)
+        if kind.startswith("float"):
+            return float(raw)
+    except ValueError:
+        raise ValueError(f"worker {name} must be a {kind.split(' ')[0]}, got {raw!r}") from None
+    return raw
+
+
+def build_settings(
+    flags: Mapping[str, Any] | argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
+) -> WorkerSettings:
+    """Flags win over `ARDIFF_*` env vars, which win over the defaults. Empty env values count as unset."""
+    flags = vars(flags) if isinstance(flags, argparse.Namespace) else dict(flags or {})
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for item in fields(WorkerSettings):
+        raw = flags.get(item.name)
+        if raw is None:
+            raw = environ.get(_env_name(item.name)) or None
+        if raw is not None:
+            values[item.name] = _convert(item.name, raw) if isinstance(raw, str) else raw
+    return WorkerSettings(**values)
