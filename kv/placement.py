@@ -212,8 +212,9 @@ class PlacementStore:
         self.closed_ttl_ms = _positive_int("closed_ttl_ms", closed_ttl_ms)
         self.stream_maxlen = _positive_int("stream_maxlen", stream_maxlen)
         self._scripts = {name: client.register_script(load_script(name)) for name in SCRIPTS}
-        # place(): the pods/sessions the previous reply predicted the next placement in a pool will need.
+        # place() and evict_lru(): the pods/sessions the previous reply predicted the next call will need.
         self._place_hints: dict[PoolId, _Plan] = {}
+        self._evict_hints: dict[PoolId, _Plan] = {}
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> PlacementStore:
@@ -591,14 +592,19 @@ class PlacementStore:
                 f"placement max_priority must be <= {MAX_PRIORITY}, got {max_priority}"
             )
         _check_text("reason", reason)
+        hint = self._evict_hints.get(pool, _Plan())
         _, reply = await self._run(
             "evict_lru",
             [keys.open, keys.residents, keys.lru],
             [min_idle_ms, max_priority, reason, self.stream_maxlen],
             pool_keys=keys,
-            plan=_Plan(),
+            plan=_Plan(list(hint.pods), list(hint.sessions)),
         )
-        return _text(reply[0]) or None
+        victim, hint_pod, hint_session = reply[:3]
+        self._evict_hints[pool] = _Plan(
+            [_text(hint_pod)] if hint_pod else [], [_text(hint_session)] if hint_session else []
+        )
+        return _text(victim) or None
 
     async def drain_pod(self, pool: PoolId, pod: str, *, only_if_empty: bool = True) -> bool:
         """Atomically mark the pod draining (iff it holds no session, if `only_if_empty`); True if marked."""
@@ -639,6 +645,7 @@ class PlacementStore:
         if batch:
             deleted += await self._delete_keys(batch)
         self._place_hints.pop(pool, None)
+        self._evict_hints.pop(pool, None)
         return deleted
 
     async def _delete_keys(self, batch: list[str]) -> int:

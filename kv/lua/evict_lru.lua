@@ -6,7 +6,8 @@
 --
 -- Victim: evictable (not `Never`), priority <= max_priority, idle >= min_idle_ms; lowest priority first, then
 -- least recently ticked. Its record becomes `evicted` (keeps its pod) and an `evict` event goes to its pod.
--- Returns {OK, victim or false} | {STALE_PLAN, {pod}, {session}}
+-- Returns {OK, victim or false, hint pod, hint session} (hint: the next victim, so the caller can declare its
+-- keys next time) | {STALE_PLAN, {pod}, {session}}
 local open_key = KEYS[1]
 local residents_key = KEYS[2]
 local lru_key = KEYS[3]
@@ -15,9 +16,11 @@ local plan = read_plan(4, 5)
 local function any_pod()
   return true
 end
-local pod, victim = find_victim(lru_key, tonumber(ARGV[2]), now_ms() - tonumber(ARGV[1]), any_pod)
+local max_priority = tonumber(ARGV[2])
+local cutoff_ms = now_ms() - tonumber(ARGV[1])
+local pod, victim = find_victim(lru_key, max_priority, cutoff_ms, any_pod)
 if pod == nil then
-  return {OK, false}
+  return {OK, false, false, false}
 end
 local missing = new_missing()
 need_pod(plan, missing, pod)
@@ -32,4 +35,5 @@ unbind(victim_key, residents_key, lru_key, pod, victim, 'evicted')
 redis.call('HINCRBY', pod_key, 'used', -1)
 refresh_open(open_key, pod_key, pod)
 post_event(plan.stream_keys[pod], ARGV[4], 'evict', victim, ARGV[3], victim_epoch)
-return {OK, victim}
+local hint_pod, hint_session = find_victim(lru_key, max_priority, cutoff_ms, any_pod)
+return {OK, victim, hint_pod or false, hint_session or false}

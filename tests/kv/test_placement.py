@@ -641,3 +641,18 @@ async def test_a_pool_must_be_a_pool_id(store: PlacementStore) -> None:
 def test_bad_session_specs_are_rejected(fields: dict[str, object]) -> None:
     with pytest.raises(InvalidPlacementArgument):
         SessionSpec(**fields)  # type: ignore[arg-type]
+
+
+async def test_place_recovers_from_a_stale_hint(store: PlacementStore, pool: PoolId, redis_url: str) -> None:
+    """The pod the previous reply predicted is gone by the next call: the script asks for the right keys."""
+    await register(store, pool, "w-a", capacity=2)
+    await register(store, pool, "w-b", capacity=2)
+    first = await store.place(pool, spec("s1"))
+    assert first.placement is not None
+    predicted = "w-b" if first.placement.pod == "w-a" else "w-a"
+    async with PlacementStore.from_url(redis_url) as other_operator:
+        await other_operator.set_draining(pool, predicted, draining=True)
+    second = await store.place(pool, spec("s2"))
+    assert second.placement is not None
+    assert second.placement.pod == first.placement.pod
+    assert await store.check_invariants(pool) == []
