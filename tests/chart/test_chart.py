@@ -223,6 +223,7 @@ def test_operator_runs_the_contract_command_line(chart):
     assert pod["serviceAccountName"] == operator
     [container] = pod["containers"]
     assert container["image"] == "ghcr.io/ardiff/ardiff-operator:0.1.0"
+    assert container["command"] == ["ardiff"]
     assert container["args"] == [
         "operator",
         "run",
