@@ -366,7 +366,11 @@ async def create_worker_pod(ctx: OperatorContext, pool: PoolView, logger: kopf.L
 
 
 async def retire_worker_pod(ctx: OperatorContext, pool: PoolId, name: str, logger: kopf.Logger) -> bool:
-    """Drain (only if it holds no session), then delete the Pod and its Redis record."""
+    """Drain the pod (only if it holds no session), then delete it.
+
+    Its Redis record stays, draining, until the Pod is gone (`sync_pods` removes it then): a dying worker's
+    heartbeat would re-create a record removed now, and sessions could be placed on it.
+    """
     try:
         drained = await ctx.store.drain_pod(pool, name, only_if_empty=True)
     except UnknownPod:
@@ -375,7 +379,6 @@ async def retire_worker_pod(ctx: OperatorContext, pool: PoolId, name: str, logge
         logger.info(f"kept worker pod {name}: it received a session before it could be drained")
         return False
     await ctx.kube.delete(PODS, pool.namespace, name)
-    await ctx.store.remove_pod(pool, name)
     ctx.empty_since.pop((pool, name), None)
     logger.info(f"deleted empty worker pod {name}")
     return True

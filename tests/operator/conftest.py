@@ -1,0 +1,287 @@
+"""The operator tier: the real operator process (`ardiff operator run`), the dev cluster's emulated API and
+pod runner, real Redis, and worker Pods running the real worker app over the fake runtime.
+
+Every test gets its own namespace (`kube_namespace`) and its own operator watching only that namespace
+(the default, namespaced mode). `Cluster` is a small synchronous client with the waits the tests need.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+from ardiff.devcluster.kube_api import KubeAPIThread
+from ardiff.devcluster.pod_runner import PodRunner
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[2]
+GROUP_PATH = "/apis/ardiffusion.dev/v1alpha1/namespaces/{ns}"
+MERGE = {"Content-Type": "application/merge-patch+json"}
+# Short periods so that the tier stays within a few minutes.
+OPERATOR_ENV = {
+    "ARDIFF_OPERATOR_RECONCILE_SECONDS": "0.5",
+    "ARDIFF_OPERATOR_MIRROR_SECONDS": "1",
+    "ARDIFF_OPERATOR_CANCELLATION_POLLING_SECONDS": "0.5",
+}
+# Worker Pods: the real worker app over the fake runtime, short leases so that a dead pod is noticed fast.
+FAKE_WORKER_ENV = [
+    {"name": "ARDIFF_RUNTIME", "value": "fake"},
+    {"name": "ARDIFF_FAKE_CAPACITY", "value": "2"},
+    {"name": "ARDIFF_LEASE_SECONDS", "value": "3"},
+    {"name": "ARDIFF_HEARTBEAT_SECONDS", "value": "0.5"},
+]
+
+
+def wait_until(predicate: Callable[[], T | None], *, timeout: float = 30, what: str = "condition") -> T:
+    """Poll until `predicate()` is truthy and return it; fail with the last value otherwise."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+@dataclass
+class OperatorProcess:
+    """`ardiff operator run` in its own process (so a test can kill and restart it)."""
+
+    namespace: str
+    redis_url: str
+    log_path: Path
+    extra_args: tuple[str, ...] = ("--standalone",)
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self) -> OperatorProcess:
+        self.starts += 1
+        log = self.log_path.open("ab")
+        log.write(f"===== operator start #{self.starts}\n".encode())
+        log.flush()
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ardiff.cli",
+                "operator",
+                "run",
+                "-n",
+                self.namespace,
+                "--redis-url",
+                self.redis_url,
+                *list(self.extra_args),
+            ],
+            cwd=ROOT,
+            env={**os.environ, **OPERATOR_ENV},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.process is None:
+            return 0
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        code = self.process.returncode
+        self.process = None
+        return code
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@dataclass
+class Cluster:
+    """The test's namespace on the emulated API, through plain HTTP."""
+
+    api: KubeAPIThread
+    runner: PodRunner
+    namespace: str
+    http: httpx.Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.http = httpx.Client(base_url=self.api.url, timeout=10)
+
+    # --- objects ---------------------------------------------------------------------------------------
+
+    def _path(self, plural: str, name: str | None = None, core: bool = False) -> str:
+        base = f"/api/v1/namespaces/{self.namespace}" if core else GROUP_PATH.format(ns=self.namespace)
+        return f"{base}/{plural}" + (f"/{name}" if name else "")
+
+    def create_pool(self, name: str = "pool", **spec: Any) -> dict[str, Any]:
+        body = {
+            "apiVersion": "ardiffusion.dev/v1alpha1",
+            "kind": "ARDiffusionWorkerPool",
+            "metadata": {"name": name},
+            "spec": {
+                "model": {"name": "tiny-lingbot-world", "height": 64, "width": 64},
+                "image": "ghcr.io/ardiff/ardiff-worker:test",
+                "env": FAKE_WORKER_ENV,
+                "replicas": {"min": 1, "max": 1},
+                "scaleDownDelaySeconds": 1,
+                "eviction": {"minIdleSeconds": 0},
+                **spec,
+            },
+        }
+        response = self.http.post(self._path("ardiffusionworkerpools"), json=body)
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def create_session(self, name: str, pool: str = "pool", **spec: Any) -> dict[str, Any]:
+        body = {
+            "apiVersion": "ardiffusion.dev/v1alpha1",
+            "kind": "ARDiffusionSession",
+            "metadata": {"name": name},
+            "spec": {"poolRef": pool, "prompt": f"the world of {name}", **spec},
+        }
+        response = self.http.post(self._path("ardiffusionsessions"), json=body)
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def get(self, plural: str, name: str, core: bool = False) -> dict[str, Any] | None:
+        response = self.http.get(self._path(plural, name, core))
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        return response.json()
+
+    def delete(self, plural: str, name: str, core: bool = False) -> None:
+        response = self.http.delete(self._path(plural, name, core))
+        assert response.status_code in (200, 202, 404), response.text
+
+    def items(self, plural: str, core: bool = False) -> list[dict[str, Any]]:
+        response = self.http.get(self._path(plural, core=core))
+        response.raise_for_status()
+        return response.json()["items"]
+
+    def session(self, name: str) -> dict[str, Any]:
+        found = self.get("ardiffusionsessions", name)
+        assert found is not None, f"session {name} does not exist"
+        return found
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.session(name).get("status") or {}
+
+    def pool_status(self, name: str = "pool") -> dict[str, Any]:
+        found = self.get("ardiffusionworkerpools", name)
+        assert found is not None, f"pool {name} does not exist"
+        return found.get("status") or {}
+
+    def pods(self, pool: str = "pool") -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self.items("pods", core=True)
+            if p["metadata"].get("labels", {}).get("ardiffusion.dev/pool") == pool
+        ]
+
+    def pod_names(self, pool: str = "pool") -> set[str]:
+        return {p["metadata"]["name"] for p in self.pods(pool) if not p["metadata"].get("deletionTimestamp")}
+
+    def events(self, reason: str | None = None) -> list[dict[str, Any]]:
+        return [e for e in self.items("events", core=True) if reason is None or e.get("reason") == reason]
+
+    def token(self, session: str) -> str:
+        secret = self.get("secrets", f"{session}-token", core=True)
+        assert secret is not None, f"session {session} has no token secret"
+        return base64.b64decode(secret["data"]["token"]).decode()
+
+    # --- waits -----------------------------------------------------------------------------------------
+
+    def wait_phase(self, name: str, phase: str, timeout: float = 30, **fields: Any) -> dict[str, Any]:
+        def matches() -> dict[str, Any] | None:
+            status = self.status(name)
+            ok = status.get("phase") == phase and all(status.get(k) == v for k, v in fields.items())
+            return status if ok else None
+
+        return wait_until(matches, timeout=timeout, what=f"session {name} {phase} {fields or ''}".strip())
+
+    def wait_gone(self, plural: str, name: str, timeout: float = 30, core: bool = False) -> None:
+        wait_until(
+            lambda: self.get(plural, name, core) is None, timeout=timeout, what=f"{plural}/{name} gone"
+        )
+
+    def wait_pods(self, count: int, pool: str = "pool", timeout: float = 30) -> set[str]:
+        """Wait until the pool has exactly `count` Pods, all Ready (or none)."""
+
+        def settled() -> set[str] | None:
+            pods = [p for p in self.pods(pool) if not p["metadata"].get("deletionTimestamp")]
+            ready = [
+                p
+                for p in pods
+                if any(
+                    c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in (p.get("status") or {}).get("conditions") or []
+                )
+            ]
+            names = {p["metadata"]["name"] for p in ready}
+            return names if len(pods) == len(ready) == count and (names or count == 0) else None
+
+        return (
+            wait_until(settled, timeout=timeout, what=f"{count} ready pods in pool {pool}")
+            if count
+            else set()
+        )
+
+    def worker_session(self, session: str, endpoint: str) -> httpx.Response:
+        """The worker's own view of the session (`GET /v1/sessions/{id}` with the session's token)."""
+        return self.http.get(
+            f"{endpoint}/v1/sessions/{session}", headers={"Authorization": f"Bearer {self.token(session)}"}
+        )
+
+    def tick(self, session: str, chunk_index: int, **body: Any) -> httpx.Response:
+        status = self.status(session)
+        payload = {"request_id": f"{session}-{chunk_index}", "chunk_index": chunk_index, **body}
+        return self.http.post(
+            f"{status['endpoint']}/v1/sessions/{session}/ticks",
+            json=payload,
+            headers={"Authorization": f"Bearer {self.token(session)}"},
+            timeout=30,
+        )
+
+
+@pytest.fixture
+def cluster(kube_api: KubeAPIThread, pod_runner: PodRunner, kube_namespace: str) -> Iterator[Cluster]:
+    client = Cluster(kube_api, pod_runner, kube_namespace)
+    yield client
+    client.http.close()
+
+
+@pytest.fixture
+def operator_process(cluster: Cluster, redis_url: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """The operator for the test's namespace; on teardown, the test's objects are deleted through it first
+    (so its finalizers run and its Redis keys go), then it stops. Its log is printed when a test fails."""
+    process = OperatorProcess(cluster.namespace, redis_url, tmp_path / "operator.log").start()
+    yield process
+    if process.process is None:
+        process.start()
+    for plural in ("ardiffusionsessions", "ardiffusionworkerpools"):
+        for item in cluster.items(plural):
+            cluster.delete(plural, item["metadata"]["name"])
+    try:
+        wait_until(
+            lambda: not cluster.items("ardiffusionsessions") and not cluster.items("ardiffusionworkerpools"),
+            timeout=30,
+            what="the test's custom resources to be finalized",
+        )
+    finally:
+        process.stop()
+        sys.stdout.write(f"\n----- operator log ({process.log_path}) -----\n{process.log()[-20000:]}\n")
