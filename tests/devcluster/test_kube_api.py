@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import base64
-import json
-import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -14,6 +11,8 @@ import pytest
 
 from ardiff.devcluster.kube_api import KubeAPI, KubeAPIThread, parse_api_path
 from ardiff.devcluster.kube_store import ApiError, ObjectStore
+
+WatchFactory = Callable[..., Any]
 
 SESSIONS = "/apis/ardiffusion.dev/v1alpha1/namespaces/{ns}/ardiffusionsessions"
 POOLS = "/apis/ardiffusion.dev/v1alpha1/namespaces/{ns}/ardiffusionworkerpools"
@@ -292,35 +291,9 @@ def test_label_and_field_selectors(client: httpx.Client, kube_namespace: str) ->
     assert "has no key" in bad.json()["message"]
 
 
-class Watcher:
-    """Reads a watch stream on a thread (with its own client) and collects its events."""
-
-    def __init__(self, base_url: str, url: str, **params: str) -> None:
-        self.events: list[dict[str, Any]] = []
-        self._ready = threading.Event()
-        args = (base_url, url, {"watch": "true", "timeoutSeconds": "6", **params})
-        threading.Thread(target=self._read, args=args, daemon=True).start()
-        assert self._ready.wait(5)
-
-    def _read(self, base_url: str, url: str, params: dict[str, str]) -> None:
-        with (
-            httpx.Client(base_url=base_url, timeout=None) as client,
-            client.stream("GET", url, params=params) as response,
-        ):
-            self._ready.set()
-            for line in response.iter_lines():
-                if line:
-                    self.events.append(json.loads(line))
-
-    def wait(self, count: int, timeout: float = 5) -> list[tuple[str, str]]:
-        """(type, name) of the first `count` events, once they arrived."""
-        deadline = time.monotonic() + timeout
-        while len(self.events) < count and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return [(e["type"], e["object"].get("metadata", {}).get("name", "")) for e in self.events[:count]]
-
-
-def test_watch_resumes_from_a_resource_version(client: httpx.Client, kube_namespace: str) -> None:
+def test_watch_resumes_from_a_resource_version(
+    client: httpx.Client, kube_namespace: str, watch: WatchFactory
+) -> None:
     url = SESSIONS.format(ns=kube_namespace)
     create_session(client, kube_namespace, "s1")
     listing = client.get(url).json()
@@ -329,7 +302,7 @@ def test_watch_resumes_from_a_resource_version(client: httpx.Client, kube_namesp
     client.patch(f"{url}/s1", json={"spec": {"seed": 2}}, headers=MERGE)
     client.delete(f"{url}/s2")
     # Resuming replays exactly what happened after the list, with increasing resourceVersions.
-    watcher = Watcher(str(client.base_url), url, resourceVersion=since)
+    watcher = watch(url, resourceVersion=since)
     events = watcher.wait(3)
     assert events == [("ADDED", "s2"), ("MODIFIED", "s1"), ("DELETED", "s2")]
     versions = [int(e["object"]["metadata"]["resourceVersion"]) for e in watcher.events]
@@ -338,19 +311,20 @@ def test_watch_resumes_from_a_resource_version(client: httpx.Client, kube_namesp
 
 
 def test_watch_without_version_starts_with_current_state_then_follows(
-    client: httpx.Client, kube_namespace: str
+    client: httpx.Client, kube_namespace: str, watch: WatchFactory
 ) -> None:
     url = SESSIONS.format(ns=kube_namespace)
     create_session(client, kube_namespace, "s1")
-    watcher = Watcher(str(client.base_url), url)
+    watcher = watch(url)
     create_session(client, kube_namespace, "s2")
     assert watcher.wait(2) == [("ADDED", "s1"), ("ADDED", "s2")]
 
 
-def test_watch_initial_events_end_with_a_bookmark(client: httpx.Client, kube_namespace: str) -> None:
+def test_watch_initial_events_end_with_a_bookmark(
+    client: httpx.Client, kube_namespace: str, watch: WatchFactory
+) -> None:
     create_session(client, kube_namespace, "s1")
-    watcher = Watcher(
-        str(client.base_url),
+    watcher = watch(
         SESSIONS.format(ns=kube_namespace),
         sendInitialEvents="true",
         allowWatchBookmarks="true",
@@ -361,14 +335,16 @@ def test_watch_initial_events_end_with_a_bookmark(client: httpx.Client, kube_nam
     assert watcher.events[1]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
 
 
-def test_label_selector_watch_sees_objects_enter_and_leave(client: httpx.Client, kube_namespace: str) -> None:
+def test_label_selector_watch_sees_objects_enter_and_leave(
+    client: httpx.Client, kube_namespace: str, watch: WatchFactory
+) -> None:
     pods = f"/api/v1/namespaces/{kube_namespace}/pods"
     body = {
         "metadata": {"name": "w1", "labels": {"role": "idle"}},
         "spec": {"containers": [{"name": "c", "image": "x"}]},
     }
     client.post(pods, json=body).raise_for_status()
-    watcher = Watcher(str(client.base_url), pods, labelSelector="role=worker")
+    watcher = watch(pods, labelSelector="role=worker")
     client.patch(f"{pods}/w1", json={"metadata": {"labels": {"role": "worker"}}}, headers=MERGE)
     client.patch(f"{pods}/w1", json={"metadata": {"labels": {"role": "idle"}}}, headers=MERGE)
     assert watcher.wait(2) == [("ADDED", "w1"), ("DELETED", "w1")]
