@@ -23,7 +23,9 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError, ResponseError, TimeoutError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ardiff.kv.errors import (
     CapacityBelowUsed,
@@ -109,7 +111,7 @@ def _connection_options() -> dict[str, Any]:
     # repeated register_pod mints one more epoch and a repeated evict_lru evicts one more session.
     return {
         "retry": Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=3),
-        "retry_on_error": [ConnectionError, TimeoutError],
+        "retry_on_error": [RedisConnectionError, RedisTimeoutError],
     }
 
 
@@ -194,8 +196,8 @@ class _Plan:
         pod_keys = [key for pod in self.pods for key in (keys.pod(pod), keys.events(pod))]
         return pod_keys + [keys.session(session) for session in self.sessions]
 
-    def args(self) -> list[str | int]:
-        return [len(self.pods), len(self.sessions), *self.pods, *self.sessions]
+    def args(self, *, retry: bool) -> list[str | int]:
+        return [int(retry), len(self.pods), len(self.sessions), *self.pods, *self.sessions]
 
 
 class PlacementStore:
@@ -239,10 +241,10 @@ class PlacementStore:
         plan: _Plan | None = None,
     ) -> tuple[ScriptStatus, list[Any]]:
         """Run one script; with a plan, repeat it with every key it reports missing."""
-        for _ in range(MAX_PLAN_ATTEMPTS):
+        for attempt in range(MAX_PLAN_ATTEMPTS):
             call_keys, call_args = keys, args
             if plan is not None and pool_keys is not None:
-                call_keys, call_args = keys + plan.keys(pool_keys), args + plan.args()
+                call_keys, call_args = keys + plan.keys(pool_keys), args + plan.args(retry=attempt > 0)
             reply = await self._scripts[script](keys=call_keys, args=call_args)
             status = ScriptStatus(int(reply[0]))
             if status is not ScriptStatus.STALE_PLAN:
@@ -373,15 +375,15 @@ class PlacementStore:
         stream = keys.events(pod)
         for _ in range(2):
             try:
-                entries = await self._read_stream(stream, pod, "0", count, None)
-                if not entries:
-                    entries = await self._read_stream(stream, pod, ">", count, block_ms or None)
+                pending = await self._events(stream, await self._read_stream(stream, pod, "0", count, None))
+                if pending:
+                    return pending
+                fresh = await self._read_stream(stream, pod, ">", count, block_ms or None)
+                return await self._events(stream, fresh)
             except ResponseError as exc:
                 if "NOGROUP" not in str(exc):
                     raise
                 await self._create_group(stream)
-                continue
-            return await self._events(stream, entries)
         raise PlacementError(f"placement event stream {stream} lost its consumer group twice in a row")
 
     async def _read_stream(

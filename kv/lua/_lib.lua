@@ -50,14 +50,15 @@ local function residents_of(residents_key, pod)
   return sessions
 end
 
--- The plan: ARGV[first_arg] = number of pods P, ARGV[first_arg + 1] = number of sessions S, then P pod names and
--- S session names; KEYS from first_key: per pod (record, event stream), then per session (record).
+-- The plan: ARGV[first_arg] = 1 when this call repeats one that answered STALE_PLAN, ARGV[first_arg + 1] = number
+-- of pods P, ARGV[first_arg + 2] = number of sessions S, then P pod names and S session names; KEYS from
+-- first_key: per pod (record, event stream), then per session (record).
 local function read_plan(first_key, first_arg)
-  local plan = {pod_keys = {}, stream_keys = {}, session_keys = {}}
-  local n_pods = tonumber(ARGV[first_arg])
-  local n_sessions = tonumber(ARGV[first_arg + 1])
+  local plan = {pod_keys = {}, stream_keys = {}, session_keys = {}, retry = ARGV[first_arg] == '1'}
+  local n_pods = tonumber(ARGV[first_arg + 1])
+  local n_sessions = tonumber(ARGV[first_arg + 2])
   local k = first_key
-  local a = first_arg + 2
+  local a = first_arg + 3
   for _ = 1, n_pods do
     plan.pod_keys[ARGV[a]] = KEYS[k]
     plan.stream_keys[ARGV[a]] = KEYS[k + 1]
@@ -131,40 +132,61 @@ local function unbind(session_key, residents_key, lru_key, pod, session, state)
   redis.call('HSET', session_key, 'state', state)
 end
 
--- The evictable session to evict first: lowest priority level (<= max_priority) first, then least recently
--- ticked, idle since `cutoff_ms` or earlier, and accepted by `accept(pod)`. One range query per priority level
--- present, plus one per batch of rejected candidates; returns pod, session or nil.
-local function find_victim(lru_key, max_priority, cutoff_ms, accept)
+-- The evictable sessions to evict first, at most `limit`, best first: lowest priority level (<= max_priority)
+-- first, then least recently ticked; idle since `cutoff_ms` or earlier; on a pod `accept(pod)` approves. One
+-- range query per priority level present, plus one per batch of rejected candidates. Returns {{pod, session}...}.
+local function find_victims(lru_key, max_priority, cutoff_ms, accept, limit)
+  local found = {}
   local floor = 0
-  while true do
+  while cutoff_ms >= 0 do
     local first = redis.call('ZRANGE', lru_key, int_text(floor), '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
     if #first == 0 then
-      return nil
+      break
     end
     local level = math.floor(tonumber(first[2]) / PRIORITY_SCALE)
     if level > max_priority then
-      return nil
+      break
     end
     local base = level * PRIORITY_SCALE
-    if cutoff_ms >= 0 then
-      local offset = 0
-      while true do
-        local batch = redis.call('ZRANGE', lru_key, int_text(base), int_text(base + cutoff_ms), 'BYSCORE',
-          'LIMIT', offset, SCAN_BATCH)
-        for _, member in ipairs(batch) do
-          local pod, session = split_resident(member)
-          if accept(pod) then
-            return pod, session
+    local offset = 0
+    while true do
+      local batch = redis.call('ZRANGE', lru_key, int_text(base), int_text(base + cutoff_ms), 'BYSCORE',
+        'LIMIT', offset, SCAN_BATCH)
+      for _, member in ipairs(batch) do
+        local pod, session = split_resident(member)
+        if accept(pod) then
+          table.insert(found, {pod, session})
+          if #found == limit then
+            return found
           end
         end
-        if #batch < SCAN_BATCH then
-          break
-        end
-        offset = offset + SCAN_BATCH
       end
+      if #batch < SCAN_BATCH then
+        break
+      end
+      offset = offset + SCAN_BATCH
     end
     floor = base + PRIORITY_SCALE
   end
+  return found
+end
+
+-- How many victims a repeated call considers: every concurrent placer wants the same few victims, so a call that
+-- answered STALE_PLAN takes the first declared one among this many best rather than insisting on the very best.
+local VICTIM_CANDIDATES = 8
+
+-- The first candidate {pod, session} whose keys the call declared; else nil, with every candidate in `missing`.
+local function first_declared(plan, missing, candidates)
+  for _, candidate in ipairs(candidates) do
+    if plan.pod_keys[candidate[1]] ~= nil and plan.session_keys[candidate[2]] ~= nil then
+      return candidate
+    end
+  end
+  for _, candidate in ipairs(candidates) do
+    need_pod(plan, missing, candidate[1])
+    need_session(plan, missing, candidate[2])
+  end
+  return nil
 end
 
 -- Forget pod `pod` and everything bound to it: its sessions become `lost` (records kept for the operator).

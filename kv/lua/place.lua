@@ -13,6 +13,9 @@
 -- recently ticked, idle >= min_idle_ms, never `Never`, on a live non-draining pod, and takes its slot; the
 -- victim's record becomes `evicted` (it keeps its pod) and an `evict` event goes to that pod's stream.
 -- `evicted`/`lost` sessions take free slots only and come back with reset_required=1.
+-- Preferences yield to progress: when the call repeats after STALE_PLAN and the preferred pod or victim changed
+-- again meanwhile (concurrent placers), the best declared pod, or the first declared victim among the
+-- VICTIM_CANDIDATES best, is taken; the rules (live, not draining, free slot; priority bound, idle time, never `Never`) always hold.
 -- Returns {OK, outcome ('placed'|'already'|'pending'), pod, pod_epoch, endpoint, reset_required, victim,
 --          hint pod, hint victim pod, hint victim session} (hints: the pods/sessions the next call will likely
 --          need) or {STALE_PLAN, {pods}, {sessions}}
@@ -58,18 +61,33 @@ local function preferred_pod()
   end
 end
 
--- The preferred pod, or a declared pod with the same load (saves a round trip on ties).
+local function preferred_load(a, b)
+  if pack then
+    return a > b
+  end
+  return a < b
+end
+
+-- The preferred pod; or a declared one with the same load (saves a round trip on ties); or, on a retry, the
+-- declared pod the policy prefers among those still open.
 local function choose_pod()
   local best, load = preferred_pod()
   if best == nil or plan.pod_keys[best] ~= nil then
     return best
   end
+  local fallback, fallback_load = nil, nil
   for pod, _ in pairs(plan.pod_keys) do
-    if redis.call('ZSCORE', open_key, pod) == load and lease_live(leases_key, pod, now) then
-      return pod
+    local score = redis.call('ZSCORE', open_key, pod)
+    if score ~= false and lease_live(leases_key, pod, now) then
+      if score == load then
+        return pod
+      end
+      if plan.retry and (fallback == nil or preferred_load(tonumber(score), fallback_load)) then
+        fallback, fallback_load = pod, tonumber(score)
+      end
     end
   end
-  return best
+  return fallback or best
 end
 
 local function hints()
@@ -77,8 +95,8 @@ local function hints()
   if pod ~= nil then
     return pod, false, false
   end
-  local victim_pod, victim = find_victim(lru_key, priority, now - min_idle_ms, placeable)
-  return false, victim_pod or false, victim or false
+  local victim = find_victims(lru_key, priority, now - min_idle_ms, placeable, 1)[1] or {false, false}
+  return false, victim[1], victim[2]
 end
 
 local s = redis.call('HMGET', session_key, 'state', 'pod', 'pod_epoch', 'reset_required')
@@ -95,22 +113,20 @@ local first_admission = s[1] == false or s[1] == 'closed'
 local pod = choose_pod()
 local victim = false
 if pod == nil and first_admission and may_evict then
-  local victim_pod, victim_session = find_victim(lru_key, priority, now - min_idle_ms, placeable)
-  if victim_pod ~= nil then
-    need_pod(plan, missing, victim_pod)
-    need_session(plan, missing, victim_session)
-    pod = victim_pod
-    victim = victim_session
+  local limit = plan.retry and VICTIM_CANDIDATES or 1
+  local chosen = first_declared(plan, missing, find_victims(lru_key, priority, now - min_idle_ms, placeable, limit))
+  if chosen ~= nil then
+    pod, victim = chosen[1], chosen[2]
   end
 elseif pod ~= nil then
   need_pod(plan, missing, pod)
 end
+if missing.any then
+  return stale_reply(missing)
+end
 if pod == nil then
   local hint_pod, hint_victim_pod, hint_victim = hints()
   return {OK, 'pending', false, false, false, 0, false, hint_pod, hint_victim_pod, hint_victim}
-end
-if missing.any then
-  return stale_reply(missing)
 end
 
 local pod_key = plan.pod_keys[pod]

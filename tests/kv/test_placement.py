@@ -552,6 +552,46 @@ async def test_concurrent_placers_never_over_admit(redis_url: str, pool: PoolId)
             await store.close()
 
 
+async def test_competing_evictors_all_make_progress(redis_url: str, pool: PoolId) -> None:
+    """Every concurrent evictor wants the same least recently ticked sessions; each call still completes."""
+    stores = [PlacementStore.from_url(redis_url) for _ in range(4)]
+    try:
+        for i in range(4):
+            await register(stores[0], pool, f"w-{i}", capacity=100)
+        for i in range(400):
+            await stores[0].place(pool, spec(f"old-{i:03d}"))
+
+        async def evictor(index: int) -> list[str]:
+            store, evicted = stores[index % len(stores)], []
+            for round_ in range(10):
+                if round_ % 2:
+                    victim = await store.evict_lru(pool, min_idle_ms=0)
+                    assert victim is not None
+                else:
+                    placed = await store.place(
+                        pool, spec(f"new-{index}-{round_}", priority=1), may_evict=True
+                    )
+                    assert placed.placement is not None  # into a slot an evict_lru freed, or by evicting
+                    victim = placed.victim
+                evicted += [victim] if victim else []
+            return evicted
+
+        evicted = [
+            name for names in await asyncio.gather(*(evictor(i) for i in range(PLACERS))) for name in names
+        ]
+        assert len(evicted) >= 5 * PLACERS  # at least every evict_lru call
+        assert len(evicted) == len(set(evicted))  # no session was evicted twice
+        assert all(
+            name.startswith("old-") for name in evicted
+        )  # priority 0 goes before the priority-1 newcomers
+        records = await stores[0].get_sessions(pool, evicted)
+        assert {r.state for r in records.values()} == {SessionState.EVICTED}
+        assert await stores[0].check_invariants(pool) == []
+    finally:
+        for store in stores:
+            await store.close()
+
+
 # ---- bad arguments ----------------------------------------------------------------------------------------
 
 
@@ -656,3 +696,27 @@ async def test_place_recovers_from_a_stale_hint(store: PlacementStore, pool: Poo
     assert second.placement is not None
     assert second.placement.pod == first.placement.pod
     assert await store.check_invariants(pool) == []
+
+
+async def test_streams_are_trimmed_and_trimmed_pending_entries_are_dropped(
+    redis_url: str, pool: PoolId
+) -> None:
+    async with PlacementStore.from_url(redis_url, stream_maxlen=10) as store:
+        await register(store, pool, "w-a", capacity=1)
+        for i in range(5):
+            await store.place(pool, spec(f"early-{i}"))
+            await store.release(pool, f"early-{i}", reason="bye")
+        delivered = await store.read_events(pool, "w-a")  # pending, never acknowledged
+        assert [e.session for e in delivered] == [f"early-{i}" for i in range(5)]
+        for i in range(300):
+            await store.place(pool, spec(f"late-{i}"))
+            await store.release(pool, f"late-{i}", reason="bye")
+        stream = f"{pool.tag}:events:w-a"
+        # MAXLEN ~ trims whole stream nodes (100 entries each): the stream stays near its bound.
+        assert await store.client.xlen(stream) <= 10 + 100
+        # The early entries were trimmed while pending: they are dropped (acknowledged), the survivors follow.
+        fresh = await store.read_events(pool, "w-a", count=1000)
+        assert not any(e.session.startswith("early-") for e in fresh)
+        assert fresh[-1].session == "late-299"
+        assert len(fresh) == await store.client.xlen(stream)
+        assert (await store.client.xpending(stream, "worker"))["pending"] == len(fresh)
