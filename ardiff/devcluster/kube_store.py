@@ -191,7 +191,7 @@ class ObjectStore:
         self,
         registry: ResourceRegistry | None = None,
         *,
-        event_log_size: int = 50_000,
+        event_log_size: int = 10_000,
         clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
     ) -> None:
         self.registry = registry or ResourceRegistry.with_builtins()
