@@ -14,7 +14,7 @@ from redis.asyncio.connection import SSLConnection
 from redis.exceptions import AuthenticationError, ResponseError
 
 from ardiff.devcluster.redis_server import RedisSentinel, RedisServer
-from ardiff.kv.errors import InvalidRedisUrl, UnknownSession
+from ardiff.kv.errors import InvalidRedisUrl, PodFenced, UnknownSession
 from ardiff.kv.placement import PlacementStore, build_redis_client
 from ardiff.kv.records import PodRegistration, PoolId, SessionSpec, SessionState
 
@@ -223,3 +223,28 @@ def test_sentinel_url_lists_every_sentinel() -> None:
     assert client.connection_pool.service_name == "mymaster"
     assert client.connection_pool.connection_kwargs["db"] == 3
     assert client.connection_pool.connection_kwargs["password"] == "pw"
+
+
+async def test_a_newer_incarnation_takes_over_a_record_an_older_one_re_created(server: RedisServer) -> None:
+    """After data loss a stale incarnation's heartbeat may re-create the record first; the newer one wins."""
+    async with PlacementStore.from_url(server.url) as store:
+        older = await store.register_pod(
+            POOL, "w-a", capacity=2, endpoint="http://w-a:8000", lease_ms=LEASE_MS
+        )
+        await asyncio.sleep(0.002)
+        newer = await store.register_pod(
+            POOL, "w-a", capacity=2, endpoint="http://w-a:8000", lease_ms=LEASE_MS
+        )
+        await store.client.flushall()
+        assert (await heartbeat(store, "w-a", older)).recreated  # the stale one heals the record first
+        restored = await store.restore(
+            POOL, spec("s1"), pod="w-a", pod_epoch=older.epoch, chunk_index=0, reset_required=False
+        )
+        assert restored is not None
+
+        takeover = await heartbeat(store, "w-a", newer)
+        assert takeover == PodRegistration(epoch=newer.epoch, lost_sessions=("s1",), recreated=True)
+        with pytest.raises(PodFenced):
+            await heartbeat(store, "w-a", older)
+        assert (await store.get_session(POOL, "s1")).state is SessionState.LOST  # type: ignore[union-attr]
+        assert await store.check_invariants(POOL) == []
