@@ -7,8 +7,10 @@ in kmock's bundled K3s catalogue and of custom resources once their CRD is creat
 `binding` subresources, `?dryRun=All`, `?fieldValidation=Strict` (unknown fields are otherwise dropped
 with a `Warning` header), label/field selectors, server-side printing (`Accept: ...;as=Table`, so
 `kubectl get adsession` shows the CRD's printer columns), and Status errors like the apiserver's (422
-`Invalid` naming the field). No authentication, RBAC, admission webhooks, OpenAPI documents (use
-`kubectl apply --validate=false`), server-side apply or protobuf.
+`Invalid` naming the field). `/openapi/v3` is just enough for kubectl's default `--validate=strict` to
+hand validation to the server. Not emulated: authentication, RBAC, admission webhooks, server-side apply,
+protobuf (so kubectl's typed generators such as `kubectl create namespace|secret` get a 415: use
+`kubectl apply -f`).
 
 Design note: kmock 0.8's `KubernetesEmulator` keeps every request and object version in memory, patches
 aiohttp's resolver process-wide and has no resourceVersion/generation/status/selector/watch-resume
@@ -205,6 +207,11 @@ class KubeAPI:
         if request.content_type == APPLY_PATCH:
             raise ApiError(
                 415, "UnsupportedMediaType", "server-side apply is not supported by the dev cluster"
+            )
+        if request.content_type.startswith(("application/vnd.kubernetes.protobuf", "application/cbor")):
+            # Typed clients (`kubectl create namespace`, ...) retry with JSON after a 415.
+            raise ApiError(
+                415, "UnsupportedMediaType", f"the dev cluster speaks JSON, not {request.content_type}"
             )
         raw = await request.read()
         if not raw:

@@ -1,0 +1,180 @@
+"""The whole local stack as one object: emulated API, Redis, pod runner and (given a command) the operator.
+
+    with DevCluster(Path(".ardiff-dev"), operator_command=["ardiff", "operator", "run", "--standalone"]) as c:
+        c.kubectl("apply", "-f", "examples/pool.yaml")
+
+The API runs as its own process (`python -m ardiff.devcluster.kube_api`, so it does not compete with
+the caller for the GIL), Redis as `redis-server`, the pod runner on a thread of the caller, the operator as
+a process with KUBECONFIG, ARDIFF_REDIS_URL and ARDIFF_WATCH_NAMESPACES set. Everything writes its log
+under `<workdir>/logs/` (Pods: `logs/pods/<namespace>_<pod>.log`). `stop()` tears down in reverse order.
+This is a development harness; production runs on a real cluster through the Helm chart.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Self
+
+import httpx
+
+from ardiff.devcluster.kubectl import run_kubectl
+from ardiff.devcluster.pod_runner import PodCommand, PodRunner, container_command, resolve_executable
+from ardiff.devcluster.redis_server import RedisServer, free_port
+
+
+def _stop_process(process: subprocess.Popen[bytes] | None, timeout: float = 30) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@dataclass
+class KubeAPIProcess:
+    """`python -m ardiff.devcluster.kube_api` on a free port; `url` and `kubeconfig` once started."""
+
+    kubeconfig: Path
+    log_path: Path
+    install_crds: bool = True
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30) -> Self:
+        self.kubeconfig.unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "ardiff.devcluster.kube_api", "--port", str(self.port)]
+        argv += ["--kubeconfig", str(self.kubeconfig), *(["--install-crds"] if self.install_crds else [])]
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        deadline = time.monotonic() + timeout
+        while not self.kubeconfig.exists():  # written once the API listens (and the CRDs are in)
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"the dev cluster API exited with {self.process.returncode}; see {self.log_path}"
+                )
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(
+                    f"the dev cluster API did not start within {timeout}s; see {self.log_path}"
+                )
+            time.sleep(0.05)
+        httpx.get(f"{self.url}/readyz", timeout=5).raise_for_status()
+        return self
+
+    def stop(self) -> None:
+        _stop_process(self.process)
+        self.process = None
+
+
+@dataclass
+class DevCluster:
+    """API + Redis + pod runner (+ operator); see the module docstring."""
+
+    workdir: Path
+    operator_command: Sequence[str] | None = None
+    namespace: str = "default"
+    pod_command: PodCommand = container_command
+    pod_env: Mapping[str, str] = field(default_factory=dict)
+    operator_env: Mapping[str, str] = field(default_factory=dict)
+    redis: RedisServer | None = None
+    api: KubeAPIProcess | None = None
+    runner: PodRunner | None = None
+    operator: subprocess.Popen[bytes] | None = None
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.workdir / "logs"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig"
+
+    @property
+    def redis_url(self) -> str:
+        assert self.redis is not None, "the dev cluster is not started"
+        return self.redis.url
+
+    @property
+    def api_url(self) -> str:
+        assert self.api is not None, "the dev cluster is not started"
+        return self.api.url
+
+    def start(self) -> Self:
+        """Start every part; on a failure the parts already started are stopped again."""
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.redis = RedisServer().start()
+            self.api = KubeAPIProcess(self.kubeconfig, self.logs_dir / "kube-api.log").start()
+            if self.namespace != "default":
+                namespace = {"metadata": {"name": self.namespace}}
+                httpx.post(f"{self.api.url}/api/v1/namespaces", json=namespace, timeout=10).raise_for_status()
+            self.runner = PodRunner(
+                self.api.url,
+                command=self.pod_command,
+                logs_dir=self.logs_dir / "pods",
+                extra_env=self.pod_env,
+            ).start()
+            if self.operator_command is not None:
+                self.operator = self._start_operator(self.operator_command)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_operator(self, command: Sequence[str]) -> subprocess.Popen[bytes]:
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "ARDIFF_REDIS_URL": self.redis_url,
+            "ARDIFF_WATCH_NAMESPACES": self.namespace,
+            **self.operator_env,
+        }
+        argv = [*resolve_executable(command[0]), *command[1:]]
+        with (self.logs_dir / "operator.log").open("ab") as log:
+            return subprocess.Popen(
+                argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+
+    def kubectl(
+        self, *args: str, stdin: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """kubectl against this cluster, in its namespace unless `args` name one."""
+        namespaced = any(a in ("-n", "--namespace", "-A", "--all-namespaces") for a in args)
+        prefix = [] if namespaced else ["-n", self.namespace]
+        return run_kubectl([*prefix, *args], kubeconfig=self.kubeconfig, stdin=stdin, check=check)
+
+    def stop(self) -> None:
+        """Operator first (it must not see Pods vanish), then Pods, the API and Redis."""
+        _stop_process(self.operator)
+        self.operator = None
+        if self.runner is not None:
+            self.runner.stop()
+            self.runner = None
+        if self.api is not None:
+            self.api.stop()
+            self.api = None
+        if self.redis is not None:
+            self.redis.stop()
+            self.redis = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
