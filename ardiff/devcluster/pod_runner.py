@@ -25,6 +25,7 @@ import base64
 import contextlib
 import datetime
 import json
+import logging
 import os
 import re
 import secrets
@@ -43,6 +44,8 @@ from typing import Any, Protocol, Self
 import httpx
 
 from ardiff.devcluster.redis_server import free_port
+
+log = logging.getLogger(__name__)
 
 WORKER_SELECTOR = "app.kubernetes.io/component=worker"
 LOCAL_IP = "127.0.0.1"
@@ -392,8 +395,9 @@ class PodRunner:
                     await self._observe("ADDED", pod)
                 async for event_type, pod in self._events(listing["metadata"]["resourceVersion"]):
                     await self._observe(event_type, pod)
-            except (httpx.HTTPError, KeyError, ValueError):
-                await asyncio.sleep(0.5)  # API restarting or a 410: list again
+            except (httpx.HTTPError, KeyError, ValueError) as exc:
+                log.debug("pod watch interrupted (%s); listing again", exc)
+                await asyncio.sleep(0.5)  # the API restarting, or a 410: list again
 
     async def _events(self, since: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         assert self._client is not None
@@ -546,17 +550,29 @@ class PodRunner:
             supervisor.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
             await self._report(supervisor)
             return None
-        with supervisor.info.log_path.open("ab") as log:
-            log.write(f"--- {_now()} start #{supervisor.info.restart_count}: {' '.join(argv)}\n".encode())
-            log.flush()
-            process = await asyncio.create_subprocess_exec(
-                *argv,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        with supervisor.info.log_path.open("ab") as pod_log:
+            pod_log.write(f"--- {_now()} start #{supervisor.info.restart_count}: {' '.join(argv)}\n".encode())
+            pod_log.flush()
+            try:
+                process = await asyncio.create_subprocess_exec(
+                    *argv,
+                    env=env,
+                    stdout=pod_log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            except OSError as exc:  # e.g. the executable does not exist
+                supervisor.state = {"waiting": {"reason": "RunContainerError", "message": str(exc)}}
+                await self._report(supervisor)
+                return None
+        log.info(
+            "pod %s/%s: started pid %d on port %d",
+            supervisor.info.namespace,
+            supervisor.info.name,
+            process.pid,
+            port,
+        )
         supervisor.process = process
         supervisor.phase = "Running"
         supervisor.container_id = f"ardiff-dev://{process.pid}"
@@ -577,6 +593,13 @@ class PodRunner:
         }
         if code < 0:
             terminated["signal"] = -code
+        log.info(
+            "pod %s/%s: pid %d exited with %d",
+            supervisor.info.namespace,
+            supervisor.info.name,
+            process.pid,
+            code,
+        )
         supervisor.state = supervisor.last_state = {"terminated": terminated}
         self._update_info(supervisor, pid=None, ready=False)
         await self._report(supervisor)

@@ -255,6 +255,21 @@ def test_a_pod_without_a_command_cannot_start(
     assert "configmap 'nope' not found" in waiting["message"]
 
 
+def test_a_missing_executable_is_a_run_container_error(
+    kube_api: KubeAPIThread, client: httpx.Client, kube_namespace: str
+) -> None:
+    ns = kube_namespace
+    missing = "/nonexistent/ardiff-worker"
+    with PodRunner(kube_api.url, command=lambda _: [missing], label_selector=f"{RUNNER_LABEL}=broken"):
+        client.post(
+            f"/api/v1/namespaces/{ns}/pods", json=pod_body("w1", selector="broken")
+        ).raise_for_status()
+        pod = wait_for_pod(client, ns, "w1", lambda p: bool(p["status"].get("containerStatuses")))
+    waiting = pod["status"]["containerStatuses"][0]["state"]["waiting"]
+    assert waiting["reason"] == "RunContainerError"
+    assert missing in waiting["message"]
+
+
 def test_default_command_is_the_containers_own() -> None:
     container = {"name": "w", "command": ["ardiff", "worker", "serve"], "args": ["--port", "$(ARDIFF_PORT)"]}
     argv = container_command(PodContext({}, container, {"ARDIFF_PORT": "4321"}, 4321))
