@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -227,7 +226,8 @@ async def release_session(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
     if session.spec is None:
         return
     pid = PoolId(session.namespace, session.spec.pool_ref)
-    await ctx.store.release(pid, session.name, reason="deleted")
+    async with ctx.locks[pid]:  # not in the middle of a round: its free-slot count stays exact
+        await ctx.store.release(pid, session.name, reason="deleted")
     ctx.kick(pid)  # a waiting session may take the slot
     logger.info(f"session {session.name} released")
 
@@ -237,6 +237,7 @@ async def release_session(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
 
 @kopf.daemon(GROUP, VERSION, POOL_PLURAL, cancellation_timeout=10)
 async def reconcile_pool_forever(
+    stopped: kopf.DaemonStopped,
     body: kopf.Body,
     status: kopf.Status,
     memo: kopf.Memo,
@@ -250,7 +251,7 @@ async def reconcile_pool_forever(
     pool = PoolView.from_body(body)
     pid = PoolId(pool.namespace, pool.name)
     await ensure_service(ctx, pool)
-    while True:
+    while not stopped:
         started = time.monotonic()
         pool = PoolView.from_body(body)  # `body` is live in daemons: the latest spec each round
         if pool.deleting:
@@ -261,7 +262,7 @@ async def reconcile_pool_forever(
             raise
         except Exception as exc:  # one failed round must not end the loop; the next one retries
             logger.exception(f"pool {pid} reconcile failed: {exc}")
-        await wait_for_kick(ctx, pid, started)
+        await wait_for_kick(ctx, pid, started, stopped)
 
 
 async def pool_round(
@@ -292,14 +293,21 @@ async def pool_round(
         await write_pool_status(ctx, pool, patch)
 
 
-async def wait_for_kick(ctx: OperatorContext, pool: PoolId, started: float) -> None:
+async def wait_for_kick(
+    ctx: OperatorContext, pool: PoolId, started: float, stopped: kopf.DaemonStopped
+) -> None:
+    """Sleep until the period ends, the pool is kicked, or the daemon is stopped; then keep a minimal gap."""
     kick = ctx.kicks[pool]
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(kick.wait(), timeout=ctx.config.reconcile_seconds)
+    waiters = {asyncio.ensure_future(kick.wait()), asyncio.ensure_future(stopped.wait())}
+    _, pending = await asyncio.wait(
+        waiters, timeout=ctx.config.reconcile_seconds, return_when=asyncio.FIRST_COMPLETED
+    )
+    for waiter in pending:
+        waiter.cancel()
     kick.clear()
     gap = MIN_ROUND_GAP_SECONDS - (time.monotonic() - started)
-    if gap > 0:
-        await asyncio.sleep(gap)
+    if gap > 0 and not stopped:
+        await stopped.wait(gap)
 
 
 @kopf.on.delete(GROUP, VERSION, POOL_PLURAL, backoff=2)

@@ -450,15 +450,19 @@ async def delete_pool(
     pods: Sequence[PodView],
     logger: kopf.Logger,
 ) -> None:
-    """Fail the pool's sessions (`PoolDeleted`), delete its Pods and Service, and forget it in Redis."""
+    """Fail the pool's sessions (`PoolDeleted`), delete its Pods and Service; forget it in Redis once the Pods
+    are gone (a terminating worker's heartbeat would re-create what was deleted earlier)."""
     pid = PoolId(pool.namespace, pool.name)
     async with ctx.locks[pid]:
         for session in sessions:
             if not session.deleting and session.phase != Phase.FAILED:
                 await write_failed(ctx, session, Reason.POOL_DELETED, f"pool {pool.name} was deleted")
         for pod in pods:
-            await ctx.kube.delete(PODS, pool.namespace, pod.name)
+            if not pod.deleting:
+                await ctx.kube.delete(PODS, pool.namespace, pod.name)
         await ctx.kube.delete(SERVICES, pool.namespace, pool_service_name(pool.name))
+        if pods:
+            raise kopf.TemporaryError(f"waiting for {len(pods)} worker pods to terminate", delay=1)
         await ctx.store.delete_pool(pid)
     ctx.forget_pool(pid)
-    logger.info(f"pool {pool.name} deleted: {len(pods)} pods, {len(sessions)} sessions failed")
+    logger.info(f"pool {pool.name} deleted: its sessions failed, its pods and Redis state are gone")

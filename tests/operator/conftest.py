@@ -76,6 +76,7 @@ class OperatorProcess:
                 sys.executable,
                 "-m",
                 "ardiff.cli",
+                "-v",
                 "operator",
                 "run",
                 "-n",

@@ -1,0 +1,126 @@
+"""Pools through the real operator: owned Pods and Service, scaling both ways, deletion."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from ardiff.kv.keys import PoolKeys
+from ardiff.kv.placement import PlacementStore
+from ardiff.kv.records import PoolId
+from tests.operator.conftest import Cluster, OperatorProcess, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def store(redis_url: str) -> AsyncIterator[PlacementStore]:
+    async with PlacementStore.from_url(redis_url) as placement_store:
+        yield placement_store
+
+
+def ready_sessions(cluster: Cluster, names: list[str]) -> dict[str, str] | None:
+    """{session: pod} once every named session is Ready."""
+    statuses = {name: cluster.status(name) for name in names}
+    if all(s.get("phase") == "Ready" for s in statuses.values()):
+        return {name: s["pod"] for name, s in statuses.items()}
+    return None
+
+
+async def test_pool_owns_labelled_pods_and_a_headless_service(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    pool = cluster.create_pool(replicas={"min": 2, "max": 2})
+    pods = cluster.wait_pods(2)
+    for pod in cluster.pods():
+        assert pod["metadata"]["name"] in pods
+        assert pod["metadata"]["name"].startswith("pool-")
+        assert len(pod["metadata"]["name"]) == len("pool-") + 5
+        assert pod["metadata"]["ownerReferences"][0]["uid"] == pool["metadata"]["uid"]
+        assert pod["metadata"]["labels"] == {
+            "app.kubernetes.io/name": "ardiff",
+            "app.kubernetes.io/component": "worker",
+            "ardiffusion.dev/pool": "pool",
+        }
+    service = wait_until(
+        lambda: cluster.get("services", "pool-workers", core=True), what="the pool's Service"
+    )
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"]["ardiffusion.dev/pool"] == "pool"
+    status = wait_until(
+        lambda: (s := cluster.pool_status()).get("readyReplicas") == 2 and s, what="pool status"
+    )
+    assert (status["replicas"], status["capacity"], status["sessions"], status["pending"]) == (2, 4, 0, 0)
+    assert [(c["type"], c["status"]) for c in status["conditions"]] == [
+        ("Ready", "True"),
+        ("AtCapacity", "False"),
+    ]
+
+
+async def test_scales_up_for_waiting_sessions_and_down_only_empty_pods(
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore
+) -> None:
+    pool = PoolId(cluster.namespace, "pool")
+    cluster.create_pool(replicas={"min": 1, "max": 3}, scaleDownDelaySeconds=1)
+    cluster.wait_pods(1)
+    names = [f"s{i}" for i in range(5)]
+    for name in names:
+        cluster.create_session(name)
+    # 5 sessions, 2 slots per pod: the pool grows to 3 pods (its max) and places all of them.
+    placed = wait_until(lambda: ready_sessions(cluster, names), timeout=45, what="5 sessions Ready")
+    assert len(set(placed.values())) == 3
+    assert cluster.pod_names() == set(placed.values())
+    status = wait_until(lambda: (s := cluster.pool_status()).get("sessions") == 5 and s, what="pool status")
+    assert (status["replicas"], status["capacity"], status["pending"]) == (3, 6, 0)
+
+    # Empty exactly one pod: it goes after scaleDownDelaySeconds; the pods that hold sessions stay.
+    by_pod: dict[str, list[str]] = {}
+    for name, pod in placed.items():
+        by_pod.setdefault(pod, []).append(name)
+    emptied = next(pod for pod, held in by_pod.items() if len(held) == 2)
+    for name in by_pod[emptied]:
+        cluster.delete("ardiffusionsessions", name)
+    kept = set(placed.values()) - {emptied}
+    wait_until(lambda: cluster.pod_names() == kept, timeout=20, what=f"pod {emptied} to be scaled down")
+    survivors = [n for n in names if placed[n] != emptied]
+    assert ready_sessions(cluster, survivors) == {n: placed[n] for n in survivors}
+    assert all(cluster.status(n)["resetRequired"] is False for n in survivors)  # nobody lost their KV
+
+    # Everyone leaves: back to min (1 pod), and Redis agrees with the Pods.
+    for name in survivors:
+        cluster.delete("ardiffusionsessions", name)
+    wait_until(lambda: len(cluster.pod_names()) == 1, timeout=20, what="scale down to min")
+    wait_until(
+        lambda: (s := cluster.pool_status()).get("replicas") == 1 and s.get("sessions") == 0,
+        what="pool status after scale-down",
+    )
+    # The retired pods' records (kept draining while they shut down) go once the Pods are gone.
+    for _ in range(100):
+        if [p.name for p in await store.list_pods(pool)] == sorted(cluster.pod_names()):
+            break
+        await asyncio.sleep(0.1)
+    assert [p.name for p in await store.list_pods(pool)] == sorted(cluster.pod_names())
+    assert await store.check_invariants(pool) == []
+
+
+async def test_deleting_a_pool_fails_its_sessions_and_removes_its_pods_and_state(
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore
+) -> None:
+    pool = PoolId(cluster.namespace, "pool")
+    cluster.create_pool()
+    cluster.create_session("orphaned")
+    cluster.wait_phase("orphaned", "Ready")
+    assert await store.list_pods(pool) != []
+
+    cluster.delete("ardiffusionworkerpools", "pool")
+    cluster.wait_gone("ardiffusionworkerpools", "pool")
+    status = cluster.wait_phase("orphaned", "Failed", reason="PoolDeleted")
+    assert "pod" not in status
+    wait_until(lambda: cluster.pods() == [], timeout=20, what="the pool's pods to be deleted")
+    assert cluster.get("services", "pool-workers", core=True) is None
+    assert [key async for key in store.client.scan_iter(match=PoolKeys(pool).pattern)] == []
+    # The failed session can still be deleted (its finalizer does not need the pool).
+    cluster.delete("ardiffusionsessions", "orphaned")
+    cluster.wait_gone("ardiffusionsessions", "orphaned")

@@ -1,0 +1,212 @@
+"""Failures and contention through the real operator: pod loss, eviction at max, operator restarts, Redis
+losing its data, and two operators with peering."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from ardiff.devcluster.redis_server import RedisServer
+from ardiff.kv.placement import PlacementStore
+from ardiff.kv.records import PoolId, SessionState
+from tests.operator.conftest import Cluster, OperatorProcess, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def store(redis_url: str) -> AsyncIterator[PlacementStore]:
+    async with PlacementStore.from_url(redis_url) as placement_store:
+        yield placement_store
+
+
+async def eventually_invariants_hold(store: PlacementStore, pool: PoolId) -> None:
+    for _ in range(50):
+        if await store.check_invariants(pool) == []:
+            return
+        await asyncio.sleep(0.1)
+    assert await store.check_invariants(pool) == []
+
+
+async def test_killed_pod_loses_its_sessions_which_come_back_with_reset_required(
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore
+) -> None:
+    pool = PoolId(cluster.namespace, "pool")
+    cluster.create_pool()
+    cluster.create_session("forest")
+    before = cluster.wait_phase("forest", "Ready")
+    assert cluster.tick("forest", 0).status_code == 200
+
+    cluster.runner.kill(before["pod"], signal.SIGKILL, namespace=cluster.namespace)  # kill -9 the worker
+
+    # The restarted worker registers with a new epoch; the session's KV is gone, so it is placed again
+    # and must reset before it ticks on.
+    after = cluster.wait_phase("forest", "Ready", timeout=30, resetRequired=True)
+    assert after["podEpoch"] > before["podEpoch"]
+    assert after["reason"] == "ResetRequired"
+    replaced = wait_until(lambda: cluster.events("Replaced"), what="a Replaced event")
+    assert replaced[0]["involvedObject"]["name"] == "forest"
+    refused = cluster.tick("forest", 1)
+    assert refused.status_code == 409
+    assert refused.json()["error"]["code"] == "reset_required"
+    assert cluster.tick("forest", 0, reset=True).status_code == 200
+    cluster.wait_phase("forest", "Ready", resetRequired=False, reason="Placed")
+    record = await store.get_session(pool, "forest")
+    assert record is not None
+    assert (record.state, record.pod_epoch) == (SessionState.PLACED, after["podEpoch"])
+    await eventually_invariants_hold(store, pool)
+
+
+async def test_eviction_when_full_at_max_picks_the_right_victim_without_thrashing(
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore
+) -> None:
+    pool = PoolId(cluster.namespace, "pool")
+    # One pod, two slots; a session is evictable once idle for 2 s (so a re-placed one is safe for 2 s).
+    cluster.create_pool(replicas={"min": 1, "max": 1}, eviction={"minIdleSeconds": 2})
+    cluster.create_session("lru")
+    cluster.create_session("pinned", evictionPolicy="Never")
+    cluster.wait_phase("lru", "Ready")
+    cluster.wait_phase("pinned", "Ready")
+    await asyncio.sleep(2.5)
+
+    # Full at max: a newcomer evicts the least recently used evictable session, never the pinned one.
+    cluster.create_session("vip", priority=5)
+    cluster.wait_phase("vip", "Ready")
+    evicted = cluster.wait_phase("lru", "Evicted", reason="Evicted")
+    assert evicted["message"] == "evicted to make room for session vip"
+    assert evicted["resetRequired"] is True
+    event = wait_until(lambda: cluster.events("Evicted"), what="an Evicted event")[0]
+    assert (event["involvedObject"]["name"], event["type"]) == ("lru", "Warning")
+    assert "vip" in event["message"]
+
+    # A lower-priority newcomer cannot evict the vip, nor the pinned session: it waits.
+    cluster.create_session("late")
+    cluster.wait_phase("late", "Pending", reason="WaitingForCapacity")
+    await asyncio.sleep(2)  # several reconcile rounds: nobody takes a slot back (no thrashing)
+    phases = {n: cluster.status(n)["phase"] for n in ("lru", "pinned", "vip", "late")}
+    assert phases == {"lru": "Evicted", "pinned": "Ready", "vip": "Ready", "late": "Pending"}
+    assert wait_until(lambda: cluster.pool_status().get("pending") == 2, what="2 pending in the pool status")
+
+    # A slot frees up: the evicted session (older, same priority) gets it back, with a reset, and the
+    # waiting newcomer cannot evict it straight away (it has not been idle for minIdleSeconds).
+    cluster.delete("ardiffusionsessions", "vip")
+    back = cluster.wait_phase("lru", "Ready", resetRequired=True)
+    assert back["reason"] == "ResetRequired"
+    assert cluster.status("late")["phase"] == "Pending"
+    record = await store.get_session(pool, "late")
+    assert record is None  # never admitted
+    await eventually_invariants_hold(store, pool)
+
+
+async def test_operator_restart_converges_without_duplicate_pods_or_leaked_slots(
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore
+) -> None:
+    pool = PoolId(cluster.namespace, "pool")
+    cluster.create_pool(replicas={"min": 1, "max": 3})
+    for name in ("a", "b", "c"):
+        cluster.create_session(name)
+    cluster.wait_phase("a", "Ready", timeout=30)
+    operator_process.stop(signal.SIGKILL)  # a crash, mid-way: b and c may still be waiting for a pod
+
+    # While it is down: one session leaves, two arrive.
+    cluster.delete("ardiffusionsessions", "a")
+    for name in ("d", "e"):
+        cluster.create_session(name)
+    operator_process.start()
+
+    names = ["b", "c", "d", "e"]
+    wait_until(
+        lambda: all(cluster.status(n).get("phase") == "Ready" for n in names), timeout=45, what="all Ready"
+    )
+    cluster.wait_gone("ardiffusionsessions", "a")
+    # 4 sessions at 2 slots per pod: exactly 2 pods are needed; a restarted operator must not add more.
+    wait_until(lambda: len(cluster.pod_names()) == 2, timeout=20, what="2 pods")
+    await asyncio.sleep(1.5)
+    assert len(cluster.pods()) == 2
+    records = await store.get_sessions(pool, ["a", *names])
+    assert records["a"].state is SessionState.CLOSED
+    assert {n: records[n].state for n in names} == dict.fromkeys(names, SessionState.PLACED)
+    assert sum(p.used for p in await store.list_pods(pool)) == 4
+    await eventually_invariants_hold(store, pool)
+
+
+async def test_redis_losing_its_data_is_rebuilt_from_the_session_status(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    with RedisServer() as redis:
+        operator = OperatorProcess(cluster.namespace, redis.url, tmp_path / "operator.log").start()
+        try:
+            pool = PoolId(cluster.namespace, "pool")
+            cluster.create_pool(replicas={"min": 2, "max": 2})
+            for name in ("a", "b", "c"):
+                cluster.create_session(name)
+            before = {n: cluster.wait_phase(n, "Ready") for n in ("a", "b", "c")}
+
+            redis.restart()  # no persistence: every key is gone
+
+            async with PlacementStore.from_url(redis.url) as store:
+                for _ in range(100):  # heartbeats re-create the pods, the operator restores the bindings
+                    records = await store.get_sessions(pool, ["a", "b", "c"])
+                    if len(records) == 3:
+                        break
+                    await asyncio.sleep(0.1)
+                assert {n: (r.state, r.pod, r.pod_epoch) for n, r in records.items()} == {
+                    n: (SessionState.PLACED, s["pod"], s["podEpoch"]) for n, s in before.items()
+                }
+                await eventually_invariants_hold(store, pool)
+            for name, status in before.items():
+                now = cluster.status(name)
+                assert (now["phase"], now["pod"], now["podEpoch"]) == (
+                    "Ready",
+                    status["pod"],
+                    status["podEpoch"],
+                )
+                assert now["resetRequired"] is False  # the workers still hold the KV: nothing was lost
+            assert cluster.tick("a", 0).status_code == 200
+        finally:
+            for plural in ("ardiffusionsessions", "ardiffusionworkerpools"):
+                for item in cluster.items(plural):
+                    cluster.delete(plural, item["metadata"]["name"])
+            wait_until(lambda: not cluster.items("ardiffusionworkerpools"), what="pool finalized")
+            operator.stop()
+
+
+def test_two_operators_with_peering_only_one_acts(cluster: Cluster, redis_url: str, tmp_path: Path) -> None:
+    peering = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "ardiff"}}
+    response = cluster.http.post(
+        f"/apis/kopf.dev/v1/namespaces/{cluster.namespace}/kopfpeerings", json=peering
+    )
+    assert response.status_code == 201, response.text
+    args = ("--peering", "ardiff", "--priority")
+    standby = OperatorProcess(cluster.namespace, redis_url, tmp_path / "standby.log", (*args, "0")).start()
+    active = OperatorProcess(cluster.namespace, redis_url, tmp_path / "active.log", (*args, "10")).start()
+    try:
+        wait_until(
+            lambda: "Pausing operations in favour of" in standby.log(), timeout=30, what="standby pauses"
+        )
+        cluster.create_pool(replicas={"min": 1, "max": 2})
+        for name in ("a", "b", "c"):
+            cluster.create_session(name)
+        wait_until(
+            lambda: all(cluster.status(n).get("phase") == "Ready" for n in "abc"), timeout=40, what="Ready"
+        )
+        assert len(cluster.pods()) == 2
+        assert "admit_session" in active.log()
+        assert "admit_session" not in standby.log()
+
+        active.stop()  # the standby takes over
+        cluster.create_session("d")
+        cluster.wait_phase("d", "Ready", timeout=40)
+        assert "admit_session" in standby.log()
+        assert len(cluster.pods()) == 2
+    finally:
+        for plural in ("ardiffusionsessions", "ardiffusionworkerpools"):
+            for item in cluster.items(plural):
+                cluster.delete(plural, item["metadata"]["name"])
+        wait_until(lambda: not cluster.items("ardiffusionworkerpools"), timeout=30, what="pool finalized")
+        standby.stop()
+        active.stop()
