@@ -115,9 +115,9 @@ def check_fraction(value: object) -> float:
 
 
 def dtype_bytes(dtype: object) -> int:
-    if dtype not in DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise _invalid("KV plan", "dtype", f"one of {sorted(DTYPE_BYTES)}", dtype)
-    return DTYPE_BYTES[dtype]  # type: ignore[index]
+    return DTYPE_BYTES[dtype]
 
 
 @dataclass(frozen=True)
