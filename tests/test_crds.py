@@ -13,6 +13,7 @@ from ardiff.devcluster.crd import CRD_DIR, CustomResourceDefinition, load_crds, 
 from ardiff.devcluster.validation import FieldError, InvalidObject, render_path
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+TEST_MANIFESTS = Path(__file__).resolve().parent / "manifests"  # test-only, e.g. the fake-runtime pool
 POOLS = "ardiffusionworkerpools.ardiffusion.dev"
 SESSIONS = "ardiffusionsessions.ardiffusion.dev"
 
@@ -22,8 +23,8 @@ def crds() -> dict[str, CustomResourceDefinition]:
     return load_crds()
 
 
-def example(file: str, name: str) -> dict[str, Any]:
-    for doc in load_manifests(EXAMPLES / file):
+def example(file: str, name: str, directory: Path = EXAMPLES) -> dict[str, Any]:
+    for doc in load_manifests(directory / file):
         if doc["metadata"]["name"] == name:
             return copy.deepcopy(doc)
     raise KeyError(name)
@@ -92,7 +93,7 @@ def test_examples_pool_shape() -> None:
     pool = example("pool.yaml", "tiny-world")
     assert pool["spec"]["replicas"] == {"min": 1, "max": 2}
     assert (pool["spec"]["model"]["height"], pool["spec"]["model"]["width"]) == (64, 64)
-    fake = example("pool-fake.yaml", "fake-pool")
+    fake = example("pool-fake.yaml", "fake-pool", TEST_MANIFESTS)
     assert {"name": "ARDIFF_RUNTIME", "value": "fake"} in fake["spec"]["env"]
 
 

@@ -47,7 +47,7 @@ def test_dev_cluster_runs_a_fake_pool_session_end_to_end(tmp_path: Path) -> None
         assert cluster.api is not None
         assert cluster.redis is not None
         api_port, redis_port = cluster.api.port, cluster.redis.port
-        cluster.kubectl("apply", "-f", str(REPO / "examples" / "pool-fake.yaml"))
+        cluster.kubectl("apply", "-f", str(REPO / "tests" / "manifests" / "pool-fake.yaml"))
         cluster.kubectl("apply", "-f", "-", stdin=SESSION)
         sessions = wait_for_output(cluster, ["get", "adsession"], "Ready")
         assert sessions.split()[:6] == ["NAME", "PHASE", "POOL", "POD", "CHUNK", "AGE"]
