@@ -5,14 +5,15 @@
 
 The API runs as its own process (`python -m ardiff.devcluster.kube_api`, so it does not compete with
 the caller for the GIL), Redis as `redis-server`, the pod runner on a thread of the caller, the operator as
-a process with KUBECONFIG, ARDIFF_REDIS_URL and ARDIFF_WATCH_NAMESPACES set. Everything writes its log
-under `<workdir>/logs/` (Pods: `logs/pods/<namespace>_<pod>.log`). `stop()` tears down in reverse order.
+a process with KUBECONFIG, ARDIFF_REDIS_URL and ARDIFF_WATCH_NAMESPACES set (`operator_process`; `start()`
+returns once it serves). Everything writes its log under `<workdir>/logs/` (Pods:
+`logs/pods/<namespace>_<pod>.log`). `stop()` tears down in reverse order. `ardiff up`/`down` run it in a
+background process (`ardiff.devcluster.daemon`); `ardiff demo` and tests/e2e run it in theirs.
 This is a development harness; production runs on a real cluster through the Helm chart.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -20,13 +21,22 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 import httpx
 
 from ardiff.devcluster.kubectl import run_kubectl
-from ardiff.devcluster.pod_runner import PodCommand, PodRunner, container_command, resolve_executable
+from ardiff.devcluster.operator_process import OperatorProcess
+from ardiff.devcluster.pod_runner import PodCommand, PodRunner, container_command
 from ardiff.devcluster.redis_server import RedisServer, free_port
+
+if TYPE_CHECKING:
+    from ardiff.client import KubeSessions
+
+# The real operator, as `ardiff up` and the demo run it.
+OPERATOR_COMMAND = ("ardiff", "operator", "run", "--standalone")
+# Interactive periods: statuses (and `kubectl get`'s Chunk column) follow ticks within about a second.
+INTERACTIVE_OPERATOR_ENV = {"ARDIFF_OPERATOR_RECONCILE_SECONDS": "1", "ARDIFF_OPERATOR_MIRROR_SECONDS": "1"}
 
 
 def _stop_process(process: subprocess.Popen[bytes] | None, timeout: float = 30) -> None:
@@ -95,7 +105,7 @@ class DevCluster:
     redis: RedisServer | None = None
     api: KubeAPIProcess | None = None
     runner: PodRunner | None = None
-    operator: subprocess.Popen[bytes] | None = None
+    operator: OperatorProcess | None = None
 
     @property
     def logs_dir(self) -> Path:
@@ -131,25 +141,19 @@ class DevCluster:
                 extra_env=self.pod_env,
             ).start()
             if self.operator_command is not None:
-                self.operator = self._start_operator(self.operator_command)
+                self.operator = OperatorProcess(
+                    self.operator_command,
+                    kubeconfig=self.kubeconfig,
+                    redis_url=self.redis.url,
+                    namespace=self.namespace,
+                    log_path=self.logs_dir / "operator.log",
+                    env=self.operator_env,
+                ).start()
+                self.operator.wait_ready()
         except BaseException:
             self.stop()
             raise
         return self
-
-    def _start_operator(self, command: Sequence[str]) -> subprocess.Popen[bytes]:
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(self.kubeconfig),
-            "ARDIFF_REDIS_URL": self.redis_url,
-            "ARDIFF_WATCH_NAMESPACES": self.namespace,
-            **self.operator_env,
-        }
-        argv = [*resolve_executable(command[0]), *command[1:]]
-        with (self.logs_dir / "operator.log").open("ab") as log:
-            return subprocess.Popen(
-                argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
 
     def kubectl(
         self, *args: str, stdin: str | None = None, check: bool = True
@@ -161,8 +165,9 @@ class DevCluster:
 
     def stop(self) -> None:
         """Operator first (it must not see Pods vanish), then Pods, the API and Redis."""
-        _stop_process(self.operator)
-        self.operator = None
+        if self.operator is not None:
+            self.operator.stop()
+            self.operator = None
         if self.runner is not None:
             self.runner.stop()
             self.runner = None
@@ -172,6 +177,22 @@ class DevCluster:
         if self.redis is not None:
             self.redis.stop()
             self.redis = None
+
+    def sessions(self) -> KubeSessions:
+        """The Python client's Kubernetes part, for this cluster's namespace."""
+        from ardiff.client import KubeSessions
+
+        return KubeSessions(self.namespace, kubeconfig=self.kubeconfig)
+
+    def processes(self) -> list[int]:
+        """The pids of every process the cluster runs now: API, Redis, operator and worker Pods."""
+        candidates = [
+            self.api.process.pid if self.api is not None and self.api.process is not None else None,
+            self.redis.process.pid if self.redis is not None and self.redis.process is not None else None,
+            self.operator.pid if self.operator is not None else None,
+            *(info.pid for info in (self.runner.pods() if self.runner is not None else [])),
+        ]
+        return sorted(pid for pid in candidates if pid is not None)
 
     def __enter__(self) -> Self:
         return self.start()

@@ -1,0 +1,672 @@
+"""The Python client: create a session, wait for it, tick it, reset it, close it.
+
+Two parts, so that a caller that already has an endpoint and a token needs no Kubernetes client:
+
+- `SessionClient` (httpx only) ticks one session on its worker: `POST /v1/sessions/{id}/ticks` with the
+  session's bearer token (docs/contracts.md §4). It keeps the next chunk index, follows a 421 `misdirected` to
+  the endpoint the worker names, decodes the raw frames (`FxHxWx3` uint8, shape in `ardiff-frame-shape`) and
+  turns every error envelope into a typed exception (`WorkerAPIError` subclasses, one per code, carrying the
+  HTTP status and the envelope's extras such as `expected_chunk_index`). A session whose KV is gone answers
+  `ResetRequired`; only an explicit `reset()` starts it over — the client never resets on its own.
+- `KubeSessions` (the `kubernetes` package) handles the `ARDiffusionSession` resources: create, wait for
+  `Ready`, read `status.endpoint` and the token Secret (`status.tokenSecretRef`), and `connect()` a
+  `SessionClient`; deleting the resource closes the session and frees its KV.
+
+    sessions = KubeSessions("default")
+    sessions.create("walk", pool="tiny-world", prompt="a misty forest")
+    with sessions.connect("walk") as walk:        # waits for Ready
+        chunk = walk.tick([camera("w", "w", "wj")])
+        chunk.frames.shape                         # (F, H, W, 3), uint8
+    sessions.delete("walk")
+
+`camera(...)` builds LingBot-World camera controls; `write_mp4()` writes frames as an H.264 MP4.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+import httpx
+import numpy as np
+
+from ardiff.errors import ArdiffError
+
+GROUP, VERSION, SESSION_PLURAL = "ardiffusion.dev", "v1alpha1", "ardiffusionsessions"
+RAW_FRAMES = "application/octet-stream"
+LINGBOT_CAMERA_SCHEMA = "lingbot.camera_actions.v1"
+LINGBOT_CAMERA_KEYS = frozenset("wasdijkl")  # W/A/S/D move, I/J/K/L look
+LINGBOT_FRAMES_PER_CHUNK = 3  # key states per tick: one per latent frame of an AR block
+MAX_MISDIRECTIONS = 3
+TERMINAL_PHASES = ("Failed", "Expired")
+
+
+# ----------------------------------------------------------------------------------------------- errors
+
+
+class WorkerAPIError(ArdiffError):
+    """An error answer of a worker (`{"error": {code, message, type, param, ...extras}}`)."""
+
+    status: ClassVar[int] = 500
+    code = "worker_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        param: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        if status is not None:
+            self.status = status  # type: ignore[misc]  # the answer's own status, if it differs
+        self.param = param
+        self.extra = dict(extra or {})
+
+
+class InvalidTick(WorkerAPIError):
+    status = 400
+    code = "invalid_tick"
+
+
+class Unauthorized(WorkerAPIError):
+    status = 401
+    code = "unauthorized"
+
+
+class UnknownSession(WorkerAPIError):
+    status = 404
+    code = "unknown_session"
+
+
+class ChunkOutOfOrder(WorkerAPIError):
+    status = 409
+    code = "chunk_out_of_order"
+
+    @property
+    def expected_chunk_index(self) -> int:
+        return int(self.extra["expected_chunk_index"])
+
+
+class ResetRequired(WorkerAPIError):
+    """The session's KV cache is gone (pod lost, evicted, failed forward): call `reset()` to start over."""
+
+    status = 409
+    code = "reset_required"
+
+
+class TickInProgress(WorkerAPIError):
+    status = 409
+    code = "tick_in_progress"
+
+
+class MaxChunksReached(WorkerAPIError):
+    status = 409
+    code = "max_chunks_reached"
+
+    @property
+    def max_chunks(self) -> int:
+        return int(self.extra["max_chunks"])
+
+
+class SessionEvicted(WorkerAPIError):
+    """The session left this pod (evicted or its pod lost); it is re-placed, then needs a reset."""
+
+    status = 410
+    code = "session_evicted"
+
+
+class SessionClosed(WorkerAPIError):
+    status = 410
+    code = "session_closed"
+
+
+class BodyTooLarge(WorkerAPIError):
+    status = 413
+    code = "body_too_large"
+
+
+class Misdirected(WorkerAPIError):
+    status = 421
+    code = "misdirected"
+
+    @property
+    def endpoint(self) -> str:
+        return str(self.extra["endpoint"])
+
+
+class AtCapacity(WorkerAPIError):
+    status = 429
+    code = "at_capacity"
+
+
+class NotReady(WorkerAPIError):
+    status = 503
+    code = "not_ready"
+
+
+class ForwardFailed(WorkerAPIError):
+    """The forward failed; the worker closed the session, which now needs a reset."""
+
+    status = 500
+    code = "forward_failed"
+
+
+ERRORS_BY_CODE: dict[str, type[WorkerAPIError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidTick,
+        Unauthorized,
+        UnknownSession,
+        ChunkOutOfOrder,
+        ResetRequired,
+        TickInProgress,
+        MaxChunksReached,
+        SessionEvicted,
+        SessionClosed,
+        BodyTooLarge,
+        Misdirected,
+        AtCapacity,
+        NotReady,
+        ForwardFailed,
+    )
+}
+
+
+class WorkerUnreachable(ArdiffError):
+    """No answer from the endpoint (its pod is gone or restarting); the session's status says where next."""
+
+    code = "worker_unreachable"
+
+
+class SessionFailed(ArdiffError):
+    """The session resource reached a phase it does not leave by itself (`Failed`, `Expired`)."""
+
+    code = "session_failed"
+
+
+class WaitTimeout(ArdiffError):
+    code = "timeout"
+
+
+class KubernetesError(ArdiffError):
+    """The Kubernetes API refused a request (`status` is its HTTP status; 422 for an invalid resource)."""
+
+    code = "kubernetes_error"
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class SessionNotFound(KubernetesError):
+    code = "session_not_found"
+
+
+class InvalidSession(KubernetesError):
+    code = "invalid_session"
+
+
+def error_from_response(response: httpx.Response) -> WorkerAPIError:
+    """The typed exception of an error answer; an answer without the envelope keeps its status."""
+    try:
+        envelope = response.json()["error"]
+        code, message = str(envelope["code"]), str(envelope["message"])
+    except (ValueError, KeyError, TypeError):
+        text = response.text[:200].strip() or response.reason_phrase
+        return WorkerAPIError(f"HTTP {response.status_code}: {text}", status=response.status_code)
+    extra = {k: v for k, v in envelope.items() if k not in ("code", "message", "type", "param")}
+    cls = ERRORS_BY_CODE.get(code, WorkerAPIError)
+    error = cls(message, status=response.status_code, param=envelope.get("param"), extra=extra)
+    if cls is WorkerAPIError:
+        error.code = code
+    return error
+
+
+# ---------------------------------------------------------------------------------------------- controls
+
+
+def camera(*frames: str | Iterable[str]) -> dict[str, Any]:
+    """One tick's LingBot-World camera control: the keys held in each latent frame.
+
+    `camera("w", "w", "wj")`: forward, forward, forward while turning left. Each frame is a string of keys
+    or a list of keys; `""` holds nothing. Keys: W/A/S/D move, I/J/K/L look (up/left/down/right).
+    """
+    states = [
+        sorted(set(keys.lower() if isinstance(keys, str) else (k.lower() for k in keys))) for keys in frames
+    ]
+    if len(states) != LINGBOT_FRAMES_PER_CHUNK:
+        raise ValueError(
+            f"camera frames must hold {LINGBOT_FRAMES_PER_CHUNK} key states (one per latent frame), "
+            f"got {len(states)}"
+        )
+    unknown = sorted({k for keys in states for k in keys} - LINGBOT_CAMERA_KEYS)
+    if unknown:
+        raise ValueError(f"camera keys must be among {''.join(sorted(LINGBOT_CAMERA_KEYS))}, got {unknown}")
+    return {"track": "camera", "schema": LINGBOT_CAMERA_SCHEMA, "data": {"mode": "frames", "frames": states}}
+
+
+def hold(keys: str) -> dict[str, Any]:
+    """A camera control holding the same keys for the whole tick (`hold("w")`: walk forward)."""
+    return camera(*[keys] * LINGBOT_FRAMES_PER_CHUNK)
+
+
+# A short walk for demos: forward, look around, strafe.
+CAMERA_TOUR: tuple[dict[str, Any], ...] = (
+    hold("w"),
+    camera("w", "wj", "wj"),
+    hold("j"),
+    camera("w", "w", "wl"),
+    hold("d"),
+    camera("wl", "wl", "w"),
+    hold("i"),
+    camera("s", "s", ""),
+)
+
+
+# ------------------------------------------------------------------------------------------------ frames
+
+
+def decode_frames(body: bytes, shape_header: str) -> np.ndarray:
+    """The raw body as `FxHxWx3` uint8, checked against `ardiff-frame-shape` (`F,H,W,3`)."""
+    try:
+        shape = tuple(int(n) for n in shape_header.split(","))
+    except ValueError:
+        raise ValueError(f"ardiff-frame-shape must be F,H,W,3, got {shape_header!r}") from None
+    if len(shape) != 4 or shape[3] != 3 or min(shape) <= 0:
+        raise ValueError(f"ardiff-frame-shape must be F,H,W,3 with positive sizes, got {shape_header!r}")
+    expected = shape[0] * shape[1] * shape[2] * shape[3]
+    if len(body) != expected:
+        raise ValueError(f"a {shape_header} chunk has {expected} bytes, the body has {len(body)}")
+    return np.frombuffer(body, dtype=np.uint8).reshape(shape)
+
+
+def parse_server_timing(header: str) -> dict[str, float]:
+    """`queue;dur=1.2, forward;dur=80.0` as {stage: milliseconds}."""
+    stages = {}
+    for part in header.split(","):
+        name, _, params = part.strip().partition(";")
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key == "dur" and name:
+                stages[name] = float(value)
+    return stages
+
+
+@dataclass(frozen=True)
+class ChunkMetadata:
+    """The worker's echo of the tick (vllm-omni's `ARDiffusionChunkMetadata`)."""
+
+    session_id: str
+    request_id: str
+    chunk_index: int
+    applied_event_ids: tuple[int, ...]
+
+    @classmethod
+    def from_header(cls, header: str) -> ChunkMetadata:
+        data = json.loads(header)
+        return cls(
+            session_id=str(data["session_id"]),
+            request_id=str(data["request_id"]),
+            chunk_index=int(data["chunk_index"]),
+            applied_event_ids=tuple(int(i) for i in data.get("applied_event_ids") or ()),
+        )
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One tick's output: its frames, the metadata echo, the worker's timings (ms) and the round trip (s)."""
+
+    frames: np.ndarray
+    metadata: ChunkMetadata
+    server_timing: Mapping[str, float]
+    latency_s: float
+    endpoint: str
+
+    @property
+    def server_ms(self) -> float:
+        """Time spent inside the worker (queue + forward + decode + encode)."""
+        return sum(self.server_timing.values())
+
+
+def write_mp4(path: str | Path, frames: np.ndarray | Sequence[np.ndarray], fps: int | None = None) -> Path:
+    """Write `FxHxWx3` uint8 frames (or a sequence of chunks) as an H.264 MP4 (PyAV: the worker extra)."""
+    try:
+        from ardiff.worker.encoding import FPS, encode_mp4
+    except ImportError as exc:  # PyAV
+        raise ArdiffError(f"writing MP4 needs PyAV ({exc}); pip install 'ardiff[worker]'") from None
+    video = np.concatenate(list(frames)) if not isinstance(frames, np.ndarray) else frames
+    if video.ndim != 4 or video.shape[-1] != 3 or video.dtype != np.uint8 or not len(video):
+        raise ValueError(f"frames must be a non-empty FxHxWx3 uint8 array, got {video.dtype} {video.shape}")
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(encode_mp4(video, fps or FPS))
+    return target
+
+
+# ----------------------------------------------------------------------------------- the tick part (HTTP)
+
+
+@dataclass
+class SessionClient:
+    """Ticks one session on its worker; needs only the endpoint and the session's token."""
+
+    session_id: str
+    endpoint: str
+    token: str
+    next_chunk_index: int = 0
+    timeout: float = 120.0
+    http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=None), repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.session_id or not self.endpoint or not self.token:
+            raise ValueError(
+                "session client session_id, endpoint and token must be non-empty, got "
+                f"{self.session_id!r}, {self.endpoint!r}, {'<token>' if self.token else repr(self.token)}"
+            )
+        self.endpoint = self.endpoint.rstrip("/")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.http.close()
+
+    def _request(
+        self, method: str, path: str, *, json_body: Any = None, headers: Mapping[str, str] | None = None
+    ) -> httpx.Response:
+        """One call, following `misdirected` answers to the endpoint they name; errors become exceptions."""
+        for _ in range(MAX_MISDIRECTIONS + 1):
+            url = f"{self.endpoint}/v1/sessions/{self.session_id}{path}"
+            try:
+                response = self.http.request(
+                    method,
+                    url,
+                    json=json_body,
+                    headers={"Authorization": f"Bearer {self.token}", **(headers or {})},
+                    timeout=self.timeout,
+                )
+            except httpx.TransportError as exc:
+                raise WorkerUnreachable(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+            if response.status_code < 400:
+                return response
+            error = error_from_response(response)
+            if not isinstance(error, Misdirected):
+                raise error
+            self.endpoint = error.endpoint.rstrip("/")
+        raise error
+
+    def tick(
+        self,
+        controls: Sequence[Mapping[str, Any]] = (),
+        *,
+        prompt: str | None = None,
+        applied_event_ids: Sequence[int] = (),
+        request_id: str | None = None,
+        close_session: bool = False,
+    ) -> Chunk:
+        """Generate the next chunk. A retry with the same `request_id` replays the last chunk."""
+        body: dict[str, Any] = {
+            "request_id": request_id or f"{self.session_id}-{self.next_chunk_index}-{uuid.uuid4().hex[:8]}",
+            "chunk_index": self.next_chunk_index,
+            "applied_event_ids": list(applied_event_ids),
+            "controls": [dict(c) for c in controls],
+            "close_session": close_session,
+        }
+        if prompt is not None:
+            body["prompt"] = prompt
+        started = time.perf_counter()
+        response = self._request("POST", "/ticks", json_body=body, headers={"Accept": RAW_FRAMES})
+        latency = time.perf_counter() - started
+        metadata = ChunkMetadata.from_header(response.headers["ardiff-chunk-metadata"])
+        chunk = Chunk(
+            frames=decode_frames(response.content, response.headers["ardiff-frame-shape"]),
+            metadata=metadata,
+            server_timing=parse_server_timing(response.headers.get("server-timing", "")),
+            latency_s=latency,
+            endpoint=self.endpoint,
+        )
+        self.next_chunk_index = metadata.chunk_index + 1
+        return chunk
+
+    def reset(self) -> dict[str, Any]:
+        """Start the session over (its KV is dropped); the next tick is chunk 0."""
+        view = self._request("POST", "/reset").json()
+        self.next_chunk_index = 0
+        return view
+
+    def describe(self) -> dict[str, Any]:
+        """The worker's view of the session: state, next chunk index, ticks, residency."""
+        return self._request("GET", "").json()
+
+    def sync(self) -> dict[str, Any]:
+        """Continue where the session is: take the worker's next chunk index (e.g. in a new process)."""
+        view = self.describe()
+        self.next_chunk_index = int(view["next_chunk_index"])
+        return view
+
+    def close(self) -> dict[str, Any]:
+        """Close the session on its worker now (a fast path; deleting the resource frees the slot)."""
+        return self._request("DELETE", "").json()
+
+
+# ------------------------------------------------------------------------------- the Kubernetes part
+
+
+class KubeSessions:
+    """`ARDiffusionSession` resources of one namespace, through the `kubernetes` package.
+
+    Credentials: an explicit `kubeconfig` file, else `KUBECONFIG`/`~/.kube/config`, else the in-cluster
+    service account.
+    """
+
+    def __init__(
+        self, namespace: str = "default", *, kubeconfig: str | Path | None = None, context: str | None = None
+    ) -> None:
+        try:
+            import kubernetes
+        except ImportError:
+            raise KubernetesError(
+                "the client's Kubernetes part needs the `kubernetes` package: pip install 'ardiff[operator]'"
+            ) from None
+        self.namespace = namespace
+        self._kubernetes = kubernetes
+        try:
+            if kubeconfig is None and context is None:
+                try:
+                    kubernetes.config.load_kube_config()
+                    api_client = kubernetes.client.ApiClient()
+                except kubernetes.config.ConfigException:
+                    kubernetes.config.load_incluster_config()
+                    api_client = kubernetes.client.ApiClient()
+            else:
+                config_file = None if kubeconfig is None else str(kubeconfig)
+                api_client = kubernetes.config.new_client_from_config(
+                    config_file=config_file, context=context
+                )
+        except (kubernetes.config.ConfigException, OSError) as exc:
+            raise KubernetesError(f"no usable Kubernetes credentials: {exc}") from None
+        self._custom = kubernetes.client.CustomObjectsApi(api_client)
+        self._core = kubernetes.client.CoreV1Api(api_client)
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A Kubernetes call with its ApiException turned into a typed `KubernetesError`."""
+        try:
+            return fn(*args, **kwargs)
+        except self._kubernetes.client.ApiException as exc:
+            try:
+                message = json.loads(exc.body)["message"]
+            except (TypeError, ValueError, KeyError):
+                message = exc.reason
+            cls = {404: SessionNotFound, 422: InvalidSession}.get(exc.status, KubernetesError)
+            raise cls(f"{what}: {message}", status=exc.status) from None
+        except self._kubernetes.client.exceptions.OpenApiException as exc:
+            raise KubernetesError(f"{what}: {exc}") from None
+        except OSError as exc:  # urllib3 connection errors are OSErrors
+            raise KubernetesError(f"{what}: cannot reach the Kubernetes API: {exc}") from None
+
+    def create(
+        self,
+        name: str,
+        *,
+        pool: str,
+        prompt: str,
+        seed: int | None = None,
+        priority: int | None = None,
+        eviction_policy: str | None = None,
+        idle_timeout_seconds: int | None = None,
+        max_chunks: int | None = None,
+        image: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Create the session resource (the API server validates it: `InvalidSession` on a bad spec)."""
+        optional = {
+            "seed": seed,
+            "priority": priority,
+            "evictionPolicy": eviction_policy,
+            "idleTimeoutSeconds": idle_timeout_seconds,
+            "maxChunks": max_chunks,
+            "image": None if image is None else dict(image),
+        }
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ARDiffusionSession",
+            "metadata": {"name": name},
+            "spec": {
+                "poolRef": pool,
+                "prompt": prompt,
+                **{k: v for k, v in optional.items() if v is not None},
+            },
+        }
+        return self._call(
+            f"create session {name}",
+            self._custom.create_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            SESSION_PLURAL,
+            body,
+        )
+
+    def get(self, name: str) -> dict[str, Any]:
+        return self._call(
+            f"get session {name}",
+            self._custom.get_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            SESSION_PLURAL,
+            name,
+        )
+
+    def list(self) -> list[dict[str, Any]]:
+        listing = self._call(
+            "list sessions",
+            self._custom.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            SESSION_PLURAL,
+        )
+        return list(listing["items"])
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.get(name).get("status") or {}
+
+    def delete(self, name: str, *, wait: bool = False, timeout: float = 60) -> None:
+        """Delete the session (its slot and KV are freed); a missing session counts as deleted."""
+        try:
+            self._call(
+                f"delete session {name}",
+                self._custom.delete_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                SESSION_PLURAL,
+                name,
+            )
+        except SessionNotFound:
+            return
+        deadline = time.monotonic() + timeout
+        while wait:
+            try:
+                self.get(name)
+            except SessionNotFound:
+                return
+            if time.monotonic() > deadline:
+                raise WaitTimeout(f"session {name} still exists {timeout}s after its deletion")
+            time.sleep(0.2)
+
+    def wait_for(
+        self,
+        name: str,
+        predicate: Callable[[dict[str, Any]], bool],
+        *,
+        timeout: float = 300,
+        what: str = "a status",
+        on_status: Callable[[dict[str, Any]], None] | None = None,
+        poll: float = 0.2,
+    ) -> dict[str, Any]:
+        """Poll the status until `predicate(status)` holds; `SessionFailed` on Failed/Expired."""
+        deadline = time.monotonic() + timeout
+        status: dict[str, Any] = {}
+        while True:
+            status = self.status(name)
+            if on_status is not None:
+                on_status(status)
+            if predicate(status):
+                return status
+            if status.get("phase") in TERMINAL_PHASES:
+                raise SessionFailed(
+                    f"session {name} is {status['phase']}: {status.get('reason')}: {status.get('message')}"
+                )
+            if time.monotonic() > deadline:
+                phase = status.get("phase", "without status")
+                raise WaitTimeout(
+                    f"session {name} did not reach {what} within {timeout}s; it is {phase} "
+                    f"({status.get('reason')}: {status.get('message')})"
+                )
+            time.sleep(poll)
+
+    def wait_ready(
+        self, name: str, *, timeout: float = 300, on_status: Callable[[dict[str, Any]], None] | None = None
+    ) -> dict[str, Any]:
+        """Until `status.phase` is `Ready` (with an endpoint); returns the status."""
+        return self.wait_for(
+            name,
+            lambda s: s.get("phase") == "Ready" and bool(s.get("endpoint")),
+            timeout=timeout,
+            what="Ready",
+            on_status=on_status,
+        )
+
+    def token(self, name: str, status: Mapping[str, Any] | None = None) -> str:
+        """The session's bearer token, from the Secret its status names."""
+        ref = (status if status is not None else self.status(name)).get("tokenSecretRef") or {}
+        if not ref.get("name"):
+            raise KubernetesError(f"session {name} has no status.tokenSecretRef yet")
+        secret = self._call(
+            f"read the token of session {name}",
+            self._core.read_namespaced_secret,
+            ref["name"],
+            self.namespace,
+        )
+        key = ref.get("key", "token")
+        encoded = (secret.data or {}).get(key)
+        if not encoded:
+            raise KubernetesError(f"secret {ref['name']} has no key {key!r}")
+        return base64.b64decode(encoded).decode()
+
+    def connect(self, name: str, *, timeout: float = 300, **client_options: Any) -> SessionClient:
+        """Wait for `Ready`, then a `SessionClient` at `status.endpoint` that continues at the session's
+        next chunk (a session that needs a reset stays that way: its first tick raises `ResetRequired`)."""
+        status = self.wait_ready(name, timeout=timeout)
+        client = SessionClient(name, status["endpoint"], self.token(name, status), **client_options)
+        client.sync()
+        return client
