@@ -43,10 +43,24 @@ class ControlBody(BaseModel):
     data: dict[str, Any] = Field(examples=[{"mode": "frames", "frames": [["w"], ["w"], ["w", "j"]]}])
 
 
+_EXAMPLE_TICK = {
+    "request_id": "tick-0",
+    "chunk_index": 0,
+    "prompt": "camera moving forward through a forest",
+    "controls": [
+        {
+            "track": "camera",
+            "schema": "lingbot.camera_actions.v1",
+            "data": {"mode": "frames", "frames": [["w"], ["w"], ["w", "j"]]},
+        }
+    ],
+}
+
+
 class TickBody(BaseModel):
     """vllm-omni's `ARDiffusionTickRequest` minus `session_id` (the URL names the session)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [_EXAMPLE_TICK]})
     request_id: str = Field(
         min_length=1, description="correlation id; a retry with the same id replays the chunk"
     )

@@ -43,8 +43,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
+    from ardiff.worker.settings import DEFAULT_CPU_FREE_MEMORY_BYTES
     from ardiff.worker.tiny_model import write_tiny_model
+    from ardiff.worker.vllm_runtime import prepare_vllm_omni
 
+    prepare_vllm_omni(cpu_free_memory_bytes=DEFAULT_CPU_FREE_MEMORY_BYTES)
     path = write_tiny_model(args.directory, seed=args.seed)
     print(f"wrote a tiny LingBot-World checkpoint to {path}")
     return 0

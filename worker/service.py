@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ardiff.errors import ArdiffError
 from ardiff.kv.records import SessionRecord, SessionState, check_name
 from ardiff.worker import tick_rules
 from ardiff.worker.conditioning import Conditioning
@@ -144,7 +145,10 @@ class WorkerService:
                     asyncio.create_task(self.link.events_forever(self.on_event), name="events")
                 )
         except Exception as exc:
-            log.exception("worker failed to start")
+            if isinstance(exc, ArdiffError):  # a user error (bad model, bad settings): no traceback
+                log.error("worker failed to start: %s", exc)
+            else:
+                log.exception("worker failed to start")
             self.failure = exc
             self._stopped.set()
 
@@ -448,9 +452,11 @@ class WorkerService:
 
     async def reset(self, session_id: str, authorization: str | None) -> dict[str, Any]:
         runtime = self._require_ready()
-        await self._placed_record(session_id, authorization)
+        record = await self._placed_record(session_id, authorization)
         with self._exclusive(session_id):
             book = self._books.get(session_id)
+            if book is None and record is None:
+                raise UnknownSession(f"no session {session_id!r} on this worker")
             if book is not None and book.status is SessionStatus.CLOSED:
                 raise SessionClosed(f"session {session_id!r} was closed on this worker")
             async with self._forward_lock:

@@ -21,6 +21,7 @@ DEFAULT_PIPELINE = "LingBotWorldCausalDMDPipeline"
 # default fraction there is small (the OS backs the pool lazily, but its block table is built eagerly).
 DEFAULT_GPU_KV_FRACTION = 0.9
 DEFAULT_CPU_KV_FRACTION = 0.1
+DEFAULT_CPU_FREE_MEMORY_BYTES = 8 << 30
 Runtime = Literal["vllm", "fake"]
 Dtype = Literal["bfloat16", "float16", "float32"]
 
@@ -38,7 +39,7 @@ class WorkerSettings:
     dtype: Dtype | None = None  # None: bfloat16 on an accelerator, float32 on CPU
     kv_memory_fraction: float | None = None  # None: DEFAULT_GPU_KV_FRACTION / DEFAULT_CPU_KV_FRACTION
     session_capacity: int | None = None
-    cpu_free_memory_bytes: int = 8 << 30
+    cpu_free_memory_bytes: int = DEFAULT_CPU_FREE_MEMORY_BYTES
     redis_url: str | None = None
     namespace: str = "default"
     pool: str = "default"

@@ -159,6 +159,12 @@ def launch_worker() -> Iterator[LaunchWorker]:
 
 
 @pytest.fixture(scope="session")
+def tiny_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One model cache for every real worker of the run: the embedded tiny model is generated once."""
+    return tmp_path_factory.mktemp("ardiff-model-cache")
+
+
+@pytest.fixture(scope="session")
 async def store(redis_url: str) -> PlacementStore:
     placement = PlacementStore.from_url(redis_url)
     yield placement

@@ -183,3 +183,59 @@ def test_mp4_round_trip_keeps_frame_count_and_size():
     assert len(decoded) == 9
     assert decoded[4].shape == (32, 48, 3)
     assert abs(int(decoded[4].mean()) - 40) <= 3
+
+
+def test_od_config_kwargs_for_cpu_and_accelerator(tmp_path):
+    from ardiff.worker.vllm_runtime import ENGINE_BACKEND, build_od_config_kwargs
+
+    settings = WorkerSettings(height=128, width=64, pod_name="pod-a", session_capacity=1)
+    cpu = build_od_config_kwargs(settings, tmp_path, accelerator=False, master_port=29555)
+    assert cpu == {
+        "model": str(tmp_path),
+        "model_class_name": "LingBotWorldCausalDMDPipeline",
+        "dtype": "float32",
+        "engine_backend": ENGINE_BACKEND,
+        "model_config": {
+            "ar_diffusion_height": 128,
+            "ar_diffusion_width": 64,
+            "ar_diffusion_kv_config": {"gpu_memory_fraction": 0.1},
+        },
+        "num_gpus": 1,
+        "master_port": 29555,
+        "enforce_eager": True,
+        "vae_fast_path": "off",
+        "enable_multithread_weight_load": False,
+    }
+    gpu = build_od_config_kwargs(settings, tmp_path, accelerator=True, master_port=29555)
+    assert gpu["dtype"] == "bfloat16"
+    assert gpu["model_config"]["ar_diffusion_kv_config"] == {"gpu_memory_fraction": 0.9}
+    assert "enforce_eager" not in gpu
+
+
+def test_serving_a_missing_model_directory_fails_fast_without_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ardiff.cli",
+            "worker",
+            "serve",
+            "--model",
+            str(tmp_path / "nope"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 1
+    assert "error: model_unavailable:" in out.stderr
+    assert "nor a model directory" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,100 @@
+"""The `vllm` runtime: a model loaded with vllm-omni's own machinery, `DiffusionWorker` with the
+`ARDiffusionEngine` backend, so every tick runs through `ARDiffusionModelRunner` and its paged KV cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from ardiff.devcluster.redis_server import free_port
+from ardiff.worker import cpu_platform
+from ardiff.worker.errors import ModelUnavailable
+from ardiff.worker.settings import EMBEDDED_TINY_MODEL, WorkerSettings
+
+log = logging.getLogger(__name__)
+
+ENGINE_BACKEND = "vllm_omni.experimental.ar_diffusion.engine.ARDiffusionEngine"
+
+
+def prepare_vllm_omni(*, cpu_free_memory_bytes: int) -> bool:
+    """Make vllm-omni usable in this process; True when an accelerator is present.
+
+    Without one, the CPU shims go in first (they must precede the first import of LingBot's pipeline). The
+    tiny-checkpoint factory goes in on every device.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every model directory is local
+    on_cpu = cpu_platform.apply_if_needed(free_memory_bytes=cpu_free_memory_bytes)
+    from ardiff.worker.tiny_model import install_tiny_transformer_factory
+
+    install_tiny_transformer_factory()
+    return not on_cpu
+
+
+def checked_model_dir(model: str) -> Path:
+    """A model directory given by `--model`; `ModelUnavailable` unless it holds a model_index.json."""
+    model_dir = Path(model).expanduser()
+    if not (model_dir / "model_index.json").is_file():
+        raise ModelUnavailable(
+            f"model {model!r} is neither {EMBEDDED_TINY_MODEL!r} nor a model directory (no model_index.json)"
+        )
+    return model_dir
+
+
+def build_od_config_kwargs(
+    settings: WorkerSettings, model_dir: Path, *, accelerator: bool, master_port: int
+) -> dict[str, Any]:
+    """The `OmniDiffusionConfig` of this worker (dtype as a name; the caller converts it to torch's)."""
+    kwargs: dict[str, Any] = {
+        "model": str(model_dir),
+        "model_class_name": settings.pipeline,
+        "dtype": settings.dtype or ("bfloat16" if accelerator else "float32"),
+        "engine_backend": ENGINE_BACKEND,  # -> DiffusionWorker builds ARDiffusionModelRunner
+        "model_config": {
+            "ar_diffusion_height": settings.height,
+            "ar_diffusion_width": settings.width,
+            "ar_diffusion_kv_config": {"gpu_memory_fraction": settings.kv_fraction(accelerator=accelerator)},
+        },
+        "num_gpus": 1,
+        "master_port": master_port,
+    }
+    if not accelerator:
+        # No torch.compile, no fused Triton VAE path and no weight-loading threads on CPU.
+        kwargs.update(enforce_eager=True, vae_fast_path="off", enable_multithread_weight_load=False)
+    return kwargs
+
+
+def load_vllm_runtime(settings: WorkerSettings):
+    embedded = settings.model == EMBEDDED_TINY_MODEL
+    model_dir = None if embedded else checked_model_dir(settings.model)  # fail before the slow imports
+    accelerator = prepare_vllm_omni(cpu_free_memory_bytes=settings.cpu_free_memory_bytes)
+    if model_dir is None:
+        from ardiff.worker.tiny_model import ensure_tiny_model
+
+        model_dir = ensure_tiny_model(settings.model_cache)  # generated once, under a file lock
+    import torch
+    from vllm_omni.diffusion.data import OmniDiffusionConfig
+    from vllm_omni.diffusion.worker.diffusion_worker import DiffusionWorker
+
+    from ardiff.worker.session_adapter import ARDiffusionSessionAdapter
+
+    # Every worker process takes its own rendezvous port; the env var wins over the config in vllm-omni.
+    master_port = free_port()
+    os.environ["MASTER_PORT"] = str(master_port)
+    kwargs = build_od_config_kwargs(settings, model_dir, accelerator=accelerator, master_port=master_port)
+    kwargs["dtype"] = getattr(torch, kwargs["dtype"])
+    od_config = OmniDiffusionConfig(**kwargs)
+    log.info(
+        "loading %s from %s (%s, %s)",
+        settings.pipeline,
+        model_dir,
+        kwargs["dtype"],
+        "accelerator" if accelerator else "CPU",
+    )
+    try:
+        worker = DiffusionWorker(local_rank=0, rank=0, od_config=od_config)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ModelUnavailable(f"could not load {model_dir}: {exc}") from exc
+    return ARDiffusionSessionAdapter(worker, od_config)
