@@ -34,6 +34,8 @@ OPERATOR_ENV = {
     "ARDIFF_OPERATOR_MIRROR_SECONDS": "1",
     "ARDIFF_OPERATOR_CANCELLATION_POLLING_SECONDS": "0.5",
 }
+# A pool is finalized once its pods have terminated, which may take their grace period (30 s).
+POOL_FINALIZE_SECONDS = 60
 # Worker Pods: the real worker app over the fake runtime, short leases so that a dead pod is noticed fast.
 FAKE_WORKER_ENV = [
     {"name": "ARDIFF_RUNTIME", "value": "fake"},
@@ -280,7 +282,7 @@ def operator_process(cluster: Cluster, redis_url: str, tmp_path: Path) -> Iterat
     try:
         wait_until(
             lambda: not cluster.items("ardiffusionsessions") and not cluster.items("ardiffusionworkerpools"),
-            timeout=30,
+            timeout=POOL_FINALIZE_SECONDS,
             what="the test's custom resources to be finalized",
         )
     finally:

@@ -10,7 +10,7 @@ import pytest
 from ardiff.kv.keys import PoolKeys
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
-from tests.operator.conftest import Cluster, OperatorProcess, wait_until
+from tests.operator.conftest import POOL_FINALIZE_SECONDS, Cluster, OperatorProcess, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -115,7 +115,7 @@ async def test_deleting_a_pool_fails_its_sessions_and_removes_its_pods_and_state
     assert await store.list_pods(pool) != []
 
     cluster.delete("ardiffusionworkerpools", "pool")
-    cluster.wait_gone("ardiffusionworkerpools", "pool")
+    cluster.wait_gone("ardiffusionworkerpools", "pool", timeout=POOL_FINALIZE_SECONDS)
     status = cluster.wait_phase("orphaned", "Failed", reason="PoolDeleted")
     assert "pod" not in status
     wait_until(lambda: cluster.pods() == [], timeout=20, what="the pool's pods to be deleted")

@@ -13,7 +13,7 @@ import pytest
 from ardiff.devcluster.redis_server import RedisServer
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionState
-from tests.operator.conftest import Cluster, OperatorProcess, wait_until
+from tests.operator.conftest import POOL_FINALIZE_SECONDS, Cluster, OperatorProcess, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -171,7 +171,11 @@ async def test_redis_losing_its_data_is_rebuilt_from_the_session_status(
             for plural in ("ardiffusionsessions", "ardiffusionworkerpools"):
                 for item in cluster.items(plural):
                     cluster.delete(plural, item["metadata"]["name"])
-            wait_until(lambda: not cluster.items("ardiffusionworkerpools"), what="pool finalized")
+            wait_until(
+                lambda: not cluster.items("ardiffusionworkerpools"),
+                timeout=POOL_FINALIZE_SECONDS,
+                what="pool finalized",
+            )
             operator.stop()
 
 
@@ -207,6 +211,10 @@ def test_two_operators_with_peering_only_one_acts(cluster: Cluster, redis_url: s
         for plural in ("ardiffusionsessions", "ardiffusionworkerpools"):
             for item in cluster.items(plural):
                 cluster.delete(plural, item["metadata"]["name"])
-        wait_until(lambda: not cluster.items("ardiffusionworkerpools"), timeout=30, what="pool finalized")
+        wait_until(
+            lambda: not cluster.items("ardiffusionworkerpools"),
+            timeout=POOL_FINALIZE_SECONDS,
+            what="pool finalized",
+        )
         standby.stop()
         active.stop()
