@@ -1,0 +1,163 @@
+"""The Python client without a cluster: the error taxonomy against the worker's own envelopes and the
+contracts table, frame decoding, camera controls, server timings, MP4 writing, and its boundary checks."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import av
+import httpx
+import numpy as np
+import pytest
+
+from ardiff import client
+from ardiff.devcluster.redis_server import free_port
+from ardiff.errors import ArdiffError
+from ardiff.worker import errors as worker_errors
+
+CONTRACTS = Path(__file__).resolve().parents[2] / "docs" / "contracts.md"
+
+
+def contract_codes() -> dict[str, int]:
+    """`code -> status` from the error table of docs/contracts.md §4 (`| 409 | `a` / `b` | extra |`)."""
+    table = CONTRACTS.read_text().split("## 4. Worker HTTP API", 1)[1].split("\n## ", 1)[0]
+    codes = {}
+    for status, cell in re.findall(r"^\| (\d{3}) \| ([^|]+) \|", table, flags=re.MULTILINE):
+        for code in re.findall(r"`([a-z_]+)`", cell):
+            codes[code] = int(status)
+    return codes
+
+
+def worker_error_instances() -> list[worker_errors.WorkerError]:
+    """One instance of every error the worker answers with, built the way the worker builds them."""
+    extras = {
+        "ChunkOutOfOrder": {"expected_chunk_index": 7},
+        "MaxChunksReached": {"max_chunks": 100},
+        "Misdirected": {"endpoint": "http://10.0.0.7:8000"},
+    }
+    found = []
+    for cls in worker_errors.WorkerError.__subclasses__():
+        if cls.__module__ != worker_errors.__name__:
+            continue  # e.g. the app's RouteError for unknown URLs (tested below)
+        found.append(cls(f"a {cls.code} answer", **extras.get(cls.__name__, {})))
+    return found
+
+
+def answer(error: worker_errors.WorkerError) -> httpx.Response:
+    return httpx.Response(error.status, json=error.envelope())
+
+
+def test_the_client_knows_every_code_of_the_contract_with_its_status() -> None:
+    codes = contract_codes()
+    assert len(codes) == 14
+    assert {code: cls.status for code, cls in client.ERRORS_BY_CODE.items()} == codes
+
+
+@pytest.mark.parametrize("error", worker_error_instances(), ids=lambda e: e.code)
+def test_every_worker_error_becomes_its_typed_exception(error: worker_errors.WorkerError) -> None:
+    raised = client.error_from_response(answer(error))
+    assert type(raised) is client.ERRORS_BY_CODE[error.code]
+    assert isinstance(raised, ArdiffError)
+    assert (raised.code, raised.status, raised.message) == (error.code, error.status, error.message)
+    assert raised.param == error.param
+    assert raised.extra == error.extra
+
+
+def test_extras_are_typed_attributes() -> None:
+    out_of_order = client.error_from_response(
+        answer(worker_errors.ChunkOutOfOrder("x", expected_chunk_index=3))
+    )
+    assert isinstance(out_of_order, client.ChunkOutOfOrder)
+    assert out_of_order.expected_chunk_index == 3
+    assert out_of_order.param == "chunk_index"
+    limited = client.error_from_response(answer(worker_errors.MaxChunksReached("x", max_chunks=5)))
+    assert isinstance(limited, client.MaxChunksReached)
+    assert limited.max_chunks == 5
+    moved = client.error_from_response(answer(worker_errors.Misdirected("x", endpoint="http://pod-b:8000")))
+    assert isinstance(moved, client.Misdirected)
+    assert moved.endpoint == "http://pod-b:8000"
+
+
+def test_answers_without_the_envelope_or_with_an_unknown_code_keep_their_status() -> None:
+    proxy = client.error_from_response(httpx.Response(502, text="<html>bad gateway</html>"))
+    assert type(proxy) is client.WorkerAPIError
+    assert (proxy.status, proxy.code) == (502, "worker_error")
+    assert "bad gateway" in proxy.message
+    newer = client.error_from_response(
+        httpx.Response(418, json={"error": {"code": "teapot", "message": "short and stout", "type": "x"}})
+    )
+    assert type(newer) is client.WorkerAPIError
+    assert (newer.status, newer.code, newer.message) == (418, "teapot", "short and stout")
+    route = client.error_from_response(
+        httpx.Response(404, json={"error": {"code": "not_found", "message": "Not Found", "type": "NotFound"}})
+    )
+    assert (route.status, route.code) == (404, "not_found")
+
+
+def test_decode_frames_checks_the_shape_against_the_body() -> None:
+    frames = np.arange(2 * 4 * 6 * 3, dtype=np.uint8).reshape(2, 4, 6, 3)
+    decoded = client.decode_frames(frames.tobytes(), "2,4,6,3")
+    assert decoded.dtype == np.uint8
+    assert np.array_equal(decoded, frames)
+    for header in ("2,4,6", "2,4,6,4", "a,b,c,3", "0,4,6,3", ""):
+        with pytest.raises(ValueError, match="ardiff-frame-shape"):
+            client.decode_frames(frames.tobytes(), header)
+    with pytest.raises(ValueError, match="the body has 143"):
+        client.decode_frames(frames.tobytes()[:-1], "2,4,6,3")
+
+
+def test_camera_controls_follow_lingbots_schema() -> None:
+    control = client.camera("w", "wJ", "")
+    assert control == {
+        "track": "camera",
+        "schema": "lingbot.camera_actions.v1",
+        "data": {"mode": "frames", "frames": [["w"], ["j", "w"], []]},
+    }
+    assert client.camera(["w", "d"], ["w"], ["w"])["data"]["frames"] == [["d", "w"], ["w"], ["w"]]
+    assert client.hold("i")["data"]["frames"] == [["i"], ["i"], ["i"]]
+    with pytest.raises(ValueError, match="must hold 3 key states"):
+        client.camera("w", "w")
+    with pytest.raises(ValueError, match=r"got \['q', 'x'\]"):
+        client.camera("w", "qx", "")
+    assert all(c["data"]["frames"] and len(c["data"]["frames"]) == 3 for c in client.CAMERA_TOUR)
+
+
+def test_server_timing_is_parsed_to_milliseconds() -> None:
+    header = "queue;dur=1.25, forward;dur=80.00, decode;dur=12.5, encode;dur=0.02"
+    assert client.parse_server_timing(header) == {
+        "queue": 1.25,
+        "forward": 80.0,
+        "decode": 12.5,
+        "encode": 0.02,
+    }
+    assert client.parse_server_timing("") == {}
+
+
+def test_write_mp4_writes_every_frame_of_every_chunk(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    chunks = [rng.integers(0, 255, size=(n, 32, 48, 3), dtype=np.uint8) for n in (9, 12)]
+    path = client.write_mp4(tmp_path / "out" / "walk.mp4", chunks)
+    with av.open(io.BytesIO(path.read_bytes())) as video:
+        decoded = [frame.to_ndarray(format="rgb24") for frame in video.decode(video=0)]
+    assert len(decoded) == 21
+    assert decoded[0].shape == (32, 48, 3)
+    with pytest.raises(ValueError, match="non-empty FxHxWx3 uint8"):
+        client.write_mp4(tmp_path / "bad.mp4", np.zeros((2, 32, 32), dtype=np.uint8))
+
+
+def test_session_client_needs_its_three_values_and_reports_an_unreachable_worker() -> None:
+    with pytest.raises(ValueError, match="must be non-empty"):
+        client.SessionClient("walk", "http://127.0.0.1:1", "")
+    port = free_port()
+    with client.SessionClient("walk", f"http://127.0.0.1:{port}/", "t0ken", timeout=5) as session:
+        assert session.endpoint == f"http://127.0.0.1:{port}"
+        with pytest.raises(client.WorkerUnreachable, match="ConnectError"):
+            session.tick([client.hold("w")])
+        assert session.next_chunk_index == 0  # nothing advanced
+
+
+def test_kube_sessions_without_credentials_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(client.KubernetesError, match="no usable Kubernetes credentials"):
+        client.KubeSessions("default", kubeconfig=tmp_path / "missing")

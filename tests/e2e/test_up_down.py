@@ -1,0 +1,108 @@
+"""`ardiff up` / `ardiff down` as a user runs them: a background dev cluster that real kubectl reaches through
+the printed KUBECONFIG, idempotent commands, and no process left behind — also when the background process
+itself was killed. Worker Pods run the real worker app over the fake runtime here (the demo test and
+test_real_cluster.py run the real model)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ardiff.devcluster.daemon import ClusterState, read_state
+from ardiff.devcluster.kubectl import run_kubectl
+from tests.e2e.conftest import REPO, wait_until
+
+pytestmark = pytest.mark.slow
+
+FAKE_POOL = REPO / "tests" / "manifests" / "pool-fake.yaml"
+
+
+def ardiff(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ardiff.cli", *args], capture_output=True, text=True, timeout=180, check=False
+    )
+
+
+def all_pids(state: ClusterState) -> list[int]:
+    return [state.daemon.pid, *(p.pid for p in state.processes)]
+
+
+def running(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if stat.rpartition(")")[2].split()[0] not in ("Z", "X"):
+            alive.append(pid)
+    return alive
+
+
+def up_with_a_worker(state_dir: Path) -> ClusterState:
+    """`ardiff up`, then a fake pool applied with kubectl; returns the state once its worker runs."""
+    started = ardiff("up", "--state-dir", str(state_dir), "--namespace", "default")
+    assert started.returncode == 0, started.stderr
+    kubeconfig = state_dir.resolve() / "kubeconfig"
+    assert f"export KUBECONFIG={kubeconfig}" in started.stdout
+    assert "is up" in started.stdout
+    run_kubectl(["apply", "-f", str(FAKE_POOL)], kubeconfig=kubeconfig)
+
+    def with_worker() -> ClusterState | None:
+        state = read_state(state_dir.resolve())
+        # The API, Redis, the operator and the pool's worker.
+        return state if state is not None and len(running([p.pid for p in state.processes])) == 4 else None
+
+    state = wait_until(with_worker, timeout=60, what="the fake pool's worker process")
+    pods = run_kubectl(["get", "pods", "-o", "name"], kubeconfig=kubeconfig).stdout
+    assert pods.startswith("pod/fake-pool-")
+    return state
+
+
+def test_up_twice_then_down_twice_leaves_nothing_running(tmp_path: Path) -> None:
+    state_dir = tmp_path / "dev"
+    nothing = ardiff("down", "--state-dir", str(state_dir))
+    assert nothing.returncode == 0
+    assert "no dev cluster runs" in nothing.stdout
+
+    state = up_with_a_worker(state_dir)
+    pids = all_pids(state)
+    assert len(running(pids)) == 5
+
+    again = ardiff("up", "--state-dir", str(state_dir))
+    assert again.returncode == 0, again.stderr
+    assert "was already up" in again.stdout
+    again_state = read_state(state_dir.resolve())
+    assert again_state is not None
+    assert again_state.daemon == state.daemon
+
+    stopped = ardiff("down", "--state-dir", str(state_dir))
+    assert stopped.returncode == 0, stopped.stderr
+    assert "the dev cluster is down" in stopped.stdout
+    assert running(pids) == []
+    assert read_state(state_dir.resolve()) is None
+    assert "the dev cluster stopped" in (state_dir / "logs" / "cluster.log").read_text()
+    assert ardiff("down", "--state-dir", str(state_dir)).stdout.startswith("no dev cluster runs")
+
+
+def test_down_cleans_up_after_a_killed_background_process(tmp_path: Path) -> None:
+    state_dir = tmp_path / "dev"
+    state = up_with_a_worker(state_dir)
+    os.kill(state.daemon.pid, signal.SIGKILL)
+    wait_until(lambda: not running([state.daemon.pid]), timeout=10, what="the background process to die")
+    orphans = running([p.pid for p in state.processes])
+    assert len(orphans) == 4  # the API, Redis, the operator and the worker outlive it
+
+    stopped = ardiff("down", "--state-dir", str(state_dir))
+    assert stopped.returncode == 0, stopped.stderr
+    wait_until(lambda: running(orphans) == [], timeout=10, what="the orphans to be killed")
+
+    restarted = ardiff("up", "--state-dir", str(state_dir))  # a fresh cluster in the same directory
+    assert restarted.returncode == 0, restarted.stderr
+    assert "is up" in restarted.stdout
+    assert ardiff("down", "--state-dir", str(state_dir)).returncode == 0
