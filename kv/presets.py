@@ -230,10 +230,10 @@ WAN21_VAE_PARAMS = 126_892_531  # DistributedAutoencoderKLWan with the Wan 2.1 d
 DREAMZERO_DIT_PARAMS = 16_484_292_448  # CausalWanModel with DREAMZERO_DROID
 DREAMZERO_CLIP_PARAMS = 632_076_801  # DreamZeroImageEncoder (open-clip ViT-H/14 visual tower)
 
-# The embedded tiny LingBot-World the CPU worker generates (reference make_tiny_lingbot.py): 2 layers of
-# 2 x 16 heads, VAE base 8 with one residual block per level, sink 3 / window 6 / 3 frames per block.
+# The embedded tiny LingBot-World the worker generates (ardiff.worker.tiny_model; a test keeps them equal):
+# 2 layers of 2 x 32 heads, VAE base 8 with one residual block per level; sink 3, window 6, 3-frame blocks.
 TINY_LINGBOT_TRANSFORMER = LingBotTransformerConfig(
-    num_layers=2, num_attention_heads=2, attention_head_dim=16, sink_size=3, sliding_window_num_frames=9
+    num_layers=2, num_attention_heads=2, attention_head_dim=32, sink_size=3, sliding_window_num_frames=9
 )
 TINY_LINGBOT_VAE = WanVAEConfig(base_dim=8, num_res_blocks=1)
 
@@ -289,8 +289,8 @@ PRESETS: dict[str, ModelProfile] = {
                 vae=TINY_LINGBOT_VAE,
             ),
             dtype="float32",
-            # The CPU worker does not subtract its weights (DiT 102,656 + VAE 668,043 + UMT5 22,560
-            # parameters, 3.2 MB in float32) from the free memory it reports.
+            # The CPU worker reports a fixed cap (or the RAM available, if less) as free memory; its weights
+            # (a few MB) are not subtracted.
             weights_bytes=0,
             runtime_overhead_bytes=0,
         ),

@@ -57,15 +57,15 @@ def test_plan_json_in_bytes() -> None:
         "fraction": 0.1,
         "weights_bytes": 0,
         "runtime_overhead_bytes": 0,
-        "page_bytes": 8192,  # 2 layers x 2 heads x 16 tokens x 2 x 16 x 4 B
+        "page_bytes": 16_384,  # 2 layers x 2 heads x 16 tokens x 2 x 32 x 4 B
         "pages_per_session": 9,  # sink 3 + window 6
         "scratch_pages": 3,
-        "cross_attention_bytes_per_session": 262_144,  # 2 x 512 tokens x 2 heads x 16 x 4 B x 2 layers
-        "model_owned_bytes_per_session": 40_893_440,
-        "one_session_bytes": 41_294_848,
+        "cross_attention_bytes_per_session": 524_288,  # 2 x 512 tokens x 2 heads x 32 x 4 B x 2 layers
+        "model_owned_bytes_per_session": 40_918_016,
+        "one_session_bytes": 41_720_832,
         "available_bytes": 8 << 30,
         "kv_budget_bytes": 858_993_459,
-        "managed_blocks": 94_806,
+        "managed_blocks": 47_366,
         "sessions": 2,
         "binding_limit": "pipeline_session_capacity",
     }

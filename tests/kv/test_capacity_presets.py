@@ -229,6 +229,18 @@ def test_weights_are_the_parameter_counts_in_bfloat16() -> None:
     assert all(PRESETS[name].runtime_overhead_bytes >= GIB for name in DEFAULT_PRESETS)
 
 
+def test_tiny_preset_is_the_workers_embedded_model() -> None:
+    from ardiff.worker import tiny_model
+
+    worker_config = {
+        **tiny_model.TRANSFORMER_CONFIG,
+        "patch_size": tuple(tiny_model.TRANSFORMER_CONFIG["patch_size"]),
+    }
+    for field in dataclasses.fields(TINY_LINGBOT_TRANSFORMER):
+        assert worker_config[field.name] == getattr(TINY_LINGBOT_TRANSFORMER, field.name), field.name
+    assert TINY_LINGBOT_VAE.base_dim == tiny_model.VAE_BASE_DIM
+
+
 def test_bad_preset_inputs_are_refused() -> None:
     with pytest.raises(InvalidKVSpec, match="KV preset must be one of") as unknown:
         get_preset("lingbot-world-1080p")
