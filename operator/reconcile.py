@@ -50,8 +50,9 @@ def now_rfc3339() -> str:
 
 
 def needs_reconcile(session: SessionView) -> bool:
-    """Sessions a pool round looks after: not being deleted, valid, and not finished."""
-    if session.deleting or session.spec is None:
+    """Sessions a pool round looks after: admitted (their create handler wrote a status; until then it is
+    theirs, and kopf re-runs it after a restart), not being deleted, valid, and not finished."""
+    if not session.status or session.deleting or session.spec is None:
         return False
     if session.phase == Phase.EXPIRED:
         return False
@@ -397,6 +398,9 @@ async def reconcile_pool(
     pid = PoolId(pool.namespace, pool.name)
     active = [s for s in sessions if needs_reconcile(s)]
     names = [s.name for s in active]
+    # Under the pool's lock (admissions and releases take it too): the free-slot count and the may-evict
+    # decision stay exact for the whole placement pass, and no status derived here is older than a write an
+    # admission made in between.
     async with ctx.locks[pid]:
         live = await sync_pods(ctx, pid, pods)
         slots = pod_slots(ctx, pid, pods, live)
@@ -406,22 +410,24 @@ async def reconcile_pool(
         result = await place_sessions(ctx, pool, active, records, live, slots, logger)
         records = await ctx.store.get_sessions(pid, names)
         live = await live_pods(ctx, pid)
-        slots = pod_slots(ctx, pid, pods, live)
         by_name = {p.name: p for p in pods}
         unsettled = [s for s in active if s.name not in result.settled]
         await write_session_statuses(ctx, unsettled, records, live, by_name, now_ms)
-        plan = plan_scaling(
-            slots,
-            waiting=result.waiting,
-            min_replicas=pool.spec.min_replicas,
-            max_replicas=pool.spec.max_replicas,
-            session_capacity=pool.spec.session_capacity,
-            scale_down_delay=pool.spec.scale_down_delay_seconds,
-            now=time.monotonic(),
-        )
-        for _ in range(plan.create):
-            await create_worker_pod(ctx, pool, logger)
-        retired = [name for name in plan.delete if await retire_worker_pod(ctx, pid, name, logger)]
+    slots = pod_slots(ctx, pid, pods, live)
+    plan = plan_scaling(
+        slots,
+        waiting=result.waiting,
+        min_replicas=pool.spec.min_replicas,
+        max_replicas=pool.spec.max_replicas,
+        session_capacity=pool.spec.session_capacity,
+        scale_down_delay=pool.spec.scale_down_delay_seconds,
+        now=time.monotonic(),
+    )
+    for _ in range(plan.create):
+        await create_worker_pod(ctx, pool, logger)
+    # Outside the lock: creating Pods only adds capacity, and draining is atomic in Redis (only if the pod
+    # is still empty), so neither can invalidate a placement.
+    retired = [name for name in plan.delete if await retire_worker_pod(ctx, pid, name, logger)]
     existing = [p for p in pods if not p.deleting and p.name not in retired]
     ready = {p.name for p in existing if p.ready}
     observation = PoolObservation(

@@ -1,0 +1,353 @@
+"""The operator at scale: 1,000 sessions applied to one pool on the dev cluster, apply → Ready latency.
+
+Both runs use the same dev cluster (emulated API in its own process, real Redis, the pod runner):
+- baseline: a bare kopf operator whose only handler marks each new session `Ready` (one status patch):
+  the floor that kopf and this API put under any operator;
+- ardiff: the real operator (`ardiff operator run`), a pool of fake-runtime worker Pods (the real worker app
+  over the fake runtime, started and registered before the clock starts), token Secrets, placement in Redis.
+
+Sessions are created by `--clients` concurrent HTTP clients; Ready is observed on a watch. Printed:
+p50/p99/max apply → Ready, the time until all are Ready, sessions/s, the operator's peak RSS and its CPU
+while idle with every session Ready (its level-triggered rounds), and ardiff's p50 as a ratio of the
+baseline's.
+
+    .venv/bin/python benchmarks/reconcile.py [--sessions 1000] [--pods 4] [--clients 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster
+from ardiff.devcluster.operator_process import OperatorProcess
+
+GROUP_PATH = "/apis/ardiffusion.dev/v1alpha1/namespaces/{ns}"
+OPERATOR_ENV = {"ARDIFF_OPERATOR_RECONCILE_SECONDS": "2", "ARDIFF_OPERATOR_MIRROR_SECONDS": "5"}
+
+
+def session_body(name: str, pool: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "ardiffusion.dev/v1alpha1",
+        "kind": "ARDiffusionSession",
+        "metadata": {"name": name},
+        "spec": {"poolRef": pool, "prompt": "a slow walk through a misty forest", "seed": 7},
+    }
+
+
+def pool_body(pods: int, capacity: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "ardiffusion.dev/v1alpha1",
+        "kind": "ARDiffusionWorkerPool",
+        "metadata": {"name": "bench"},
+        "spec": {
+            "model": {"name": "tiny-lingbot-world", "height": 64, "width": 64},
+            "image": "ghcr.io/ardiff/ardiff-worker:bench",
+            "env": [
+                {"name": "ARDIFF_RUNTIME", "value": "fake"},
+                {"name": "ARDIFF_FAKE_CAPACITY", "value": str(capacity)},
+            ],
+            "replicas": {"min": pods, "max": pods},
+        },
+    }
+
+
+class PeakRss:
+    """Samples a process' RSS on a thread; `peak` in bytes."""
+
+    def __init__(self, pid: int, period: float = 0.2) -> None:
+        self.process = psutil.Process(pid)
+        self.period = period
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            self._stop.wait(self.period)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One way of applying sessions: a burst (all at once) or paced (a fixed arrival rate)."""
+
+    latencies: list[float]  # apply → Ready, seconds
+    all_ready_s: float  # first apply → last Ready
+
+    @classmethod
+    def of(cls, applied_at: dict[str, float], ready_at: dict[str, float]) -> Phase:
+        return cls(
+            latencies=[ready_at[n] - applied_at[n] for n in applied_at],
+            all_ready_s=max(ready_at.values()) - min(applied_at.values()),
+        )
+
+    @property
+    def rate(self) -> float:
+        return len(self.latencies) / self.all_ready_s
+
+    def quantile(self, q: float) -> float:
+        return statistics.quantiles(self.latencies, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    burst: Phase
+    paced: Phase
+    peak_rss: int
+    idle_cpu_percent: float
+
+
+async def watch_ready(
+    api: str, namespace: str, names: set[str], ready_at: dict[str, float], since: str
+) -> None:
+    """Record when each of `names` is first seen Ready on a watch (resumed from `since`)."""
+    path = f"{GROUP_PATH.format(ns=namespace)}/ardiffusionsessions"
+    async with httpx.AsyncClient(base_url=api, timeout=None) as client:
+        while not names <= ready_at.keys():
+            params = {"watch": "1", "resourceVersion": since, "allowWatchBookmarks": "true"}
+            async with client.stream("GET", path, params=params) as response:
+                async for line in response.aiter_lines():
+                    if not line:
+                        continue
+                    obj = json.loads(line)["object"]
+                    since = obj.get("metadata", {}).get("resourceVersion", since)
+                    name = obj["metadata"].get("name")
+                    if (
+                        name in names
+                        and name not in ready_at
+                        and (obj.get("status") or {}).get("phase") == "Ready"
+                    ):
+                        ready_at[name] = time.monotonic()
+                        if names <= ready_at.keys():
+                            return
+
+
+async def apply_sessions(
+    api: str, namespace: str, pool: str, names: list[str], *, clients: int, rate: float, ready_within: float
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Create the sessions (all at once from `clients` concurrent clients, or one every 1/`rate` seconds) and
+    watch them become Ready; returns (applied_at, ready_at) in monotonic seconds."""
+    path = f"{GROUP_PATH.format(ns=namespace)}/ardiffusionsessions"
+    applied_at: dict[str, float] = {}
+    ready_at: dict[str, float] = {}
+    async with httpx.AsyncClient(base_url=api, timeout=30) as client:
+        since = (await client.get(path)).json()["metadata"]["resourceVersion"]
+        watcher = asyncio.create_task(watch_ready(api, namespace, set(names), ready_at, since))
+
+        async def create(name: str) -> None:
+            applied_at[name] = time.monotonic()
+            response = await client.post(path, json=session_body(name, pool))
+            response.raise_for_status()
+
+        async def create_all(chunk: list[str]) -> None:
+            for name in chunk:
+                await create(name)
+
+        if rate:
+            started, posts = time.monotonic(), []
+            for i, name in enumerate(names):
+                await asyncio.sleep(max(0.0, started + i / rate - time.monotonic()))
+                posts.append(asyncio.create_task(create(name)))
+            await asyncio.gather(*posts)
+        else:
+            await asyncio.gather(*(create_all(names[i::clients]) for i in range(clients)))
+        try:
+            await asyncio.wait_for(watcher, ready_within)
+        except TimeoutError:
+            watcher.cancel()
+            missing = sorted(set(names) - set(ready_at))
+            raise SystemExit(
+                f"{len(missing)} sessions not Ready within {ready_within}s, e.g. {missing[:5]}"
+            ) from None
+    return applied_at, ready_at
+
+
+def idle_cpu_percent(pid: int, seconds: float) -> float:
+    process = psutil.Process(pid)
+    before = process.cpu_times()
+    time.sleep(seconds)
+    after = process.cpu_times()
+    return 100 * ((after.user - before.user) + (after.system - before.system)) / seconds
+
+
+def measure(
+    name: str,
+    cluster: DevCluster,
+    operator: OperatorProcess,
+    namespace: str,
+    pool: str,
+    args: argparse.Namespace,
+) -> Result:
+    operator.start()
+    operator.wait_ready()
+    assert operator.pid is not None
+    burst_names = [f"burst-{i:04d}" for i in range(args.sessions)]
+    paced_names = [f"paced-{i:04d}" for i in range(args.paced)]
+    with PeakRss(operator.pid) as rss:
+        burst = asyncio.run(
+            apply_sessions(
+                cluster.api_url,
+                namespace,
+                pool,
+                burst_names,
+                clients=args.clients,
+                rate=0,
+                ready_within=args.timeout,
+            )
+        )
+        # Paced arrivals on top of the resident burst: what one user waits for in a busy pool.
+        paced = asyncio.run(
+            apply_sessions(
+                cluster.api_url,
+                namespace,
+                pool,
+                paced_names,
+                clients=1,
+                rate=args.rate,
+                ready_within=args.timeout,
+            )
+        )
+        idle = idle_cpu_percent(operator.pid, args.idle_seconds)
+    operator.stop()
+    return Result(name, Phase.of(*burst), Phase.of(*paced), rss.peak, idle)
+
+
+def create_namespace(cluster: DevCluster, namespace: str) -> None:
+    httpx.post(
+        f"{cluster.api_url}/api/v1/namespaces", json={"metadata": {"name": namespace}}
+    ).raise_for_status()
+
+
+def run(args: argparse.Namespace) -> None:
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="ardiff-bench-reconcile-"))
+    with DevCluster(workdir) as cluster:
+        create_namespace(cluster, "baseline")
+        baseline_operator = OperatorProcess(
+            [sys.executable, __file__, "--baseline-operator"],
+            kubeconfig=cluster.kubeconfig,
+            redis_url=cluster.redis_url,
+            namespace="baseline",
+            log_path=cluster.logs_dir / "baseline-operator.log",
+        )
+        baseline = measure("bare kopf (baseline)", cluster, baseline_operator, "baseline", "none", args)
+
+        create_namespace(cluster, "bench")
+        capacity = -(-(args.sessions + args.paced) // args.pods)
+        pool_path = f"{GROUP_PATH.format(ns='bench')}/ardiffusionworkerpools"
+        httpx.post(f"{cluster.api_url}{pool_path}", json=pool_body(args.pods, capacity)).raise_for_status()
+        operator = OperatorProcess(
+            OPERATOR_COMMAND,
+            kubeconfig=cluster.kubeconfig,
+            redis_url=cluster.redis_url,
+            namespace="bench",
+            log_path=cluster.logs_dir / "operator.log",
+            env=OPERATOR_ENV,
+        )
+        # Boot the pool first (its Pods register in Redis), so that the clock measures admission only.
+        operator.start()
+        deadline = time.monotonic() + 120
+        while True:
+            status = httpx.get(f"{cluster.api_url}{pool_path}/bench").json().get("status") or {}
+            if (
+                status.get("readyReplicas") == args.pods
+                and status.get("capacity", 0) >= args.sessions + args.paced
+            ):
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the pool did not come up within 120 s: {status}; see {workdir}/logs")
+            time.sleep(0.5)
+        operator.stop()
+        ardiff = measure("ardiff operator", cluster, operator, "bench", "bench", args)
+    print_table([baseline, ardiff], args)
+
+
+def print_table(results: list[Result], args: argparse.Namespace) -> None:
+    print(
+        f"\nburst: {args.sessions} sessions at once ({args.clients} clients); paced: {args.paced} more at "
+        f"{args.rate:g}/s on top; {args.pods} fake-runtime pods\n"
+    )
+    header = (
+        f"{'operator':<22} {'phase':<6} {'p50 (s)':>8} {'p99 (s)':>8} {'max (s)':>8} {'all Ready (s)':>14} "
+        f"{'sessions/s':>11} {'peak RSS (MiB)':>15} {'idle CPU (%)':>13}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        for label, phase in (("burst", r.burst), ("paced", r.paced)):
+            print(
+                f"{r.name:<22} {label:<6} {phase.quantile(0.5):>8.3f} {phase.quantile(0.99):>8.3f} "
+                f"{max(phase.latencies):>8.3f} {phase.all_ready_s:>14.1f} {phase.rate:>11.1f} "
+                f"{r.peak_rss / 2**20:>15.0f} {r.idle_cpu_percent:>13.1f}"
+            )
+    baseline, ardiff = results
+    print(f"\nburst sessions/s, ardiff / baseline: {ardiff.burst.rate / baseline.burst.rate:.2f}x")
+    print(f"paced p50, ardiff / baseline: {ardiff.paced.quantile(0.5) / baseline.paced.quantile(0.5):.2f}x")
+    paced_met = "met" if ardiff.paced.quantile(0.5) <= 0.5 else "MISSED"
+    burst_met = "met" if ardiff.burst.all_ready_s <= 60 else "MISSED"
+    print(
+        f"targets: paced p50 <= 0.5 s: {paced_met}; "
+        f"all {args.sessions} of the burst Ready <= 60 s: {burst_met}"
+    )
+
+
+def run_baseline_operator(liveness: str) -> None:
+    """A bare kopf operator: one create handler, one status patch per session; nothing else."""
+    import kopf
+
+    @kopf.on.startup()
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.scanning.disabled = True
+        settings.posting.enabled = False
+
+    @kopf.on.create("ardiffusion.dev", "v1alpha1", "ardiffusionsessions")
+    def ready(patch: kopf.Patch, **_: Any) -> None:
+        patch.status["phase"] = "Ready"
+
+    kopf.run(namespaces=["baseline"], standalone=True, liveness_endpoint=liveness)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--pods", type=int, default=4)
+    parser.add_argument("--clients", type=int, default=8, help="concurrent clients creating the burst")
+    parser.add_argument("--paced", type=int, default=100, help="sessions applied at --rate after the burst")
+    parser.add_argument("--rate", type=float, default=10, help="paced arrivals per second")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds for all sessions to become Ready")
+    parser.add_argument("--idle-seconds", type=float, default=10, help="how long idle CPU is sampled")
+    parser.add_argument("--workdir", help="where the dev cluster keeps its logs (default: a temp dir)")
+    parser.add_argument("--baseline-operator", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--liveness", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.baseline_operator:
+        run_baseline_operator(args.liveness)
+    else:
+        run(args)
+
+
+if __name__ == "__main__":
+    main()
