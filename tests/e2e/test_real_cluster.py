@@ -1,0 +1,440 @@
+"""The whole system with real workers: vllm-omni's paged-KV runner and the tiny LingBot-World model on CPU,
+placed by the real operator through real Redis on the dev cluster, driven by kubectl and the Python client.
+
+One cluster for the module; its pool has one slot per pod (min 1, max 2), so capacity, scale-up and eviction
+show with few sessions and at most two workers. The tests run in order on the same pods: the first waits for
+the first worker, the second makes the pool grow to its second; after that both stay (long scale-down delay).
+"""
+
+from __future__ import annotations
+
+import io
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import av
+import httpx
+import numpy as np
+import pytest
+import yaml
+
+from ardiff import client
+from tests.e2e.conftest import NAMESPACE, Stack, build_pool, running_stack, wait_until
+
+pytestmark = pytest.mark.slow
+
+POOL = build_pool("world", capacity=1, min_replicas=1, max_replicas=2, fake=False)
+WORKER_START_TIMEOUT = 300  # loading vllm-omni and the tiny model on two busy cores
+HEIGHT = WIDTH = 64
+FIRST_CHUNK_FRAMES, CHUNK_FRAMES = 9, 12  # LingBot's causal VAE: 1 + 4 * 2 frames, then 4 * 3
+WALK = [client.hold("w"), client.camera("w", "wj", "j"), client.camera("d", "d", "wl")]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> Iterator[Stack]:
+    pod_env = {"ARDIFF_MODEL_CACHE": str(model_cache)}
+    with running_stack(tmp_path_factory.mktemp("e2e-real"), POOL, pod_env) as running:
+        wait_until(lambda: running.ready_pods(), timeout=WORKER_START_TIMEOUT, what="the first worker pod")
+        yield running
+
+
+def ready(stack: Stack, name: str, **fields: Any) -> dict[str, Any]:
+    """Wait for Ready (and the given status fields); the status."""
+    return stack.sessions.wait_for(
+        name,
+        lambda s: s.get("phase") == "Ready" and all(s.get(k) == v for k, v in fields.items()),
+        timeout=WORKER_START_TIMEOUT,
+        what=f"Ready {fields or ''}".strip(),
+    )
+
+
+def assert_frames(chunk: client.Chunk, chunk_index: int) -> None:
+    frames = FIRST_CHUNK_FRAMES if chunk_index == 0 else CHUNK_FRAMES
+    assert chunk.frames.shape == (frames, HEIGHT, WIDTH, 3)
+    assert chunk.frames.dtype == np.uint8
+    assert chunk.frames.std() > 0  # a picture, not a constant
+    assert chunk.metadata.chunk_index == chunk_index
+
+
+def assert_consistent(stack: Stack, names: list[str]) -> None:
+    """No slot leaked, nothing double-placed: Redis agrees with itself and with every session's status."""
+    assert stack.invariants() == []
+    records = stack.placement(lambda store: store.get_sessions(stack.pool_id, names))
+    pods = {p.name: p for p in stack.placement(lambda store: store.list_pods(stack.pool_id))}
+    for name in names:
+        status = stack.sessions.status(name)
+        assert records[name].pod == status["pod"], name
+        assert records[name].pod_epoch == status["podEpoch"] == pods[status["pod"]].epoch, name
+    assert sum(p.used for p in pods.values()) == len(names)
+
+
+def test_apply_ready_and_ticks_return_frames(stack: Stack, tmp_path: Path) -> None:
+    session = {
+        "apiVersion": "ardiffusion.dev/v1alpha1",
+        "kind": "ARDiffusionSession",
+        "metadata": {"name": "first", "namespace": NAMESPACE},
+        "spec": {"poolRef": stack.pool, "prompt": "a lighthouse on a cliff at dusk", "seed": 7},
+    }
+    stack.created.append("first")
+    stack.cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(session))
+    status = ready(stack, "first")
+    assert status["pod"] in stack.ready_pods()
+    with stack.connect("first") as first:
+        for index, controls in enumerate(WALK):
+            chunk = first.tick([controls], applied_event_ids=[2 * index + 1, 2 * index + 2])
+            assert_frames(chunk, index)
+            assert chunk.metadata.session_id == "first"
+            assert chunk.metadata.applied_event_ids == (2 * index + 1, 2 * index + 2)
+            assert chunk.metadata.request_id.startswith(f"first-{index}-")
+            assert chunk.server_timing["forward"] > 0
+
+    def listing_at_chunk_3() -> str | None:
+        out = stack.cluster.kubectl("get", "ardiffusionsessions").stdout
+        return out if " 3 " in out else None
+
+    listed = wait_until(listing_at_chunk_3, timeout=15, what="kubectl get to show chunk 3")
+    assert listed.split()[:6] == ["NAME", "PHASE", "POOL", "POD", "CHUNK", "AGE"]
+    assert listed.split()[6:11] == ["first", "Ready", stack.pool, status["pod"], "3"]
+
+    video = tmp_path / "first.mp4"
+    command = [
+        sys.executable,
+        "-m",
+        "ardiff.cli",
+        "session",
+        "tick",
+        "first",
+        "-n",
+        NAMESPACE,
+        "--chunks",
+        "2",
+    ]
+    command += ["--out", str(video), "--kubeconfig", str(stack.cluster.kubeconfig)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "first chunk 3: 12 frames 64x64" in result.stdout
+    assert "first chunk 4: 12 frames 64x64" in result.stdout
+    with av.open(io.BytesIO(video.read_bytes())) as container:
+        decoded = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    assert len(decoded) == 2 * CHUNK_FRAMES
+    assert decoded[0].shape == (HEIGHT, WIDTH, 3)
+
+
+def test_capacity_reached_scales_up_and_new_sessions_land_on_the_new_pod(stack: Stack) -> None:
+    before = stack.pods()
+    assert len(before) == 1
+    stack.session("filler")
+    assert ready(stack, "filler")["pod"] in before
+    stack.session("overflow")
+    waiting = stack.sessions.wait_for(
+        "overflow", lambda s: s.get("reason") == "WaitingForCapacity", timeout=30, what="waiting for capacity"
+    )
+    assert waiting["phase"] == "Pending"
+    status = ready(stack, "overflow")
+    assert status["pod"] not in before
+    assert set(stack.pods()) == {*before, status["pod"]}
+    with stack.connect("overflow") as overflow:
+        assert_frames(overflow.tick([client.hold("a")]), 0)
+    assert_consistent(stack, ["filler", "overflow"])
+
+
+def test_full_at_max_evicts_the_least_recently_ticked_session(stack: Stack) -> None:
+    older, newer = stack.session("older"), stack.session("newer")
+    older_pod, newer_pod = ready(stack, older)["pod"], ready(stack, newer)["pod"]
+    assert older_pod != newer_pod
+    with stack.connect(older) as older_client, stack.connect(newer) as newer_client:
+        older_client.tick([client.hold("w")])
+        newer_client.tick([client.hold("w")])  # `older` is now the least recently ticked
+
+        stack.session("newcomer")
+        assert ready(stack, "newcomer")["pod"] == older_pod
+        evicted = stack.sessions.wait_for(
+            older, lambda s: s.get("phase") == "Evicted", timeout=30, what="Evicted"
+        )
+        assert evicted["reason"] == "Evicted"
+        assert "newcomer" in evicted["message"]
+        events = stack.api(f"/api/v1/namespaces/{NAMESPACE}/events")["items"]
+        assert any(e["involvedObject"]["name"] == older and e["reason"] == "Evicted" for e in events)
+        with pytest.raises(client.SessionEvicted) as gone:
+            older_client.tick([client.hold("w")])
+        assert gone.value.status == 410
+        assert stack.sessions.status(newer)["phase"] == "Ready"
+        assert_frames(newer_client.tick([client.hold("s")]), 1)  # the other session never noticed
+
+        stack.sessions.delete("newcomer", wait=True)  # capacity returns: `older` comes back, without its KV
+        status = ready(stack, older, resetRequired=True)
+        assert status["pod"] == older_pod
+    with stack.connect(older) as older_client:
+        with pytest.raises(client.ResetRequired):
+            older_client.tick([client.hold("w")])
+        older_client.reset()
+        assert_frames(older_client.tick([client.hold("w")]), 0)
+    wait_until(
+        lambda: not stack.sessions.status(older)["resetRequired"], timeout=15, what="resetRequired cleared"
+    )
+    assert_consistent(stack, [older, newer])
+
+
+def test_deleting_a_session_closes_it_on_its_worker_and_frees_its_kv_blocks(stack: Stack) -> None:
+    name = stack.session("brief")
+    pod = ready(stack, name)["pod"]
+    baseline = stack.worker(pod)["kv_blocks"]
+    with stack.connect(name) as brief:
+        brief.tick([client.hold("w")])
+        brief.tick([client.hold("j")])
+    during = stack.worker(pod)
+    assert [(s["session_id"], s["resident"]) for s in during["sessions"]] == [(name, True)]
+    assert during["kv_blocks"]["free"] < baseline["free"]
+
+    stack.sessions.delete(name, wait=True)
+
+    def closed() -> dict[str, Any] | None:
+        view = stack.worker(pod)
+        return view if not view["sessions"] else None
+
+    after = wait_until(closed, timeout=30, what="the worker to close the session")
+    assert after["kv_blocks"] == baseline
+    assert after["admitted"] == 0
+    assert stack.invariants() == []
+
+
+def test_killing_a_worker_mid_session_loses_and_replaces_its_sessions(stack: Stack) -> None:
+    doomed, bystander = stack.session("doomed"), stack.session("bystander")
+    killed_pod, other_pod = ready(stack, doomed)["pod"], ready(stack, bystander)["pod"]
+    assert killed_pod != other_pod
+    info = stack.cluster.runner.info(killed_pod, NAMESPACE)
+    assert info is not None
+    failures: list[BaseException] = []
+
+    def keep_ticking(session: client.SessionClient) -> None:
+        try:
+            while True:
+                session.tick([client.hold("w")])
+        except client.WorkerUnreachable as exc:
+            failures.append(exc)
+
+    with stack.connect(doomed) as doomed_client, stack.connect(bystander) as bystander_client:
+        bystander_client.tick([client.hold("d")])
+        ticking = threading.Thread(target=keep_ticking, args=(doomed_client,))
+        ticking.start()
+        wait_until(lambda: doomed_client.next_chunk_index >= 2, timeout=60, what="a few ticks")
+        stack.cluster.runner.kill(killed_pod, signal.SIGKILL, NAMESPACE)
+        killed_at = time.monotonic()
+        ticking.join(60)
+        assert [type(f) for f in failures] == [client.WorkerUnreachable]
+
+        phases = []
+
+        def replaced() -> dict[str, Any] | None:
+            status = stack.sessions.status(doomed)
+            phases.append(status.get("phase"))
+            return status if status.get("phase") == "Ready" and status.get("resetRequired") else None
+
+        status = wait_until(
+            replaced, timeout=WORKER_START_TIMEOUT, what="the lost session re-placed", poll=0.1
+        )
+        recovery = time.monotonic() - killed_at
+        print(f"kill -9 -> re-placed and Ready: {recovery:.1f}s (phases seen: {sorted(set(phases))})")
+        assert "Lost" in phases
+        assert status["pod"] == killed_pod  # the only free slot: the restarted worker's, with a new epoch
+        restarted = stack.cluster.runner.info(killed_pod, NAMESPACE)
+        assert restarted is not None
+        assert restarted.restart_count == info.restart_count + 1
+        assert restarted.pid != info.pid
+
+        with pytest.raises(client.ResetRequired):
+            doomed_client.tick([client.hold("w")])
+        doomed_client.reset()
+        assert_frames(doomed_client.tick([client.hold("w")]), 0)
+        assert_frames(bystander_client.tick([client.hold("d")]), 1)  # the other pod's session kept its KV
+    assert_consistent(stack, [doomed, bystander])
+
+
+def test_operator_restart_and_redis_losing_its_data_converge(stack: Stack) -> None:
+    names = [stack.session("steady-a"), stack.session("steady-b")]
+    bindings = {name: (s["pod"], s["podEpoch"]) for name in names for s in [ready(stack, name)]}
+    clients = {name: stack.connect(name) for name in names}
+    try:
+        for session in clients.values():
+            session.tick([client.hold("w")])
+
+        stack.cluster.operator.stop(signal.SIGKILL)  # a crash
+        stack.cluster.operator.start().wait_ready()
+        time.sleep(2)  # a few reconcile rounds
+        for name, session in clients.items():
+            status = stack.sessions.status(name)
+            assert (status["phase"], status["pod"], status["podEpoch"]) == ("Ready", *bindings[name])
+            assert_frames(session.tick([client.hold("w")]), 1)
+        assert_consistent(stack, names)
+
+        stack.cluster.operator.stop()
+        stack.cluster.redis.restart()  # same port, every key lost
+        assert stack.placement(lambda store: store.get_sessions(stack.pool_id, names)) == {}
+        stack.cluster.operator.start().wait_ready()
+
+        def converged() -> bool:
+            records = stack.placement(lambda store: store.get_sessions(stack.pool_id, names))
+            placed = all(r.state == "placed" for r in records.values())
+            return len(records) == len(names) and placed and stack.invariants() == []
+
+        wait_until(converged, timeout=60, what="the placements rebuilt from the statuses")
+        for name, session in clients.items():
+            status = stack.sessions.status(name)
+            assert (status["phase"], status["pod"], status["podEpoch"]) == ("Ready", *bindings[name])
+            assert status["resetRequired"] is False
+            assert_frames(session.tick([client.hold("a")]), 2)  # the KV never left the workers
+        assert_consistent(stack, names)
+    finally:
+        for session in clients.values():
+            session.http.close()
+
+
+HOSTILE_TICKS: list[tuple[str, dict[str, Any], int, str]] = [
+    (
+        "malformed JSON",
+        {"content": b"{not json", "headers": {"content-type": "application/json"}},
+        400,
+        "invalid_tick",
+    ),
+    ("binary garbage", {"content": bytes(range(256)) * 4}, 400, "invalid_tick"),
+    ("a list body", {"json": []}, 400, "invalid_tick"),
+    ("empty request id", {"json": {"request_id": "", "chunk_index": 1}}, 400, "invalid_tick"),
+    ("negative chunk", {"json": {"request_id": "r", "chunk_index": -1}}, 400, "invalid_tick"),
+    ("chunk as text", {"json": {"request_id": "r", "chunk_index": "1"}}, 400, "invalid_tick"),
+    # A valid index, only not the next one.
+    ("huge chunk", {"json": {"request_id": "r", "chunk_index": 10**30}}, 409, "chunk_out_of_order"),
+    ("unknown field", {"json": {"request_id": "r", "chunk_index": 1, "rm -rf": True}}, 400, "invalid_tick"),
+    (
+        "unknown camera key",
+        {
+            "json": {
+                "request_id": "r",
+                "chunk_index": 1,
+                "controls": [{**client.hold("w"), "data": {"mode": "frames", "frames": [["x"], [], []]}}],
+            }
+        },
+        400,
+        "invalid_tick",
+    ),
+    (
+        "two camera frames",
+        {
+            "json": {
+                "request_id": "r",
+                "chunk_index": 1,
+                "controls": [{**client.hold("w"), "data": {"mode": "frames", "frames": [["w"], []]}}],
+            }
+        },
+        400,
+        "invalid_tick",
+    ),
+    (
+        "a 2 MiB prompt",
+        {"json": {"request_id": "r", "chunk_index": 1, "prompt": "x" * (2 << 20)}},
+        413,
+        "body_too_large",
+    ),
+    ("out of order", {"json": {"request_id": "r", "chunk_index": 7}}, 409, "chunk_out_of_order"),
+    ("no token", {"json": {"request_id": "r", "chunk_index": 1}, "token": None}, 401, "unauthorized"),
+    ("wrong token", {"json": {"request_id": "r", "chunk_index": 1}, "token": "forged"}, 401, "unauthorized"),
+    (
+        "basic auth",
+        {"json": {"request_id": "r", "chunk_index": 1}, "headers": {"authorization": "Basic eDp5"}},
+        401,
+        "unauthorized",
+    ),
+    (
+        "unknown session",
+        {"json": {"request_id": "r", "chunk_index": 0}, "session": "nobody"},
+        404,
+        "unknown_session",
+    ),
+    (
+        "overlong session id",
+        {"json": {"request_id": "r", "chunk_index": 0}, "session": "a" * 300},
+        404,
+        "unknown_session",
+    ),
+    (
+        "path traversal",  # no route matches: the router's own 404, in the same envelope
+        {"json": {"request_id": "r", "chunk_index": 0}, "session": "..%2F..%2Fhealthz"},
+        404,
+        "not_found",
+    ),
+]
+
+HOSTILE_SESSIONS: list[tuple[str, dict[str, Any], str]] = [
+    ("negative seed", {"poolRef": "world", "prompt": "x", "seed": -1}, "spec.seed"),
+    ("priority out of range", {"poolRef": "world", "prompt": "x", "priority": 5000}, "spec.priority"),
+    (
+        "unknown eviction policy",
+        {"poolRef": "world", "prompt": "x", "evictionPolicy": "Sometimes"},
+        "spec.evictionPolicy",
+    ),
+    ("no pool", {"prompt": "x"}, "spec.poolRef"),
+    ("pool as a number", {"poolRef": 42, "prompt": "x"}, "spec.poolRef"),
+    ("zero max chunks", {"poolRef": "world", "prompt": "x", "maxChunks": 0}, "spec.maxChunks"),
+    (
+        "image from both sources",
+        {
+            "poolRef": "world",
+            "prompt": "x",
+            "image": {
+                "configMapKeyRef": {"name": "a", "key": "b"},
+                "secretKeyRef": {"name": "a", "key": "b"},
+            },
+        },
+        "spec.image",
+    ),
+]
+
+
+def test_hostile_input_gets_4xx_and_leaves_other_sessions_alone(stack: Stack) -> None:
+    target, bystander = stack.session("target"), stack.session("onlooker")
+    ready(stack, target)
+    ready(stack, bystander)
+    token = stack.sessions.token(target)
+    with stack.connect(target) as target_client, stack.connect(bystander) as bystander_client:
+        target_client.tick([client.hold("w")])
+        bystander_client.tick([client.hold("w")])
+        with httpx.Client(timeout=60) as http:
+            for label, case, status, code in HOSTILE_TICKS:
+                request = dict(case)
+                session = request.pop("session", target)
+                presented = request.pop("token", token)
+                headers = {
+                    **({"authorization": f"Bearer {presented}"} if presented else {}),
+                    **request.pop("headers", {}),
+                }
+                response = http.post(
+                    f"{target_client.endpoint}/v1/sessions/{session}/ticks", headers=headers, **request
+                )
+                assert (response.status_code, label) == (status, label), response.text
+                error = response.json()["error"]
+                assert error["code"] == code, label
+                assert "Traceback" not in response.text
+            assert http.get(f"{target_client.endpoint}/healthz").status_code == 200
+
+        for label, spec, field in HOSTILE_SESSIONS:
+            manifest = {
+                "apiVersion": "ardiffusion.dev/v1alpha1",
+                "kind": "ARDiffusionSession",
+                "metadata": {"name": "hostile", "namespace": NAMESPACE},
+                "spec": spec,
+            }
+            refused = stack.cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest), check=False)
+            assert refused.returncode != 0, label
+            assert "is invalid" in refused.stderr, (label, refused.stderr)
+            assert field in refused.stderr, (label, refused.stderr)
+        assert stack.cluster.kubectl("get", "adsession", "hostile", check=False).returncode != 0
+
+        # Nothing of the above reached a forward, closed a session, or cost a slot.
+        assert_frames(target_client.tick([client.hold("w")]), 1)
+        assert_frames(bystander_client.tick([client.hold("w")]), 1)
+    assert_consistent(stack, [target, bystander])
