@@ -321,8 +321,7 @@ class ObjectStore:
             )
         if dry_run:
             return WriteResult(obj, warnings)
-        self._commit(rtype, obj, "ADDED", None)
-        return WriteResult(self._as_version(rtype, self._find((rtype.key, ns, meta["name"]))), warnings)  # type: ignore[arg-type]
+        return WriteResult(self._commit(rtype, obj, "ADDED", None), warnings)
 
     def replace(
         self,
