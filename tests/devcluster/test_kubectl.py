@@ -33,7 +33,7 @@ def test_apply_crds_then_examples_and_get_printer_columns(kubectl) -> None:
     crds = kubectl("apply", "-f", str(REPO / "crds"))
     assert "customresourcedefinition.apiextensions.k8s.io/ardiffusionsessions.ardiffusion.dev" in crds.stdout
     applied = kubectl("apply", "-f", str(REPO / "examples"))
-    for name in ("tiny-world", "fake-pool", "forest-walk", "desert-drive", "harbor-flight"):
+    for name in ("tiny-world", "forest-walk", "desert-drive", "harbor-flight"):
         assert f"/{name} created" in applied.stdout
     kubectl("patch", "adsession", "forest-walk", "--subresource=status", "--type=merge",
             "-p", '{"status": {"phase": "Ready", "pod": "tiny-world-x7k2p", "chunkIndex": 4}}')  # fmt: skip
