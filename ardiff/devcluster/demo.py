@@ -182,7 +182,7 @@ def tick_session(sessions: KubeSessions, name: str, chunks: int, out_dir: Path, 
                 flush=True,
             )
     video = write_mp4(out_dir / f"{name}.mp4", frames)
-    return SessionResult(name, pod, chunks, sum(len(f) for f in frames), tuple(latencies), video)
+    return SessionResult(name, pod, chunks, sum(len(f) for f in frames), tuple(latencies), video.resolve())
 
 
 def wait_for_mirror(sessions: KubeSessions, names: Sequence[str], chunks: int) -> None:
@@ -246,8 +246,7 @@ def run_demo(settings: DemoSettings, out: TextIO = sys.stdout) -> list[SessionRe
         print(kubectl(cluster, "get", "ardiffusionworkerpools"), file=out, end="", flush=True)
         print("tearing the dev cluster down ...", file=out, flush=True)
     print(
-        f"done in {time.monotonic() - started:.0f}s; videos: "
-        + ", ".join(str(r.video.resolve()) for r in results),
+        f"done in {time.monotonic() - started:.0f}s; videos: " + ", ".join(str(r.video) for r in results),
         file=out,
         flush=True,
     )

@@ -1,0 +1,87 @@
+"""`ardiff demo` (what `make demo` runs) end to end, as a user runs it: from another directory, with the
+repository's examples/, two chunks per session to keep it short. It must bring the three sessions to Ready on
+two Pods, write one playable MP4 per session, print the table and kubectl's columns, and leave no process."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import av
+import pytest
+
+from tests.e2e.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+SESSIONS = ("forest-walk", "desert-drive", "harbor-flight")
+DEMO_TIMEOUT = 420  # the demo's own target is ~3 min after setup on two cores
+
+
+def processes_with(marker: str) -> list[int]:
+    """Live processes whose environment carries `marker` (every process the demo started inherits it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in environ and state not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
+
+
+def test_demo_runs_the_examples_and_writes_a_video_per_session(tmp_path: Path, model_cache: Path) -> None:
+    token = uuid.uuid4().hex
+    env = {**os.environ, "ARDIFF_MODEL_CACHE": str(model_cache), "ARDIFF_DEMO_TEST": token}
+    command = [
+        sys.executable,
+        "-m",
+        "ardiff.cli",
+        "demo",
+        "--examples",
+        str(REPO / "examples"),
+        "--chunks",
+        "2",
+    ]
+    result = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=DEMO_TIMEOUT, check=False
+    )
+    out = result.stdout
+    assert result.returncode == 0, f"{out[-4000:]}\n{result.stderr[-4000:]}"
+
+    assert re.search(r"^\[\s*\d+\.\d+s\] forest-walk: Pending", out, flags=re.MULTILINE)
+    assert "pool tiny-world: 2/2 pods ready" in out  # the third session made the pool grow
+    assert "all 3 sessions Ready; ticking 2 chunks each" in out
+    table = out.split("session ", 1)[1].split("$ kubectl", 1)[0]
+    pods = set()
+    for name in SESSIONS:
+        row = re.search(
+            rf"^{name}\s+(tiny-world-\w{{5}})\s+2\s+21\s+\d+\s+[\d.]+\s+(\S+\.mp4)$", table, re.MULTILINE
+        )
+        assert row is not None, table
+        pods.add(row.group(1))
+        video = Path(row.group(2))
+        assert video == tmp_path / "demo-out" / f"{name}.mp4"
+        with av.open(io.BytesIO(video.read_bytes())) as container:
+            frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+        assert len(frames) == 9 + 12
+        assert frames[0].shape == (64, 64, 3)
+    assert len(pods) == 2
+
+    listing = out.split("$ kubectl get ardiffusionsessions\n", 1)[1].split("$ kubectl", 1)[0].splitlines()
+    assert listing[0].split() == ["NAME", "PHASE", "POOL", "POD", "CHUNK", "AGE"]
+    assert sorted(line.split()[:3] + line.split()[4:5] for line in listing[1:]) == sorted(
+        [name, "Ready", "tiny-world", "2"] for name in SESSIONS
+    )
+    assert "done in" in out
+    assert (tmp_path / ".ardiff-dev" / "demo" / "logs" / "operator.log").exists()
+    assert processes_with(f"ARDIFF_DEMO_TEST={token}") == []
