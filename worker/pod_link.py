@@ -111,6 +111,8 @@ class PodLink:
                 handled.append(event.id)
             if handled:
                 await self.store.ack_events(self.pool, self.pod, handled)
+            if len(handled) < len(events):
+                await asyncio.sleep(RETRY_SECONDS)
 
     def is_here(self, record: SessionRecord) -> bool:
         """Placed on this pod by this incarnation (a session of an earlier epoch lost its state)."""

@@ -156,6 +156,37 @@ async def test_a_tick_prompt_overrides_the_session_prompt(worker, place):
     np.testing.assert_array_equal(np.frombuffer(response.content, np.uint8).reshape(expected.shape), expected)
 
 
+async def test_the_record_image_conditions_the_frames(worker, place):
+    import io
+
+    import PIL.Image
+
+    from ardiff.worker.conditioning import conditioning_image
+
+    png = io.BytesIO()
+    PIL.Image.fromarray(np.full((48, 80, 3), (20, 200, 90), np.uint8)).save(png, format="PNG")
+    session = await place(seed=5, prompt="a green field", image=png.getvalue())
+    response = worker.tick(session, 0, token=TOKEN)
+    image = conditioning_image(png.getvalue(), 5, 64, 64)
+    tick = parse_tick(
+        session,
+        {
+            "request_id": "x",
+            "chunk_index": 0,
+            "controls": [
+                {
+                    "track": "camera",
+                    "schema": "lingbot.camera_actions.v1",
+                    "data": {"mode": "frames", "frames": [["w"], ["w"], ["w", "j"]]},
+                }
+            ],
+        },
+    )
+    expected = fake_frames(Conditioning(seed=5, prompt="a green field"), image, tick)
+    np.testing.assert_array_equal(np.frombuffer(response.content, np.uint8).reshape(expected.shape), expected)
+    assert not np.array_equal(image, seed_image(5, 64, 64))
+
+
 async def test_mp4_by_accept_header(worker, place):
     import av
 

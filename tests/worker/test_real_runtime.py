@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import time
 import uuid
 
 import av
@@ -37,9 +38,13 @@ def camera(*frames: list[str]) -> dict:
 WALK = [camera(["w"], ["w"], ["w", "j"]), camera(["a"], [], ["d"]), camera(["w", "l"], ["w"], [])]
 
 
+LOADING: dict[str, int] = {}  # what the worker answered while its model was still loading
+
+
 @pytest.fixture(scope="module")
 def worker(launch_worker, redis_url, tiny_model_cache):
     process = launch_worker(
+        wait=False,
         runtime="vllm",
         model="tiny-lingbot-world",
         model_cache=tiny_model_cache,
@@ -51,8 +56,16 @@ def worker(launch_worker, redis_url, tiny_model_cache):
         lease_seconds=10,
         heartbeat_seconds=1,
         test_faults=1,
-        ready_timeout=240,
     )
+    for _ in range(600):  # HTTP comes up within seconds; loading vllm-omni and the model takes ~20 s more
+        try:
+            LOADING["healthz"] = process.client.get(f"{process.url}/healthz").status_code
+            break
+        except httpx.TransportError:
+            time.sleep(0.05)
+    LOADING["readyz"] = process.client.get(f"{process.url}/readyz").status_code
+    LOADING["tick"] = process.tick("anything", 0, token=TOKEN).status_code
+    process.wait_ready(timeout=240)
     yield process
     process.stop()
 
@@ -87,6 +100,11 @@ def kv_blocks(worker) -> dict:
 
 def code_of(response: httpx.Response) -> str:
     return response.json()["error"]["code"]
+
+
+async def test_healthy_but_not_ready_while_the_model_loads(worker):
+    assert LOADING == {"healthz": 200, "readyz": 503, "tick": 503}
+    assert worker.client.get(f"{worker.url}/readyz").status_code == 200
 
 
 async def test_registers_the_runners_capacity(worker, store):

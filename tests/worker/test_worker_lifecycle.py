@@ -28,6 +28,9 @@ def test_standalone_admits_up_to_capacity_without_auth(launch_worker):
     worker = launch_worker(runtime="fake", fake_capacity=1)
     try:
         assert worker.tick("first", 0, prompt="a forest").status_code == 200
+        # fault injection exists only behind ARDIFF_TEST_FAULTS=1: the header is ignored here
+        injected = worker.tick("first", 1, prompt="a forest", headers={"ardiff-test-fault": "forward"})
+        assert injected.status_code == 200
         full = worker.tick("second", 0, prompt="a forest")
         assert full.status_code == 429
         assert _error_code(full) == "at_capacity"

@@ -1,0 +1,95 @@
+"""Admission when the runtime is full, in-process: the worker never lets the runner evict silently.
+
+The service runs with the fake runtime and a real `PodLink` on the shared Redis; its event consumer (and its
+heartbeat) are stopped, so a released session's `close` event stays unread and only the admission path can
+notice the release.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from ardiff.kv.placement import PlacementStore
+from ardiff.kv.records import PoolId
+from ardiff.worker.errors import AtCapacity, SessionClosed
+from ardiff.worker.pod_link import PodLink
+from ardiff.worker.server import load_runtime
+from ardiff.worker.service import WorkerService
+from ardiff.worker.settings import WorkerSettings
+
+TOKEN = "admission-token"
+AUTH = f"Bearer {TOKEN}"
+RAW = "application/octet-stream"
+
+
+def tick(chunk: int) -> dict:
+    return {"request_id": f"r{chunk}", "chunk_index": chunk}
+
+
+@pytest.fixture
+async def service(redis_url):
+    pool = PoolId("default", f"wk-admit-{uuid.uuid4().hex[:6]}")
+    settings = WorkerSettings(
+        runtime="fake",
+        fake_capacity=1,
+        redis_url=redis_url,
+        pool=pool.name,
+        pod_name="admit-pod",
+        heartbeat_seconds=0.5,
+        lease_seconds=5,
+    )
+    worker = WorkerService(
+        settings, lambda: load_runtime(settings), link=PodLink(PlacementStore.from_url(redis_url), settings)
+    )
+    await worker.start()
+    for _ in range(200):
+        if worker.ready:
+            break
+        await asyncio.sleep(0.02)
+    assert worker.ready
+    for task in worker._tasks:  # no event consumer; no heartbeat overwriting the pod record in the test
+        if task.get_name() in ("events", "heartbeat"):
+            task.cancel()
+    yield worker
+    await worker.stop()
+
+
+async def test_full_worker_releases_a_session_the_store_moved_away_before_admitting(service, session_spec):
+    pool = service.link.pool
+    async with PlacementStore.from_url(service.settings.redis_url) as store:
+        await store.place(pool, session_spec("first", TOKEN))
+        await service.tick("first", tick(0), authorization=AUTH, media_type=RAW)
+        await store.release(pool, "first", reason="deleted")  # its `close` event is never read
+        assert (await store.place(pool, session_spec("second", TOKEN))).placement.pod == "admit-pod"
+        response = await service.tick("second", tick(0), authorization=AUTH, media_type=RAW)
+        assert response.headers["ardiff-frame-shape"] == "9,64,64,3"
+        assert service.runtime.resident_sessions() == ("second",)
+        assert service.metrics.evictions.labels("stale")._value.get() == 1
+        with pytest.raises(SessionClosed):
+            await service.tick("first", tick(1), authorization=AUTH, media_type=RAW)
+        await store.delete_pool(pool)
+
+
+async def test_full_worker_refuses_a_session_it_cannot_make_room_for(service, session_spec):
+    pool = service.link.pool
+    async with PlacementStore.from_url(service.settings.redis_url) as store:
+        await store.place(pool, session_spec("holder", TOKEN))
+        await service.tick("holder", tick(0), authorization=AUTH, media_type=RAW)
+        # Redis and the worker disagree (the pod's record says 2 slots): the worker still admits only 1.
+        await store.heartbeat(
+            pool,
+            "admit-pod",
+            epoch=service.link.epoch,
+            capacity=2,
+            endpoint=service.link.endpoint,
+            lease_ms=5000,
+        )
+        assert (await store.place(pool, session_spec("newcomer", TOKEN))).placement.pod == "admit-pod"
+        with pytest.raises(AtCapacity):
+            await service.tick("newcomer", tick(0), authorization=AUTH, media_type=RAW)
+        assert service.runtime.resident_sessions() == ("holder",)
+        await service.tick("holder", tick(1), authorization=AUTH, media_type=RAW)
+        await store.delete_pool(pool)
