@@ -388,14 +388,16 @@ class WorkerService:
         """The one teardown path for releases the client did not ask for (events, stale sessions)."""
         assert self.runtime is not None
         async with self._forward_lock:
+            held = session_id in self._books or session_id in self.runtime.resident_sessions()
             await self._on_forward_thread(self.runtime.close, session_id)
             book = self._books.get(session_id)
             if keep_book and book is not None and book.status is not SessionStatus.CLOSED:
                 self._books[session_id] = book.failed()
             else:
                 self._books.pop(session_id, None)
-        self.metrics.evictions.labels(reason).inc()
-        log.info("released session %s (%s)", session_id, reason)
+        if held:
+            self.metrics.evictions.labels(reason).inc()
+            log.info("released session %s (%s)", session_id, reason)
 
     async def on_event(self, event: Any) -> None:
         """A `close`/`evict` entry of this pod's stream: release the session's state in the runner."""
