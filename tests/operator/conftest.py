@@ -78,7 +78,6 @@ class OperatorProcess:
                 sys.executable,
                 "-m",
                 "ardiff.cli",
-                "-v",
                 "operator",
                 "run",
                 "-n",

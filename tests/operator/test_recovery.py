@@ -186,12 +186,22 @@ def test_two_operators_with_peering_only_one_acts(cluster: Cluster, redis_url: s
     )
     assert response.status_code == 201, response.text
     args = ("--peering", "ardiff", "--priority")
-    standby = OperatorProcess(cluster.namespace, redis_url, tmp_path / "standby.log", (*args, "0")).start()
+
+    def peer_priorities() -> list[int]:
+        found = cluster.http.get(
+            f"/apis/kopf.dev/v1/namespaces/{cluster.namespace}/kopfpeerings/ardiff"
+        ).json()
+        return sorted(peer["priority"] for peer in (found.get("status") or {}).values())
+
     active = OperatorProcess(cluster.namespace, redis_url, tmp_path / "active.log", (*args, "10")).start()
+    standby = OperatorProcess(cluster.namespace, redis_url, tmp_path / "standby.log", (*args, "0"))
     try:
         wait_until(
-            lambda: "Pausing operations in favour of" in standby.log(), timeout=30, what="standby pauses"
+            lambda: "Resuming operations" in active.log(), timeout=30, what="the active operator to serve"
         )
+        standby.start()
+        # Both are peers; the standby, below a higher priority, is paused from its start (never resumes).
+        wait_until(lambda: peer_priorities() == [0, 10], timeout=30, what="both operators in the peering")
         cluster.create_pool(replicas={"min": 1, "max": 2})
         for name in ("a", "b", "c"):
             cluster.create_session(name)
@@ -201,8 +211,12 @@ def test_two_operators_with_peering_only_one_acts(cluster: Cluster, redis_url: s
         assert len(cluster.pods()) == 2
         assert "admit_session" in active.log()
         assert "admit_session" not in standby.log()
+        assert "Resuming operations" not in standby.log()
 
         active.stop()  # the standby takes over
+        wait_until(
+            lambda: "Resuming operations" in standby.log(), timeout=30, what="the standby to take over"
+        )
         cluster.create_session("d")
         cluster.wait_phase("d", "Ready", timeout=40)
         assert "admit_session" in standby.log()
