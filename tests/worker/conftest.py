@@ -165,6 +165,23 @@ def tiny_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint written by `ardiff worker make-tiny-model DIR --seed 0` (workers get `--model DIR`)."""
+    directory = tmp_path_factory.mktemp("ardiff-tiny-model") / "tiny"
+    out = subprocess.run(
+        [sys.executable, "-m", "ardiff.cli", "worker", "make-tiny-model", str(directory), "--seed", "0"],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return directory
+
+
+@pytest.fixture(scope="session")
 async def store(redis_url: str) -> PlacementStore:
     placement = PlacementStore.from_url(redis_url)
     yield placement

@@ -283,6 +283,31 @@ async def test_concurrent_ticks_on_one_session_are_409_tick_in_progress(worker, 
     error_of(second, 409, "tick_in_progress")
 
 
+async def test_forwards_run_one_at_a_time_in_arrival_order(worker, place):
+    sessions = [await place() for _ in range(3)]
+    finished: list[str] = []
+    async with httpx.AsyncClient(base_url=worker.url, timeout=30) as client:
+
+        async def tick(session: str, delay: float) -> httpx.Response:
+            await asyncio.sleep(delay)
+            response = await client.post(
+                f"/v1/sessions/{session}/ticks",
+                json={"request_id": "r", "chunk_index": 0, "controls": []},
+                headers=worker.headers(TOKEN),
+            )
+            finished.append(session)
+            return response
+
+        started = time.monotonic()
+        responses = await asyncio.gather(*(tick(s, 0.05 * i) for i, s in enumerate(sessions)))
+        elapsed = time.monotonic() - started
+    assert [r.status_code for r in responses] == [200, 200, 200]
+    assert finished == sessions  # FIFO across sessions
+    assert elapsed >= 3 * FAKE_TICK_SECONDS  # serialized: one forward at a time
+    queued = [float(r.headers["server-timing"].split(", ")[0].split("dur=")[1]) for r in responses]
+    assert queued[0] < queued[1] < queued[2]
+
+
 async def test_retried_request_id_returns_the_same_chunk_without_advancing(worker, store, place):
     session = await place()
     first = worker.tick(session, 0, token=TOKEN, request_id="req-a")

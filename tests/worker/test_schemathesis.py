@@ -30,9 +30,10 @@ FUZZ = settings(
 
 
 @pytest.fixture(scope="module")
-def real_worker(launch_worker, tiny_model_cache):
+def real_worker(launch_worker, tiny_model_dir):
+    # `--model DIR`: a checkpoint directory, as in production (written by `ardiff worker make-tiny-model`)
     process = launch_worker(
-        runtime="vllm", model_cache=tiny_model_cache, cpu_free_memory_bytes=1 << 30, ready_timeout=240
+        runtime="vllm", model=tiny_model_dir, cpu_free_memory_bytes=1 << 30, ready_timeout=240
     )
     yield process
     process.stop()
