@@ -18,6 +18,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 help:
 	@echo "make demo    run the whole system locally on CPU (dev cluster, real workers, MP4s in ./demo-out)"
 	@echo "make test    set up .venv, then ruff + pytest (CPU; GPU tests are deselected)"
+	@echo "make up      keep the local cluster running in the background (make down stops it)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +51,13 @@ test: setup lint
 
 demo: setup
 	$(BIN)/ardiff demo
+
+# The local cluster in the background (state, logs and kubeconfig in .ardiff-dev/); `up` prints how to use it.
+up: setup
+	$(BIN)/ardiff up
+
+down:
+	$(BIN)/ardiff down
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
