@@ -229,6 +229,10 @@ def measure(
                 ready_within=args.timeout,
             )
         )
+        print(
+            f"{name}: {len(burst_names) + len(paced_names)} sessions Ready; sampling idle CPU",
+            file=sys.stderr,
+        )
         idle = idle_cpu_percent(operator.pid, args.idle_seconds)
     operator.stop()
     return Result(name, Phase.of(*burst), Phase.of(*paced), rss.peak, idle)

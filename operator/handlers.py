@@ -19,6 +19,7 @@ import kopf
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
 from ardiff.operator.admission import AdmissionFailure, placement_spec
+from ardiff.operator.bindings import read_bindings
 from ardiff.operator.config import OperatorConfig
 from ardiff.operator.context import OperatorContext
 from ardiff.operator.kube import KubeApi
@@ -208,7 +209,7 @@ async def admission_status(
         ctx.notes[(session.namespace, placed.victim)] = f"evicted to make room for session {session.name}"
         ctx.kick(pid)  # the victim's status changes in the pool's next round
         logger.info(f"session {session.name} evicted session {placed.victim}")
-    record = await ctx.store.get_session(pid, session.name)
+    record = (await read_bindings(ctx.store, pid, [session.name])).get(session.name)
     where = record.pod if record is not None else None
     ready = any(p.name == where and p.ready for p in pods)
     observation = SessionObservation(record=record, pod=live.get(where or ""), pod_ready=ready, now_ms=now_ms)

@@ -24,6 +24,7 @@ import kopf
 from ardiff.kv.errors import UnknownPod
 from ardiff.kv.records import PodRecord, PoolId, SessionRecord, SessionSpec, SessionState
 from ardiff.operator.admission import AdmissionFailure, placement_spec
+from ardiff.operator.bindings import SessionBinding, read_bindings
 from ardiff.operator.context import OperatorContext, SessionKey
 from ardiff.operator.kube import PODS, POOLS, SERVICES, SESSIONS
 from ardiff.operator.pods import build_pool_service, build_worker_pod, pool_service_name, worker_pod_name
@@ -126,7 +127,7 @@ async def sync_pods(ctx: OperatorContext, pool: PoolId, pods: Sequence[PodView])
 @dataclass
 class RoundResult:
     waiting: int = 0  # sessions that need a slot and did not get one
-    evictions: int = 0
+    changed: bool = False  # a placement, restore or failure happened: bindings must be read again
     # Sessions whose status this round must not rewrite: failed now, or bound to a pod that must re-register
     # before their binding can be restored (writing Pending would erase the binding from the status).
     settled: set[str] = field(default_factory=set)
@@ -141,7 +142,7 @@ async def place_sessions(
     ctx: OperatorContext,
     pool: PoolView,
     sessions: Sequence[SessionView],
-    records: Mapping[str, SessionRecord | None],
+    records: Mapping[str, SessionBinding],
     live: Mapping[str, PodRecord],
     slots: Mapping[str, PodSlots],
     logger: kopf.Logger,
@@ -173,6 +174,7 @@ async def place_sessions(
                         continue
                     if await restore_binding(ctx, pid, session, spec, bound_pod, int(bound_epoch), logger):
                         free -= 1
+                        result.changed = True
                         continue
                 reset = True  # its pod is gone, restarted or full: the KV is lost
             # A session Redis forgot while it was Lost or Evicted has no KV anywhere either.
@@ -187,10 +189,11 @@ async def place_sessions(
             result.waiting += 1
             continue
         try:
-            spec = record_spec(record) if record is not None else await placement_spec(ctx, session)
+            spec = await placement_request(ctx, pid, session, record is not None)
         except AdmissionFailure as exc:
             await write_failed(ctx, session, exc.reason, exc.message)
             result.settled.add(session.name)
+            result.changed = True
             continue
         placed = await ctx.store.place(
             pid, spec, may_evict=may_evict, min_idle_ms=pool.spec.min_idle_seconds * 1000
@@ -201,8 +204,8 @@ async def place_sessions(
                 free = 0  # `place` found no free slot: nobody else without eviction will either
             continue
         ctx.waiting_specs.pop(key, None)
+        result.changed = True
         if placed.victim is not None:
-            result.evictions += 1
             ctx.notes[(session.namespace, placed.victim)] = f"evicted to make room for session {session.name}"
         else:
             free -= 1
@@ -211,6 +214,14 @@ async def place_sessions(
             await ctx.store.mark_reset_required(pid, session.name, pod=where.pod, epoch=where.pod_epoch)
             ctx.notes[key] = f"placed on {where.pod} after Redis lost its binding to a pod that is gone"
     return result
+
+
+async def placement_request(
+    ctx: OperatorContext, pool: PoolId, session: SessionView, has_record: bool
+) -> SessionSpec:
+    """A lost or evicted session's request comes from its own full record; anyone else's from the CR."""
+    full = await ctx.store.get_session(pool, session.name) if has_record else None
+    return record_spec(full) if full is not None else await placement_spec(ctx, session)
 
 
 async def restore_binding(
@@ -242,7 +253,7 @@ async def expire_idle(
     ctx: OperatorContext,
     pool: PoolId,
     sessions: Sequence[SessionView],
-    records: Mapping[str, SessionRecord | None],
+    records: Mapping[str, SessionBinding],
     now_ms: int,
 ) -> int:
     expired = 0
@@ -315,7 +326,7 @@ async def write_failed(ctx: OperatorContext, session: SessionView, reason: Reaso
 async def write_session_statuses(
     ctx: OperatorContext,
     sessions: Iterable[SessionView],
-    records: Mapping[str, SessionRecord | None],
+    records: Mapping[str, SessionBinding],
     live: Mapping[str, PodRecord],
     pods: Mapping[str, PodView],
     now_ms: int,
@@ -404,12 +415,13 @@ async def reconcile_pool(
     async with ctx.locks[pid]:
         live = await sync_pods(ctx, pid, pods)
         slots = pod_slots(ctx, pid, pods, live)
-        records = await ctx.store.get_sessions(pid, names)
+        records = await read_bindings(ctx.store, pid, names)
         now_ms = await ctx.redis_time_ms()
-        await expire_idle(ctx, pid, active, records, now_ms)
+        expired = await expire_idle(ctx, pid, active, records, now_ms)
         result = await place_sessions(ctx, pool, active, records, live, slots, logger)
-        records = await ctx.store.get_sessions(pid, names)
-        live = await live_pods(ctx, pid)
+        if expired or result.changed:
+            records = await read_bindings(ctx.store, pid, names)
+            live = await live_pods(ctx, pid)
         by_name = {p.name: p for p in pods}
         unsettled = [s for s in active if s.name not in result.settled]
         await write_session_statuses(ctx, unsettled, records, live, by_name, now_ms)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from ardiff.kv.records import PodRecord, SessionRecord, SessionState
+from ardiff.kv.records import PodRecord, SessionState
+from ardiff.operator.bindings import SessionPlacement
 from ardiff.operator.tokens import TOKEN_KEY, token_secret_name
 
 
@@ -100,7 +101,7 @@ def build_conditions(
 class SessionObservation:
     """Everything one session's status is derived from, observed in one reconcile."""
 
-    record: SessionRecord | None
+    record: SessionPlacement | None
     pod: PodRecord | None  # the Redis record of the pod the session is placed on
     pod_ready: bool  # that pod's Kubernetes Ready condition
     now_ms: int  # Redis server time
