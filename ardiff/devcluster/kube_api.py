@@ -50,7 +50,14 @@ from ardiff.devcluster.api_resources import (
     build_resource_list,
 )
 from ardiff.devcluster.crd import CRD_DIR, load_manifests
-from ardiff.devcluster.kube_store import ApiError, DeleteOptions, ObjectStore, WriteResult, bad_request
+from ardiff.devcluster.kube_store import (
+    CLOSED,
+    ApiError,
+    DeleteOptions,
+    ObjectStore,
+    WriteResult,
+    bad_request,
+)
 from ardiff.devcluster.patches import APPLY_PATCH
 from ardiff.devcluster.selectors import FieldSelector, LabelSelector, SelectorError
 from ardiff.devcluster.tables import build_table
@@ -389,6 +396,8 @@ class KubeAPI:
                     if request.transport is None or request.transport.is_closing():
                         break  # the client went away
                     continue
+                if event_type == CLOSED:
+                    break
                 await send(event_type, obj)
         except ConnectionError:
             pass  # the client went away mid-write
@@ -433,13 +442,14 @@ class KubeAPIServer:
         app.router.add_route("*", "/{tail:.*}", self.api.handle)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        site = web.TCPSite(self._runner, self.host, self.port, shutdown_timeout=_WATCH_POLL_SECONDS * 3)
         await site.start()
         self.port = self._runner.addresses[0][1]  # the bound port when 0 was asked for
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         if self._runner is not None:
+            self.api.store.close_watches()
             await self._runner.cleanup()
             self._runner = None
 

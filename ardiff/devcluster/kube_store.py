@@ -56,6 +56,7 @@ _IMMUTABLE_METADATA = (
 )
 DEFAULT_POD_GRACE_SECONDS = 30
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+CLOSED = "CLOSED"  # not a Kubernetes event type: tells the HTTP layer to end the stream
 
 
 def rfc3339(moment: datetime.datetime) -> str:
@@ -727,6 +728,11 @@ class ObjectStore:
 
     def unwatch(self, watch: Watch) -> None:
         self._watches.discard(watch)
+
+    def close_watches(self) -> None:
+        """End every open watch (the server is stopping): each gets a final CLOSED marker."""
+        for watch in self._watches:
+            watch.queue.put_nowait((CLOSED, {}))
 
     @property
     def open_watches(self) -> int:
