@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -444,3 +445,16 @@ def test_paths_parse_like_the_apiserver_routes() -> None:
     )
     assert parse_api_path("/apis/ardiffusion.dev") is None
     assert parse_api_path("/version") is None
+
+
+def test_stopping_the_api_ends_open_watches_at_once() -> None:
+    with KubeAPIThread() as api:
+        with httpx.Client(base_url=api.url, timeout=None) as http:
+            stream = http.stream("GET", "/api/v1/namespaces/default/pods", params={"watch": "true"})
+            response = stream.__enter__()
+            assert response.status_code == 200
+            started = time.monotonic()
+            api.stop()
+            assert list(response.iter_lines()) == []  # the stream ended cleanly, with no event
+            stream.__exit__(None, None, None)
+        assert time.monotonic() - started < 5
