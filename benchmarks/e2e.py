@@ -1,0 +1,225 @@
+"""End to end on the dev cluster: tick latency through the Python client against the worker alone, and the
+time from `kill -9` of a worker to its session being Ready again elsewhere.
+
+One dev cluster (emulated API, real Redis, the real operator) with a pool of two real workers (tiny
+LingBot-World, 64x64, CPU, one torch thread each, two slots per pod, the worker's default 10 s lease).
+
+Tick latency, one session, one run: ticks alternate between the client (`SessionClient.tick`: JSON body,
+loopback HTTP, the worker's checks, forward and Redis touch, the raw body decoded to numpy) and a bare `httpx`
+POST of the same kind of tick (no decoding). The baseline, "worker alone", is the worker's own time for the
+same ticks, from its `server-timing` header (queue + forward + decode + encode); the overhead of a path is,
+tick by tick, its round trip minus that. Ratio: a path's p50 round trip / its p50 time inside the worker.
+
+Recovery, repeated `--kills` times: two sessions, one per pod; `kill -9` of one pod's worker process;
+timed until (1) the session's status leaves Ready (its Pod is not Ready), (2) it is Ready again, with
+`resetRequired`, on the other pod, which has a free slot (the dead worker's lease expired: Lost, then
+re-placed in the same reconcile round), (3) the killed pod's restarted worker is Ready.
+
+    .venv/bin/python benchmarks/e2e.py [--ticks 40] [--warmup 3] [--kills 3] [--model-cache DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+import yaml
+
+from ardiff.client import CAMERA_TOUR, hold, parse_server_timing
+from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster
+
+T = TypeVar("T")
+NAMESPACE = "bench"
+POOL = {
+    "apiVersion": "ardiffusion.dev/v1alpha1",
+    "kind": "ARDiffusionWorkerPool",
+    "metadata": {"name": "world"},
+    "spec": {
+        "model": {"name": "tiny-lingbot-world", "height": 64, "width": 64},
+        "image": "ghcr.io/ardiff/ardiff-worker:0.1.0",
+        "kv": {"sessionCapacity": 2, "cpuFreeMemoryBytes": 1 << 30},
+        "replicas": {"min": 2, "max": 2},
+        "scaleDownDelaySeconds": 3600,
+        "eviction": {"minIdleSeconds": 0},
+    },
+}
+OPERATOR_ENV = {"ARDIFF_OPERATOR_RECONCILE_SECONDS": "0.5", "ARDIFF_OPERATOR_MIRROR_SECONDS": "1"}
+START_TIMEOUT = 600.0
+
+
+def wait_until(predicate: Callable[[], T | None], timeout: float, what: str, poll: float = 0.05) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise TimeoutError(f"no {what} within {timeout}s")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def ready_pods(cluster: DevCluster) -> set[str]:
+    pods = httpx.get(f"{cluster.api_url}/api/v1/namespaces/{NAMESPACE}/pods", timeout=10).json()["items"]
+    return {
+        p["metadata"]["name"]
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp")
+        and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+    }
+
+
+def measure_ticks(cluster: DevCluster, ticks: int, warmup: int) -> dict[str, list[tuple[float, float]]]:
+    """(round trip, time inside the worker) in seconds of each measured tick, per path."""
+    sessions = cluster.sessions()
+    sessions.create("latency", pool="world", prompt="a walk through a quiet village")
+    paths: dict[str, list[tuple[float, float]]] = {"bare HTTP POST": [], "Python client tick": []}
+    try:
+        with sessions.connect("latency", timeout=START_TIMEOUT) as session, httpx.Client(timeout=120) as http:
+            for i in range(warmup):
+                session.tick([CAMERA_TOUR[i % len(CAMERA_TOUR)]])
+            headers = {"Authorization": f"Bearer {session.token}", "Accept": "application/octet-stream"}
+            for i in range(ticks):
+                controls = [CAMERA_TOUR[i % len(CAMERA_TOUR)]]
+                chunk = session.tick(controls)
+                paths["Python client tick"].append((chunk.latency_s, chunk.server_ms / 1000))
+                body = {
+                    "request_id": f"raw-{i}",
+                    "chunk_index": session.next_chunk_index,
+                    "controls": controls,
+                }
+                url = f"{session.endpoint}/v1/sessions/latency/ticks"
+                started = time.perf_counter()
+                response = http.post(url, json=body, headers=headers)
+                elapsed = time.perf_counter() - started
+                response.raise_for_status()
+                server = sum(parse_server_timing(response.headers["server-timing"]).values()) / 1000
+                paths["bare HTTP POST"].append((elapsed, server))
+                session.next_chunk_index += 1
+    finally:
+        sessions.delete("latency", wait=True)
+    return paths
+
+
+def measure_kill(cluster: DevCluster, round_: int) -> dict[str, float]:
+    """One kill: seconds from `kill -9` to the session's status leaving Ready (its pod is not Ready), to Ready
+    on the other pod (its lease expired: Lost, re-placed in the same reconcile round), to the restarted worker
+    Ready."""
+    sessions = cluster.sessions()
+    wait_until(lambda: len(ready_pods(cluster)) == 2, START_TIMEOUT, "two ready pods", poll=0.5)
+    victim, survivor = f"victim-{round_}", f"survivor-{round_}"
+    for name in (victim, survivor):
+        sessions.create(name, pool="world", prompt="recovery")
+    killed = sessions.wait_ready(victim, timeout=START_TIMEOUT)["pod"]
+    if sessions.wait_ready(survivor, timeout=START_TIMEOUT)["pod"] == killed:
+        raise RuntimeError("least-loaded placement put both sessions on one pod")
+    for name in (victim, survivor):
+        with sessions.connect(name) as session:
+            session.tick([hold("w")])
+
+    def replaced() -> bool:
+        status = sessions.status(victim)
+        return (
+            status.get("phase") == "Ready" and bool(status.get("resetRequired")) and status["pod"] != killed
+        )
+
+    cluster.runner.kill(killed, signal.SIGKILL, NAMESPACE)
+    killed_at = time.monotonic()
+    wait_until(lambda: sessions.status(victim).get("phase") != "Ready", START_TIMEOUT, "the status to change")
+    noticed = time.monotonic() - killed_at
+    wait_until(replaced, START_TIMEOUT, "the session Ready on the other pod")
+    replaced_s = time.monotonic() - killed_at
+    wait_until(lambda: killed in ready_pods(cluster), START_TIMEOUT, "the restarted worker", poll=0.2)
+    restarted = time.monotonic() - killed_at
+    for name in (victim, survivor):
+        sessions.delete(name, wait=True)
+    return {"status not Ready": noticed, "re-placed, Ready": replaced_s, "worker restarted, Ready": restarted}
+
+
+def measure_recovery(cluster: DevCluster, kills: int) -> list[dict[str, float]]:
+    rounds = []
+    for round_ in range(kills):
+        rounds.append(measure_kill(cluster, round_))
+        print(
+            f"  kill {round_ + 1}: " + ", ".join(f"{k} {v:.1f}s" for k, v in rounds[-1].items()), flush=True
+        )
+    return rounds
+
+
+def print_ticks(paths: dict[str, list[tuple[float, float]]]) -> None:
+    """Per path: round trip, time inside the worker and their difference (paired per tick), in ms."""
+    client_ticks = paths["Python client tick"]
+    worker_p50 = statistics.median(server for _, server in client_ticks)
+    print(f"\ntick latency, 64x64, {len(client_ticks)} ticks per path, alternating (ms)")
+    header = (
+        f"{'path':<20} {'p50':>7} {'mean':>7} {'p99':>7} {'in worker p50':>14} {'overhead p50':>13} "
+        f"{'overhead p99':>13} {'p50 / in worker':>16}"
+    )
+    print(header)
+    print("-" * len(header))
+    for name, ticks in paths.items():
+        total = [t for t, _ in ticks]
+        overhead = [t - server for t, server in ticks]
+        print(
+            f"{name:<20} {percentile(total, 0.5) * 1000:7.1f} {statistics.mean(total) * 1000:7.1f} "
+            f"{percentile(total, 0.99) * 1000:7.1f} {statistics.median(s for _, s in ticks) * 1000:14.1f} "
+            f"{percentile(overhead, 0.5) * 1000:13.1f} {percentile(overhead, 0.99) * 1000:13.1f} "
+            f"{statistics.median(total) / statistics.median(s for _, s in ticks):16.3f}"
+        )
+    client_overhead = statistics.median(t - server for t, server in client_ticks)
+    print(
+        f"worker alone (server-timing of the client's ticks) p50 {worker_p50 * 1000:.1f} ms; the client adds "
+        f"{client_overhead * 1000:.1f} ms per tick ({client_overhead / worker_p50:.1%})"
+    )
+
+
+def print_recovery(rounds: list[dict[str, float]]) -> None:
+    print(f"\nkill -9 of a worker -> recovery, {len(rounds)} kills (seconds after the kill)")
+    header = f"{'event':<26} {'min':>6} {'median':>7} {'max':>6}"
+    print(header)
+    print("-" * len(header))
+    for event in rounds[0]:
+        values = [r[event] for r in rounds]
+        print(f"{event:<26} {min(values):6.1f} {statistics.median(values):7.1f} {max(values):6.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ticks", type=int, default=40, help="measured ticks per path")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--model-cache", type=Path, help="where workers find/generate the tiny model")
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    workdir = Path(tempfile.mkdtemp(prefix="ardiff-bench-e2e-"))
+    pod_env = {"ARDIFF_MODEL_CACHE": str(args.model_cache)} if args.model_cache else {}
+    cluster = DevCluster(
+        workdir,
+        operator_command=OPERATOR_COMMAND,
+        namespace=NAMESPACE,
+        operator_env=OPERATOR_ENV,
+        pod_env=pod_env,
+    )
+    print(f"dev cluster in {workdir}; loadavg at start {os.getloadavg()[0]:.1f}", flush=True)
+    with cluster:
+        cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(POOL))
+        wait_until(lambda: len(ready_pods(cluster)) == 2, START_TIMEOUT, "two ready pods", poll=0.5)
+        print_ticks(measure_ticks(cluster, args.ticks, args.warmup))
+        print_recovery(measure_recovery(cluster, args.kills))
+    print(f"loadavg at end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
