@@ -337,11 +337,11 @@ class Chunk:
 
 
 def write_mp4(path: str | Path, frames: np.ndarray | Sequence[np.ndarray], fps: int | None = None) -> Path:
-    """Write `FxHxWx3` uint8 frames (or a sequence of chunks) as an H.264 MP4 (PyAV: the worker extra)."""
+    """Write `FxHxWx3` uint8 frames (or a sequence of chunks) as an H.264 MP4 (PyAV: the client extra)."""
     try:
         from ardiff.worker.encoding import FPS, encode_mp4
     except ImportError as exc:  # PyAV
-        raise ArdiffError(f"writing MP4 needs PyAV ({exc}); pip install 'ardiff[worker]'") from None
+        raise ArdiffError(f"writing MP4 needs PyAV ({exc}); pip install 'ardiff[client]'") from None
     video = np.concatenate(list(frames)) if not isinstance(frames, np.ndarray) else frames
     if video.ndim != 4 or video.shape[-1] != 3 or video.dtype != np.uint8 or not len(video):
         raise ValueError(f"frames must be a non-empty FxHxWx3 uint8 array, got {video.dtype} {video.shape}")
@@ -474,7 +474,7 @@ class KubeSessions:
             import kubernetes
         except ImportError:
             raise KubernetesError(
-                "the client's Kubernetes part needs the `kubernetes` package: pip install 'ardiff[operator]'"
+                "the client's Kubernetes part needs the `kubernetes` package: pip install 'ardiff[client]'"
             ) from None
         self.namespace = namespace
         self._kubernetes = kubernetes
