@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import signal
 import subprocess
 import sys
 import uuid
@@ -15,7 +16,7 @@ from pathlib import Path
 import av
 import pytest
 
-from tests.e2e.conftest import REPO
+from tests.e2e.conftest import REPO, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -84,4 +85,42 @@ def test_demo_runs_the_examples_and_writes_a_video_per_session(tmp_path: Path, m
     )
     assert "done in" in out
     assert (tmp_path / ".ardiff-dev" / "demo" / "logs" / "operator.log").exists()
+    assert processes_with(f"ARDIFF_DEMO_TEST={token}") == []
+
+
+def test_ctrl_c_tears_the_demo_down(tmp_path: Path, model_cache: Path) -> None:
+    """Ctrl-C while the workers load: the terminal's SIGINT reaches the demo's whole process group."""
+    token = uuid.uuid4().hex
+    env = {**os.environ, "ARDIFF_MODEL_CACHE": str(model_cache), "ARDIFF_DEMO_TEST": token}
+    command = [sys.executable, "-m", "ardiff.cli", "demo", "--examples", str(REPO / "examples")]
+    demo = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as a shell's foreground job
+    )
+    try:
+        assert demo.stdout is not None
+        seen = []
+        for line in demo.stdout:
+            seen.append(line)
+            if line.startswith("["):  # the first progress line: the sessions exist, worker Pods are starting
+                break
+        # The API, Redis, the operator and at least one worker process, besides the demo itself.
+        wait_until(
+            lambda: len(set(processes_with(f"ARDIFF_DEMO_TEST={token}")) - {demo.pid}) >= 4,
+            timeout=60,
+            what="the demo's worker processes",
+        )
+        os.killpg(demo.pid, signal.SIGINT)
+        rest, _ = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 130, "".join(seen) + rest
+    assert "Traceback" not in rest
+    assert not (tmp_path / "demo-out").exists() or not any((tmp_path / "demo-out").iterdir())
     assert processes_with(f"ARDIFF_DEMO_TEST={token}") == []
