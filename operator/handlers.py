@@ -18,8 +18,6 @@ import kopf
 
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
-from ardiff.operator.admission import AdmissionFailure, placement_spec
-from ardiff.operator.bindings import read_bindings
 from ardiff.operator.config import OperatorConfig
 from ardiff.operator.context import OperatorContext
 from ardiff.operator.kube import KubeApi
@@ -27,21 +25,16 @@ from ardiff.operator.pods import POOL_LABEL
 from ardiff.operator.reconcile import (
     delete_pool,
     ensure_service,
-    live_pods,
     now_rfc3339,
-    pod_slots,
     reconcile_pool,
     write_pool_status,
 )
-from ardiff.operator.scaling import may_grow
+from ardiff.operator.sessions import admit, release
 from ardiff.operator.specs import GROUP, POOL_PLURAL, SESSION_PLURAL, VERSION
 from ardiff.operator.status import (
     ConditionSpec,
     Reason,
-    SessionObservation,
     build_conditions,
-    build_failed_status,
-    build_session_status,
 )
 from ardiff.operator.views import PodView, PoolView, SessionView
 
@@ -101,22 +94,25 @@ async def redis_reachable(memo: kopf.Memo, **_: Any) -> float:
 
 
 # --- indexes: what each pool reconcile reads, kept current by kopf's watches ------------------------------
+# (async, like every handler here: kopf would run a sync one on a thread, per event, for thousands of events)
 
 
 @kopf.index(GROUP, VERSION, POOL_PLURAL)
-def pools(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], PoolView]:
+async def pools(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], PoolView]:
     return {(namespace, name): PoolView.from_body(body)}
 
 
 @kopf.index("pods", labels=WORKER_LABELS)
-def worker_pods(
+async def worker_pods(
     namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[tuple[str, str], PodView]:
     return {(namespace, labels[POOL_LABEL]): PodView.from_body(body)}
 
 
 @kopf.index(GROUP, VERSION, SESSION_PLURAL)
-def sessions_by_pool(namespace: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str | None], SessionView]:
+async def sessions_by_pool(
+    namespace: str, body: kopf.Body, **_: Any
+) -> dict[tuple[str, str | None], SessionView]:
     view = SessionView.from_body(body)
     return {(namespace, view.spec.pool_ref if view.spec else None): view}
 
@@ -130,7 +126,7 @@ def _first(index: kopf.Index, key: Any) -> Any | None:
 
 
 @kopf.on.event("pods", labels=WORKER_LABELS)
-def kick_pool_on_pod_change(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+async def kick_pool_on_pod_change(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
     """A worker Pod changed (Ready, deleted, ...): its pool reconciles now rather than at the next period."""
     ctx: OperatorContext | None = getattr(memo, "ctx", None)
     if ctx is not None:
@@ -148,89 +144,21 @@ async def admit_session(
     logger: kopf.Logger,
     pools: kopf.Index,
     worker_pods: kopf.Index,
-    sessions_by_pool: kopf.Index,
     **_: Any,
 ) -> None:
     """Token Secret, image, then a slot at once if one is free (or, at max, by evicting an idle session)."""
     ctx: OperatorContext = memo.ctx
     session = SessionView.from_body(body)
-    key = (session.namespace, session.name)
-    status = await admission_status(ctx, session, pools, worker_pods, sessions_by_pool, logger)
+    pool_key = (session.namespace, session.spec.pool_ref if session.spec else "")
+    status = await admit(ctx, session, _first(pools, pool_key), _values(worker_pods, pool_key), logger)
     patch.status.update(status)
-    ctx.remember_status(key, status)
-
-
-async def admission_status(
-    ctx: OperatorContext,
-    session: SessionView,
-    pools: kopf.Index,
-    worker_pods: kopf.Index,
-    sessions_by_pool: kopf.Index,
-    logger: kopf.Logger,
-) -> dict[str, Any]:
-    def failed(reason: Reason, message: str) -> dict[str, Any]:
-        kopf.event(session.reference, type="Warning", reason="Failed", message=f"{reason}: {message}")
-        logger.warning(f"session {session.name} failed: {reason}: {message}")
-        return build_failed_status(
-            session.status,
-            session=session.name,
-            reason=reason,
-            message=message,
-            generation=session.generation,
-            now=now_rfc3339(),
-        )
-
-    if session.spec is None:
-        return failed(Reason.INVALID_SPEC, session.invalid_reason or "invalid spec")
-    try:
-        spec = await placement_spec(ctx, session, create_token=True)
-    except AdmissionFailure as exc:
-        return failed(exc.reason, exc.message)
-    pool: PoolView | None = _first(pools, (session.namespace, session.spec.pool_ref))
-    if pool is None:
-        return failed(
-            Reason.UNKNOWN_POOL, f"no ARDiffusionWorkerPool {session.spec.pool_ref!r} in {session.namespace}"
-        )
-    if pool.deleting:
-        return failed(Reason.POOL_DELETED, f"pool {pool.name} is being deleted")
-    pid = PoolId(pool.namespace, pool.name)
-    pods: list[PodView] = _values(worker_pods, (pool.namespace, pool.name))
-    async with ctx.locks[pid]:
-        live = await live_pods(ctx, pid)
-        can_grow = pool.spec is None or may_grow(pod_slots(ctx, pid, pods, live), pool.spec.max_replicas)
-        min_idle_ms = pool.spec.min_idle_seconds * 1000 if pool.spec else 0
-        placed = await ctx.store.place(pid, spec, may_evict=not can_grow, min_idle_ms=min_idle_ms)
-        now_ms = await ctx.redis_time_ms()
-    if placed.placement is None:
-        ctx.kick(pid)  # the pool may need another pod
-    else:
-        ctx.waiting_specs.pop((session.namespace, session.name), None)
-    if placed.victim is not None:
-        ctx.notes[(session.namespace, placed.victim)] = f"evicted to make room for session {session.name}"
-        ctx.kick(pid)  # the victim's status changes in the pool's next round
-        logger.info(f"session {session.name} evicted session {placed.victim}")
-    record = (await read_bindings(ctx.store, pid, [session.name])).get(session.name)
-    where = record.pod if record is not None else None
-    ready = any(p.name == where and p.ready for p in pods)
-    observation = SessionObservation(record=record, pod=live.get(where or ""), pod_ready=ready, now_ms=now_ms)
-    return build_session_status(
-        session.status, observation, session=session.name, generation=session.generation, now=now_rfc3339()
-    )
+    ctx.remember_status((session.namespace, session.name), status)
 
 
 @kopf.on.delete(GROUP, VERSION, SESSION_PLURAL, backoff=2)
 async def release_session(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """Free the slot; the worker gets `close` through its pod's stream. The token Secret is owned."""
-    ctx: OperatorContext = memo.ctx
-    session = SessionView.from_body(body)
-    ctx.forget_session((session.namespace, session.name))
-    if session.spec is None:
-        return
-    pid = PoolId(session.namespace, session.spec.pool_ref)
-    async with ctx.locks[pid]:  # not in the middle of a round: its free-slot count stays exact
-        await ctx.store.release(pid, session.name, reason="deleted")
-    ctx.kick(pid)  # a waiting session may take the slot
-    logger.info(f"session {session.name} released")
+    await release(memo.ctx, SessionView.from_body(body), logger)
 
 
 # --- pools ---------------------------------------------------------------------------------------------

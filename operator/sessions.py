@@ -1,0 +1,89 @@
+"""One session's admission (its create handler) and release (its delete handler).
+
+Both take the pool's lock, so that a pool round never sees half of them: `place`'s may-evict decision and the
+round's free-slot count stay exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import kopf
+
+from ardiff.kv.records import PoolId
+from ardiff.operator.admission import AdmissionFailure, placement_spec
+from ardiff.operator.bindings import read_bindings
+from ardiff.operator.context import OperatorContext
+from ardiff.operator.reconcile import live_pods, now_rfc3339, pod_slots
+from ardiff.operator.scaling import may_grow
+from ardiff.operator.status import Reason, SessionObservation, build_failed_status, build_session_status
+from ardiff.operator.views import PodView, PoolView, SessionView
+
+
+def failed_status(session: SessionView, reason: Reason, message: str, logger: kopf.Logger) -> dict[str, Any]:
+    kopf.event(session.reference, type="Warning", reason="Failed", message=f"{reason}: {message}")
+    logger.warning(f"session {session.name} failed: {reason}: {message}")
+    return build_failed_status(
+        session.status,
+        session=session.name,
+        reason=reason,
+        message=message,
+        generation=session.generation,
+        now=now_rfc3339(),
+    )
+
+
+async def admit(
+    ctx: OperatorContext,
+    session: SessionView,
+    pool: PoolView | None,
+    pods: Sequence[PodView],
+    logger: kopf.Logger,
+) -> dict[str, Any]:
+    """Token Secret and image, then `place` (evicting only when the pool cannot grow); returns the status."""
+    if session.spec is None:
+        return failed_status(session, Reason.INVALID_SPEC, session.invalid_reason or "invalid spec", logger)
+    try:
+        spec = await placement_spec(ctx, session, create_token=True)
+    except AdmissionFailure as exc:
+        return failed_status(session, exc.reason, exc.message, logger)
+    if pool is None:
+        message = f"no ARDiffusionWorkerPool {session.spec.pool_ref!r} in {session.namespace}"
+        return failed_status(session, Reason.UNKNOWN_POOL, message, logger)
+    if pool.deleting:
+        return failed_status(session, Reason.POOL_DELETED, f"pool {pool.name} is being deleted", logger)
+    pid = PoolId(pool.namespace, pool.name)
+    async with ctx.locks[pid]:
+        live = await live_pods(ctx, pid)
+        can_grow = pool.spec is None or may_grow(pod_slots(ctx, pid, pods, live), pool.spec.max_replicas)
+        min_idle_ms = pool.spec.min_idle_seconds * 1000 if pool.spec else 0
+        placed = await ctx.store.place(pid, spec, may_evict=not can_grow, min_idle_ms=min_idle_ms)
+        now_ms = await ctx.redis_time_ms()
+    if placed.placement is None:
+        ctx.kick(pid)  # the pool may need another pod
+    else:
+        ctx.waiting_specs.pop((session.namespace, session.name), None)
+    if placed.victim is not None:
+        ctx.notes[(session.namespace, placed.victim)] = f"evicted to make room for session {session.name}"
+        ctx.kick(pid)  # the victim's status changes in the pool's next round
+        logger.info(f"session {session.name} evicted session {placed.victim}")
+    record = (await read_bindings(ctx.store, pid, [session.name])).get(session.name)
+    where = record.pod if record is not None else ""
+    ready = any(p.name == where and p.ready for p in pods)
+    observation = SessionObservation(record=record, pod=live.get(where), pod_ready=ready, now_ms=now_ms)
+    return build_session_status(
+        session.status, observation, session=session.name, generation=session.generation, now=now_rfc3339()
+    )
+
+
+async def release(ctx: OperatorContext, session: SessionView, logger: kopf.Logger) -> None:
+    """Free the session's slot; its pod's worker gets `close` through its stream (the one teardown path)."""
+    ctx.forget_session((session.namespace, session.name))
+    if session.spec is None:
+        return
+    pid = PoolId(session.namespace, session.spec.pool_ref)
+    async with ctx.locks[pid]:
+        await ctx.store.release(pid, session.name, reason="deleted")
+    ctx.kick(pid)  # a waiting session may take the slot
+    logger.info(f"session {session.name} released")
