@@ -4,11 +4,13 @@ has the real one): create, wait, connect, tick, replay, 421 follow-up, explicit 
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import av
 import numpy as np
 import pytest
 
@@ -135,3 +137,39 @@ def test_the_tick_command_reports_errors_without_a_traceback(stack: Stack, tmp_p
     assert "error: session_not_found: get session missing:" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "x.mp4").exists()
+
+
+def test_the_tick_command_continues_a_session_and_resets_only_when_asked(
+    stack: Stack, tmp_path: Path
+) -> None:
+    name = stack.session("cli")
+    with stack.connect(name) as session:
+        session.tick([client.hold("w")])
+        session.http.headers["ardiff-test-fault"] = "forward"
+        with pytest.raises(client.ForwardFailed):
+            session.tick([client.hold("w")])
+    command = [sys.executable, "-m", "ardiff.cli", "session", "tick", name, "-n", "e2e", "--chunks", "2"]
+    command += ["--kubeconfig", str(stack.cluster.kubeconfig), "--keys", "wj"]
+
+    refused = subprocess.run(
+        [*command, "--out", str(tmp_path / "a.mp4")], capture_output=True, text=True, check=False
+    )
+    assert refused.returncode == 1
+    assert "error: reset_required:" in refused.stderr
+    assert "run again with --reset" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+    video = tmp_path / "b.mp4"
+    reset = subprocess.run(
+        [*command, "--out", str(video), "--reset"], capture_output=True, text=True, check=False
+    )
+    assert reset.returncode == 0, reset.stderr
+    assert f"{name} chunk 0: 9 frames 64x64" in reset.stdout
+    assert f"{name} chunk 1: 12 frames 64x64" in reset.stdout
+    assert f"wrote 21 frames to {video}" in reset.stdout
+    with av.open(io.BytesIO(video.read_bytes())) as container:
+        assert sum(1 for _ in container.decode(video=0)) == 21
+
+    again = subprocess.run([*command, "--out", str(video)], capture_output=True, text=True, check=False)
+    assert again.returncode == 0, again.stderr
+    assert f"{name} chunk 2: 12 frames 64x64" in again.stdout  # it continues where the session is
