@@ -476,8 +476,12 @@ class KubeSessions:
             raise KubernetesError(
                 "the client's Kubernetes part needs the `kubernetes` package: pip install 'ardiff[client]'"
             ) from None
+        import urllib3  # the kubernetes package's HTTP library
+
         self.namespace = namespace
         self._kubernetes = kubernetes
+        # Connection refused, DNS, TLS, timeouts: urllib3's errors (after its retries) and the OS's.
+        self._unreachable = (urllib3.exceptions.HTTPError, OSError)
         try:
             if kubeconfig is None and context is None:
                 try:
@@ -509,7 +513,7 @@ class KubeSessions:
             raise cls(f"{what}: {message}", status=exc.status) from None
         except self._kubernetes.client.exceptions.OpenApiException as exc:
             raise KubernetesError(f"{what}: {exc}") from None
-        except OSError as exc:  # urllib3 connection errors are OSErrors
+        except self._unreachable as exc:
             raise KubernetesError(f"{what}: cannot reach the Kubernetes API: {exc}") from None
 
     def create(

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from ardiff import client
+from ardiff.devcluster.kube_api import write_kubeconfig
 from ardiff.devcluster.redis_server import free_port
 from ardiff.errors import ArdiffError
 from ardiff.worker import errors as worker_errors
@@ -161,3 +162,10 @@ def test_session_client_needs_its_three_values_and_reports_an_unreachable_worker
 def test_kube_sessions_without_credentials_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(client.KubernetesError, match="no usable Kubernetes credentials"):
         client.KubeSessions("default", kubeconfig=tmp_path / "missing")
+
+
+def test_an_unreachable_kubernetes_api_is_a_clear_error(tmp_path: Path) -> None:
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{free_port()}")
+    sessions = client.KubeSessions("default", kubeconfig=kubeconfig)
+    with pytest.raises(client.KubernetesError, match="get session walk: cannot reach the Kubernetes API"):
+        sessions.get("walk")
