@@ -173,3 +173,18 @@ def test_the_tick_command_continues_a_session_and_resets_only_when_asked(
     again = subprocess.run([*command, "--out", str(video)], capture_output=True, text=True, check=False)
     assert again.returncode == 0, again.stderr
     assert f"{name} chunk 2: 12 frames 64x64" in again.stdout  # it continues where the session is
+
+
+def test_close_on_the_worker_is_idempotent_and_deleting_the_resource_ends_the_session(stack: Stack) -> None:
+    name = stack.session("closing")
+    with stack.connect(name) as closing:
+        closing.tick([client.hold("w")])
+        view = closing.close()
+        assert (view["session_id"], view["state"], view["resident"]) == (name, "closed", False)
+        with pytest.raises(client.SessionClosed) as closed:
+            closing.tick([client.hold("w")])
+        assert closed.value.status == 410
+        assert closing.close()["state"] == "closed"
+    stack.sessions.delete(name, wait=True)
+    with pytest.raises(client.SessionNotFound):
+        stack.sessions.status(name)
