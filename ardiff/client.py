@@ -401,7 +401,11 @@ class SessionClient:
             if not isinstance(error, Misdirected):
                 raise error
             self.endpoint = error.endpoint.rstrip("/")
-        raise error
+        raise Misdirected(
+            f"session {self.session_id} was still misdirected after {MAX_MISDIRECTIONS} redirections",
+            status=Misdirected.status,
+            extra={"endpoint": self.endpoint},
+        )
 
     def tick(
         self,
