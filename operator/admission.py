@@ -47,7 +47,7 @@ async def read_token_sha256(ctx: OperatorContext, session: SessionView) -> str:
     return token_sha256(read_token(secret))
 
 
-def _decode_image(source: dict[str, Any], ref: ImageRef) -> bytes | None:
+def decode_image(source: dict[str, Any], ref: ImageRef) -> bytes | None:
     binary = (source.get("binaryData") or {}).get(ref.key)
     data = (source.get("data") or {}).get(ref.key)
     try:
@@ -69,7 +69,7 @@ async def resolve_image(ctx: OperatorContext, namespace: str, ref: ImageRef | No
         return b""
     kind = CONFIGMAPS if ref.source == "configMap" else SECRETS
     source = await ctx.kube.get(kind, namespace, ref.name)
-    image = None if source is None else _decode_image(source, ref)
+    image = None if source is None else decode_image(source, ref)
     if image is None:
         raise AdmissionFailure(Reason.IMAGE_NOT_FOUND, f"{ref.source} {ref.name} has no key {ref.key!r}")
     if len(image) > MAX_IMAGE_BYTES:
@@ -98,18 +98,17 @@ def build_placement_spec(
 async def placement_spec(
     ctx: OperatorContext, session: SessionView, *, create_token: bool = False
 ) -> SessionSpec:
-    """The session's placement request, resolved once and cached while the session waits for a slot."""
-    key = (session.namespace, session.name)
-    cached = ctx.waiting_specs.get(key)
-    if cached is not None:
-        return cached
+    """The session's placement request: its token's hash (kept in memory: small, never changes) and its image
+    (read each time: up to 4 MiB, needed only when the session is about to get a slot)."""
     if session.spec is None:
         raise AdmissionFailure(Reason.INVALID_SPEC, session.invalid_reason or "invalid spec")
-    sha = await (ensure_token_sha256 if create_token else read_token_sha256)(ctx, session)
+    key = (session.namespace, session.name)
+    sha = ctx.token_hashes.get(key)
+    if sha is None:
+        sha = await (ensure_token_sha256 if create_token else read_token_sha256)(ctx, session)
+        ctx.token_hashes[key] = sha
     image = await resolve_image(ctx, session.namespace, session.spec.image)
     try:
-        spec = build_placement_spec(session.name, session.spec, token_sha256=sha, image=image)
+        return build_placement_spec(session.name, session.spec, token_sha256=sha, image=image)
     except ValueError as exc:
         raise AdmissionFailure(Reason.INVALID_SPEC, str(exc)) from None
-    ctx.waiting_specs[key] = spec
-    return spec

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ardiff.kv.placement import PlacementStore
-from ardiff.kv.records import PoolId, SessionSpec
+from ardiff.kv.records import PoolId
 from ardiff.operator.config import OperatorConfig
 from ardiff.operator.kube import KubeApi
 
@@ -37,8 +37,8 @@ class OperatorContext:
     # The last status written per session, so a lagging watch does not make us write it twice.
     written_status: dict[SessionKey, dict[str, Any]] = field(default_factory=dict)
     mirrored_at: dict[SessionKey, float] = field(default_factory=dict)
-    # Placement requests of sessions still waiting for a slot (token hash + image bytes resolved once).
-    waiting_specs: dict[SessionKey, SessionSpec] = field(default_factory=dict)
+    # SHA-256 of each session's token (read from its Secret once).
+    token_hashes: dict[SessionKey, str] = field(default_factory=dict)
     # Why a session's state changed, when the status cannot tell (e.g. who evicted it): used once.
     notes: dict[SessionKey, str] = field(default_factory=dict)
 
@@ -53,7 +53,7 @@ class OperatorContext:
         self.mirrored_at[key] = time.monotonic()
 
     def forget_session(self, key: SessionKey) -> None:
-        for cache in (self.written_status, self.mirrored_at, self.waiting_specs, self.notes):
+        for cache in (self.written_status, self.mirrored_at, self.token_hashes, self.notes):
             cache.pop(key, None)
 
     def forget_pool(self, pool: PoolId) -> None:

@@ -203,7 +203,6 @@ async def place_sessions(
             if not may_evict:
                 free = 0  # `place` found no free slot: nobody else without eviction will either
             continue
-        ctx.waiting_specs.pop(key, None)
         result.changed = True
         if placed.victim is not None:
             ctx.notes[(session.namespace, placed.victim)] = f"evicted to make room for session {session.name}"
@@ -244,7 +243,6 @@ async def restore_binding(
     )
     if restored is None:
         return False
-    ctx.waiting_specs.pop((session.namespace, session.name), None)
     logger.info(f"restored the binding of session {session.name} to {pod} (epoch {epoch}) from its status")
     return True
 

@@ -62,8 +62,6 @@ async def admit(
         now_ms = await ctx.redis_time_ms()
     if placed.placement is None:
         ctx.kick(pid)  # the pool may need another pod
-    else:
-        ctx.waiting_specs.pop((session.namespace, session.name), None)
     if placed.victim is not None:
         ctx.notes[(session.namespace, placed.victim)] = f"evicted to make room for session {session.name}"
         ctx.kick(pid)  # the victim's status changes in the pool's next round

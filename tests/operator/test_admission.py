@@ -1,0 +1,88 @@
+"""Admission's pure parts: reading a conditioning image out of a ConfigMap or Secret, and which sessions a
+pool round looks after."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from ardiff.operator.admission import AdmissionFailure, build_placement_spec, decode_image
+from ardiff.operator.reconcile import needs_reconcile
+from ardiff.operator.specs import ImageRef, SessionResourceSpec
+from ardiff.operator.status import Reason
+from ardiff.operator.views import SessionView
+
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(200))
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+@pytest.mark.parametrize(
+    ("source", "ref", "expected"),
+    [
+        ({"binaryData": {"k": b64(PNG)}}, ImageRef("configMap", "m", "k"), PNG),
+        (
+            {"data": {"k": "plain text"}},
+            ImageRef("configMap", "m", "k"),
+            b"plain text",
+        ),  # ConfigMap data is text
+        ({"data": {"k": b64(PNG)}}, ImageRef("secret", "s", "k"), PNG),  # Secret data is base64
+        ({"data": {"other": "x"}}, ImageRef("configMap", "m", "k"), None),
+        ({}, ImageRef("secret", "s", "k"), None),
+    ],
+)
+def test_decode_image(source: dict, ref: ImageRef, expected: bytes | None) -> None:
+    assert decode_image(source, ref) == expected
+
+
+def test_decode_image_rejects_bad_base64() -> None:
+    with pytest.raises(AdmissionFailure) as failure:
+        decode_image({"binaryData": {"k": "not base64!"}}, ImageRef("configMap", "pics", "k"))
+    assert failure.value.reason is Reason.INVALID_SPEC
+    assert "'k' of pics is not base64" in failure.value.message
+
+
+def test_placement_spec_carries_the_session_fields() -> None:
+    spec = SessionResourceSpec.from_resource(
+        {
+            "poolRef": "p",
+            "prompt": "a forest",
+            "seed": 3,
+            "priority": 9,
+            "evictionPolicy": "Never",
+            "maxChunks": 5,
+        }
+    )
+    request = build_placement_spec("forest", spec, token_sha256="a" * 64, image=PNG)
+    assert (request.name, request.prompt, request.seed, request.priority) == ("forest", "a forest", 3, 9)
+    assert (request.eviction_policy, request.max_chunks, request.image) == ("Never", 5, PNG)
+
+
+def view(status: dict, **meta: object) -> SessionView:
+    body = {
+        "metadata": {"name": "s", "namespace": "ns", "uid": "u", **meta},
+        "spec": {"poolRef": "p", "prompt": "x"},
+        "status": status,
+    }
+    return SessionView.from_body(body)
+
+
+@pytest.mark.parametrize(
+    ("session", "expected"),
+    [
+        (view({}), False),  # its create handler has not admitted it yet
+        (view({"phase": "Ready"}), True),
+        (view({"phase": "Pending"}), True),
+        (view({"phase": "Lost"}), True),
+        (view({"phase": "Evicted"}), True),
+        (view({"phase": "Expired"}), False),
+        (view({"phase": "Failed", "reason": "InvalidSpec"}), False),
+        (view({"phase": "Failed", "reason": "UnknownPool"}), True),  # admitted once its pool exists
+        (view({"phase": "Ready"}, deletionTimestamp="2026-01-01T00:00:00Z"), False),
+    ],
+)
+def test_which_sessions_a_pool_round_looks_after(session: SessionView, expected: bool) -> None:
+    assert needs_reconcile(session) is expected
