@@ -3,10 +3,10 @@
 Each round re-derives everything from what it reads (batched: one Redis read for all of a pool's sessions),
 so a missed event or an operator restart converges on the next round. Writes happen only on change.
 
-Order of a round (under the pool's lock):
+Order of a round; 1-3 under the pool's lock (admissions and releases take it too):
 1. pods: reap expired leases, forget pods that no longer exist, keep terminating pods from new placements;
 2. sessions: expire idle ones, restore bindings Redis lost, place waiting / lost / evicted ones;
-3. statuses: re-read, derive, patch what changed (events on phase transitions);
+3. statuses: re-read if 2 changed anything, derive, patch what changed (events on phase transitions);
 4. scaling: create pods for waiting sessions, drain and delete empty ones;
 5. the pool's status.
 """
@@ -17,7 +17,7 @@ import asyncio
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import kopf
 
@@ -129,13 +129,47 @@ class RoundResult:
     waiting: int = 0  # sessions that need a slot and did not get one
     changed: bool = False  # a placement, restore or failure happened: bindings must be read again
     # Sessions whose status this round must not rewrite: failed now, or bound to a pod that must re-register
-    # before their binding can be restored (writing Pending would erase the binding from the status).
+    # before their binding can be restored.
     settled: set[str] = field(default_factory=set)
 
 
 def _placement_order(session: SessionView) -> tuple[int, str, str]:
     assert session.spec is not None
     return (-session.spec.priority, session.created, session.name)
+
+
+async def rebind_from_status(
+    ctx: OperatorContext,
+    pool: PoolId,
+    session: SessionView,
+    live: Mapping[str, PodRecord],
+    slots: Mapping[str, PodSlots],
+    logger: kopf.Logger,
+) -> Literal["new", "lost", "wait", "restored"]:
+    """A session without a Redis record: never placed (`new`), or Redis lost its data. Then its binding is
+    rebuilt from the CR's status (`restored`) if its pod re-registered with the same epoch, waited for
+    (`wait`) while that pod still exists, or given up (`lost`: the KV is gone, it is placed again)."""
+    bound_pod, bound_epoch = session.status.get("pod"), session.status.get("podEpoch")
+    if not (bound_pod and bound_epoch):
+        return "lost" if session.phase in (Phase.LOST, Phase.EVICTED) else "new"
+    pod = live.get(bound_pod)
+    if pod is None and bound_pod in slots:
+        return "wait"  # its heartbeat re-creates the pod's record soon
+    if pod is None or pod.epoch != bound_epoch:
+        return "lost"
+    spec = await placement_spec(ctx, session)
+    restored = await ctx.store.restore(
+        pool,
+        spec,
+        pod=bound_pod,
+        pod_epoch=int(bound_epoch),
+        chunk_index=int(session.status.get("chunkIndex") or 0),
+        reset_required=bool(session.status.get("resetRequired")),
+    )
+    if restored is None:
+        return "lost"  # the pod has no free slot for it any more
+    logger.info(f"restored session {session.name} on {bound_pod} (epoch {bound_epoch}) from its status")
+    return "restored"
 
 
 async def place_sessions(
@@ -147,7 +181,7 @@ async def place_sessions(
     slots: Mapping[str, PodSlots],
     logger: kopf.Logger,
 ) -> RoundResult:
-    """Restore bindings Redis lost; place sessions that wait for a slot (first admissions may evict)."""
+    """Restore bindings Redis lost; place sessions that wait for a slot (only first admissions may evict)."""
     assert pool.spec is not None
     pid = PoolId(pool.namespace, pool.name)
     result = RoundResult()
@@ -156,39 +190,25 @@ async def place_sessions(
     for session in sorted(sessions, key=_placement_order):
         key = (session.namespace, session.name)
         record = records.get(session.name)
-        reset = False
-        if record is None:
-            bound_pod, bound_epoch = session.status.get("pod"), session.status.get("podEpoch")
-            if bound_pod and bound_epoch:
-                # Redis lost this binding (flushed or restarted): rebuild it from the CR's status.
-                pod = live.get(bound_pod)
-                if pod is None and bound_pod in slots:
-                    result.settled.add(session.name)  # the pod exists: wait for its heartbeat to re-register
-                    continue
-                if pod is not None and pod.epoch == bound_epoch:
-                    try:
-                        spec = await placement_spec(ctx, session)
-                    except AdmissionFailure as exc:
-                        await write_failed(ctx, session, exc.reason, exc.message)
-                        result.settled.add(session.name)
-                        continue
-                    if await restore_binding(ctx, pid, session, spec, bound_pod, int(bound_epoch), logger):
-                        free -= 1
-                        result.changed = True
-                        continue
-                reset = True  # its pod is gone, restarted or full: the KV is lost
-            # A session Redis forgot while it was Lost or Evicted has no KV anywhere either.
-            reset = reset or session.phase in (Phase.LOST, Phase.EVICTED)
-            first_admission = not reset
-        elif record.state in (SessionState.LOST, SessionState.EVICTED):
-            first_admission = False
-        else:
-            continue
-        may_evict = first_admission and can_evict
-        if free <= 0 and not may_evict:
-            result.waiting += 1
-            continue
+        rebind = None
         try:
+            if record is None:
+                rebind = await rebind_from_status(ctx, pid, session, live, slots, logger)
+            elif record.state not in (SessionState.LOST, SessionState.EVICTED):
+                continue
+            if rebind == "wait":
+                result.settled.add(
+                    session.name
+                )  # writing Pending now would erase the binding from its status
+                continue
+            if rebind == "restored":
+                free -= 1
+                result.changed = True
+                continue
+            may_evict = rebind == "new" and can_evict
+            if free <= 0 and not may_evict:
+                result.waiting += 1
+                continue
             spec = await placement_request(ctx, pid, session, record is not None)
         except AdmissionFailure as exc:
             await write_failed(ctx, session, exc.reason, exc.message)
@@ -208,7 +228,7 @@ async def place_sessions(
             ctx.notes[(session.namespace, placed.victim)] = f"evicted to make room for session {session.name}"
         else:
             free -= 1
-        if reset:
+        if rebind == "lost":  # a new record says nothing of the lost KV: the worker must be told to reset
             where = placed.placement
             await ctx.store.mark_reset_required(pid, session.name, pod=where.pod, epoch=where.pod_epoch)
             ctx.notes[key] = f"placed on {where.pod} after Redis lost its binding to a pod that is gone"
@@ -221,30 +241,6 @@ async def placement_request(
     """A lost or evicted session's request comes from its own full record; anyone else's from the CR."""
     full = await ctx.store.get_session(pool, session.name) if has_record else None
     return record_spec(full) if full is not None else await placement_spec(ctx, session)
-
-
-async def restore_binding(
-    ctx: OperatorContext,
-    pool: PoolId,
-    session: SessionView,
-    spec: SessionSpec,
-    pod: str,
-    epoch: int,
-    logger: kopf.Logger,
-) -> bool:
-    """Re-create a binding from the CR's status; False when the store refused (the pod has no free slot)."""
-    restored = await ctx.store.restore(
-        pool,
-        spec,
-        pod=pod,
-        pod_epoch=epoch,
-        chunk_index=int(session.status.get("chunkIndex") or 0),
-        reset_required=bool(session.status.get("resetRequired")),
-    )
-    if restored is None:
-        return False
-    logger.info(f"restored the binding of session {session.name} to {pod} (epoch {epoch}) from its status")
-    return True
 
 
 async def expire_idle(
