@@ -108,14 +108,18 @@ async def live_pods(ctx: OperatorContext, pool: PoolId) -> dict[str, PodRecord]:
 
 
 async def sync_pods(ctx: OperatorContext, pool: PoolId, pods: Sequence[PodView]) -> dict[str, PodRecord]:
-    """Make Redis agree with the Pods: reap expired leases, forget deleted pods, drain terminating ones."""
+    """Make Redis agree with the Pods: reap expired leases, forget deleted pods and dead incarnations, drain
+    terminating pods."""
     await ctx.store.reap_expired(pool)
     live = await live_pods(ctx, pool)
     known = {p.name: p for p in pods}
     changed = False
     for name, record in live.items():
         pod = known.get(name)
-        if pod is None and name not in ctx.expected_pods[pool]:
+        gone = pod is None and name not in ctx.expected_pods[pool]
+        # A worker that died before its lease ran out: registered (epoch = registration time) before it died.
+        died = pod is not None and pod.died_at_ms is not None and record.epoch < pod.died_at_ms
+        if gone or died:
             await ctx.store.remove_pod(pool, name)  # its sessions become `lost`
             changed = True
         elif pod is not None and pod.deleting and not record.draining:

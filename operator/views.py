@@ -7,6 +7,7 @@ seconds, so what it reads must be cheap to keep and to compare.
 from __future__ import annotations
 
 import copy
+import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,23 @@ def _reference(kind: str, namespace: str, name: str, uid: str) -> dict[str, Any]
     }
 
 
+def _epoch_ms(timestamp: str) -> int:
+    moment = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    return int(moment.timestamp() * 1000)
+
+
+def died_at_ms(container_statuses: list[Mapping[str, Any]]) -> int | None:
+    """When a container of the Pod last terminated, if one is not running now (it died, maybe restarting)."""
+    for container in container_statuses:
+        state = container.get("state") or {}
+        if "running" in state:
+            continue
+        terminated = state.get("terminated") or (container.get("lastState") or {}).get("terminated")
+        if terminated and terminated.get("finishedAt"):
+            return _epoch_ms(terminated["finishedAt"])
+    return None
+
+
 @dataclass(frozen=True)
 class PodView:
     """A worker Pod as the pool sees it."""
@@ -37,13 +55,22 @@ class PodView:
     name: str
     ready: bool  # condition Ready=True and not being deleted
     deleting: bool
+    # Set while its worker container is dead (terminated, or waiting to restart): every session its previous
+    # incarnation held lost its KV, whatever its Redis lease still says.
+    died_at_ms: int | None = None
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> PodView:
-        conditions = (body.get("status") or {}).get("conditions") or []
+        status = body.get("status") or {}
+        conditions = status.get("conditions") or []
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
         deleting = bool(body["metadata"].get("deletionTimestamp"))
-        return cls(name=body["metadata"]["name"], ready=ready and not deleting, deleting=deleting)
+        return cls(
+            name=body["metadata"]["name"],
+            ready=ready and not deleting,
+            deleting=deleting,
+            died_at_ms=died_at_ms(status.get("containerStatuses") or []),
+        )
 
 
 @dataclass(frozen=True)
