@@ -247,6 +247,20 @@ async def placement_request(
     return record_spec(full) if full is not None else await placement_spec(ctx, session)
 
 
+def newly_unplaced(
+    ctx: OperatorContext, sessions: Sequence[SessionView], records: Mapping[str, SessionBinding]
+) -> list[SessionView]:
+    """Sessions Redis has as lost or evicted whose status does not say so yet."""
+    reported = {SessionState.LOST: Phase.LOST, SessionState.EVICTED: Phase.EVICTED}
+    return [
+        s
+        for s in sessions
+        if (record := records.get(s.name)) is not None
+        and record.state in reported
+        and previous_status(ctx, s).get("phase") != reported[record.state]
+    ]
+
+
 async def expire_idle(
     ctx: OperatorContext,
     pool: PoolId,
@@ -415,12 +429,17 @@ async def reconcile_pool(
         slots = pod_slots(ctx, pid, pods, live)
         records = await read_bindings(ctx.store, pid, names)
         now_ms = await ctx.redis_time_ms()
+        by_name = {p.name: p for p in pods}
+        # Report a loss before repairing it: a session placed again in this same round still shows `Lost`
+        # (and its Event) once, rather than staying `Ready` while its pod and KV changed under it.
+        await write_session_statuses(
+            ctx, newly_unplaced(ctx, active, records), records, live, by_name, now_ms
+        )
         expired = await expire_idle(ctx, pid, active, records, now_ms)
         result = await place_sessions(ctx, pool, active, records, live, slots, logger)
         if expired or result.changed:
             records = await read_bindings(ctx.store, pid, names)
             live = await live_pods(ctx, pid)
-        by_name = {p.name: p for p in pods}
         unsettled = [s for s in active if s.name not in result.settled]
         await write_session_statuses(ctx, unsettled, records, live, by_name, now_ms)
     slots = pod_slots(ctx, pid, pods, live)

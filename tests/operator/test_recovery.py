@@ -48,6 +48,9 @@ async def test_killed_pod_loses_its_sessions_which_come_back_with_reset_required
     after = cluster.wait_phase("forest", "Ready", timeout=30, resetRequired=True)
     assert after["podEpoch"] > before["podEpoch"]
     assert after["reason"] == "ResetRequired"
+    # The loss was reported (status and Event) before the repair.
+    lost = wait_until(lambda: cluster.events("Lost"), what="a Lost event")
+    assert lost[0]["involvedObject"]["name"] == "forest"
     replaced = wait_until(lambda: cluster.events("Replaced"), what="a Replaced event")
     assert replaced[0]["involvedObject"]["name"] == "forest"
     refused = cluster.tick("forest", 1)
