@@ -67,13 +67,16 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     settings.scanning.disabled = not config.all_namespaces
     settings.watching.label_selectors["pods"] = f"{POOL_LABEL},app.kubernetes.io/component=worker"
     # Peering (standalone / name / priority) comes from `kopf.run`'s arguments (operator/cli.py).
-    info = kopf.login_via_client(logger=logger, settings=settings)
-    if info is None:
-        raise kopf.PermanentError("no Kubernetes credentials (in-cluster service account or kubeconfig)")
+
+    def login() -> kopf.ConnectionInfo:
+        """The same credentials kopf logs in with (in-cluster service account, else kubeconfig)."""
+        info = kopf.login_via_client(logger=logger, settings=settings)
+        if info is None:
+            raise kopf.PermanentError("no Kubernetes credentials (in-cluster service account or kubeconfig)")
+        return info
+
     memo.ctx = OperatorContext(
-        config=config,
-        store=PlacementStore.from_url(config.redis_url),
-        kube=KubeApi.from_connection(info),
+        config=config, store=PlacementStore.from_url(config.redis_url), kube=KubeApi(login)
     )
     logger.info(f"operator started: namespaces={config.namespaces or 'all'}, redis={config.redis_url}")
 

@@ -8,7 +8,7 @@ same credentials kopf logged in with. Create treats 409 as "already exists", del
 from __future__ import annotations
 
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,38 +47,45 @@ class KubeApiError(Exception):
         self.status = status
 
 
+Login = Callable[[], kopf.ConnectionInfo]
+
+
+def _authorization(info: kopf.ConnectionInfo) -> dict[str, str]:
+    return {"Authorization": f"{info.scheme or 'Bearer'} {info.token}"} if info.token else {}
+
+
+def _verify(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
+    if info.insecure:
+        return False
+    context = ssl.create_default_context(
+        cafile=str(info.ca_path) if info.ca_path else None,
+        cadata=info.ca_data.decode() if isinstance(info.ca_data, bytes) else info.ca_data,
+    )
+    if info.certificate_path and info.private_key_path:
+        context.load_cert_chain(str(info.certificate_path), str(info.private_key_path))
+    return context
+
+
 class KubeApi:
-    """JSON over HTTP to the API server; one instance per operator process (kept in kopf's memo)."""
+    """JSON over HTTP to the API server; one instance per operator process (kept in kopf's memo).
 
-    def __init__(self, client: httpx.AsyncClient) -> None:
-        self._client = client
+    `login` returns fresh credentials; it is called again once when a request gets 401 (service account
+    tokens are rotated on disk).
+    """
 
-    @classmethod
-    def from_connection(cls, info: kopf.ConnectionInfo, *, timeout: float = 30.0) -> KubeApi:
-        headers = {"Accept": "application/json"}
-        auth: tuple[str, str] | None = None
-        if info.token:
-            headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
-        elif info.username and info.password:
-            auth = (info.username, info.password)
-        verify: ssl.SSLContext | bool = not info.insecure
-        if not info.insecure and (info.ca_path or info.ca_data):
-            verify = ssl.create_default_context(
-                cafile=info.ca_path or None,  # type: ignore[arg-type]
-                cadata=info.ca_data.decode() if isinstance(info.ca_data, bytes) else info.ca_data,
-            )
-        cert = (str(info.certificate_path), str(info.private_key_path)) if info.certificate_path else None
-        if cert and isinstance(verify, ssl.SSLContext):
-            verify.load_cert_chain(*cert)
-        client = httpx.AsyncClient(
+    def __init__(self, login: Login, *, timeout: float = 30.0) -> None:
+        self._login = login
+        info = login()
+        self._client = httpx.AsyncClient(
             base_url=info.server.rstrip("/"),
-            headers=headers,
-            auth=auth,
-            verify=verify,
+            headers={"Accept": "application/json", **_authorization(info)},
+            auth=(info.username, info.password)
+            if info.username and info.password and not info.token
+            else None,
+            verify=_verify(info),
             timeout=timeout,
             limits=httpx.Limits(max_connections=32, max_keepalive_connections=32),
         )
-        return cls(client)
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -92,13 +99,11 @@ class KubeApi:
         content_type: str = "application/json",
         params: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        response = await self._client.request(
-            method,
-            path,
-            json=body,
-            params=params,
-            headers={"Content-Type": content_type} if body is not None else None,
-        )
+        headers = {"Content-Type": content_type} if body is not None else None
+        response = await self._client.request(method, path, json=body, params=params, headers=headers)
+        if response.status_code == 401:  # the token may have been rotated: log in again, once
+            self._client.headers.update(_authorization(self._login()))
+            response = await self._client.request(method, path, json=body, params=params, headers=headers)
         if response.status_code >= 400:
             raise KubeApiError(response.status_code, method, path, response.text)
         return response.json() if response.content else {}
