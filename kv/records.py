@@ -6,7 +6,7 @@ Frozen dataclasses that validate themselves; `from_hash` decodes a Redis hash (b
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Literal
 
@@ -155,6 +155,10 @@ class SessionRecord:
     eviction_policy: EvictionPolicy
     chunk_index: int
     last_tick_ms: int
+
+    def spec(self) -> SessionSpec:
+        """The placement request the record holds (a lost or evicted session is placed again with it)."""
+        return SessionSpec(**{f.name: getattr(self, f.name) for f in fields(SessionSpec)})
 
     @classmethod
     def from_hash(cls, name: str, raw: dict[bytes, bytes]) -> SessionRecord:

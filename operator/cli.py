@@ -7,6 +7,18 @@ from __future__ import annotations
 
 import argparse
 
+CONFIG_FLAGS = (
+    "redis_url",
+    "worker_redis_url",
+    "namespaces",
+    "all_namespaces",
+    "standalone",
+    "peering",
+    "priority",
+    "liveness",
+    "reconcile_seconds",
+)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add this component's commands to `ardiff`."""
@@ -45,17 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_operator(args: argparse.Namespace) -> int:
     from ardiff.operator.config import config_from_env
 
-    config = config_from_env(
-        redis_url=args.redis_url,
-        worker_redis_url=args.worker_redis_url,
-        namespaces=tuple(args.namespaces or ()),
-        all_namespaces=args.all_namespaces,
-        standalone=args.standalone,
-        peering=args.peering,
-        priority=args.priority,
-        liveness=args.liveness,
-        reconcile_seconds=args.reconcile_seconds,
-    )
+    # Every flag is an OperatorConfig field of the same name; unset ones fall back to the environment.
+    config = config_from_env(**{name: getattr(args, name) for name in CONFIG_FLAGS})
 
     import kopf
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
 from typing import Any
 
 import kopf
@@ -128,6 +127,14 @@ def _first(index: kopf.Index, key: Any) -> Any | None:
     return next(iter(index.get(key, ())), None)
 
 
+def pool_members(
+    pool: PoolView, sessions_by_pool: kopf.Index, worker_pods: kopf.Index
+) -> tuple[list[SessionView], list[PodView]]:
+    """The pool's sessions and worker Pods, as the indexes know them now."""
+    key = (pool.namespace, pool.name)
+    return _values(sessions_by_pool, key), _values(worker_pods, key)
+
+
 @kopf.on.event("pods", labels=WORKER_LABELS)
 async def kick_pool_on_pod_change(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
     """A worker Pod changed (Ready, deleted, ...): its pool reconciles now rather than at the next period."""
@@ -205,7 +212,6 @@ async def pool_round(
     status: dict[str, Any],
     logger: kopf.Logger,
 ) -> None:
-    key = (pool.namespace, pool.name)
     if pool.spec is None:
         condition = ConditionSpec(
             "Ready", False, Reason.INVALID_SPEC.value, pool.invalid_reason or "invalid spec"
@@ -218,9 +224,8 @@ async def pool_round(
                 ctx, pool, {"conditions": conditions, "observedGeneration": pool.generation}
             )
         return
-    patch = await reconcile_pool(
-        ctx, pool, _values(sessions_by_pool, key), _values(worker_pods, key), status, logger
-    )
+    sessions, pods = pool_members(pool, sessions_by_pool, worker_pods)
+    patch = await reconcile_pool(ctx, pool, sessions, pods, status, logger)
     if patch is not None:
         await write_pool_status(ctx, pool, patch)
 
@@ -251,8 +256,5 @@ async def delete_pool_resources(
     sessions_by_pool: kopf.Index,
     **_: Any,
 ) -> None:
-    ctx: OperatorContext = memo.ctx
     pool = PoolView.from_body(body)
-    key = (pool.namespace, pool.name)
-    sessions: Iterable[SessionView] = _values(sessions_by_pool, key)
-    await delete_pool(ctx, pool, list(sessions), _values(worker_pods, key), logger)
+    await delete_pool(memo.ctx, pool, *pool_members(pool, sessions_by_pool, worker_pods), logger)

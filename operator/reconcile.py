@@ -22,7 +22,7 @@ from typing import Any, Literal
 import kopf
 
 from ardiff.kv.errors import UnknownPod
-from ardiff.kv.records import PodRecord, PoolId, SessionRecord, SessionSpec, SessionState
+from ardiff.kv.records import PodRecord, PoolId, SessionSpec, SessionState
 from ardiff.operator.admission import AdmissionFailure, placement_spec
 from ardiff.operator.bindings import SessionBinding, read_bindings
 from ardiff.operator.context import OperatorContext, SessionKey
@@ -59,20 +59,6 @@ def needs_reconcile(session: SessionView) -> bool:
         return False
     # A session that arrived before its pool is admitted once the pool exists.
     return session.phase != Phase.FAILED or session.status.get("reason") == Reason.UNKNOWN_POOL
-
-
-def record_spec(record: SessionRecord) -> SessionSpec:
-    """A lost or evicted session's placement request, from its own Redis record."""
-    return SessionSpec(
-        name=record.name,
-        token_sha256=record.token_sha256,
-        seed=record.seed,
-        prompt=record.prompt,
-        image=record.image,
-        max_chunks=record.max_chunks,
-        priority=record.priority,
-        eviction_policy=record.eviction_policy,
-    )
 
 
 def pod_slots(
@@ -244,7 +230,7 @@ async def placement_request(
 ) -> SessionSpec:
     """A lost or evicted session's request comes from its own full record; anyone else's from the CR."""
     full = await ctx.store.get_session(pool, session.name) if has_record else None
-    return record_spec(full) if full is not None else await placement_spec(ctx, session)
+    return full.spec() if full is not None else await placement_spec(ctx, session)
 
 
 def newly_unplaced(

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import copy
 import datetime
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from ardiff.operator.specs import (
     API_VERSION,
@@ -21,14 +21,7 @@ from ardiff.operator.specs import (
     WorkerPoolSpec,
 )
 
-
-def _reference(kind: str, namespace: str, name: str, uid: str) -> dict[str, Any]:
-    """Enough of a body for kopf to adopt a child of this object or post an Event about it."""
-    return {
-        "apiVersion": API_VERSION,
-        "kind": kind,
-        "metadata": {"name": name, "namespace": namespace, "uid": uid},
-    }
+SpecT = TypeVar("SpecT")
 
 
 def _epoch_ms(timestamp: str) -> int:
@@ -73,77 +66,83 @@ class PodView:
         )
 
 
-@dataclass(frozen=True)
-class SessionView:
-    """An ARDiffusionSession: identity, parsed spec (None when invalid) and a copy of its status."""
+def _parse_spec(
+    parse: Callable[[Mapping[str, Any]], SpecT], body: Mapping[str, Any]
+) -> tuple[SpecT | None, str | None]:
+    """The parsed spec and None, or None and why the spec is invalid."""
+    try:
+        return parse(body.get("spec") or {}), None
+    except InvalidSpec as exc:
+        return None, str(exc)
 
+
+@dataclass(frozen=True)
+class ResourceView:
+    """What every custom resource view knows: identity, generation, whether it is being deleted, and why its
+    spec is invalid (None when it is valid)."""
+
+    KIND: ClassVar[str]
     namespace: str
     name: str
     uid: str
     generation: int
     deleting: bool
-    spec: SessionResourceSpec | None
     invalid_reason: str | None
+
+    @staticmethod
+    def _identity(body: Mapping[str, Any]) -> dict[str, Any]:
+        meta = body["metadata"]
+        return {
+            "namespace": meta["namespace"],
+            "name": meta["name"],
+            "uid": meta.get("uid", ""),
+            "generation": int(meta.get("generation") or 1),
+            "deleting": bool(meta.get("deletionTimestamp")),
+        }
+
+    @property
+    def reference(self) -> dict[str, Any]:
+        """Enough of a body for kopf to adopt a child of this object or post an Event about it."""
+        return {
+            "apiVersion": API_VERSION,
+            "kind": self.KIND,
+            "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid},
+        }
+
+
+@dataclass(frozen=True)
+class SessionView(ResourceView):
+    """An ARDiffusionSession: identity, parsed spec (None when invalid) and a copy of its status."""
+
+    KIND: ClassVar[str] = SESSION_KIND
+    spec: SessionResourceSpec | None
     status: Mapping[str, Any] = field(default_factory=dict)
     created: str = ""
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> SessionView:
-        meta = body["metadata"]
-        try:
-            spec, invalid = SessionResourceSpec.from_resource(body.get("spec") or {}), None
-        except InvalidSpec as exc:
-            spec, invalid = None, str(exc)
+        spec, invalid = _parse_spec(SessionResourceSpec.from_resource, body)
         return cls(
-            namespace=meta["namespace"],
-            name=meta["name"],
-            uid=meta.get("uid", ""),
-            generation=int(meta.get("generation") or 1),
-            deleting=bool(meta.get("deletionTimestamp")),
-            spec=spec,
+            **cls._identity(body),
             invalid_reason=invalid,
+            spec=spec,
             status=copy.deepcopy(dict(body.get("status") or {})),
-            created=meta.get("creationTimestamp") or "",
+            created=body["metadata"].get("creationTimestamp") or "",
         )
 
     @property
     def phase(self) -> str | None:
         return self.status.get("phase")
 
-    @property
-    def reference(self) -> dict[str, Any]:
-        return _reference(SESSION_KIND, self.namespace, self.name, self.uid)
-
 
 @dataclass(frozen=True)
-class PoolView:
+class PoolView(ResourceView):
     """An ARDiffusionWorkerPool: identity and parsed spec (None when invalid)."""
 
-    namespace: str
-    name: str
-    uid: str
-    generation: int
-    deleting: bool
+    KIND: ClassVar[str] = POOL_KIND
     spec: WorkerPoolSpec | None
-    invalid_reason: str | None
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> PoolView:
-        meta = body["metadata"]
-        try:
-            spec, invalid = WorkerPoolSpec.from_resource(body.get("spec") or {}), None
-        except InvalidSpec as exc:
-            spec, invalid = None, str(exc)
-        return cls(
-            namespace=meta["namespace"],
-            name=meta["name"],
-            uid=meta.get("uid", ""),
-            generation=int(meta.get("generation") or 1),
-            deleting=bool(meta.get("deletionTimestamp")),
-            spec=spec,
-            invalid_reason=invalid,
-        )
-
-    @property
-    def reference(self) -> dict[str, Any]:
-        return _reference(POOL_KIND, self.namespace, self.name, self.uid)
+        spec, invalid = _parse_spec(WorkerPoolSpec.from_resource, body)
+        return cls(**cls._identity(body), invalid_reason=invalid, spec=spec)

@@ -99,6 +99,7 @@ class DevCluster:
     workdir: Path
     operator_command: Sequence[str] | None = None
     namespace: str = "default"
+    install_crds: bool = True  # False: the caller installs them (as `helm install` does from the chart)
     pod_command: PodCommand = container_command
     pod_env: Mapping[str, str] = field(default_factory=dict)
     operator_env: Mapping[str, str] = field(default_factory=dict)
@@ -130,7 +131,9 @@ class DevCluster:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         try:
             self.redis = RedisServer().start()
-            self.api = KubeAPIProcess(self.kubeconfig, self.logs_dir / "kube-api.log").start()
+            self.api = KubeAPIProcess(
+                self.kubeconfig, self.logs_dir / "kube-api.log", install_crds=self.install_crds
+            ).start()
             if self.namespace != "default":
                 namespace = {"metadata": {"name": self.namespace}}
                 httpx.post(f"{self.api.url}/api/v1/namespaces", json=namespace, timeout=10).raise_for_status()

@@ -2,7 +2,9 @@
 
 It reaches the emulated API through `KUBECONFIG` and Redis through `ARDIFF_REDIS_URL`, watches
 `ARDIFF_WATCH_NAMESPACES`, and serves kopf's liveness probe on a loopback port (`--liveness` is appended to
-the command): the probe answers once the startup handlers ran, which is how `wait_ready` knows it serves.
+the command, unless the command serves its own on `liveness_port`, as the chart's does): the probe answers
+once the startup handlers ran, which is how `wait_ready` knows it serves. The dev cluster, the operator tests,
+the chart test and `benchmarks/reconcile.py` all start the operator through this one class.
 """
 
 from __future__ import annotations
@@ -39,13 +41,19 @@ class OperatorProcess:
     namespace: str
     log_path: Path
     env: Mapping[str, str] = field(default_factory=dict)  # e.g. ARDIFF_OPERATOR_RECONCILE_SECONDS
-    process: subprocess.Popen[bytes] | None = None
+    # The port of the command's own `--liveness` endpoint (e.g. the chart's arguments); 0: a free loopback
+    # port is chosen and `--liveness` appended at each start.
     liveness_port: int = 0
+    process: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    appends_liveness: bool = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.command:
             raise ValueError("operator process command must not be empty, got []")
+        if self.liveness_port < 0:
+            raise ValueError(f"operator process liveness_port must be >= 0, got {self.liveness_port}")
+        self.appends_liveness = self.liveness_port == 0
 
     @property
     def pid(self) -> int | None:
@@ -57,9 +65,10 @@ class OperatorProcess:
 
     def start(self) -> Self:
         self.starts += 1
-        self.liveness_port = free_port()
-        liveness = f"http://127.0.0.1:{self.liveness_port}/healthz"
-        argv = [*resolve_executable(self.command[0]), *self.command[1:], "--liveness", liveness]
+        argv = [*resolve_executable(self.command[0]), *self.command[1:]]
+        if self.appends_liveness:
+            self.liveness_port = free_port()
+            argv += ["--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz"]
         env = {
             **os.environ,
             "KUBECONFIG": str(self.kubeconfig),

@@ -53,6 +53,23 @@ async def placed_pods(store: PlacementStore, pool: PoolId, names: list[str]) -> 
     return {name: record.pod for name, record in records.items() if record.state is SessionState.PLACED}
 
 
+async def test_a_record_gives_back_the_spec_it_was_placed_with(store: PlacementStore, pool: PoolId) -> None:
+    await register(store, pool, "w-a", capacity=1)
+    placed = spec(
+        "s1",
+        seed=3,
+        prompt="a forest",
+        image=b"\x89PNG",
+        max_chunks=9,
+        priority=5,
+        eviction_policy="Never",
+    )
+    await store.place(pool, placed)
+    record = await store.get_session(pool, "s1")
+    assert record is not None
+    assert record.spec() == placed
+
+
 async def test_place_is_idempotent(store: PlacementStore, pool: PoolId) -> None:
     reg = await register(store, pool, "w-a", capacity=2)
     first = await store.place(pool, spec("s1", prompt="a forest", seed=7))

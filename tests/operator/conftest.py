@@ -1,5 +1,6 @@
-"""The operator tier: the real operator process (`ardiff operator run`), the dev cluster's emulated API and
-pod runner, real Redis, and worker Pods running the real worker app over the fake runtime.
+"""The operator tier: the real operator process (`ardiff operator run`, started as the dev cluster starts it:
+`ardiff.devcluster.operator_process.OperatorProcess`), the dev cluster's emulated API and pod runner, real
+Redis, and worker Pods running the real worker app over the fake runtime.
 
 Every test gets its own namespace (`kube_namespace`) and its own operator watching only that namespace
 (the default, namespaced mode). `Cluster` is a small synchronous client with the waits the tests need.
@@ -8,24 +9,21 @@ Every test gets its own namespace (`kube_namespace`) and its own operator watchi
 from __future__ import annotations
 
 import base64
-import os
-import signal
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
 
+from ardiff.devcluster.cluster import OPERATOR_COMMAND
 from ardiff.devcluster.kube_api import KubeAPIThread
+from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.pod_runner import PodRunner
+from tests.waiting import wait_until
 
-T = TypeVar("T")
-ROOT = Path(__file__).resolve().parents[2]
 GROUP_PATH = "/apis/ardiffusion.dev/v1alpha1/namespaces/{ns}"
 MERGE = {"Content-Type": "application/merge-patch+json"}
 # Short periods so that the tier stays within a few minutes.
@@ -43,72 +41,6 @@ FAKE_WORKER_ENV = [
     {"name": "ARDIFF_LEASE_SECONDS", "value": "3"},
     {"name": "ARDIFF_HEARTBEAT_SECONDS", "value": "0.5"},
 ]
-
-
-def wait_until(predicate: Callable[[], T | None], *, timeout: float = 30, what: str = "condition") -> T:
-    """Poll until `predicate()` is truthy and return it; fail with the last value otherwise."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
-
-
-@dataclass
-class OperatorProcess:
-    """`ardiff operator run` in its own process (so a test can kill and restart it)."""
-
-    namespace: str
-    redis_url: str
-    log_path: Path
-    extra_args: tuple[str, ...] = ("--standalone",)
-    process: subprocess.Popen[bytes] | None = None
-    starts: int = 0
-
-    def start(self) -> OperatorProcess:
-        self.starts += 1
-        log = self.log_path.open("ab")
-        log.write(f"===== operator start #{self.starts}\n".encode())
-        log.flush()
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "ardiff.cli",
-                "operator",
-                "run",
-                "-n",
-                self.namespace,
-                "--redis-url",
-                self.redis_url,
-                *list(self.extra_args),
-            ],
-            cwd=ROOT,
-            env={**os.environ, **OPERATOR_ENV},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        return self
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.process is None:
-            return 0
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        code = self.process.returncode
-        self.process = None
-        return code
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
 @dataclass
@@ -206,6 +138,41 @@ class Cluster:
         assert secret is not None, f"session {session} has no token secret"
         return base64.b64decode(secret["data"]["token"]).decode()
 
+    def ticked_session(self, name: str) -> dict[str, Any]:
+        """A pool (the defaults) with session `name`, Ready and ticked once (chunk 0); its Ready status."""
+        self.create_pool()
+        self.create_session(name)
+        status = self.wait_phase(name, "Ready")
+        assert self.tick(name, 0).status_code == 200
+        return status
+
+    def delete_all(self) -> None:
+        """Delete the test's sessions and pools and wait until they are finalized (an operator must run)."""
+        for plural in ("ardiffusionsessions", "ardiffusionworkerpools"):
+            for item in self.items(plural):
+                self.delete(plural, item["metadata"]["name"])
+        wait_until(
+            lambda: not self.items("ardiffusionsessions") and not self.items("ardiffusionworkerpools"),
+            timeout=POOL_FINALIZE_SECONDS,
+            what="the test's custom resources to be finalized",
+        )
+
+    # --- the operator ----------------------------------------------------------------------------------
+
+    def operator(
+        self, redis_url: str, log_path: Path, command: Sequence[str] = OPERATOR_COMMAND
+    ) -> OperatorProcess:
+        """`ardiff operator run` (standalone by default) for this namespace; not started yet."""
+        assert self.api.kubeconfig is not None, "the emulated API was started without a kubeconfig"
+        return OperatorProcess(
+            command,
+            kubeconfig=self.api.kubeconfig,
+            redis_url=redis_url,
+            namespace=self.namespace,
+            log_path=log_path,
+            env=OPERATOR_ENV,
+        )
+
     # --- waits -----------------------------------------------------------------------------------------
 
     def wait_phase(self, name: str, phase: str, timeout: float = 30, **fields: Any) -> dict[str, Any]:
@@ -269,21 +236,16 @@ def cluster(kube_api: KubeAPIThread, pod_runner: PodRunner, kube_namespace: str)
 
 @pytest.fixture
 def operator_process(cluster: Cluster, redis_url: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    """The operator for the test's namespace; on teardown, the test's objects are deleted through it first
-    (so its finalizers run and its Redis keys go), then it stops. Its log is printed when a test fails."""
-    process = OperatorProcess(cluster.namespace, redis_url, tmp_path / "operator.log").start()
+    """The operator for the test's namespace, serving; on teardown, the test's objects are deleted through
+    it first (so its finalizers run and its Redis keys go), then it stops. Its log is printed when a test
+    fails."""
+    process = cluster.operator(redis_url, tmp_path / "operator.log").start()
+    process.wait_ready()
     yield process
-    if process.process is None:
+    if not process.running:
         process.start()
-    for plural in ("ardiffusionsessions", "ardiffusionworkerpools"):
-        for item in cluster.items(plural):
-            cluster.delete(plural, item["metadata"]["name"])
     try:
-        wait_until(
-            lambda: not cluster.items("ardiffusionsessions") and not cluster.items("ardiffusionworkerpools"),
-            timeout=POOL_FINALIZE_SECONDS,
-            what="the test's custom resources to be finalized",
-        )
+        cluster.delete_all()
     finally:
         process.stop()
         sys.stdout.write(f"\n----- operator log ({process.log_path}) -----\n{process.log()[-20000:]}\n")

@@ -7,10 +7,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.kv.keys import PoolKeys
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
-from tests.operator.conftest import POOL_FINALIZE_SECONDS, Cluster, OperatorProcess, wait_until
+from tests.operator.conftest import POOL_FINALIZE_SECONDS, Cluster
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

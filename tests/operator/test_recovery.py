@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.redis_server import RedisServer
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionState
-from tests.operator.conftest import POOL_FINALIZE_SECONDS, Cluster, OperatorProcess, wait_until
+from tests.operator.conftest import Cluster
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -36,10 +38,7 @@ async def test_killed_pod_loses_its_sessions_which_come_back_with_reset_required
     cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore
 ) -> None:
     pool = PoolId(cluster.namespace, "pool")
-    cluster.create_pool()
-    cluster.create_session("forest")
-    before = cluster.wait_phase("forest", "Ready")
-    assert cluster.tick("forest", 0).status_code == 200
+    before = cluster.ticked_session("forest")
 
     cluster.runner.kill(before["pod"], signal.SIGKILL, namespace=cluster.namespace)  # kill -9 the worker
 
@@ -141,7 +140,7 @@ async def test_redis_losing_its_data_is_rebuilt_from_the_session_status(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     with RedisServer() as redis:
-        operator = OperatorProcess(cluster.namespace, redis.url, tmp_path / "operator.log").start()
+        operator = cluster.operator(redis.url, tmp_path / "operator.log").start()
         try:
             pool = PoolId(cluster.namespace, "pool")
             cluster.create_pool(replicas={"min": 2, "max": 2})
@@ -171,15 +170,10 @@ async def test_redis_losing_its_data_is_rebuilt_from_the_session_status(
                 assert now["resetRequired"] is False  # the workers still hold the KV: nothing was lost
             assert cluster.tick("a", 0).status_code == 200
         finally:
-            for plural in ("ardiffusionsessions", "ardiffusionworkerpools"):
-                for item in cluster.items(plural):
-                    cluster.delete(plural, item["metadata"]["name"])
-            wait_until(
-                lambda: not cluster.items("ardiffusionworkerpools"),
-                timeout=POOL_FINALIZE_SECONDS,
-                what="pool finalized",
-            )
-            operator.stop()
+            try:
+                cluster.delete_all()
+            finally:
+                operator.stop()
 
 
 def test_two_operators_with_peering_only_one_acts(cluster: Cluster, redis_url: str, tmp_path: Path) -> None:
@@ -196,8 +190,9 @@ def test_two_operators_with_peering_only_one_acts(cluster: Cluster, redis_url: s
         ).json()
         return sorted(peer["priority"] for peer in (found.get("status") or {}).values())
 
-    active = OperatorProcess(cluster.namespace, redis_url, tmp_path / "active.log", (*args, "10")).start()
-    standby = OperatorProcess(cluster.namespace, redis_url, tmp_path / "standby.log", (*args, "0"))
+    command = ("ardiff", "operator", "run", *args)
+    active = cluster.operator(redis_url, tmp_path / "active.log", (*command, "10")).start()
+    standby = cluster.operator(redis_url, tmp_path / "standby.log", (*command, "0"))
     try:
         wait_until(
             lambda: "Resuming operations" in active.log(), timeout=30, what="the active operator to serve"
@@ -225,13 +220,8 @@ def test_two_operators_with_peering_only_one_acts(cluster: Cluster, redis_url: s
         assert "admit_session" in standby.log()
         assert len(cluster.pods()) == 2
     finally:
-        for plural in ("ardiffusionsessions", "ardiffusionworkerpools"):
-            for item in cluster.items(plural):
-                cluster.delete(plural, item["metadata"]["name"])
-        wait_until(
-            lambda: not cluster.items("ardiffusionworkerpools"),
-            timeout=POOL_FINALIZE_SECONDS,
-            what="pool finalized",
-        )
-        standby.stop()
-        active.stop()
+        try:
+            cluster.delete_all()
+        finally:
+            standby.stop()
+            active.stop()

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.kv.keys import PoolKeys
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionState
-from tests.operator.conftest import Cluster, OperatorProcess, wait_until
+from tests.operator.conftest import Cluster
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,10 +74,7 @@ async def test_delete_releases_the_slot_and_the_worker_gets_close(
     cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore
 ) -> None:
     pool = PoolId(cluster.namespace, "pool")
-    cluster.create_pool()
-    cluster.create_session("forest")
-    status = cluster.wait_phase("forest", "Ready")
-    assert cluster.tick("forest", 0).status_code == 200
+    status = cluster.ticked_session("forest")
     assert cluster.worker_session("forest", status["endpoint"]).status_code == 200
     token = cluster.token("forest")
 
