@@ -96,12 +96,12 @@ def build_redis_client(url: str) -> aioredis.Redis:
                 raise ValueError("no host")
             return aioredis.from_url(url, **_connection_options())
         except ValueError as exc:
-            raise InvalidRedisUrl(f"placement redis url {_redacted(url)} is malformed: {exc}") from None
+            raise InvalidRedisUrl(f"placement redis url {redact_url(url)} is malformed: {exc}") from None
     if scheme == "redis+sentinel":
         return _sentinel_master(url)
     raise InvalidRedisUrl(
         f"placement redis url scheme must be redis, rediss or redis+sentinel, "
-        f"got {scheme!r} in {_redacted(url)}"
+        f"got {scheme!r} in {redact_url(url)}"
     )
 
 
@@ -115,10 +115,23 @@ def _connection_options() -> dict[str, Any]:
     }
 
 
-def _redacted(url: str) -> str:
-    scheme, _, rest = url.partition("://")
-    userinfo, at, hosts = rest.rpartition("@")
-    return f"{scheme}://***@{hosts}" if at and userinfo else url
+def redact_url(url: str) -> str:
+    """`url` fit for a log line or an error message: the password of its user part, and any `password=` query
+    parameter, become `***` (the one helper for every place that prints a Redis URL)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    rest, question, query = rest.partition("?")
+    userinfo, at, location = rest.rpartition("@")  # the last @: a password may hold an unencoded / or @
+    if at:
+        username, colon, _ = userinfo.partition(":")
+        rest = f"{username if colon else ''}:***@{location}"
+    if question:
+        query = "&".join(
+            f"{name}=***" if name.lower() == "password" else f"{name}{eq}{value}"
+            for name, eq, value in (part.partition("=") for part in query.split("&"))
+        )
+    return f"{scheme}{sep}{rest}{question}{query}"
 
 
 def _sentinel_master(url: str) -> aioredis.Redis:
@@ -138,7 +151,7 @@ def _sentinel_master(url: str) -> aioredis.Redis:
             sentinels.append((host, int(port) if port else DEFAULT_SENTINEL_PORT))
         db = int(path_parts[1]) if len(path_parts) == 2 else 0
     except ValueError as exc:
-        raise InvalidRedisUrl(f"placement sentinel url {_redacted(url)} is malformed: {exc}") from None
+        raise InvalidRedisUrl(f"placement sentinel url {redact_url(url)} is malformed: {exc}") from None
     sentinel = Sentinel(
         sentinels,
         username=unquote(username) or None,

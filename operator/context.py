@@ -41,6 +41,8 @@ class OperatorContext:
     token_hashes: dict[SessionKey, str] = field(default_factory=dict)
     # Why a session's state changed, when the status cannot tell (e.g. who evicted it): used once.
     notes: dict[SessionKey, str] = field(default_factory=dict)
+    # Pools whose `<pool>-workers-redis` name is taken by a Secret they do not own (reported once).
+    secret_conflicts: set[PoolId] = field(default_factory=set)
 
     def kick(self, pool: PoolId) -> None:
         self.kicks[pool].set()
@@ -59,6 +61,7 @@ class OperatorContext:
     def forget_pool(self, pool: PoolId) -> None:
         self.expected_pods.pop(pool, None)
         self.kicks.pop(pool, None)
+        self.secret_conflicts.discard(pool)
         for key in [k for k in self.empty_since if k[0] == pool]:
             del self.empty_since[key]
 

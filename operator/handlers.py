@@ -15,7 +15,7 @@ from typing import Any
 
 import kopf
 
-from ardiff.kv.placement import PlacementStore
+from ardiff.kv.placement import PlacementStore, redact_url
 from ardiff.kv.records import PoolId
 from ardiff.operator.config import OperatorConfig
 from ardiff.operator.context import OperatorContext
@@ -24,6 +24,7 @@ from ardiff.operator.pods import POOL_LABEL
 from ardiff.operator.reconcile import (
     delete_pool,
     ensure_service,
+    ensure_worker_redis_secret,
     now_rfc3339,
     reconcile_pool,
     write_pool_status,
@@ -77,7 +78,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     memo.ctx = OperatorContext(
         config=config, store=PlacementStore.from_url(config.redis_url), kube=KubeApi(login)
     )
-    logger.info(f"operator started: namespaces={config.namespaces or 'all'}, redis={config.redis_url}")
+    logger.info(
+        f"operator started: namespaces={config.namespaces or 'all'}, redis={redact_url(config.redis_url)}, "
+        f"workers' redis={redact_url(config.worker_redis_url)}"
+    )
 
 
 @kopf.on.cleanup()
@@ -190,6 +194,9 @@ async def reconcile_pool_forever(
     pool = PoolView.from_body(body)
     pid = PoolId(pool.namespace, pool.name)
     await ensure_service(ctx, pool)
+    await ensure_worker_redis_secret(
+        ctx, pool
+    )  # brings the workers' URL up to date after an operator restart
     while not stopped:
         started = time.monotonic()
         pool = PoolView.from_body(body)  # `body` is live in daemons: the latest spec each round

@@ -137,15 +137,21 @@ class KubeApi:
             raise
         return True
 
-    async def patch_status(
-        self, resource: ApiResource, namespace: str, name: str, status: Mapping[str, Any]
+    async def patch(
+        self,
+        resource: ApiResource,
+        namespace: str,
+        name: str,
+        body: Mapping[str, Any],
+        *,
+        subresource: str | None = None,
     ) -> bool:
-        """Merge-patch `status` (null deletes a field); False when the object is gone."""
+        """Merge-patch the object (null deletes a field); False when it is gone."""
         try:
             await self._request(
                 "PATCH",
-                resource.path(namespace, name, "status"),
-                body={"status": dict(status)},
+                resource.path(namespace, name, subresource),
+                body=dict(body),
                 content_type="application/merge-patch+json",
             )
         except KubeApiError as exc:
@@ -153,3 +159,9 @@ class KubeApi:
                 return False
             raise
         return True
+
+    async def patch_status(
+        self, resource: ApiResource, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> bool:
+        """Merge-patch `status` through its subresource; False when the object is gone."""
+        return await self.patch(resource, namespace, name, {"status": dict(status)}, subresource="status")

@@ -1,10 +1,12 @@
-"""Pure builders for what a pool owns: its worker Pods and its headless Service (docs/contracts.md §1, §3).
+"""Pure builders for what a pool owns: its worker Pods, its headless Service and the Secret that holds the
+workers' Redis URL (docs/contracts.md §1, §3).
 
 They return plain dicts (the handler adopts and creates them); user input is deep-copied, never aliased.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import secrets
 import string
@@ -17,6 +19,7 @@ WORKER_PORT = 8000
 WORKER_PORT_NAME = "http"
 WORKER_CONTAINER = "worker"
 WORKER_USER_ID = 1000
+REDIS_URL_KEY = "url"
 _SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
 
 
@@ -41,9 +44,28 @@ def pool_service_name(pool: str) -> str:
     return f"{pool}-workers"
 
 
-def build_worker_env(
-    namespace: str, pool: str, spec: WorkerPoolSpec, *, worker_redis_url: str | None
-) -> list[dict[str, Any]]:
+def worker_redis_secret_name(pool: str) -> str:
+    return f"{pool}-workers-redis"
+
+
+def build_worker_redis_secret(namespace: str, pool: str, url: str) -> dict[str, Any]:
+    """The Secret the pool's workers read their Redis URL from (key `url`), so that its password is in no
+    Pod spec; it lives in the pool's namespace, where the workers can read it (not adopted yet: the handler
+    adopts it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": worker_redis_secret_name(pool),
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/name": "ardiff", POOL_LABEL: pool},
+        },
+        "data": {REDIS_URL_KEY: base64.b64encode(url.encode()).decode()},
+    }
+
+
+def build_worker_env(namespace: str, pool: str, spec: WorkerPoolSpec) -> list[dict[str, Any]]:
     """The worker's settings (contracts §3), then the pool's own `env`, which wins on a name clash."""
     model = spec.model
     values: dict[str, str | None] = {
@@ -57,13 +79,14 @@ def build_worker_env(
         "ARDIFF_CPU_FREE_MEMORY_BYTES": None
         if spec.cpu_free_memory_bytes is None
         else str(spec.cpu_free_memory_bytes),
-        "ARDIFF_REDIS_URL": worker_redis_url,
-        "ARDIFF_NAMESPACE": namespace,
-        "ARDIFF_POOL": pool,
-        "ARDIFF_PORT": str(WORKER_PORT),
     }
     env: list[dict[str, Any]] = [{"name": name, "value": value} for name, value in values.items() if value]
+    redis_url = {"name": worker_redis_secret_name(pool), "key": REDIS_URL_KEY}
     env += [
+        {"name": "ARDIFF_REDIS_URL", "valueFrom": {"secretKeyRef": redis_url}},
+        {"name": "ARDIFF_NAMESPACE", "value": namespace},
+        {"name": "ARDIFF_POOL", "value": pool},
+        {"name": "ARDIFF_PORT", "value": str(WORKER_PORT)},
         {"name": "ARDIFF_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "ARDIFF_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
@@ -71,9 +94,7 @@ def build_worker_env(
     return [entry for entry in env if entry["name"] not in overridden] + copy.deepcopy(spec.env)
 
 
-def build_worker_pod(
-    namespace: str, pool: str, spec: WorkerPoolSpec, *, pod_name: str, worker_redis_url: str | None
-) -> dict[str, Any]:
+def build_worker_pod(namespace: str, pool: str, spec: WorkerPoolSpec, *, pod_name: str) -> dict[str, Any]:
     """One worker Pod of `pool` (not yet adopted: the handler sets the owner reference)."""
     probe_port = {"port": WORKER_PORT_NAME}
     return {
@@ -101,7 +122,7 @@ def build_worker_pod(
                     "name": WORKER_CONTAINER,
                     "image": spec.image,
                     "command": ["ardiff", "worker", "serve"],
-                    "env": build_worker_env(namespace, pool, spec, worker_redis_url=worker_redis_url),
+                    "env": build_worker_env(namespace, pool, spec),
                     "ports": [{"name": WORKER_PORT_NAME, "containerPort": WORKER_PORT, "protocol": "TCP"}],
                     # Loading a real checkpoint takes minutes: the startup probe holds liveness off till then.
                     "startupProbe": {

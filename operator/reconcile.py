@@ -26,8 +26,15 @@ from ardiff.kv.records import PodRecord, PoolId, SessionSpec, SessionState
 from ardiff.operator.admission import AdmissionFailure, placement_spec
 from ardiff.operator.bindings import SessionBinding, read_bindings
 from ardiff.operator.context import OperatorContext, SessionKey
-from ardiff.operator.kube import PODS, POOLS, SERVICES, SESSIONS
-from ardiff.operator.pods import build_pool_service, build_worker_pod, pool_service_name, worker_pod_name
+from ardiff.operator.kube import PODS, POOLS, SECRETS, SERVICES, SESSIONS
+from ardiff.operator.pods import (
+    REDIS_URL_KEY,
+    build_pool_service,
+    build_worker_pod,
+    build_worker_redis_secret,
+    pool_service_name,
+    worker_pod_name,
+)
 from ardiff.operator.scaling import PodSlots, may_grow, plan_scaling
 from ardiff.operator.status import (
     Phase,
@@ -358,15 +365,37 @@ async def ensure_service(ctx: OperatorContext, pool: PoolView) -> None:
     await ctx.kube.create(SERVICES, service)
 
 
+async def ensure_worker_redis_secret(ctx: OperatorContext, pool: PoolView) -> bool:
+    """Create the pool's `<pool>-workers-redis` Secret, or bring its URL up to date (the operator's worker
+    URL may have changed since it was written). False when a Secret of that name exists that the pool does
+    not own: it is left alone (reported once), and no worker Pod may be created."""
+    secret = build_worker_redis_secret(pool.namespace, pool.name, ctx.config.worker_redis_url)
+    kopf.adopt(secret, owner=pool.reference)
+    key, name = PoolId(pool.namespace, pool.name), secret["metadata"]["name"]
+    if await ctx.kube.create(SECRETS, secret) is None:
+        existing = await ctx.kube.get(SECRETS, pool.namespace, name)
+        if existing is None:  # deleted between the two calls: the next round creates it
+            return False
+        owners = existing["metadata"].get("ownerReferences") or []
+        if not any(owner.get("uid") == pool.uid for owner in owners):
+            if key not in ctx.secret_conflicts:
+                ctx.secret_conflicts.add(key)
+                message = f"Secret {name} exists and is not owned by this pool: rename or delete it"
+                kopf.event(pool.reference, type="Warning", reason="SecretConflict", message=message)
+            return False
+        if (existing.get("data") or {}).get(REDIS_URL_KEY) != secret["data"][REDIS_URL_KEY]:
+            await ctx.kube.patch(SECRETS, pool.namespace, name, {"data": secret["data"]})
+    ctx.secret_conflicts.discard(key)
+    return True
+
+
 async def create_worker_pod(ctx: OperatorContext, pool: PoolView, logger: kopf.Logger) -> str:
     """Create one worker Pod with a fresh name (a name collision just draws another)."""
     assert pool.spec is not None
     pid = PoolId(pool.namespace, pool.name)
     while True:
         name = worker_pod_name(pool.name)
-        body = build_worker_pod(
-            pool.namespace, pool.name, pool.spec, pod_name=name, worker_redis_url=ctx.config.worker_redis_url
-        )
+        body = build_worker_pod(pool.namespace, pool.name, pool.spec, pod_name=name)
         kopf.adopt(body, owner=pool.reference)
         ctx.expected_pods[pid][name] = time.monotonic()
         if await ctx.kube.create(PODS, body) is not None:
@@ -438,8 +467,9 @@ async def reconcile_pool(
         scale_down_delay=pool.spec.scale_down_delay_seconds,
         now=time.monotonic(),
     )
-    for _ in range(plan.create):
-        await create_worker_pod(ctx, pool, logger)
+    if plan.create and await ensure_worker_redis_secret(ctx, pool):
+        for _ in range(plan.create):
+            await create_worker_pod(ctx, pool, logger)
     # Outside the lock: creating Pods only adds capacity, and draining is atomic in Redis (only if the pod
     # is still empty), so neither can invalidate a placement.
     retired = [name for name in plan.delete if await retire_worker_pod(ctx, pid, name, logger)]

@@ -148,7 +148,7 @@ def _expected_rules(peering: str) -> dict[tuple[str, str], set[str]]:
         ("ardiffusion.dev", "ardiffusionsessions/status"): {"get", "patch"},
         ("", "pods"): {"create", "delete", "get", "list", "watch", "patch"},
         ("", "services"): {"create", "delete", "get", "list", "watch", "patch"},
-        ("", "secrets"): {"create", "delete", "get", "list", "watch"},
+        ("", "secrets"): {"create", "delete", "get", "list", "watch", "patch"},
         ("", "configmaps"): {"get", "list", "watch"},
         ("", "events"): {"create", "patch"},
         ("kopf.dev", peering): {"get", "list", "watch", "patch"},

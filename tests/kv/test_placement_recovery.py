@@ -15,7 +15,7 @@ from redis.exceptions import AuthenticationError, ResponseError
 
 from ardiff.devcluster.redis_server import RedisSentinel, RedisServer
 from ardiff.kv.errors import InvalidRedisUrl, PodFenced, UnknownSession
-from ardiff.kv.placement import PlacementStore, build_redis_client
+from ardiff.kv.placement import PlacementStore, build_redis_client, redact_url
 from ardiff.kv.records import PodRegistration, PoolId, SessionSpec, SessionState
 
 TOKEN = hashlib.sha256(b"token").hexdigest()
@@ -206,6 +206,27 @@ def test_bad_urls_are_rejected_clearly(url: str) -> None:
         build_redis_client(url)
     assert raised.value.code == "invalid_redis_url"
     assert "pw" not in str(raised.value)  # passwords are redacted from messages
+
+
+@pytest.mark.parametrize(
+    ("url", "redacted"),
+    [
+        ("redis://:s3cret@redis:6379/0", "redis://:***@redis:6379/0"),
+        ("rediss://app:s3cret@redis.example:6380/2", "rediss://app:***@redis.example:6380/2"),
+        ("redis://s3cret@redis/0", "redis://:***@redis/0"),  # a lone user part may be a password
+        ("redis://:s3/cr@et@redis/0", "redis://:***@redis/0"),  # unencoded / and @ in the password
+        ("redis+sentinel://:s3cret@s1:26379,s2/main/1", "redis+sentinel://:***@s1:26379,s2/main/1"),
+        (
+            "rediss://redis/0?ssl_ca_certs=/ca.crt&password=s3cret",
+            "rediss://redis/0?ssl_ca_certs=/ca.crt&password=***",
+        ),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        ("not a url", "not a url"),
+    ],
+)
+def test_redact_url_hides_every_password(url: str, redacted: str) -> None:
+    assert redact_url(url) == redacted
+    assert "s3" not in redacted
 
 
 def test_rediss_url_uses_tls() -> None:

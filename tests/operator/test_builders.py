@@ -7,7 +7,13 @@ import hashlib
 
 import pytest
 
-from ardiff.operator.pods import build_pool_service, build_worker_env, build_worker_pod, worker_pod_name
+from ardiff.operator.pods import (
+    build_pool_service,
+    build_worker_env,
+    build_worker_pod,
+    build_worker_redis_secret,
+    worker_pod_name,
+)
 from ardiff.operator.specs import ImageRef, InvalidSpec, SessionResourceSpec, WorkerPoolSpec
 from ardiff.operator.tokens import build_token_secret, read_token, token_sha256
 
@@ -38,9 +44,7 @@ LABELS = {
 
 def test_worker_pod_is_exactly_what_contracts_describe() -> None:
     spec = WorkerPoolSpec.from_resource(POOL_SPEC)
-    pod = build_worker_pod(
-        "worlds", "tiny", spec, pod_name="tiny-ab12c", worker_redis_url="redis://redis:6379/0"
-    )
+    pod = build_worker_pod("worlds", "tiny", spec, pod_name="tiny-ab12c")
     probe = {"port": "http"}
     assert pod == {
         "apiVersion": "v1",
@@ -73,7 +77,11 @@ def test_worker_pod_is_exactly_what_contracts_describe() -> None:
                         {"name": "ARDIFF_WIDTH", "value": "64"},
                         {"name": "ARDIFF_KV_MEMORY_FRACTION", "value": "0.5"},
                         {"name": "ARDIFF_SESSION_CAPACITY", "value": "4"},
-                        {"name": "ARDIFF_REDIS_URL", "value": "redis://redis:6379/0"},
+                        # The URL (and its password) stays in the pool's Secret, never in the Pod spec.
+                        {
+                            "name": "ARDIFF_REDIS_URL",
+                            "valueFrom": {"secretKeyRef": {"name": "tiny-workers-redis", "key": "url"}},
+                        },
                         {"name": "ARDIFF_NAMESPACE", "value": "worlds"},
                         {"name": "ARDIFF_POOL", "value": "tiny"},
                         {
@@ -115,7 +123,7 @@ def test_worker_pod_is_exactly_what_contracts_describe() -> None:
 
 def test_worker_pod_does_not_alias_the_spec() -> None:
     spec = WorkerPoolSpec.from_resource(POOL_SPEC)
-    pod = build_worker_pod("worlds", "tiny", spec, pod_name="tiny-ab12c", worker_redis_url=None)
+    pod = build_worker_pod("worlds", "tiny", spec, pod_name="tiny-ab12c")
     pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = 8
     pod["spec"]["tolerations"].clear()
     assert spec.resources == {"limits": {"nvidia.com/gpu": 1}}
@@ -130,7 +138,7 @@ def test_worker_env_defaults_and_optional_settings() -> None:
             "kv": {"cpuFreeMemoryBytes": 1024},
         }
     )
-    env = {e["name"]: e.get("value") for e in build_worker_env("ns", "p", spec, worker_redis_url=None)}
+    env = {e["name"]: e.get("value") for e in build_worker_env("ns", "p", spec)}
     assert env == {
         "ARDIFF_MODEL": "/models/lingbot",
         "ARDIFF_PIPELINE": "LingBotWorldCausalDMDPipeline",
@@ -139,6 +147,7 @@ def test_worker_env_defaults_and_optional_settings() -> None:
         "ARDIFF_DTYPE": "bfloat16",
         "ARDIFF_KV_MEMORY_FRACTION": "0.9",
         "ARDIFF_CPU_FREE_MEMORY_BYTES": "1024",
+        "ARDIFF_REDIS_URL": None,  # from the Secret p-workers-redis
         "ARDIFF_NAMESPACE": "ns",
         "ARDIFF_POOL": "p",
         "ARDIFF_PORT": "8000",
@@ -159,6 +168,23 @@ def test_pool_service_is_headless_and_selects_the_pool() -> None:
             "ports": [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}],
         },
     }
+
+
+def test_worker_redis_secret_holds_the_url_for_the_pools_pods() -> None:
+    url = "redis://:s3cret@redis.worlds.svc:6379/0"
+    assert build_worker_redis_secret("worlds", "tiny", url) == {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": "tiny-workers-redis",
+            "namespace": "worlds",
+            "labels": {"app.kubernetes.io/name": "ardiff", "ardiffusion.dev/pool": "tiny"},
+        },
+        "data": {"url": base64.b64encode(url.encode()).decode()},
+    }
+    pod = build_worker_pod("worlds", "tiny", WorkerPoolSpec.from_resource(POOL_SPEC), pod_name="tiny-ab12c")
+    assert "s3cret" not in str(pod)
 
 
 def test_worker_pod_names() -> None:

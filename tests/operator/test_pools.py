@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from ardiff.devcluster.operator_process import OperatorProcess
+from ardiff.devcluster.redis_server import RedisServer
 from ardiff.kv.keys import PoolKeys
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
@@ -126,3 +130,86 @@ async def test_deleting_a_pool_fails_its_sessions_and_removes_its_pods_and_state
     # The failed session can still be deleted (its finalizer does not need the pool).
     cluster.delete("ardiffusionsessions", "orphaned")
     cluster.wait_gone("ardiffusionsessions", "orphaned")
+
+
+def secret_url(secret: dict) -> str:
+    return base64.b64decode(secret["data"]["url"]).decode()
+
+
+def test_workers_read_the_redis_password_from_the_pools_secret_and_nothing_prints_it(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    password = "s3cret-redis-pw"
+    with RedisServer(password=password) as redis:
+        operator = cluster.operator(redis.url, tmp_path / "operator.log").start()
+        try:
+            operator.wait_ready()
+            pool = cluster.create_pool()
+            cluster.create_session("forest")
+            cluster.wait_phase("forest", "Ready")  # the worker registered: it found the password
+            secret = cluster.get("secrets", "pool-workers-redis", core=True)
+            assert secret is not None
+            assert secret_url(secret) == redis.url
+            assert [o["uid"] for o in secret["metadata"]["ownerReferences"]] == [pool["metadata"]["uid"]]
+            [pod] = cluster.pods()
+            env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+            assert env["ARDIFF_REDIS_URL"] == {
+                "name": "ARDIFF_REDIS_URL",
+                "valueFrom": {"secretKeyRef": {"name": "pool-workers-redis", "key": "url"}},
+            }
+            assert password not in json.dumps(pod)
+            pod_log = cluster.runner.logs_dir / f"{cluster.namespace}_{pod['metadata']['name']}.log"
+            assert "registered pod" in pod_log.read_text()
+            assert password not in pod_log.read_text()
+            assert "redis=redis://:***@127.0.0.1" in operator.log()
+            assert password not in operator.log()
+
+            # A new workers' URL reaches the Secret when the operator restarts with it.
+            moved = redis.url.replace("127.0.0.1", "localhost")
+            operator.stop()
+            operator.env = {**operator.env, "ARDIFF_WORKER_REDIS_URL": moved}
+            operator.start().wait_ready()
+            wait_until(
+                lambda: (
+                    secret_url(cluster.get("secrets", "pool-workers-redis", core=True) or {"data": {}})
+                    == moved
+                ),
+                what="the Secret to hold the new URL",
+            )
+            assert "workers' redis=redis://:***@localhost" in operator.log()
+            assert password not in operator.log()
+        finally:
+            try:
+                cluster.delete_all()
+            finally:
+                operator.stop()
+
+
+async def test_a_secret_the_pool_does_not_own_is_left_alone_and_no_pod_reads_it(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    foreign = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "pool-workers-redis"},
+        "data": {"url": base64.b64encode(b"redis://elsewhere:6379/0").decode()},
+    }
+    response = cluster.http.post(f"/api/v1/namespaces/{cluster.namespace}/secrets", json=foreign)
+    assert response.status_code == 201, response.text
+    cluster.create_pool()
+    event = wait_until(lambda: cluster.events("SecretConflict"), what="a SecretConflict event")[0]
+    assert (event["type"], event["involvedObject"]["name"]) == ("Warning", "pool")
+    assert "pool-workers-redis" in event["message"]
+    await asyncio.sleep(1.5)  # several rounds: none creates a Pod that would read someone else's URL
+    assert cluster.pods() == []
+    secret = cluster.get("secrets", "pool-workers-redis", core=True)
+    assert secret is not None
+    assert secret_url(secret) == "redis://elsewhere:6379/0"
+    assert "ownerReferences" not in secret["metadata"]
+
+    cluster.delete("secrets", "pool-workers-redis", core=True)  # the name is free: the pool takes it
+    cluster.wait_pods(1)
+    owned = cluster.get("secrets", "pool-workers-redis", core=True)
+    assert owned is not None
+    assert owned["metadata"]["ownerReferences"][0]["name"] == "pool"
+    assert len(cluster.events("SecretConflict")) == 1  # reported once
