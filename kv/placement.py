@@ -49,6 +49,7 @@ from ardiff.kv.records import (
     PodRecord,
     PodRegistration,
     PoolId,
+    SessionBinding,
     SessionRecord,
     SessionSpec,
     SessionState,
@@ -186,6 +187,21 @@ def _check_text(kind: str, value: object) -> str:
     return value
 
 
+def _spec_args(pool: PoolId, spec: SessionSpec) -> list[str | int | bytes]:
+    """ARGV[1..9] of place.lua and restore.lua: the session's record fields, as both scripts write them."""
+    return [
+        spec.name,
+        pool.name,
+        spec.token_sha256,
+        spec.seed,
+        spec.prompt,
+        spec.image,
+        spec.max_chunks,
+        spec.priority,
+        spec.eviction_policy,
+    ]
+
+
 def _text(value: bytes | str | None) -> str:
     return value.decode() if isinstance(value, bytes) else (value or "")
 
@@ -237,6 +253,15 @@ class PlacementStore:
 
     async def close(self) -> None:
         await self.client.aclose()
+
+    async def ping(self) -> None:
+        """One round trip to Redis (raises when it cannot be reached)."""
+        await self.client.ping()
+
+    async def server_time_ms(self) -> int:
+        """Redis server time: the clock the scripts stamp `last_tick_ms` and leases with."""
+        seconds, micros = await self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
 
     async def __aenter__(self) -> PlacementStore:
         return self
@@ -494,15 +519,7 @@ class PlacementStore:
             "place",
             [keys.session(spec.name), keys.open, keys.leases, keys.draining, keys.residents, keys.lru],
             [
-                spec.name,
-                pool.name,
-                spec.token_sha256,
-                spec.seed,
-                spec.prompt,
-                spec.image,
-                spec.max_chunks,
-                spec.priority,
-                spec.eviction_policy,
+                *_spec_args(pool, spec),
                 int(bool(may_evict)),
                 min_idle_ms,
                 policy,
@@ -555,15 +572,7 @@ class PlacementStore:
             "restore",
             [keys.session(spec.name), keys.pod(pod), keys.open, keys.residents, keys.lru],
             [
-                spec.name,
-                pool.name,
-                spec.token_sha256,
-                spec.seed,
-                spec.prompt,
-                spec.image,
-                spec.max_chunks,
-                spec.priority,
-                spec.eviction_policy,
+                *_spec_args(pool, spec),
                 pod,
                 pod_epoch,
                 chunk_index,
@@ -682,6 +691,24 @@ class PlacementStore:
             raws = await pipe.execute()
         return {
             name: SessionRecord.from_hash(name, raw) for name, raw in zip(names, raws, strict=True) if raw
+        }
+
+    async def get_bindings(self, pool: PoolId, names: Iterable[str]) -> dict[str, SessionBinding]:
+        """The bindings of `names` that have a record: state, pod, pod_epoch, reset_required, chunk_index and
+        last_tick_ms, never the prompt or the image (one pipelined round trip of HMGETs)."""
+        keys = PoolKeys(_check_pool(pool))
+        names = [check_name("session", name) for name in names]
+        async with self.client.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.hmget(keys.session(name), SessionBinding.FIELDS)
+            replies = await pipe.execute()
+        return {
+            name: SessionBinding.from_hash(
+                name,
+                {field.encode(): value for field, value in zip(SessionBinding.FIELDS, reply, strict=True)},
+            )
+            for name, reply in zip(names, replies, strict=True)
+            if reply[0] is not None  # no state: no record
         }
 
     async def get_pod(self, pool: PoolId, pod: str) -> PodRecord | None:

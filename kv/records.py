@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields
 from enum import StrEnum
-from typing import Literal
+from typing import ClassVar, Literal
 
 from ardiff.kv.errors import InvalidPlacementArgument
 
@@ -177,6 +177,41 @@ class SessionRecord:
             max_chunks=_int(raw, "max_chunks"),
             priority=_int(raw, "priority"),
             eviction_policy="Never" if policy == "Never" else "LRU",
+            chunk_index=_int(raw, "chunk_index"),
+            last_tick_ms=_int(raw, "last_tick_ms"),
+        )
+
+
+@dataclass(frozen=True)
+class SessionBinding:
+    """Where a session is and how far it ticked: its record without the prompt, the image or the token hash
+    (what a status mirror reads for many sessions every few seconds)."""
+
+    name: str
+    state: SessionState
+    pod: str
+    pod_epoch: int
+    reset_required: bool
+    chunk_index: int
+    last_tick_ms: int
+
+    FIELDS: ClassVar[tuple[str, ...]] = (
+        "state",
+        "pod",
+        "pod_epoch",
+        "reset_required",
+        "chunk_index",
+        "last_tick_ms",
+    )
+
+    @classmethod
+    def from_hash(cls, name: str, raw: dict[bytes, bytes]) -> SessionBinding:
+        return cls(
+            name=name,
+            state=SessionState(_text(raw, "state")),
+            pod=_text(raw, "pod"),
+            pod_epoch=_int(raw, "pod_epoch"),
+            reset_required=_int(raw, "reset_required") == 1,
             chunk_index=_int(raw, "chunk_index"),
             last_tick_ms=_int(raw, "last_tick_ms"),
         )

@@ -65,11 +65,6 @@ class OperatorContext:
         for key in [k for k in self.empty_since if k[0] == pool]:
             del self.empty_since[key]
 
-    async def redis_time_ms(self) -> int:
-        """Redis server time: the clock the placement scripts stamp `last_tick_ms` with."""
-        seconds, micros = await self.store.client.time()
-        return int(seconds) * 1000 + int(micros) // 1000
-
     async def close(self) -> None:
         await self.kube.close()
         await self.store.close()

@@ -95,7 +95,7 @@ async def close_clients(memo: kopf.Memo, **_: Any) -> None:
 async def redis_reachable(memo: kopf.Memo, **_: Any) -> float:
     """Liveness: the round trip to Redis in milliseconds (raises when Redis is unreachable)."""
     started = time.perf_counter()
-    await memo.ctx.store.client.ping()
+    await memo.ctx.store.ping()
     return round((time.perf_counter() - started) * 1000, 3)
 
 

@@ -22,9 +22,8 @@ from typing import Any, Literal
 import kopf
 
 from ardiff.kv.errors import UnknownPod
-from ardiff.kv.records import PodRecord, PoolId, SessionSpec, SessionState
+from ardiff.kv.records import PodRecord, PoolId, SessionBinding, SessionSpec, SessionState
 from ardiff.operator.admission import AdmissionFailure, placement_spec
-from ardiff.operator.bindings import SessionBinding, read_bindings
 from ardiff.operator.context import OperatorContext, SessionKey
 from ardiff.operator.kube import PODS, POOLS, SECRETS, SERVICES, SESSIONS
 from ardiff.operator.pods import (
@@ -442,8 +441,8 @@ async def reconcile_pool(
     async with ctx.locks[pid]:
         live = await sync_pods(ctx, pid, pods)
         slots = pod_slots(ctx, pid, pods, live)
-        records = await read_bindings(ctx.store, pid, names)
-        now_ms = await ctx.redis_time_ms()
+        records = await ctx.store.get_bindings(pid, names)
+        now_ms = await ctx.store.server_time_ms()
         by_name = {p.name: p for p in pods}
         # Report a loss before repairing it: a session placed again in this same round still shows `Lost`
         # (and its Event) once, rather than staying `Ready` while its pod and KV changed under it.
@@ -453,7 +452,7 @@ async def reconcile_pool(
         expired = await expire_idle(ctx, pid, active, records, now_ms)
         result = await place_sessions(ctx, pool, active, records, live, slots, logger)
         if expired or result.changed:
-            records = await read_bindings(ctx.store, pid, names)
+            records = await ctx.store.get_bindings(pid, names)
             live = await live_pods(ctx, pid)
         unsettled = [s for s in active if s.name not in result.settled]
         await write_session_statuses(ctx, unsettled, records, live, by_name, now_ms)

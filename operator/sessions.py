@@ -13,7 +13,6 @@ import kopf
 
 from ardiff.kv.records import PoolId
 from ardiff.operator.admission import AdmissionFailure, placement_spec
-from ardiff.operator.bindings import read_bindings
 from ardiff.operator.context import OperatorContext
 from ardiff.operator.reconcile import live_pods, now_rfc3339, pod_slots
 from ardiff.operator.scaling import may_grow
@@ -59,14 +58,14 @@ async def admit(
         can_grow = pool.spec is None or may_grow(pod_slots(ctx, pid, pods, live), pool.spec.max_replicas)
         min_idle_ms = pool.spec.min_idle_seconds * 1000 if pool.spec else 0
         placed = await ctx.store.place(pid, spec, may_evict=not can_grow, min_idle_ms=min_idle_ms)
-        now_ms = await ctx.redis_time_ms()
+        now_ms = await ctx.store.server_time_ms()
     if placed.placement is None:
         ctx.kick(pid)  # the pool may need another pod
     if placed.victim is not None:
         ctx.notes[(session.namespace, placed.victim)] = f"evicted to make room for session {session.name}"
         ctx.kick(pid)  # the victim's status changes in the pool's next round
         logger.info(f"session {session.name} evicted session {placed.victim}")
-    record = (await read_bindings(ctx.store, pid, [session.name])).get(session.name)
+    record = (await ctx.store.get_bindings(pid, [session.name])).get(session.name)
     where = record.pod if record is not None else ""
     ready = any(p.name == where and p.ready for p in pods)
     observation = SessionObservation(record=record, pod=live.get(where), pod_ready=ready, now_ms=now_ms)

@@ -12,10 +12,9 @@ import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from ardiff.kv.records import PodRecord, SessionState
-from ardiff.operator.bindings import SessionPlacement
 from ardiff.operator.tokens import TOKEN_KEY, token_secret_name
 
 
@@ -95,6 +94,23 @@ def build_conditions(
             }
         )
     return conditions
+
+
+class SessionPlacement(Protocol):
+    """What status derivation needs of a session's record (a `SessionBinding` or a whole `SessionRecord`)."""
+
+    @property
+    def state(self) -> SessionState: ...
+    @property
+    def pod(self) -> str: ...
+    @property
+    def pod_epoch(self) -> int: ...
+    @property
+    def reset_required(self) -> bool: ...
+    @property
+    def chunk_index(self) -> int: ...
+    @property
+    def last_tick_ms(self) -> int: ...
 
 
 @dataclass(frozen=True)

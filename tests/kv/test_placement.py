@@ -19,7 +19,7 @@ from ardiff.kv.errors import (
     UnknownSession,
 )
 from ardiff.kv.placement import PlacementStore
-from ardiff.kv.records import PodRegistration, PoolId, SessionSpec, SessionState
+from ardiff.kv.records import PodRegistration, PoolId, SessionBinding, SessionSpec, SessionState
 
 TOKEN = hashlib.sha256(b"token").hexdigest()
 LEASE_MS = 60_000
@@ -465,6 +465,52 @@ async def test_drain_pod_only_when_empty(store: PlacementStore, pool: PoolId) ->
     assert await store.check_invariants(pool) == []
 
 
+async def test_get_bindings_reads_where_sessions_are_without_their_prompt_or_image(
+    store: PlacementStore, pool: PoolId
+) -> None:
+    a = await register(store, pool, "w-a", capacity=2)
+    await store.place(pool, spec("ticking", prompt="a forest", image=b"\x89PNG" * 1000))
+    await store.place(pool, spec("reset", prompt="a desert"))
+    await register(store, pool, "w-b", capacity=1)
+    await store.place(pool, spec("lost", prompt="the sea"))  # w-a is full: on w-b
+    tick_ms = await store.touch(pool, "ticking", pod="w-a", epoch=a.epoch, chunk_index=4)
+    await store.mark_reset_required(pool, "reset", pod="w-a", epoch=a.epoch)
+    assert await store.remove_pod(pool, "w-b") == ("lost",)
+
+    bindings = await store.get_bindings(pool, ["ticking", "reset", "lost", "never-placed"])
+
+    assert set(bindings) == {"ticking", "reset", "lost"}  # no record, no binding
+    assert bindings["ticking"] == SessionBinding(
+        name="ticking",
+        state=SessionState.PLACED,
+        pod="w-a",
+        pod_epoch=a.epoch,
+        reset_required=False,
+        chunk_index=4,
+        last_tick_ms=tick_ms,
+    )
+    assert (bindings["reset"].state, bindings["reset"].reset_required) == (SessionState.PLACED, True)
+    assert bindings["lost"].state is SessionState.LOST
+    # The same values a whole record has, field by field.
+    full = await store.get_sessions(pool, ["ticking", "reset", "lost"])
+    for name, binding in bindings.items():
+        assert {f: getattr(full[name], f) for f in SessionBinding.FIELDS} == {
+            f: getattr(binding, f) for f in SessionBinding.FIELDS
+        }
+    assert await store.get_bindings(pool, []) == {}
+
+
+async def test_ping_and_server_time(store: PlacementStore, pool: PoolId) -> None:
+    await store.ping()
+    before = await store.server_time_ms()
+    await register(store, pool, "w-a", capacity=1)
+    await store.place(pool, spec("s1"))
+    ticked = await store.touch(
+        pool, "s1", pod="w-a", epoch=(await store.get_pod(pool, "w-a")).epoch, chunk_index=1
+    )  # type: ignore[union-attr]
+    assert before <= ticked <= await store.server_time_ms()  # the clock the scripts stamp ticks with
+
+
 async def test_remove_pod_loses_its_sessions(store: PlacementStore, pool: PoolId) -> None:
     await register(store, pool, "w-a", capacity=2)
     await store.place(pool, spec("s1"))
@@ -659,6 +705,7 @@ BAD_CALLS = [
     _call("drain_pod", pod="x" * 64),
     _call("remove_pod", pod="W-A"),
     _call("get_sessions", names=["ok", "not ok"]),
+    _call("get_bindings", names=["Not-ok"]),
 ]
 
 
