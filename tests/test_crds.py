@@ -11,6 +11,15 @@ import pytest
 from ardiff.devcluster.cel import CELCompileError, ValidationRule
 from ardiff.devcluster.crd import CRD_DIR, CustomResourceDefinition, load_crds, load_manifests, served_version
 from ardiff.devcluster.validation import FieldError, InvalidObject, render_path
+from ardiff.kv.records import PodRecord, SessionBinding, SessionState
+from ardiff.operator.status import (
+    PoolObservation,
+    Reason,
+    SessionObservation,
+    build_failed_status,
+    build_pool_status,
+    build_session_status,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TEST_MANIFESTS = Path(__file__).resolve().parent / "manifests"  # test-only, e.g. the fake-runtime pool
@@ -323,6 +332,91 @@ def test_status_the_operator_writes_is_kept_and_validated(crds: dict[str, Custom
     }
     pool["status"] = copy.deepcopy(pool_status)
     assert crds[POOLS].version("v1alpha1").admit(pool).obj["status"] == pool_status
+
+
+def _without_preserved_status(file: str) -> CustomResourceDefinition:
+    """The CRD as if its status did not keep unknown fields (everything undeclared would be pruned)."""
+    doc = load_manifests(CRD_DIR / file)[0]
+    status = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    del status["x-kubernetes-preserve-unknown-fields"]
+    return CustomResourceDefinition.from_manifest(doc)
+
+
+def _session_statuses() -> list[dict[str, Any]]:
+    """Every shape of session status the operator's builders produce."""
+    pod = PodRecord("tiny-world-x7k2p", 2, 1, "http://10.0.0.7:8000", 42, 1_800_000_000_000, False)
+    records = [
+        None,
+        *(
+            SessionBinding("forest-walk", state, pod.name, 42, reset, 12, 1_700_000_000_000)
+            for state in SessionState
+            for reset in (False, True)
+        ),
+    ]
+    statuses = []
+    previous: dict[str, Any] = {}
+    for record in records:
+        for ready in (False, True):
+            obs = SessionObservation(record=record, pod=pod, pod_ready=ready, now_ms=1_700_000_001_000)
+            previous = build_session_status(
+                previous, obs, session="forest-walk", generation=1, now="2026-01-02T03:04:05.000Z"
+            )
+            statuses.append(previous)
+    failed = build_failed_status(
+        previous,
+        session="forest-walk",
+        reason=Reason.INVALID_SPEC,
+        message="spec.x is bad",
+        generation=2,
+        now="2026-01-02T03:04:06.000Z",
+    )
+    return [*statuses, failed]
+
+
+def test_every_status_field_the_operator_writes_is_declared() -> None:
+    """Nothing the operator writes relies on `x-kubernetes-preserve-unknown-fields`: with it removed, no
+    status field of a session or a pool is pruned."""
+    sessions = _without_preserved_status("ardiffusionsessions.yaml").version("v1alpha1")
+    written: set[str] = set()
+    for status in _session_statuses():
+        stored = {k: v for k, v in status.items() if v is not None}  # null removes a field (merge patch)
+        admitted = sessions.admit({**example("sessions.yaml", "forest-walk"), "status": stored})
+        assert admitted.pruned == (), status
+        written |= set(stored)
+    assert written == {
+        "phase",
+        "reason",
+        "message",
+        "pod",
+        "podEpoch",
+        "endpoint",
+        "resetRequired",
+        "tokenSecretRef",
+        "observedGeneration",
+        "chunkIndex",
+        "lastTickTime",
+        "conditions",
+    }
+    pools = _without_preserved_status("ardiffusionworkerpools.yaml").version("v1alpha1")
+    observation = PoolObservation(
+        replicas=3, ready_replicas=2, capacity=4, sessions=3, pending=1, min_replicas=1, max_replicas=3
+    )
+    pool_status = build_pool_status({}, observation, generation=4, now="2026-01-02T03:04:05.000Z")
+    admitted = pools.admit({**example("pool.yaml", "tiny-world"), "status": pool_status})
+    assert admitted.pruned == ()
+    assert admitted.obj["status"] == pool_status
+
+
+def test_no_handler_result_lands_in_status() -> None:
+    """kopf writes a changing handler's return value to status.<handler id>; none of ours returns one."""
+    import kopf
+
+    import ardiff.operator.handlers  # noqa: F401  (registers the handlers)
+
+    changing = kopf.get_default_registry()._changing.get_all_handlers()
+    assert {h.id for h in changing} >= {"admit_session", "release_session", "delete_pool_resources"}
+    for handler in changing:
+        assert handler.fn.__annotations__["return"] == "None", handler.id
 
 
 def test_unknown_spec_fields_are_pruned_and_reported(crds: dict[str, CustomResourceDefinition]) -> None:
