@@ -20,6 +20,11 @@ WORKER_PORT_NAME = "http"
 WORKER_CONTAINER = "worker"
 WORKER_USER_ID = 1000
 REDIS_URL_KEY = "url"
+# The root filesystem is read-only: everything the worker writes goes to one of these emptyDir volumes
+# (Python's and vllm's scratch files, HOME's caches, the embedded tiny model it generates).
+WORKER_HOME = "/home/ardiff"
+WORKER_MODEL_CACHE = "/var/cache/ardiff/models"
+WORKER_VOLUMES = {"tmp": "/tmp", "home": WORKER_HOME, "model-cache": WORKER_MODEL_CACHE}
 _SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
 
 
@@ -87,6 +92,8 @@ def build_worker_env(namespace: str, pool: str, spec: WorkerPoolSpec) -> list[di
         {"name": "ARDIFF_NAMESPACE", "value": namespace},
         {"name": "ARDIFF_POOL", "value": pool},
         {"name": "ARDIFF_PORT", "value": str(WORKER_PORT)},
+        {"name": "ARDIFF_MODEL_CACHE", "value": WORKER_MODEL_CACHE},
+        {"name": "HOME", "value": WORKER_HOME},
         {"name": "ARDIFF_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "ARDIFF_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
@@ -143,11 +150,15 @@ def build_worker_pod(namespace: str, pool: str, spec: WorkerPoolSpec, *, pod_nam
                     "resources": copy.deepcopy(spec.resources),
                     "securityContext": {
                         "allowPrivilegeEscalation": False,
-                        "readOnlyRootFilesystem": False,
+                        "readOnlyRootFilesystem": True,
                         "capabilities": {"drop": ["ALL"]},
                     },
+                    "volumeMounts": [
+                        {"name": name, "mountPath": path} for name, path in WORKER_VOLUMES.items()
+                    ],
                 }
             ],
+            "volumes": [{"name": name, "emptyDir": {}} for name in WORKER_VOLUMES],
         },
     }
 

@@ -7,8 +7,9 @@ The API runs as its own process (`python -m ardiff.devcluster.kube_api`, so it d
 the caller for the GIL), Redis as `redis-server`, the pod runner on a thread of the caller, the operator as
 a process with KUBECONFIG, ARDIFF_REDIS_URL and ARDIFF_WATCH_NAMESPACES set (`operator_process`; `start()`
 returns once it serves). Everything writes its log under `<workdir>/logs/` (Pods:
-`logs/pods/<namespace>_<pod>.log`). `stop()` tears down in reverse order. `ardiff up`/`down` run it in a
-background process (`ardiff.devcluster.daemon`); `ardiff demo` and tests/e2e run it in theirs.
+`logs/pods/<namespace>_<pod>.log`); the Pods' emptyDir volumes are under `<workdir>/volumes/`. `stop()`
+tears down in reverse order. `ardiff up`/`down` run it in a background process (`ardiff.devcluster.daemon`);
+`ardiff demo` and tests/e2e run it in theirs.
 This is a development harness; production runs on a real cluster through the Helm chart.
 """
 
@@ -141,6 +142,7 @@ class DevCluster:
                 self.api.url,
                 command=self.pod_command,
                 logs_dir=self.logs_dir / "pods",
+                volumes_dir=self.workdir / "volumes",
                 extra_env=self.pod_env,
             ).start()
             if self.operator_command is not None:

@@ -7,6 +7,11 @@ Pods are left alone):
   container's `command` + `args`, `ardiff`/`python` resolved to this virtualenv) and the container's env
   (`valueFrom` fieldRef/secretKeyRef/configMapKeyRef resolved) plus the local overrides
   `ARDIFF_HOST=127.0.0.1`, `ARDIFF_POD_IP=127.0.0.1`, `ARDIFF_PORT=<a free port>`, `OMP_NUM_THREADS=1`;
+- gives each `emptyDir` volume the container mounts a local directory of its own (`<volumes_dir>/<namespace>_
+  <pod>_<uid prefix>/<volume>`; default `volumes_dir`: `<logs_dir>/volumes`), kept across restarts and
+  removed with the Pod. A local process cannot see the container's
+  mount paths, so env values under a mount path (e.g. `HOME=/home/ardiff`) are rewritten to that directory,
+  and a volume mounted at `/tmp` becomes `TMPDIR`;
 - writes the Pod's status: phase Running, `podIP` 127.0.0.1, `containerStatuses` (state, restartCount),
   and the Ready condition from the container's HTTP readinessProbe path (default `/readyz`);
 - when the process dies (e.g. `kill -9`) marks the container terminated and the Pod not Ready, then
@@ -29,6 +34,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +115,25 @@ def _field_ref(pod: Mapping[str, Any], path: str) -> str:
     return "" if value is None else str(value)
 
 
+def empty_dir_mounts(pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, str]:
+    """{mount path: volume name} of the container's `emptyDir` volume mounts."""
+    empty_dirs = {v["name"] for v in (pod.get("spec") or {}).get("volumes") or [] if "emptyDir" in v}
+    return {
+        m["mountPath"].rstrip("/") or "/": m["name"]
+        for m in container.get("volumeMounts") or []
+        if m["name"] in empty_dirs
+    }
+
+
+def local_path(value: str, mounts: Mapping[str, str]) -> str:
+    """`value` with a leading container mount path replaced by its local directory (`mounts`: container path
+    -> local path); other values are returned as they are."""
+    for mount_path, local in mounts.items():
+        if value == mount_path or value.startswith(mount_path + "/"):
+            return local + value[len(mount_path) :]
+    return value
+
+
 def build_env(
     pod: Mapping[str, Any],
     container: Mapping[str, Any],
@@ -117,12 +142,16 @@ def build_env(
     secret_data: Mapping[str, Mapping[str, str]],
     config_map_data: Mapping[str, Mapping[str, str]],
     overrides: Mapping[str, str],
+    mounts: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """A container's environment: `base`, then `envFrom`, then `env`, then `overrides` (which always win).
 
     `secret_data`/`config_map_data` hold the (decoded) data of the objects the container refers to, by name; a
-    missing non-optional reference raises ValueError (the kubelet's CreateContainerConfigError).
+    missing non-optional reference raises ValueError (the kubelet's CreateContainerConfigError). `mounts`
+    (container path -> local directory) rewrites the container's own values under a mount path; one at `/tmp`
+    becomes `TMPDIR`.
     """
+    mounts = mounts or {}
     env = dict(base)
     env.setdefault("HOSTNAME", pod["metadata"]["name"])
 
@@ -144,7 +173,7 @@ def build_env(
     for var in container.get("env") or []:
         name, value_from = var["name"], var.get("valueFrom")
         if value_from is None:
-            env[name] = expand_references(str(var.get("value", "")), env)
+            env[name] = local_path(expand_references(str(var.get("value", "")), env), mounts)
         elif "fieldRef" in value_from:
             env[name] = _field_ref(pod, value_from["fieldRef"]["fieldPath"])
         elif "secretKeyRef" in value_from or "configMapKeyRef" in value_from:
@@ -160,6 +189,8 @@ def build_env(
             resource = value_from["resourceFieldRef"]["resource"]
             section, _, key = resource.partition(".")
             env[name] = str(((container.get("resources") or {}).get(section) or {}).get(key, "0"))
+    if "/tmp" in mounts:
+        env["TMPDIR"] = mounts["/tmp"]
     env.update(overrides)
     return env
 
@@ -245,6 +276,17 @@ class _Supervisor:
     state: dict[str, Any] = field(default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}})
     last_state: dict[str, Any] = field(default_factory=dict)
     container_id: str = ""
+    volumes_dir: Path | None = None  # the Pod's emptyDir volumes, one directory each
+
+    @property
+    def mounts(self) -> dict[str, str]:
+        """Container mount path -> the local directory of its emptyDir volume."""
+        if self.volumes_dir is None:
+            return {}
+        return {
+            path: str(self.volumes_dir / volume)
+            for path, volume in empty_dir_mounts(self.pod, self.container).items()
+        }
 
     @property
     def container(self) -> Mapping[str, Any]:
@@ -277,6 +319,7 @@ class PodRunner:
         namespace: str | None = None,
         label_selector: str = WORKER_SELECTOR,
         logs_dir: Path | None = None,
+        volumes_dir: Path | None = None,
         extra_env: Mapping[str, str] | None = None,
         probe_interval: float = 0.2,
         restart_backoff: float = 0.5,
@@ -288,6 +331,7 @@ class PodRunner:
         self.namespace = namespace
         self.label_selector = label_selector
         self.logs_dir = logs_dir or Path(tempfile.mkdtemp(prefix="ardiff-pods-"))
+        self.volumes_dir = volumes_dir or self.logs_dir / "volumes"
         self.extra_env = dict(extra_env or {})
         self.probe_interval = probe_interval
         self.restart_backoff = restart_backoff
@@ -455,7 +499,10 @@ class PodRunner:
         meta = pod["metadata"]
         log_path = self.logs_dir / f"{meta['namespace']}_{meta['name']}.log"
         info = PodInfo(meta["namespace"], meta["name"], meta["uid"], free_port(), None, 0, False, log_path)
-        supervisor = _Supervisor(info=info, pod=pod)
+        volumes = self.volumes_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
+        supervisor = _Supervisor(info=info, pod=pod, volumes_dir=volumes)
+        for local in supervisor.mounts.values():
+            Path(local).mkdir(parents=True, exist_ok=True)
         with self._lock:
             self._supervisors[meta["uid"]] = supervisor
         supervisor.task = asyncio.create_task(self._supervise(supervisor))
@@ -538,6 +585,7 @@ class PodRunner:
                 base={**os.environ, **self.extra_env, "ARDIFF_POD_NAME": pod["metadata"]["name"]},
                 secret_data=secret_data,
                 config_map_data=config_map_data,
+                mounts=supervisor.mounts,
                 overrides={
                     "ARDIFF_HOST": LOCAL_IP,
                     "ARDIFF_POD_IP": LOCAL_IP,
@@ -656,6 +704,7 @@ class PodRunner:
             await self._client.request(
                 "DELETE", f"/api/v1/namespaces/{info.namespace}/pods/{info.name}", json=body
             )
+        _remove_volumes(supervisor)
         with self._lock:
             self._supervisors.pop(info.uid, None)
 
@@ -678,11 +727,18 @@ class PodRunner:
             await asyncio.gather(supervisor.task, return_exceptions=True)
         supervisor.grace_seconds = min(supervisor.grace_seconds, 10)
         await self._stop_process(supervisor)
+        _remove_volumes(supervisor)
         supervisor.phase = "Failed"
         supervisor.state = {"terminated": {"exitCode": 137, "reason": "NodeShutdown", "finishedAt": _now()}}
         await self._report(
             supervisor, reason="Shutdown", message=f"the dev cluster's pod runner {self.node_name} stopped"
         )
+
+
+def _remove_volumes(supervisor: _Supervisor) -> None:
+    """emptyDir volumes live as long as their Pod."""
+    if supervisor.volumes_dir is not None:
+        shutil.rmtree(supervisor.volumes_dir, ignore_errors=True)
 
 
 def _signal_group(pid: int, sig: int) -> None:

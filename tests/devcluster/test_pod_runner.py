@@ -172,6 +172,53 @@ def test_deleting_the_pod_stops_the_process_gracefully(
     assert "got SIGTERM" in info.log_path.read_text()
 
 
+def test_empty_dir_volumes_are_local_directories_that_live_as_long_as_the_pod(
+    runner: PodRunner, client: httpx.Client, kube_namespace: str
+) -> None:
+    ns = kube_namespace
+    body = pod_body("w1", volumes=[{"name": "scratch", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}])
+    container = body["spec"]["containers"][0]
+    container["volumeMounts"] = [
+        {"name": "scratch", "mountPath": "/var/scratch"},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    container["env"] += [
+        {"name": "SCRATCH", "value": "/var/scratch/models"},
+        {"name": "ELSEWHERE", "value": "/var/scratchpad"},  # not under the mount path
+    ]
+    client.post(f"/api/v1/namespaces/{ns}/pods", json=body).raise_for_status()
+    info = runner.wait_for(lambda i: i.ready, "w1", ns)
+    env = httpx.get(f"http://127.0.0.1:{info.port}/env").json()
+    [volumes] = [d for d in runner.volumes_dir.iterdir() if d.name.startswith(f"{ns}_w1_")]
+    assert env["SCRATCH"] == str(volumes / "scratch" / "models")
+    assert env["TMPDIR"] == str(volumes / "tmp")
+    assert env["ELSEWHERE"] == "/var/scratchpad"
+    assert sorted(d.name for d in volumes.iterdir()) == ["scratch", "tmp"]
+    (volumes / "scratch" / "kept").write_text("across restarts")
+    runner.kill("w1", signal.SIGKILL, ns)
+    runner.wait_for(lambda i: i.ready and i.restart_count == 1, "w1", ns)
+    assert (volumes / "scratch" / "kept").read_text() == "across restarts"
+
+    client.delete(f"/api/v1/namespaces/{ns}/pods/w1")
+    wait_until(lambda: client.get(f"/api/v1/namespaces/{ns}/pods/w1").status_code == 404)
+    assert not volumes.exists()
+
+
+def test_build_env_rewrites_paths_under_mounts() -> None:
+    pod = {"metadata": {"name": "w1", "namespace": "ns"}}
+    container = {
+        "env": [
+            {"name": "HOME", "value": "/home/ardiff"},
+            {"name": "CACHE", "value": "$(HOME)/.cache"},
+            {"name": "OTHER", "value": "/home/ardiffx"},
+        ]
+    }
+    mounts = {"/home/ardiff": "/local/home", "/tmp": "/local/tmp"}
+    env = build_env(pod, container, base={}, secret_data={}, config_map_data={}, overrides={}, mounts=mounts)
+    assert (env["HOME"], env["CACHE"], env["OTHER"]) == ("/local/home", "/local/home/.cache", "/home/ardiffx")
+    assert env["TMPDIR"] == "/local/tmp"
+
+
 def test_a_process_ignoring_sigterm_is_killed_after_the_grace_period(
     runner: PodRunner, client: httpx.Client, kube_namespace: str
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 
+import kubernetes_validate
 import pytest
 
 from ardiff.operator.pods import (
@@ -84,6 +85,9 @@ def test_worker_pod_is_exactly_what_contracts_describe() -> None:
                         },
                         {"name": "ARDIFF_NAMESPACE", "value": "worlds"},
                         {"name": "ARDIFF_POOL", "value": "tiny"},
+                        # Writable places on a read-only root filesystem (the volumes below).
+                        {"name": "ARDIFF_MODEL_CACHE", "value": "/var/cache/ardiff/models"},
+                        {"name": "HOME", "value": "/home/ardiff"},
                         {
                             "name": "ARDIFF_POD_NAME",
                             "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
@@ -112,13 +116,35 @@ def test_worker_pod_is_exactly_what_contracts_describe() -> None:
                     "resources": {"limits": {"nvidia.com/gpu": 1}},
                     "securityContext": {
                         "allowPrivilegeEscalation": False,
-                        "readOnlyRootFilesystem": False,
+                        "readOnlyRootFilesystem": True,
                         "capabilities": {"drop": ["ALL"]},
                     },
+                    "volumeMounts": [
+                        {"name": "tmp", "mountPath": "/tmp"},
+                        {"name": "home", "mountPath": "/home/ardiff"},
+                        {"name": "model-cache", "mountPath": "/var/cache/ardiff/models"},
+                    ],
                 }
+            ],
+            "volumes": [
+                {"name": "tmp", "emptyDir": {}},
+                {"name": "home", "emptyDir": {}},
+                {"name": "model-cache", "emptyDir": {}},
             ],
         },
     }
+
+
+@pytest.mark.parametrize("kubernetes_version", ["1.28.0", kubernetes_validate.latest_version()])
+def test_everything_the_operator_creates_passes_kubernetes_validate_strict(kubernetes_version: str) -> None:
+    spec = WorkerPoolSpec.from_resource(POOL_SPEC)
+    for obj in (
+        build_worker_pod("worlds", "tiny", spec, pod_name="tiny-ab12c"),
+        build_pool_service("worlds", "tiny"),
+        build_worker_redis_secret("worlds", "tiny", "redis://redis:6379/0"),
+        build_token_secret("worlds", "forest", "s3cret"),
+    ):
+        kubernetes_validate.validate(obj, kubernetes_version, strict=True)
 
 
 def test_worker_pod_does_not_alias_the_spec() -> None:
@@ -151,6 +177,8 @@ def test_worker_env_defaults_and_optional_settings() -> None:
         "ARDIFF_NAMESPACE": "ns",
         "ARDIFF_POOL": "p",
         "ARDIFF_PORT": "8000",
+        "ARDIFF_MODEL_CACHE": "/var/cache/ardiff/models",
+        "HOME": "/home/ardiff",
         "ARDIFF_POD_NAME": None,
         "ARDIFF_POD_IP": None,
     }
