@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import sys
 from types import FrameType
 
 import uvicorn
@@ -90,5 +92,13 @@ def serve(settings: WorkerSettings) -> None:
         settings.port,
     )
     DrainingServer(config, service).run()
+    if service.loading:
+        # Stopped while the model loads (a pod deleted while it starts): the load cannot be interrupted, and
+        # the interpreter would wait for its thread at exit (a real model takes minutes).
+        log.warning("stopped while the model was loading: exiting without waiting for the load")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     if service.failure is not None:
         raise ModelUnavailable(f"the worker could not start: {service.failure}") from service.failure

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RuntimeLoader = Callable[[], SessionRuntime]
+# Stopping: how often a cancel is repeated, how long background tasks get to end (see cancel_and_wait).
+RECANCEL_SECONDS = 0.05
+STOP_TIMEOUT_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,30 @@ def token_sha256(authorization: str | None) -> str | None:
     if scheme.lower() != "bearer" or not token.strip():
         return None
     return hashlib.sha256(token.strip().encode()).hexdigest()
+
+
+async def cancel_and_wait(
+    tasks: list[asyncio.Task[None]], *, grace_seconds: float = STOP_TIMEOUT_SECONDS
+) -> None:
+    """Cancel `tasks` and wait until they end, cancelling again every `RECANCEL_SECONDS`.
+
+    One `cancel()` is not enough: Python 3.11's `asyncio.wait_for`, which redis-py wraps around every command
+    it sends, drops a cancel that arrives in the loop iteration where its inner call completes. The heartbeat
+    then carried on into its next sleep, and the worker hung at "Waiting for application shutdown" until it
+    was killed. A task still running after `grace_seconds` is left with a warning (asyncio.run ends it).
+    """
+    pending = {task for task in tasks if not task.done()}
+    deadline = time.monotonic() + grace_seconds
+    while pending and time.monotonic() < deadline:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=RECANCEL_SECONDS)
+    if pending:
+        log.warning(
+            "background tasks still running after %.1fs: %s",
+            grace_seconds,
+            sorted(t.get_name() for t in pending),
+        )
 
 
 def _timing_header(**stages: float) -> str:
@@ -95,6 +122,7 @@ class WorkerService:
         self._idle.set()
         self._forward_lock = asyncio.Lock()  # asyncio.Lock wakes its waiters in arrival order: FIFO fairness
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ardiff-forward")
+        self._load: Future[SessionRuntime] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._draining = False
         self._stopped = asyncio.Event()  # set when the worker must exit on its own (fenced, load failed)
@@ -116,6 +144,11 @@ class WorkerService:
         return self._draining
 
     @property
+    def loading(self) -> bool:
+        """The runtime is still loading on the forward thread (a load cannot be interrupted)."""
+        return self._load is not None and not self._load.done()
+
+    @property
     def stopped(self) -> asyncio.Event:
         return self._stopped
 
@@ -125,7 +158,8 @@ class WorkerService:
 
     async def _load_and_register(self) -> None:
         try:
-            runtime = await self._on_forward_thread(self._loader)
+            self._load = self._executor.submit(self._loader)
+            runtime = await asyncio.wrap_future(self._load)
             cap = self.settings.session_capacity
             self.capacity = runtime.capacity if cap is None else min(runtime.capacity, cap)
             self.runtime = runtime
@@ -170,11 +204,12 @@ class WorkerService:
         await self._idle.wait()
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         if self.link is not None:
             await self.link.close()
+        if self.loading:  # stopped while the model loads: the process exits without waiting (server.serve)
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            return
         if self.runtime is not None:
             await self._on_forward_thread(self.runtime.shutdown)
         self._executor.shutdown(wait=True)

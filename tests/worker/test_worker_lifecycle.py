@@ -1,6 +1,8 @@
-"""The worker process's life: standalone admission, drain on SIGTERM, lease healing when Redis loses data.
+"""The worker process's life: standalone admission, drain on SIGTERM, a prompt exit, lease healing when Redis
+loses data.
 
-Each test starts its own `fake`-runtime worker (they end differently); the fake starts in about a second.
+Each test starts its own worker (they end differently): the `fake` runtime, which starts in about a second, or
+a real one stopped while its model is still loading.
 """
 
 from __future__ import annotations
@@ -80,6 +82,27 @@ async def test_sigterm_drains_finishes_the_tick_in_flight_then_exits(launch_work
         await store.delete_pool(pool)
 
 
+def test_sigterm_while_the_model_loads_exits_without_waiting_for_the_load(launch_worker, tiny_model_cache):
+    worker = launch_worker(model_cache=tiny_model_cache, wait=False)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # /healthz answers while the runtime loads on the forward thread
+        try:
+            if worker.client.get(f"{worker.url}/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.05)
+    assert (
+        worker.client.get(f"{worker.url}/readyz").json()["error"]["message"]
+        == "worker is not ready (loading)"
+    )
+    signalled = time.monotonic()
+    worker.signal()
+    assert worker.process.wait(timeout=10) == 0, worker.log()
+    assert time.monotonic() - signalled < 3, worker.log()  # the load alone takes ~15 s on CPU
+    assert "stopped while the model was loading: exiting without waiting for the load" in worker.log()
+    worker.stop()
+
+
 async def test_heartbeat_recreates_the_pod_record_after_redis_loses_it(launch_worker):
     pool = PoolId("default", "wk-heal")
     with RedisServer() as redis:
@@ -146,3 +169,38 @@ def test_bad_settings_fail_without_traceback():
     assert "invalid_settings" in out.stderr
     assert "height must be a positive multiple of 16, got 50" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+async def test_a_drained_worker_exits_promptly_after_sigterm(launch_worker, redis_url, session_spec):
+    """Heartbeats every 20 ms keep a Redis call in flight most of the time, so SIGTERM often cancels the
+    heartbeat mid-call: the case where Python 3.11's `asyncio.wait_for` (inside redis-py) used to drop the
+    cancel and the worker hung at "Waiting for application shutdown" until it was killed."""
+    pool = PoolId("default", f"wk-exit-{uuid.uuid4().hex[:6]}")
+    async with PlacementStore.from_url(redis_url) as store:
+        for attempt in range(4):
+            pod = f"exit-pod-{attempt}"
+            worker = launch_worker(
+                runtime="fake",
+                redis_url=redis_url,
+                pool=pool.name,
+                pod_name=pod,
+                heartbeat_seconds=0.02,
+                lease_seconds=5,
+            )
+            session = f"exit-{attempt}"
+            assert (await store.place(pool, session_spec(session, TOKEN))).placement.pod == pod
+            # a keep-alive connection stays open across the SIGTERM
+            assert worker.tick(session, 0, token=TOKEN).status_code == 200
+            await asyncio.sleep(0.1 * attempt)
+            signalled = time.monotonic()
+            worker.signal()
+            try:
+                returncode = worker.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"worker still running 10 s after SIGTERM:\n{worker.log()}") from None
+            exit_seconds = time.monotonic() - signalled
+            assert returncode == 0, worker.log()
+            assert exit_seconds < 3, f"exit took {exit_seconds:.1f}s:\n{worker.log()}"
+            assert "Application shutdown complete" in worker.log()
+            worker.stop()
+        await store.delete_pool(pool)

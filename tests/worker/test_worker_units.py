@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import io
+import time
 
 import av
 import numpy as np
@@ -13,6 +16,7 @@ import pytest
 from ardiff.worker.conditioning import conditioning_image, seed_image
 from ardiff.worker.encoding import MP4, RAW, choose_media_type, encode_mp4
 from ardiff.worker.errors import ChunkOutOfOrder, InvalidTick, Misdirected
+from ardiff.worker.service import cancel_and_wait
 from ardiff.worker.session_book import CachedChunk, SessionBook, SessionStatus
 from ardiff.worker.settings import WorkerSettings, add_settings_arguments, build_settings
 from ardiff.worker.tick_rules import param_for, parse_tick
@@ -239,3 +243,43 @@ def test_serving_a_missing_model_directory_fails_fast_without_traceback(tmp_path
     assert "error: model_unavailable:" in out.stderr
     assert "nor a model directory" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+async def test_cancel_and_wait_ends_a_task_that_swallowed_its_first_cancel():
+    """What Python 3.11's asyncio.wait_for does inside redis-py when a cancel meets a finishing send."""
+    swallowed = asyncio.Event()
+
+    async def heartbeat_like() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            swallowed.set()  # dropped: the loop carries on into its next sleep
+        await asyncio.sleep(3600)
+
+    task = asyncio.create_task(heartbeat_like())
+    await asyncio.sleep(0)
+    started = time.monotonic()
+    await cancel_and_wait([task], grace_seconds=5)
+    assert swallowed.is_set()
+    assert task.cancelled()
+    assert time.monotonic() - started < 1
+
+
+async def test_cancel_and_wait_gives_up_on_a_task_that_never_ends(caplog):
+    released = asyncio.Event()
+
+    async def stubborn() -> None:
+        while not released.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(3600)
+
+    task = asyncio.create_task(stubborn(), name="stubborn")
+    await asyncio.sleep(0)
+    started = time.monotonic()
+    await cancel_and_wait([task], grace_seconds=0.3)
+    assert 0.3 <= time.monotonic() - started < 1.5
+    assert not task.done()
+    assert "background tasks still running after 0.3s: ['stubborn']" in caplog.text
+    released.set()
+    task.cancel()
+    await task
