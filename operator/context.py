@@ -34,6 +34,11 @@ class OperatorContext:
     expected_pods: defaultdict[PoolId, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
     # When each registered pod was last seen holding no session (monotonic seconds).
     empty_since: dict[tuple[PoolId, str], float] = field(default_factory=dict)
+    # When each pod was first seen without a Redis record (monotonic seconds): its startup deadline runs from
+    # there.
+    unregistered_since: dict[tuple[PoolId, str], float] = field(default_factory=dict)
+    # Per pool, why the last pod was replaced for not registering in time, until every pod has registered.
+    startup_failures: dict[PoolId, str] = field(default_factory=dict)
     # The last status written per session, so a lagging watch does not make us write it twice.
     written_status: dict[SessionKey, dict[str, Any]] = field(default_factory=dict)
     mirrored_at: dict[SessionKey, float] = field(default_factory=dict)
@@ -62,8 +67,10 @@ class OperatorContext:
         self.expected_pods.pop(pool, None)
         self.kicks.pop(pool, None)
         self.secret_conflicts.discard(pool)
-        for key in [k for k in self.empty_since if k[0] == pool]:
-            del self.empty_since[key]
+        self.startup_failures.pop(pool, None)
+        for clock in (self.empty_since, self.unregistered_since):
+            for key in [k for k in clock if k[0] == pool]:
+                del clock[key]
 
     async def close(self) -> None:
         await self.kube.close()

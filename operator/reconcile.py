@@ -68,29 +68,44 @@ def needs_reconcile(session: SessionView) -> bool:
 
 
 def pod_slots(
-    ctx: OperatorContext, pool: PoolId, pods: Iterable[PodView], live: Mapping[str, PodRecord]
+    ctx: OperatorContext, pool: PoolView, pods: Iterable[PodView], live: Mapping[str, PodRecord]
 ) -> dict[str, PodSlots]:
-    """The pool's pods as scaling sees them: existing (not terminating) and just created ones."""
+    """The pool's pods as scaling sees them: existing (not terminating) and just created ones. A pod without a
+    Redis record is `stuck` once it has been seen without one for `spec.startupTimeoutSeconds` (by this
+    operator process: a restarted operator gives such pods a fresh deadline)."""
+    assert pool.spec is not None
+    pid = PoolId(pool.namespace, pool.name)
     now = time.monotonic()
-    expected = ctx.expected_pods[pool]
+    expected = ctx.expected_pods[pid]
     existing = {p.name for p in pods if not p.deleting}
     for name, created in list(expected.items()):
         if name in existing or now - created > EXPECTED_POD_TTL_SECONDS:
             del expected[name]
+    current = existing | set(expected)
+    for clock in (ctx.empty_since, ctx.unregistered_since):  # forget pods that are gone
+        for key in [k for k in clock if k[0] == pid and k[1] not in current]:
+            del clock[key]
     slots = {}
-    for name in existing | set(expected):
+    for name in current:
         record = live.get(name)
-        key = (pool, name)
+        key = (pid, name)
         if record is not None and record.used == 0:
             ctx.empty_since.setdefault(key, now)
         else:
             ctx.empty_since.pop(key, None)
+        stuck = False
+        if record is None:
+            since = ctx.unregistered_since.setdefault(key, expected.get(name, now))
+            stuck = now - since >= pool.spec.startup_timeout_seconds
+        else:
+            ctx.unregistered_since.pop(key, None)
         slots[name] = PodSlots(
             name=name,
             registered=record is not None,
             capacity=record.capacity if record and not record.draining else 0,
             used=record.used if record else 0,
             empty_since=ctx.empty_since.get(key),
+            stuck=stuck,
         )
     return slots
 
@@ -403,6 +418,26 @@ async def create_worker_pod(ctx: OperatorContext, pool: PoolView, logger: kopf.L
         del ctx.expected_pods[pid][name]
 
 
+async def replace_stuck_pod(ctx: OperatorContext, pool: PoolView, name: str, logger: kopf.Logger) -> bool:
+    """Delete a pod that did not register within the startup timeout (it holds nothing; the plan creates its
+    successor) and report it: a Warning Event, and the pool's `Progressing` condition until a round sees every
+    pod registered. False when it registered at the last moment (then it is kept)."""
+    assert pool.spec is not None
+    pid = PoolId(pool.namespace, pool.name)
+    if await ctx.store.get_pod(pid, name) is not None:
+        return False
+    message = (
+        f"worker pod {name} did not register within {pool.spec.startup_timeout_seconds} s "
+        "(spec.startupTimeoutSeconds): replaced it"
+    )
+    logger.warning(message)
+    kopf.event(pool.reference, type="Warning", reason="StartupTimeout", message=message)
+    ctx.startup_failures[pid] = message
+    ctx.expected_pods[pid].pop(name, None)
+    await ctx.kube.delete(PODS, pool.namespace, name)
+    return True
+
+
 async def retire_worker_pod(ctx: OperatorContext, pool: PoolId, name: str, logger: kopf.Logger) -> bool:
     """Drain the pod (only if it holds no session), then delete it.
 
@@ -440,7 +475,7 @@ async def reconcile_pool(
     # admission made in between.
     async with ctx.locks[pid]:
         live = await sync_pods(ctx, pid, pods)
-        slots = pod_slots(ctx, pid, pods, live)
+        slots = pod_slots(ctx, pool, pods, live)
         records = await ctx.store.get_bindings(pid, names)
         now_ms = await ctx.store.server_time_ms()
         by_name = {p.name: p for p in pods}
@@ -456,7 +491,7 @@ async def reconcile_pool(
             live = await live_pods(ctx, pid)
         unsettled = [s for s in active if s.name not in result.settled]
         await write_session_statuses(ctx, unsettled, records, live, by_name, now_ms)
-    slots = pod_slots(ctx, pid, pods, live)
+    slots = pod_slots(ctx, pool, pods, live)
     plan = plan_scaling(
         slots,
         waiting=result.waiting,
@@ -466,14 +501,21 @@ async def reconcile_pool(
         scale_down_delay=pool.spec.scale_down_delay_seconds,
         now=time.monotonic(),
     )
+    # Outside the lock: creating Pods only adds capacity, and draining is atomic in Redis (only if the pod
+    # is still empty), so neither can invalidate a placement.
+    replaced = [name for name in plan.replace if await replace_stuck_pod(ctx, pool, name, logger)]
+    created = 0
     if plan.create and await ensure_worker_redis_secret(ctx, pool):
         for _ in range(plan.create):
             await create_worker_pod(ctx, pool, logger)
-    # Outside the lock: creating Pods only adds capacity, and draining is atomic in Redis (only if the pod
-    # is still empty), so neither can invalidate a placement.
+            created += 1
     retired = [name for name in plan.delete if await retire_worker_pod(ctx, pid, name, logger)]
-    existing = [p for p in pods if not p.deleting and p.name not in retired]
+    gone = {*replaced, *retired}
+    existing = [p for p in pods if not p.deleting and p.name not in gone]
     ready = {p.name for p in existing if p.ready}
+    starting = created + sum(1 for p in slots.values() if not p.registered and p.name not in gone)
+    if not starting:
+        ctx.startup_failures.pop(pid, None)  # every pod registered: the last replacement worked
     observation = PoolObservation(
         replicas=len({p.name for p in existing} | set(ctx.expected_pods[pid])),
         ready_replicas=len(ready),
@@ -482,6 +524,8 @@ async def reconcile_pool(
         pending=result.waiting,
         min_replicas=pool.spec.min_replicas,
         max_replicas=pool.spec.max_replicas,
+        starting=starting,
+        startup_failure=ctx.startup_failures.get(pid),
     )
     status = build_pool_status(
         previous_pool_status, observation, generation=pool.generation, now=now_rfc3339()

@@ -2,6 +2,7 @@
 
 Scale up while sessions wait and no slot is free (counting slots still booting), never above `max`.
 Scale down only pods that hold no session and have been empty for `scaleDownDelaySeconds`, never below `min`.
+A pod that did not register within `startupTimeoutSeconds` (`stuck`) counts for nothing: it is replaced.
 """
 
 from __future__ import annotations
@@ -19,15 +20,20 @@ class PodSlots:
     registered: bool  # it has a live record in Redis (its capacity is known)
     capacity: int
     used: int
-    empty_since: (
-        float | None
-    )  # monotonic seconds since the pod last held no session, or None if it holds some
+    empty_since: float | None  # monotonic seconds since the pod last held no session, None if it holds some
+    stuck: bool = False  # never registered within the pool's startup timeout: replace it
 
 
 @dataclass(frozen=True)
 class ScalePlan:
     create: int
-    delete: tuple[str, ...]
+    delete: tuple[str, ...]  # retire: drain (only if empty), then delete
+    replace: tuple[str, ...] = ()  # stuck pods: delete (they hold nothing); `create` covers their successors
+
+
+def counted(pods: Mapping[str, PodSlots]) -> dict[str, PodSlots]:
+    """The pods that count for the pool's size and capacity: all but the stuck ones."""
+    return {name: pod for name, pod in pods.items() if not pod.stuck}
 
 
 def per_pod_capacity(pods: Mapping[str, PodSlots], session_capacity: int | None) -> int | None:
@@ -43,7 +49,8 @@ def may_grow(pods: Mapping[str, PodSlots], max_replicas: int) -> bool:
 
     `place` may evict only when this is False.
     """
-    return len(pods) < max_replicas or any(not p.registered for p in pods.values())
+    kept = counted(pods)
+    return len(kept) < max_replicas or any(not p.registered for p in kept.values())
 
 
 def plan_scaling(
@@ -57,21 +64,23 @@ def plan_scaling(
     now: float,
 ) -> ScalePlan:
     """`waiting`: sessions that need a slot and did not get one in this reconcile."""
+    replace = tuple(sorted(name for name, pod in pods.items() if pod.stuck))
+    pods = counted(pods)
     current = len(pods)
     booting = [p for p in pods.values() if not p.registered]
     free = sum(max(0, p.capacity - p.used) for p in pods.values() if p.registered)
     if current < min_replicas:
-        return ScalePlan(create=min_replicas - current, delete=())
+        return ScalePlan(create=min_replicas - current, delete=(), replace=replace)
     if waiting > 0:
         if free > 0 or current >= max_replicas:
-            return ScalePlan(create=0, delete=())
+            return ScalePlan(create=0, delete=(), replace=replace)
         slots_per_pod = per_pod_capacity(pods, session_capacity)
         if slots_per_pod is None:
             # Capacity unknown until the first pod registers: grow one pod at a time.
-            return ScalePlan(create=0 if booting else 1, delete=())
+            return ScalePlan(create=0 if booting else 1, delete=(), replace=replace)
         uncovered = waiting - len(booting) * slots_per_pod
         wanted = math.ceil(uncovered / slots_per_pod) if uncovered > 0 else 0
-        return ScalePlan(create=min(wanted, max_replicas - current), delete=())
+        return ScalePlan(create=min(wanted, max_replicas - current), delete=(), replace=replace)
     empty = sorted(
         (p for p in pods.values() if p.registered and p.used == 0 and p.empty_since is not None),
         key=lambda p: (p.empty_since, p.name),
@@ -82,4 +91,4 @@ def plan_scaling(
         p.name for p in empty if p.name not in immediate and now - (p.empty_since or now) >= scale_down_delay
     ]
     keep_min = max(0, current - len(immediate) - min_replicas)
-    return ScalePlan(create=0, delete=tuple(immediate + due[:keep_min]))
+    return ScalePlan(create=0, delete=tuple(immediate + due[:keep_min]), replace=replace)

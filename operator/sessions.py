@@ -55,7 +55,7 @@ async def admit(
     pid = PoolId(pool.namespace, pool.name)
     async with ctx.locks[pid]:
         live = await live_pods(ctx, pid)
-        can_grow = pool.spec is None or may_grow(pod_slots(ctx, pid, pods, live), pool.spec.max_replicas)
+        can_grow = pool.spec is None or may_grow(pod_slots(ctx, pool, pods, live), pool.spec.max_replicas)
         min_idle_ms = pool.spec.min_idle_seconds * 1000 if pool.spec else 0
         placed = await ctx.store.place(pid, spec, may_evict=not can_grow, min_idle_ms=min_idle_ms)
         now_ms = await ctx.store.server_time_ms()

@@ -25,6 +25,9 @@ SESSION_PLURAL = "ardiffusionsessions"
 DEFAULT_MODEL = "tiny-lingbot-world"
 DEFAULT_PIPELINE = "LingBotWorldCausalDMDPipeline"
 DEFAULT_SCALE_DOWN_DELAY_SECONDS = 300
+# A worker Pod that has not registered in Redis this long after it was first seen is replaced. Loading a real
+# checkpoint takes minutes; the worker's startup probe allows 10 (operator/pods.py).
+DEFAULT_STARTUP_TIMEOUT_SECONDS = 600
 DEFAULT_MIN_IDLE_SECONDS = 30
 DEFAULT_IDLE_TIMEOUT_SECONDS = 0  # never
 DEFAULT_HEIGHT = 480
@@ -121,6 +124,7 @@ class WorkerPoolSpec:
     max_replicas: int = 1
     scale_down_delay_seconds: int = DEFAULT_SCALE_DOWN_DELAY_SECONDS
     min_idle_seconds: int = DEFAULT_MIN_IDLE_SECONDS
+    startup_timeout_seconds: int = DEFAULT_STARTUP_TIMEOUT_SECONDS
 
     def __post_init__(self) -> None:
         if self.max_replicas < max(1, self.min_replicas):
@@ -130,6 +134,8 @@ class WorkerPoolSpec:
             )
         if not 0 < self.kv_memory_fraction <= 1:
             raise InvalidSpec(f"spec.kv.gpuMemoryFraction must be in (0, 1], got {self.kv_memory_fraction}")
+        if self.startup_timeout_seconds < 1:
+            raise InvalidSpec(f"spec.startupTimeoutSeconds must be >= 1, got {self.startup_timeout_seconds}")
         if self.session_capacity is not None and self.session_capacity < 1:
             raise InvalidSpec(f"spec.kv.sessionCapacity must be >= 1, got {self.session_capacity}")
         for entry in self.env:
@@ -160,6 +166,9 @@ class WorkerPoolSpec:
             max_replicas=_int(spec, "replicas.max", max(1, min_replicas)),
             scale_down_delay_seconds=_int(spec, "scaleDownDelaySeconds", DEFAULT_SCALE_DOWN_DELAY_SECONDS),
             min_idle_seconds=_int(spec, "eviction.minIdleSeconds", DEFAULT_MIN_IDLE_SECONDS),
+            startup_timeout_seconds=_int(
+                spec, "startupTimeoutSeconds", DEFAULT_STARTUP_TIMEOUT_SECONDS, minimum=1
+            ),
         )
 
 

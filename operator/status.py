@@ -227,6 +227,19 @@ class PoolObservation:
     pending: int  # sessions waiting for a slot
     min_replicas: int
     max_replicas: int
+    starting: int  # pods not registered yet (booting, or just created)
+    startup_failure: str | None  # why a pod was last replaced for not registering, until all pods have
+
+
+def progressing_condition(obs: PoolObservation) -> ConditionSpec:
+    """Like a Deployment's `Progressing`: False once a pod missed its startup deadline (until every pod has
+    registered since)."""
+    if obs.startup_failure is not None:
+        return ConditionSpec("Progressing", False, "StartupTimeout", obs.startup_failure)
+    if obs.starting:
+        message = f"{obs.starting} of {obs.replicas} worker pods starting (not registered yet)"
+        return ConditionSpec("Progressing", True, "PodsStarting", message)
+    return ConditionSpec("Progressing", True, "PodsRegistered", f"all {obs.replicas} worker pods registered")
 
 
 def build_pool_status(
@@ -249,6 +262,7 @@ def build_pool_status(
             "FullAtMaxReplicas" if at_max and full else "CanAdmit",
             f"{obs.sessions} of {obs.capacity} slots used on {obs.replicas} of max {obs.max_replicas} pods",
         ),
+        progressing_condition(obs),
     ]
     return {
         "replicas": obs.replicas,

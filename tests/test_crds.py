@@ -120,6 +120,7 @@ def test_defaults_are_applied(crds: dict[str, CustomResourceDefinition]) -> None
     assert spec["replicas"] == {"min": 1, "max": 1}
     assert spec["eviction"] == {"minIdleSeconds": 30}
     assert spec["scaleDownDelaySeconds"] == 300
+    assert spec["startupTimeoutSeconds"] == 600
 
     session = example("sessions.yaml", "forest-walk")
     session["spec"] = {"poolRef": "tiny-world", "prompt": ""}
@@ -180,6 +181,11 @@ BAD_POOLS = [
         'spec.model: Invalid value: "object": exactly one of model.name and model.path',
     ),
     ("spec.image", _DELETE, "{f}: Required value"),
+    (
+        "spec.startupTimeoutSeconds",
+        0,
+        "{f}: Invalid value: 0: {f} in body should be greater than or equal to 1",
+    ),
     (
         "spec.scaleDownDelaySeconds",
         -5,
@@ -399,7 +405,15 @@ def test_every_status_field_the_operator_writes_is_declared() -> None:
     }
     pools = _without_preserved_status("ardiffusionworkerpools.yaml").version("v1alpha1")
     observation = PoolObservation(
-        replicas=3, ready_replicas=2, capacity=4, sessions=3, pending=1, min_replicas=1, max_replicas=3
+        replicas=3,
+        ready_replicas=2,
+        capacity=4,
+        sessions=3,
+        pending=1,
+        min_replicas=1,
+        max_replicas=3,
+        starting=1,
+        startup_failure="worker pod tiny-world-abcde did not register within 600 s",
     )
     pool_status = build_pool_status({}, observation, generation=4, now="2026-01-02T03:04:05.000Z")
     admitted = pools.admit({**example("pool.yaml", "tiny-world"), "status": pool_status})

@@ -98,6 +98,18 @@ class Cluster:
         response.raise_for_status()
         return response.json()
 
+    def patch_pool_spec(self, spec: dict[str, Any], name: str = "pool") -> dict[str, Any]:
+        """Merge-patch the pool's spec (a list, like `env`, is replaced as a whole)."""
+        response = self.http.patch(
+            self._path("ardiffusionworkerpools", name), json={"spec": spec}, headers=MERGE
+        )
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def pool_condition(self, condition: str, name: str = "pool") -> dict[str, Any]:
+        found = [c for c in self.pool_status(name).get("conditions") or [] if c["type"] == condition]
+        return found[0] if found else {}
+
     def delete(self, plural: str, name: str, core: bool = False) -> None:
         response = self.http.delete(self._path(plural, name, core))
         assert response.status_code in (200, 202, 404), response.text

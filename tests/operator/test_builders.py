@@ -251,6 +251,7 @@ def test_pool_spec_defaults_follow_the_crd() -> None:
         300,
         30,
     )
+    assert spec.startup_timeout_seconds == 600
     assert (spec.model.height, spec.model.width, spec.kv_memory_fraction, spec.session_capacity) == (
         480,
         832,
@@ -270,6 +271,7 @@ def test_pool_spec_defaults_follow_the_crd() -> None:
         ({"image": "w", "model": {"name": "m", "path": "/p"}}, "only one of name and path"),
         ({"image": "w", "env": [{"value": "x"}]}, "spec.env entries must be EnvVar objects"),
         ({"image": "w", "tolerations": {"key": "x"}}, "spec.tolerations must be a list"),
+        ({"image": "w", "startupTimeoutSeconds": 0}, "spec.startupTimeoutSeconds must be an integer >= 1"),
     ],
 )
 def test_bad_pool_specs_name_the_field(spec: dict, message: str) -> None:

@@ -15,7 +15,7 @@ from ardiff.devcluster.redis_server import RedisServer
 from ardiff.kv.keys import PoolKeys
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
-from tests.operator.conftest import POOL_FINALIZE_SECONDS, Cluster
+from tests.operator.conftest import FAKE_WORKER_ENV, POOL_FINALIZE_SECONDS, Cluster
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -62,6 +62,7 @@ async def test_pool_owns_labelled_pods_and_a_headless_service(
     assert [(c["type"], c["status"]) for c in status["conditions"]] == [
         ("Ready", "True"),
         ("AtCapacity", "False"),
+        ("Progressing", "True"),
     ]
 
 
@@ -213,3 +214,37 @@ async def test_a_secret_the_pool_does_not_own_is_left_alone_and_no_pod_reads_it(
     assert owned is not None
     assert owned["metadata"]["ownerReferences"][0]["name"] == "pool"
     assert len(cluster.events("SecretConflict")) == 1  # reported once
+
+
+async def test_a_pod_that_never_registers_is_reported_and_replaced(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    # Its workers are told a Redis nobody listens on: they crash-loop and never register.
+    unreachable = [*FAKE_WORKER_ENV, {"name": "ARDIFF_REDIS_URL", "value": "redis://127.0.0.1:1/0"}]
+    cluster.create_pool(env=unreachable, startupTimeoutSeconds=3)
+    (first,) = wait_until(lambda: cluster.pod_names() or None, what="the first pod")
+    event = wait_until(lambda: cluster.events("StartupTimeout"), what="a StartupTimeout event")[0]
+    assert (event["type"], event["involvedObject"]["name"]) == ("Warning", "pool")
+    assert event["message"] == (
+        f"worker pod {first} did not register within 3 s (spec.startupTimeoutSeconds): replaced it"
+    )
+    # Replaced: the stuck pod goes, a successor is created at once (min 1).
+    wait_until(lambda: (names := cluster.pod_names()) and first not in names, what="a successor pod")
+    progressing = wait_until(
+        lambda: (c := cluster.pool_condition("Progressing")).get("status") == "False" and c,
+        what="Progressing=False",
+    )
+    assert progressing["reason"] == "StartupTimeout"
+    assert "did not register within 3 s" in progressing["message"]
+    cluster.create_session("waiting")
+    cluster.wait_phase("waiting", "Pending", reason="WaitingForCapacity")
+
+    # Fixed (and a longer deadline, for a loaded machine): a pod made from the new spec registers, the
+    # condition recovers and the session is placed.
+    cluster.patch_pool_spec({"env": FAKE_WORKER_ENV, "startupTimeoutSeconds": 20})
+    cluster.wait_phase("waiting", "Ready", timeout=60)
+    wait_until(
+        lambda: cluster.pool_condition("Progressing").get("reason") == "PodsRegistered",
+        what="Progressing=True once every pod registered",
+    )
+    assert cluster.pool_condition("Progressing")["status"] == "True"

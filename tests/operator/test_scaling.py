@@ -69,3 +69,16 @@ def test_may_grow() -> None:
     assert may_grow(pods(("a", True, 4, 4, None)), max_replicas=2)
     assert not may_grow(pods(("a", True, 4, 4, None), ("b", True, 4, 4, None)), max_replicas=2)
     assert may_grow(pods(("a", True, 4, 4, None), ("b", False, 0, 0, None)), max_replicas=2)
+
+
+def test_a_stuck_pod_is_replaced_and_counts_for_nothing() -> None:
+    stuck = PodSlots("a", False, 0, 0, None, stuck=True)
+    # It blocked nothing: the pool is below min without it, so its successor is created in the same plan.
+    assert plan({"a": stuck}) == ScalePlan(create=1, delete=(), replace=("a",))
+    # It is not a booting pod that will bring slots: waiting sessions get a pod of their own.
+    full = pods(("b", True, 2, 2, None))
+    assert plan({**full, "a": stuck}, waiting=1) == ScalePlan(create=1, delete=(), replace=("a",))
+    # At max without it the pool cannot grow, so a newcomer may evict; with it booting it could not.
+    assert not may_grow({**full, "a": stuck}, max_replicas=1)
+    assert may_grow({**full, "a": PodSlots("a", False, 0, 0, None)}, max_replicas=2)
+    assert not may_grow({**full, "a": stuck}, max_replicas=1)

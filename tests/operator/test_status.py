@@ -164,10 +164,24 @@ def test_failed_status() -> None:
     assert status["conditions"][0]["status"] == "False"
 
 
+def pool_observation(**fields: object) -> PoolObservation:
+    values: dict[str, object] = {
+        "replicas": 3,
+        "ready_replicas": 3,
+        "capacity": 12,
+        "sessions": 12,
+        "pending": 2,
+        "min_replicas": 1,
+        "max_replicas": 3,
+        "starting": 0,
+        "startup_failure": None,
+    }
+    values.update(fields)
+    return PoolObservation(**values)  # type: ignore[arg-type]
+
+
 def test_pool_status() -> None:
-    obs = PoolObservation(
-        replicas=3, ready_replicas=3, capacity=12, sessions=12, pending=2, min_replicas=1, max_replicas=3
-    )
+    obs = pool_observation()
     status = build_pool_status({}, obs, generation=5, now="T")
     assert {k: v for k, v in status.items() if k != "conditions"} == {
         "replicas": 3,
@@ -180,4 +194,22 @@ def test_pool_status() -> None:
     assert [(c["type"], c["status"], c["reason"]) for c in status["conditions"]] == [
         ("Ready", "True", "MinimumReplicasReady"),
         ("AtCapacity", "True", "FullAtMaxReplicas"),
+        ("Progressing", "True", "PodsRegistered"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({}, ("True", "PodsRegistered", "all 3 worker pods registered")),
+        ({"starting": 1}, ("True", "PodsStarting", "1 of 3 worker pods starting (not registered yet)")),
+        (
+            {"starting": 1, "startup_failure": "worker pod p-abcde did not register within 60 s"},
+            ("False", "StartupTimeout", "worker pod p-abcde did not register within 60 s"),
+        ),
+    ],
+)
+def test_pool_progressing_condition(fields: dict, expected: tuple[str, str, str]) -> None:
+    status = build_pool_status({}, pool_observation(**fields), generation=5, now="T")
+    [progressing] = [c for c in status["conditions"] if c["type"] == "Progressing"]
+    assert (progressing["status"], progressing["reason"], progressing["message"]) == expected
