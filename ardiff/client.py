@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -464,6 +465,17 @@ class SessionClient:
 # ------------------------------------------------------------------------------- the Kubernetes part
 
 
+@dataclass(frozen=True)
+class SessionEvent:
+    """One Kubernetes Event about a session (`KubeSessions.events`)."""
+
+    reason: str
+    type: str
+    message: str
+    count: int
+    time: datetime | None
+
+
 class KubeSessions:
     """`ARDiffusionSession` resources of one namespace, through the `kubernetes` package.
 
@@ -653,6 +665,27 @@ class KubeSessions:
             what="Ready",
             on_status=on_status,
         )
+
+    def events(self, name: str) -> list[SessionEvent]:
+        """The session's Kubernetes Events, oldest first: the operator's news (`Lost`, `Evicted`,
+        `Replaced`, `Expired`, `Failed`). A status poll can miss `Lost`: the same round places it again."""
+        listing = self._call(
+            f"list the events of session {name}",
+            self._core.list_namespaced_event,
+            self.namespace,
+            field_selector=f"involvedObject.kind=ARDiffusionSession,involvedObject.name={name}",
+        )
+        events = [
+            SessionEvent(
+                reason=event.reason or "",
+                type=event.type or "",
+                message=event.message or "",
+                count=event.count or 1,
+                time=event.last_timestamp or event.event_time or event.metadata.creation_timestamp,
+            )
+            for event in listing.items
+        ]
+        return sorted(events, key=lambda event: (event.time is None, event.time))
 
     def token(self, name: str, status: Mapping[str, Any] | None = None) -> str:
         """The session's bearer token, from the Secret its status names."""

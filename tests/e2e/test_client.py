@@ -188,3 +188,16 @@ def test_close_on_the_worker_is_idempotent_and_deleting_the_resource_ends_the_se
     stack.sessions.delete(name, wait=True)
     with pytest.raises(client.SessionNotFound):
         stack.sessions.status(name)
+
+
+def test_session_events_are_the_operators_news_about_that_session_only(stack: Stack) -> None:
+    idle, busy = stack.session("idle", idle_timeout_seconds=1), stack.session("busy")
+    stack.sessions.wait_ready(busy, timeout=60)
+    expired = stack.sessions.wait_for(idle, lambda s: s.get("phase") == "Expired", timeout=60, what="Expired")
+    events = wait_until(lambda: stack.sessions.events(idle), timeout=30, what="the Expired event")
+    assert [(e.reason, e.type) for e in events] == [("Expired", "Normal")]
+    assert events[0].message == expired["message"]
+    assert events[0].count == 1
+    assert events[0].time is not None
+    assert stack.sessions.events(busy) == []  # a Ready session made no news
+    assert stack.sessions.events("no-such-session") == []

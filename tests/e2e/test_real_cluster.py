@@ -241,7 +241,16 @@ def test_killing_a_worker_mid_session_loses_and_replaces_its_sessions(stack: Sta
         )
         recovery = time.monotonic() - killed_at
         print(f"kill -9 -> re-placed and Ready: {recovery:.1f}s (phases seen: {sorted(set(phases))})")
-        assert "Lost" in phases
+
+        # `Lost` may last a single reconcile round in the status, too short for a poll; its Event stays.
+        def news() -> dict[str, client.SessionEvent] | None:
+            events = {event.reason: event for event in stack.sessions.events(doomed)}
+            return events if {"Lost", "Replaced"} <= events.keys() else None
+
+        events = wait_until(news, timeout=30, what="the Lost and Replaced events")
+        assert events["Lost"].type == "Warning"
+        assert "lost" in events["Lost"].message
+        assert events["Replaced"].message.startswith(f"on {killed_pod}:")
         assert status["pod"] == killed_pod  # the only free slot: the restarted worker's, with a new epoch
         restarted = stack.cluster.runner.info(killed_pod, NAMESPACE)
         assert restarted is not None
