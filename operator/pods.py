@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
+import json
 import secrets
 import string
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 from ardiff.operator.specs import WorkerPoolSpec
 
 POOL_LABEL = "ardiffusion.dev/pool"
+TEMPLATE_HASH_ANNOTATION = "ardiffusion.dev/template-hash"
 WORKER_PORT = 8000
 WORKER_PORT_NAME = "http"
 WORKER_CONTAINER = "worker"
@@ -102,15 +105,35 @@ def build_worker_env(namespace: str, pool: str, spec: WorkerPoolSpec) -> list[di
 
 
 def build_worker_pod(namespace: str, pool: str, spec: WorkerPoolSpec, *, pod_name: str) -> dict[str, Any]:
-    """One worker Pod of `pool` (not yet adopted: the handler sets the owner reference)."""
+    """One worker Pod of `pool` (not yet adopted: the handler sets the owner reference), annotated with the
+    hash of the template it was made from."""
+    pod = build_worker_pod_template(namespace, pool, spec)
+    digest = template_hash(pod)
+    pod["metadata"] |= {"name": pod_name, "annotations": {TEMPLATE_HASH_ANNOTATION: digest}}
+    pod["spec"]["hostname"] = pod_name  # stable DNS `<pod>.<pool>-workers` through the headless Service
+    return pod
+
+
+def template_hash(template: dict[str, Any]) -> str:
+    """A short, stable digest of a rendered Pod template: pods whose hash differs from the pool's current one
+    are stale (the spec, or the operator's way of rendering it, changed since they were made)."""
+    return hashlib.sha256(json.dumps(template, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[
+        :16
+    ]
+
+
+def worker_template_hash(namespace: str, pool: str, spec: WorkerPoolSpec) -> str:
+    return template_hash(build_worker_pod_template(namespace, pool, spec))
+
+
+def build_worker_pod_template(namespace: str, pool: str, spec: WorkerPoolSpec) -> dict[str, Any]:
+    """Everything of a worker Pod that does not depend on its name."""
     probe_port = {"port": WORKER_PORT_NAME}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": pod_name, "namespace": namespace, "labels": pool_labels(pool)},
+        "metadata": {"namespace": namespace, "labels": pool_labels(pool)},
         "spec": {
-            # Stable DNS `<pod>.<pool>-workers` through the headless Service.
-            "hostname": pod_name,
             "subdomain": pool_service_name(pool),
             "restartPolicy": "Always",
             "enableServiceLinks": False,

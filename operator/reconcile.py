@@ -33,6 +33,7 @@ from ardiff.operator.pods import (
     build_worker_redis_secret,
     pool_service_name,
     worker_pod_name,
+    worker_template_hash,
 )
 from ardiff.operator.scaling import PodSlots, may_grow, plan_scaling
 from ardiff.operator.status import (
@@ -72,11 +73,14 @@ def pod_slots(
 ) -> dict[str, PodSlots]:
     """The pool's pods as scaling sees them: existing (not terminating) and just created ones. A pod without a
     Redis record is `stuck` once it has been seen without one for `spec.startupTimeoutSeconds` (by this
-    operator process: a restarted operator gives such pods a fresh deadline)."""
+    operator process: a restarted operator gives such pods a fresh deadline); one made from another template
+    than the spec's is `stale`."""
     assert pool.spec is not None
     pid = PoolId(pool.namespace, pool.name)
     now = time.monotonic()
     expected = ctx.expected_pods[pid]
+    current_template = worker_template_hash(pool.namespace, pool.name, pool.spec)
+    stale = {p.name for p in pods if not p.deleting and p.template_hash != current_template}
     existing = {p.name for p in pods if not p.deleting}
     for name, created in list(expected.items()):
         if name in existing or now - created > EXPECTED_POD_TTL_SECONDS:
@@ -106,6 +110,7 @@ def pod_slots(
             used=record.used if record else 0,
             empty_since=ctx.empty_since.get(key),
             stuck=stuck,
+            stale=name in stale,
         )
     return slots
 
@@ -114,9 +119,12 @@ async def live_pods(ctx: OperatorContext, pool: PoolId) -> dict[str, PodRecord]:
     return {p.name: p for p in await ctx.store.list_pods(pool)}
 
 
-async def sync_pods(ctx: OperatorContext, pool: PoolId, pods: Sequence[PodView]) -> dict[str, PodRecord]:
+async def sync_pods(
+    ctx: OperatorContext, pool: PoolId, pods: Sequence[PodView], template_hash: str
+) -> dict[str, PodRecord]:
     """Make Redis agree with the Pods: reap expired leases, forget deleted pods and dead incarnations, drain
-    terminating pods."""
+    terminating pods and stale ones (made from another template than `template_hash`: their sessions stay,
+    new ones go to current pods)."""
     await ctx.store.reap_expired(pool)
     live = await live_pods(ctx, pool)
     known = {p.name: p for p in pods}
@@ -129,7 +137,7 @@ async def sync_pods(ctx: OperatorContext, pool: PoolId, pods: Sequence[PodView])
         if gone or died:
             await ctx.store.remove_pod(pool, name)  # its sessions become `lost`
             changed = True
-        elif pod is not None and pod.deleting and not record.draining:
+        elif pod is not None and (pod.deleting or pod.template_hash != template_hash) and not record.draining:
             await ctx.store.set_draining(pool, name, draining=True)
             changed = True
     return await live_pods(ctx, pool) if changed else live
@@ -474,7 +482,7 @@ async def reconcile_pool(
     # decision stay exact for the whole placement pass, and no status derived here is older than a write an
     # admission made in between.
     async with ctx.locks[pid]:
-        live = await sync_pods(ctx, pid, pods)
+        live = await sync_pods(ctx, pid, pods, worker_template_hash(pool.namespace, pool.name, pool.spec))
         slots = pod_slots(ctx, pool, pods, live)
         records = await ctx.store.get_bindings(pid, names)
         now_ms = await ctx.store.server_time_ms()
@@ -514,10 +522,13 @@ async def reconcile_pool(
     existing = [p for p in pods if not p.deleting and p.name not in gone]
     ready = {p.name for p in existing if p.ready}
     starting = created + sum(1 for p in slots.values() if not p.registered and p.name not in gone)
+    stale = sum(1 for p in slots.values() if p.stale and p.name not in gone)
     if not starting:
         ctx.startup_failures.pop(pid, None)  # every pod registered: the last replacement worked
+    replicas = len({p.name for p in existing} | set(ctx.expected_pods[pid]))
     observation = PoolObservation(
-        replicas=len({p.name for p in existing} | set(ctx.expected_pods[pid])),
+        replicas=replicas,
+        updated_replicas=replicas - stale,
         ready_replicas=len(ready),
         capacity=sum(r.capacity for name, r in live.items() if name in ready and not r.draining),
         sessions=sum(r.used for r in live.values()),
@@ -525,6 +536,7 @@ async def reconcile_pool(
         min_replicas=pool.spec.min_replicas,
         max_replicas=pool.spec.max_replicas,
         starting=starting,
+        stale=stale,
         startup_failure=ctx.startup_failures.get(pid),
     )
     status = build_pool_status(

@@ -3,6 +3,10 @@
 Scale up while sessions wait and no slot is free (counting slots still booting), never above `max`.
 Scale down only pods that hold no session and have been empty for `scaleDownDelaySeconds`, never below `min`.
 A pod that did not register within `startupTimeoutSeconds` (`stuck`) counts for nothing: it is replaced.
+
+A pod made from an older template (`stale`: the pool's spec changed since) takes no new session (the round
+drains it); it is retired as soon as it holds none, and until then it counts against `max` (no surge: the
+replicas are the GPU budget), never towards `min`. A live session is never cut short by a roll.
 """
 
 from __future__ import annotations
@@ -22,6 +26,12 @@ class PodSlots:
     used: int
     empty_since: float | None  # monotonic seconds since the pod last held no session, None if it holds some
     stuck: bool = False  # never registered within the pool's startup timeout: replace it
+    stale: bool = False  # made from an older template than the pool's current one
+
+    @property
+    def retiring(self) -> bool:
+        """Stale and holding no session: it goes now, and counts for nothing meanwhile."""
+        return self.stale and self.used == 0
 
 
 @dataclass(frozen=True)
@@ -32,8 +42,8 @@ class ScalePlan:
 
 
 def counted(pods: Mapping[str, PodSlots]) -> dict[str, PodSlots]:
-    """The pods that count for the pool's size and capacity: all but the stuck ones."""
-    return {name: pod for name, pod in pods.items() if not pod.stuck}
+    """The pods that count for the pool's size and capacity: all but the stuck and the retiring ones."""
+    return {name: pod for name, pod in pods.items() if not (pod.stuck or pod.retiring)}
 
 
 def per_pod_capacity(pods: Mapping[str, PodSlots], session_capacity: int | None) -> int | None:
@@ -65,24 +75,27 @@ def plan_scaling(
 ) -> ScalePlan:
     """`waiting`: sessions that need a slot and did not get one in this reconcile."""
     replace = tuple(sorted(name for name, pod in pods.items() if pod.stuck))
+    retire = tuple(sorted(name for name, pod in pods.items() if pod.retiring and not pod.stuck))
     pods = counted(pods)
-    current = len(pods)
-    booting = [p for p in pods.values() if not p.registered]
+    current = len(pods)  # against max: stale pods that still hold sessions included
+    updated = [p for p in pods.values() if not p.stale]  # towards min
+    booting = [p for p in updated if not p.registered]
     free = sum(max(0, p.capacity - p.used) for p in pods.values() if p.registered)
-    if current < min_replicas:
-        return ScalePlan(create=min_replicas - current, delete=(), replace=replace)
+    if len(updated) < min_replicas:
+        create = max(0, min(min_replicas - len(updated), max_replicas - current))
+        return ScalePlan(create=create, delete=retire, replace=replace)
     if waiting > 0:
         if free > 0 or current >= max_replicas:
-            return ScalePlan(create=0, delete=(), replace=replace)
+            return ScalePlan(create=0, delete=retire, replace=replace)
         slots_per_pod = per_pod_capacity(pods, session_capacity)
         if slots_per_pod is None:
             # Capacity unknown until the first pod registers: grow one pod at a time.
-            return ScalePlan(create=0 if booting else 1, delete=(), replace=replace)
+            return ScalePlan(create=0 if booting else 1, delete=retire, replace=replace)
         uncovered = waiting - len(booting) * slots_per_pod
         wanted = math.ceil(uncovered / slots_per_pod) if uncovered > 0 else 0
-        return ScalePlan(create=min(wanted, max_replicas - current), delete=(), replace=replace)
+        return ScalePlan(create=min(wanted, max_replicas - current), delete=retire, replace=replace)
     empty = sorted(
-        (p for p in pods.values() if p.registered and p.used == 0 and p.empty_since is not None),
+        (p for p in updated if p.registered and p.used == 0 and p.empty_since is not None),
         key=lambda p: (p.empty_since, p.name),
     )
     # Above max (the spec was lowered): empty pods go at once; otherwise only after the delay, down to min.
@@ -90,5 +103,5 @@ def plan_scaling(
     due = [
         p.name for p in empty if p.name not in immediate and now - (p.empty_since or now) >= scale_down_delay
     ]
-    keep_min = max(0, current - len(immediate) - min_replicas)
-    return ScalePlan(create=0, delete=tuple(immediate + due[:keep_min]), replace=replace)
+    keep_min = max(0, len(updated) - len(immediate) - min_replicas)
+    return ScalePlan(create=0, delete=retire + tuple(immediate + due[:keep_min]), replace=replace)

@@ -221,6 +221,7 @@ def status_patch(
 @dataclass(frozen=True)
 class PoolObservation:
     replicas: int  # worker Pods that exist and are not being deleted
+    updated_replicas: int  # of those, made from the pool's current template
     ready_replicas: int
     capacity: int  # slots on live pods (Redis pod records)
     sessions: int  # sessions placed in the pool
@@ -228,14 +229,21 @@ class PoolObservation:
     min_replicas: int
     max_replicas: int
     starting: int  # pods not registered yet (booting, or just created)
+    stale: int  # pods made from an older template, kept while they hold sessions
     startup_failure: str | None  # why a pod was last replaced for not registering, until all pods have
 
 
 def progressing_condition(obs: PoolObservation) -> ConditionSpec:
     """Like a Deployment's `Progressing`: False once a pod missed its startup deadline (until every pod has
-    registered since)."""
+    registered since); a roll in progress, pods starting, or all pods registered."""
     if obs.startup_failure is not None:
         return ConditionSpec("Progressing", False, "StartupTimeout", obs.startup_failure)
+    if obs.stale:
+        message = (
+            f"{obs.updated_replicas} of {obs.replicas} worker pods run the current spec; {obs.stale} older "
+            "ones take no new session and go once they hold none"
+        )
+        return ConditionSpec("Progressing", True, "RollingUpdate", message)
     if obs.starting:
         message = f"{obs.starting} of {obs.replicas} worker pods starting (not registered yet)"
         return ConditionSpec("Progressing", True, "PodsStarting", message)
@@ -266,6 +274,7 @@ def build_pool_status(
     ]
     return {
         "replicas": obs.replicas,
+        "updatedReplicas": obs.updated_replicas,
         "readyReplicas": obs.ready_replicas,
         "capacity": obs.capacity,
         "sessions": obs.sessions,

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+from ardiff.operator.pods import TEMPLATE_HASH_ANNOTATION
 from ardiff.operator.specs import (
     API_VERSION,
     POOL_KIND,
@@ -51,6 +52,7 @@ class PodView:
     # Set while its worker container is dead (terminated, or waiting to restart): every session its previous
     # incarnation held lost its KV, whatever its Redis lease still says.
     died_at_ms: int | None = None
+    template_hash: str | None = None  # of the template it was made from (None: made before hashes existed)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> PodView:
@@ -63,6 +65,7 @@ class PodView:
             ready=ready and not deleting,
             deleting=deleting,
             died_at_ms=died_at_ms(status.get("containerStatuses") or []),
+            template_hash=(body["metadata"].get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION),
         )
 
 

@@ -406,6 +406,7 @@ def test_every_status_field_the_operator_writes_is_declared() -> None:
     pools = _without_preserved_status("ardiffusionworkerpools.yaml").version("v1alpha1")
     observation = PoolObservation(
         replicas=3,
+        updated_replicas=2,
         ready_replicas=2,
         capacity=4,
         sessions=3,
@@ -413,6 +414,7 @@ def test_every_status_field_the_operator_writes_is_declared() -> None:
         min_replicas=1,
         max_replicas=3,
         starting=1,
+        stale=1,
         startup_failure="worker pod tiny-world-abcde did not register within 600 s",
     )
     pool_status = build_pool_status({}, observation, generation=4, now="2026-01-02T03:04:05.000Z")

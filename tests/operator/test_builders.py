@@ -14,6 +14,7 @@ from ardiff.operator.pods import (
     build_worker_pod,
     build_worker_redis_secret,
     worker_pod_name,
+    worker_template_hash,
 )
 from ardiff.operator.specs import ImageRef, InvalidSpec, SessionResourceSpec, WorkerPoolSpec
 from ardiff.operator.tokens import build_token_secret, read_token, token_sha256
@@ -50,7 +51,14 @@ def test_worker_pod_is_exactly_what_contracts_describe() -> None:
     assert pod == {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "tiny-ab12c", "namespace": "worlds", "labels": LABELS},
+        "metadata": {
+            "name": "tiny-ab12c",
+            "namespace": "worlds",
+            "labels": LABELS,
+            # Of everything below but the name: any change to how Pods are rendered changes it, and rolls the
+            # pools' pods when the operator is upgraded (safely: only pods that hold no session go).
+            "annotations": {"ardiffusion.dev/template-hash": "e578297f2d06768c"},
+        },
         "spec": {
             "hostname": "tiny-ab12c",
             "subdomain": "tiny-workers",
@@ -145,6 +153,27 @@ def test_everything_the_operator_creates_passes_kubernetes_validate_strict(kuber
         build_token_secret("worlds", "forest", "s3cret"),
     ):
         kubernetes_validate.validate(obj, kubernetes_version, strict=True)
+
+
+def test_template_hash_follows_what_the_pods_run_not_their_names_or_the_pool_size() -> None:
+    spec = WorkerPoolSpec.from_resource(POOL_SPEC)
+    digest = worker_template_hash("worlds", "tiny", spec)
+    for name in ("tiny-ab12c", "tiny-zz999"):
+        pod = build_worker_pod("worlds", "tiny", spec, pod_name=name)
+        assert pod["metadata"]["annotations"] == {"ardiffusion.dev/template-hash": digest}
+    assert len(digest) == 16
+    assert worker_template_hash("worlds", "tiny", WorkerPoolSpec.from_resource(POOL_SPEC)) == digest
+    # Scaling and eviction settings change no Pod: no roll.
+    resized = {**POOL_SPEC, "replicas": {"min": 2, "max": 9}, "scaleDownDelaySeconds": 60}
+    assert worker_template_hash("worlds", "tiny", WorkerPoolSpec.from_resource(resized)) == digest
+    # What the worker runs does.
+    for changed in (
+        {**POOL_SPEC, "image": "ghcr.io/ardiff/ardiff-worker:0.2.0"},
+        {**POOL_SPEC, "model": {**POOL_SPEC["model"], "height": 128}},
+        {**POOL_SPEC, "env": [{"name": "ARDIFF_RUNTIME", "value": "vllm"}]},
+        {**POOL_SPEC, "kv": {"gpuMemoryFraction": 0.5, "sessionCapacity": 2}},
+    ):
+        assert worker_template_hash("worlds", "tiny", WorkerPoolSpec.from_resource(changed)) != digest
 
 
 def test_worker_pod_does_not_alias_the_spec() -> None:

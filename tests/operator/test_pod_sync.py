@@ -33,9 +33,23 @@ async def ctx(redis_url: str) -> AsyncIterator[OperatorContext]:
     await context.close()
 
 
-def pod(name: str, *, statuses: list | None = None, deleting: bool = False, ready: bool = True) -> PodView:
+TEMPLATE = "0123456789abcdef"  # the pool's current template hash
+
+
+def pod(
+    name: str,
+    *,
+    statuses: list | None = None,
+    deleting: bool = False,
+    ready: bool = True,
+    template: str = TEMPLATE,
+) -> PodView:
     body = {
-        "metadata": {"name": name, **({"deletionTimestamp": "2026-01-01T00:00:00Z"} if deleting else {})},
+        "metadata": {
+            "name": name,
+            "annotations": {"ardiffusion.dev/template-hash": template},
+            **({"deletionTimestamp": "2026-01-01T00:00:00Z"} if deleting else {}),
+        },
         "status": {
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
             "containerStatuses": statuses or [{"name": "worker", "state": {"running": {}}}],
@@ -71,7 +85,7 @@ async def test_sync_pods_forgets_gone_and_dead_pods_and_drains_terminating_ones(
     pool = PoolId("ns", unique_pool)
     store = ctx.store
     epochs = {}
-    for name in ("alive", "gone", "dead", "restarted", "leaving"):
+    for name in ("alive", "gone", "dead", "restarted", "leaving", "stale"):
         registration = await store.register_pod(
             pool, name, capacity=1, endpoint=f"http://{name}:8000", lease_ms=60_000
         )
@@ -89,13 +103,16 @@ async def test_sync_pods_forgets_gone_and_dead_pods_and_drains_terminating_ones(
             ],
         ),
         pod("leaving", deleting=True),
+        pod("stale", template="an older one"),  # the pool's spec changed since it was made
     ]
 
-    live = await sync_pods(ctx, pool, pods)
+    live = await sync_pods(ctx, pool, pods, TEMPLATE)
 
-    assert sorted(live) == ["alive", "leaving", "restarted"]
+    assert sorted(live) == ["alive", "leaving", "restarted", "stale"]
     assert live["leaving"].draining
+    assert live["stale"].draining  # no new session; its own stays
     assert not live["alive"].draining
+    assert not live["restarted"].draining
     records = await store.get_sessions(pool, [f"on-{n}" for n in epochs])
     states = {name: record.state for name, record in records.items()}
     assert states == {
@@ -104,5 +121,6 @@ async def test_sync_pods_forgets_gone_and_dead_pods_and_drains_terminating_ones(
         "on-dead": SessionState.LOST,  # its worker died before its lease ran out
         "on-restarted": SessionState.PLACED,
         "on-leaving": SessionState.PLACED,  # a terminating pod keeps its sessions until it is gone
+        "on-stale": SessionState.PLACED,
     }
     assert await store.check_invariants(pool) == []

@@ -248,3 +248,83 @@ async def test_a_pod_that_never_registers_is_reported_and_replaced(
         what="Progressing=True once every pod registered",
     )
     assert cluster.pool_condition("Progressing")["status"] == "True"
+
+
+def template_hashes(cluster: Cluster) -> dict[str, str]:
+    return {
+        p["metadata"]["name"]: p["metadata"]["annotations"]["ardiffusion.dev/template-hash"]
+        for p in cluster.pods()
+        if not p["metadata"].get("deletionTimestamp")
+    }
+
+
+async def test_a_spec_change_replaces_empty_pods_at_once(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    cluster.create_pool(replicas={"min": 2, "max": 2})
+    cluster.wait_pods(2)
+    before = template_hashes(cluster)
+    assert len(set(before.values())) == 1
+    cluster.patch_pool_spec({"image": "ghcr.io/ardiff/ardiff-worker:next"})
+    after = wait_until(
+        lambda: (h := template_hashes(cluster)) and not set(h) & set(before) and len(h) == 2 and h,
+        what="both pods replaced",
+    )
+    assert len(set(after.values())) == 1
+    assert set(after.values()) != set(before.values())
+    cluster.wait_pods(2)
+    status = wait_until(
+        lambda: (s := cluster.pool_status()).get("readyReplicas") == 2 and s.get("replicas") == 2 and s,
+        what="the pool status after the roll",
+    )
+    assert status["updatedReplicas"] == 2
+    assert [p["spec"]["containers"][0]["image"] for p in cluster.pods()] == [
+        "ghcr.io/ardiff/ardiff-worker:next"
+    ] * 2
+
+
+async def test_a_spec_change_never_cuts_a_session_short(
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore
+) -> None:
+    pool = PoolId(cluster.namespace, "pool")
+    cluster.create_pool(replicas={"min": 1, "max": 2})
+    cluster.create_session("early")
+    early = cluster.wait_phase("early", "Ready")
+    assert cluster.tick("early", 0).status_code == 200
+    old_pod = early["pod"]
+    old_hash = template_hashes(cluster)[old_pod]
+
+    cluster.patch_pool_spec({"env": [*FAKE_WORKER_ENV, {"name": "ARDIFF_FAKE_TICK_SECONDS", "value": "0"}]})
+    # The old pod holds a session: it stays, takes no new one, and a current pod joins (max 2).
+    rolling = wait_until(
+        lambda: (c := cluster.pool_condition("Progressing")).get("reason") == "RollingUpdate" and c,
+        what="Progressing=RollingUpdate",
+    )
+    assert rolling["message"].endswith("1 older ones take no new session and go once they hold none")
+    cluster.create_session("late")
+    late = cluster.wait_phase("late", "Ready")
+    assert late["pod"] != old_pod
+    assert template_hashes(cluster)[late["pod"]] != old_hash
+    old_record = await store.get_pod(pool, old_pod)
+    assert old_record is not None
+    assert (old_record.draining, old_record.used) == (True, 1)
+    status = wait_until(
+        lambda: (s := cluster.pool_status()).get("replicas") == 2 and s.get("updatedReplicas") == 1 and s,
+        what="2 replicas, 1 updated",
+    )
+    assert status["sessions"] == 2
+    assert cluster.tick("early", 1).status_code == 200  # the old session ticks on, where it was
+    assert cluster.status("early")["pod"] == old_pod
+
+    # Once it holds no session, the old pod goes; nothing else moves.
+    cluster.delete("ardiffusionsessions", "early")
+    wait_until(lambda: cluster.pod_names() == {late["pod"]}, what=f"pod {old_pod} to be retired")
+    status = wait_until(
+        lambda: (s := cluster.pool_status()).get("replicas") == 1 and s.get("updatedReplicas") == 1 and s,
+        what="1 replica, updated",
+    )
+    assert cluster.pool_condition("Progressing")["reason"] == "PodsRegistered"
+    now = cluster.status("late")
+    assert (now["phase"], now["pod"], now["resetRequired"]) == ("Ready", late["pod"], False)
+    assert cluster.tick("late", 0).status_code == 200
+    assert await store.check_invariants(pool) == []

@@ -82,3 +82,32 @@ def test_a_stuck_pod_is_replaced_and_counts_for_nothing() -> None:
     assert not may_grow({**full, "a": stuck}, max_replicas=1)
     assert may_grow({**full, "a": PodSlots("a", False, 0, 0, None)}, max_replicas=2)
     assert not may_grow({**full, "a": stuck}, max_replicas=1)
+
+
+def stale(name: str, used: int, *, registered: bool = True) -> PodSlots:
+    """A pod of an older template; the round drained it, so it offers no slot."""
+    return PodSlots(name, registered, 0, used, None if used else 50.0, stale=True)
+
+
+def test_stale_pods_go_as_soon_as_they_hold_no_session_and_are_replaced() -> None:
+    # The spec changed: the empty old pod and the one still booting the old template go at once, and the
+    # pool gets its min of current pods back.
+    slots = {"old": stale("old", 0), "booting": stale("booting", 0, registered=False)}
+    assert plan(slots) == ScalePlan(create=1, delete=("booting", "old"))
+    # One that holds sessions stays (never cut a live session short) and still counts against max...
+    busy = {"busy": stale("busy", 2)}
+    assert plan(busy, max_replicas=1) == ScalePlan(create=0, delete=())
+    assert plan(busy, max_replicas=2) == ScalePlan(create=1, delete=())
+    # ... but not towards min, nor as a slot: waiting sessions get current pods, up to max.
+    current = pods(("new", True, 2, 2, None))
+    assert plan({**busy, **current}, waiting=3, max_replicas=4) == ScalePlan(create=2, delete=())
+    assert plan({**busy, **current}, waiting=3, max_replicas=2) == ScalePlan(create=0, delete=())
+    assert not may_grow({**busy, **current}, max_replicas=2)
+    # Current pods scale down as before; the stale busy pod is no reason to keep one above min.
+    idle = pods(("new", True, 2, 0, 10.0), ("new2", True, 2, 0, 10.0))
+    assert plan({**busy, **idle}, max_replicas=3) == ScalePlan(create=0, delete=("new",))
+
+
+def test_a_stuck_stale_pod_is_reported_once_as_stuck() -> None:
+    both = PodSlots("old", False, 0, 0, None, stuck=True, stale=True)
+    assert plan({"old": both}) == ScalePlan(create=1, delete=(), replace=("old",))

@@ -167,6 +167,7 @@ def test_failed_status() -> None:
 def pool_observation(**fields: object) -> PoolObservation:
     values: dict[str, object] = {
         "replicas": 3,
+        "updated_replicas": 3,
         "ready_replicas": 3,
         "capacity": 12,
         "sessions": 12,
@@ -174,6 +175,7 @@ def pool_observation(**fields: object) -> PoolObservation:
         "min_replicas": 1,
         "max_replicas": 3,
         "starting": 0,
+        "stale": 0,
         "startup_failure": None,
     }
     values.update(fields)
@@ -185,6 +187,7 @@ def test_pool_status() -> None:
     status = build_pool_status({}, obs, generation=5, now="T")
     assert {k: v for k, v in status.items() if k != "conditions"} == {
         "replicas": 3,
+        "updatedReplicas": 3,
         "readyReplicas": 3,
         "capacity": 12,
         "sessions": 12,
@@ -203,6 +206,15 @@ def test_pool_status() -> None:
     [
         ({}, ("True", "PodsRegistered", "all 3 worker pods registered")),
         ({"starting": 1}, ("True", "PodsStarting", "1 of 3 worker pods starting (not registered yet)")),
+        (
+            {"starting": 1, "stale": 2, "updated_replicas": 1},
+            (
+                "True",
+                "RollingUpdate",
+                "1 of 3 worker pods run the current spec; 2 older ones take no new session and go once they "
+                "hold none",
+            ),
+        ),
         (
             {"starting": 1, "startup_failure": "worker pod p-abcde did not register within 60 s"},
             ("False", "StartupTimeout", "worker pod p-abcde did not register within 60 s"),
