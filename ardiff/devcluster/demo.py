@@ -1,15 +1,17 @@
 """`ardiff demo` (`make demo`): the whole system on CPU, from `kubectl apply` to one MP4 per session.
 
 A dev cluster (emulated API, real Redis, the real operator, real workers with the tiny LingBot-World model),
-`kubectl apply -f examples/`, a progress display until every session is Ready (the third session makes the
-pool grow to its second Pod), then every session ticked concurrently through the Python client with camera
-controls, one MP4 per session in `demo-out/` (kept), a table (session, pod, chunks, mean tick latency,
-frames/s) and `kubectl get ardiffusionsessions`. The cluster is torn down at the end, on an error, on Ctrl-C
-and on SIGTERM.
+the KV capacity plan of each pool (`ardiff.kv.capacity`), `kubectl apply -f examples/`, a progress display
+until every session is Ready (the third session makes the pool grow to its second Pod), the capacity each pod
+registered next to the planned one, then every session ticked concurrently through the Python client with
+camera controls, one MP4 per session in `demo-out/` (kept), a table (session, pod, chunks, mean tick
+latency, frames/s) and `kubectl get ardiffusionsessions`. The cluster is torn down at the end, on an error,
+on Ctrl-C and on SIGTERM.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import sys
@@ -28,10 +30,18 @@ from ardiff.client import CAMERA_TOUR, KubeSessions, write_mp4
 from ardiff.devcluster.cluster import INTERACTIVE_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster
 from ardiff.devcluster.crd import load_manifests
 from ardiff.errors import ArdiffError
+from ardiff.kv.capacity import PodPlan, format_bytes, plan_for_pool
+from ardiff.kv.placement import PlacementStore
+from ardiff.kv.presets import get_preset
+from ardiff.kv.records import PodRecord, PoolId
+from ardiff.operator.specs import WorkerPoolSpec
+from ardiff.worker.settings import DEFAULT_CPU_FREE_MEMORY_BYTES, EMBEDDED_TINY_MODEL
 
 NAMESPACE = "default"
 POOLS_PATH = "/apis/ardiffusion.dev/v1alpha1/namespaces/{namespace}/ardiffusionworkerpools"
 MIRROR_WAIT_SECONDS = 15.0
+# The capacity preset of the embedded model, by (height, width): what a pool of it plans with.
+TINY_PRESETS = {(64, 64): "tiny-lingbot-64x64"}
 
 
 class DemoError(ArdiffError):
@@ -82,6 +92,81 @@ def session_names(examples: Path) -> list[str]:
     if not names:
         raise DemoError(f"{examples} holds no ARDiffusionSession")
     return names
+
+
+def pool_manifests(examples: Path) -> list[dict[str, Any]]:
+    return [d for d in load_manifests(examples) if d.get("kind") == "ARDiffusionWorkerPool"]
+
+
+def plan_pool(pool: dict[str, Any]) -> tuple[str, PodPlan] | None:
+    """The capacity plan of one pod of `pool` on CPU, with the preset of its model (None without one): the
+    worker takes the pool's `kv.cpuFreeMemoryBytes` (else its default) as free device memory and the pool's
+    `kv.gpuMemoryFraction` and `kv.sessionCapacity`, as the operator passes them to every worker Pod."""
+    spec = WorkerPoolSpec.from_resource(pool["spec"])
+    preset = TINY_PRESETS.get((spec.model.height, spec.model.width))
+    if spec.model.name != EMBEDDED_TINY_MODEL or preset is None:
+        return None
+    plan = plan_for_pool(
+        get_preset(preset),
+        device_memory_bytes=spec.cpu_free_memory_bytes or DEFAULT_CPU_FREE_MEMORY_BYTES,
+        gpu_memory_fraction=spec.kv_memory_fraction,
+        pool_session_capacity=spec.session_capacity,
+    )
+    return preset, plan
+
+
+def format_plan(pool: dict[str, Any]) -> str:
+    name = pool["metadata"]["name"]
+    planned = plan_pool(pool)
+    if planned is None:
+        model = pool["spec"].get("model", {})
+        return f"pool {name}: no capacity preset for model {model.get('name', model.get('path'))!r}; " + (
+            "its pods report their capacity once loaded"
+        )
+    preset, plan = planned
+    command = (
+        f"ardiff kv explain {preset} --gpu-memory-gib {plan.device_memory_bytes / (1 << 30):g} "
+        f"--fraction {plan.kv.gpu_memory_fraction:g}"
+        + ("" if plan.pool_session_capacity is None else f" --session-capacity {plan.pool_session_capacity}")
+    )
+    lines = [
+        f"KV capacity plan for one pod of pool {name} ({command}; on CPU the worker takes "
+        f"{format_bytes(plan.device_memory_bytes)} as free device memory, or the RAM available if less):",
+        *(f"  {line}" for line in plan.explain()),
+    ]
+    return "\n".join(lines)
+
+
+def format_capacities(pods: Sequence[PodRecord], planned: int | None, kv_blocks: dict[str, str]) -> str:
+    """Each registered pod's capacity (its runner's, after load) next to the planned one."""
+    header = ("pod", "capacity (registered)", "planned", "KV blocks free/total (worker)")
+    rows = [
+        (pod.name, str(pod.capacity), "-" if planned is None else str(planned), kv_blocks.get(pod.name, "?"))
+        for pod in pods
+    ]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in (header, *rows)
+    )
+
+
+def registered_pods(redis_url: str, pool: PoolId) -> list[PodRecord]:
+    async def read() -> list[PodRecord]:
+        async with PlacementStore.from_url(redis_url) as store:
+            return await store.list_pods(pool)
+
+    return asyncio.run(read())
+
+
+def worker_kv_blocks(pods: Sequence[PodRecord]) -> dict[str, str]:
+    """`free/total` KV blocks from each worker's `GET /v1/sessions`."""
+    blocks = {}
+    for pod in pods:
+        listing = httpx.get(f"{pod.endpoint}/v1/sessions", timeout=10).json()
+        if listing.get("kv_blocks"):
+            blocks[pod.name] = f"{listing['kv_blocks']['free']}/{listing['kv_blocks']['total']}"
+    return blocks
 
 
 def format_progress(
@@ -217,6 +302,9 @@ def run_demo(settings: DemoSettings, out: TextIO = sys.stdout) -> list[SessionRe
         file=out,
         flush=True,
     )
+    pools_applied = pool_manifests(settings.examples)
+    for pool in pools_applied:
+        print(format_plan(pool), file=out, flush=True)
     with sigterm_interrupts(), cluster:
         print(f"$ kubectl apply -f {settings.examples}", file=out)
         print(kubectl(cluster, "apply", "-f", str(settings.examples)), file=out, end="", flush=True)
@@ -227,6 +315,15 @@ def run_demo(settings: DemoSettings, out: TextIO = sys.stdout) -> list[SessionRe
             return httpx.get(pools_url, timeout=10).json()["items"]
 
         wait_until_ready(sessions, names, pools, timeout=settings.timeout, out=out)
+        for pool in pools_applied:
+            registered = registered_pods(cluster.redis_url, PoolId(NAMESPACE, pool["metadata"]["name"]))
+            planned = plan_pool(pool)
+            print(f"pool {pool['metadata']['name']}: capacity per pod, registered vs planned", file=out)
+            print(
+                format_capacities(registered, planned and planned[1].sessions, worker_kv_blocks(registered)),
+                file=out,
+                flush=True,
+            )
         print(f"all {len(names)} sessions Ready; ticking {settings.chunks} chunks each", file=out, flush=True)
         settings.out_dir.mkdir(parents=True, exist_ok=True)
         executor = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="demo-tick")

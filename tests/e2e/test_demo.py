@@ -1,6 +1,7 @@
 """`ardiff demo` (what `make demo` runs) end to end, as a user runs it: from another directory, with the
-repository's examples/, two chunks per session to keep it short. It must bring the three sessions to Ready on
-two Pods, write one playable MP4 per session, print the table and kubectl's columns, and leave no process."""
+repository's examples/, two chunks per session to keep it short. It must print the pool's capacity plan,
+bring the three sessions to Ready on two Pods, show each pod's registered capacity next to the plan, write one
+playable MP4 per session, print the table and kubectl's columns, and leave no process."""
 
 from __future__ import annotations
 
@@ -59,10 +60,33 @@ def test_demo_runs_the_examples_and_writes_a_video_per_session(tmp_path: Path, m
     out = result.stdout
     assert result.returncode == 0, f"{out[-4000:]}\n{result.stderr[-4000:]}"
 
+    # The capacity plan of the pool, before anything is applied: what `ardiff kv explain` says for its pods
+    # (the worker's CPU "free memory" default, the pool's kv.gpuMemoryFraction and kv.sessionCapacity).
+    explain = ["tiny-lingbot-64x64", "--gpu-memory-gib", "8", "--fraction", "0.9", "--session-capacity", "2"]
+    planned = subprocess.run(
+        [sys.executable, "-m", "ardiff.cli", "kv", "explain", *explain],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    plan, applied = out.split("$ kubectl apply", 1)
+    assert f"ardiff kv explain {' '.join(explain)}" in plan
+    assert [line.strip() for line in plan.splitlines()[-len(planned.splitlines()) :]] == planned.splitlines()
+    assert "sessions per pod: 2 (binding limit: pipeline_session_capacity)" in plan
+    # Once the pods are up: each pod's registered capacity next to the planned one, and its KV blocks.
+    capacities = applied.split("capacity per pod, registered vs planned\n", 1)[1]
+    capacities = capacities.split("all 3 sessions", 1)[0]
+    rows = re.findall(r"^(tiny-world-\w{5})\s+(\d+)\s+(\d+)\s+(\d+)/(\d+)$", capacities, re.MULTILINE)
+    assert len(rows) == 2, capacities
+    for _, registered, planned_sessions, free, total in rows:
+        assert (registered, planned_sessions) == ("2", "2")
+        assert 0 < int(free) <= int(total)
+
     assert re.search(r"^\[\s*\d+\.\d+s\] forest-walk: Pending", out, flags=re.MULTILINE)
     assert "pool tiny-world: 2/2 pods ready" in out  # the third session made the pool grow
     assert "all 3 sessions Ready; ticking 2 chunks each" in out
-    table = out.split("session ", 1)[1].split("$ kubectl", 1)[0]
+    table = out.split("\nsession ", 1)[1].split("$ kubectl", 1)[0]  # the results table
     pods = set()
     for name in SESSIONS:
         row = re.search(
