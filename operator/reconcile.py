@@ -509,8 +509,9 @@ async def reconcile_pool(
         scale_down_delay=pool.spec.scale_down_delay_seconds,
         now=time.monotonic(),
     )
-    # Outside the lock: creating Pods only adds capacity, and draining is atomic in Redis (only if the pod
-    # is still empty), so neither can invalidate a placement.
+    # Outside the lock: creating Pods only adds capacity, a stuck pod has no Redis record (nothing can be
+    # placed on it), and draining is atomic in Redis (only if the pod is still empty), so none of these can
+    # invalidate a placement.
     replaced = [name for name in plan.replace if await replace_stuck_pod(ctx, pool, name, logger)]
     created = 0
     if plan.create and await ensure_worker_redis_secret(ctx, pool):
