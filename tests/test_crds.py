@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -423,16 +426,30 @@ def test_every_status_field_the_operator_writes_is_declared() -> None:
     assert admitted.obj["status"] == pool_status
 
 
-def test_no_handler_result_lands_in_status() -> None:
+# In a fresh interpreter: importing the handlers registers them in kopf's default registry, which tests that
+# run kopf in this process (tests/devcluster/test_kopf.py) must not inherit.
+_CHANGING_HANDLER_RETURNS = """
+import json
+import kopf
+import ardiff.operator.handlers
+handlers = kopf.get_default_registry()._changing.get_all_handlers()
+print(json.dumps({h.id: h.fn.__annotations__["return"] for h in handlers}))
+"""
+
+
+def test_no_handler_result_lands_in_status(tmp_path: Path) -> None:
     """kopf writes a changing handler's return value to status.<handler id>; none of ours returns one."""
-    import kopf
-
-    import ardiff.operator.handlers  # noqa: F401  (registers the handlers)
-
-    changing = kopf.get_default_registry()._changing.get_all_handlers()
-    assert {h.id for h in changing} >= {"admit_session", "release_session", "delete_pool_resources"}
-    for handler in changing:
-        assert handler.fn.__annotations__["return"] == "None", handler.id
+    result = subprocess.run(
+        [sys.executable, "-c", _CHANGING_HANDLER_RETURNS],
+        cwd=tmp_path,  # not the repository root: its operator/ folder would shadow the standard library
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    returns = json.loads(result.stdout)
+    assert set(returns) == {"admit_session", "release_session", "delete_pool_resources"}
+    assert set(returns.values()) == {"None"}
 
 
 def test_unknown_spec_fields_are_pruned_and_reported(crds: dict[str, CustomResourceDefinition]) -> None:
