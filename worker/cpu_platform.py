@@ -12,7 +12,8 @@ so the real `DiffusionWorker` -> `ARDiffusionModelRunner` -> LingBot-World path 
 4. RoPE broadcast: `RotaryEmbeddingWan.forward_native` needs cos/sin with a head axis that LingBot omits
    (only the CUDA/HIP/NPU kernels accept it without).
 
-Nothing here runs when an accelerator platform is resolved (`needs_cpu_platform()` is False).
+Nothing here runs when an accelerator platform is resolved (`needs_cpu_platform()` is False). Before vllm is
+imported at all, `skip_cuda_background_builds()` stops a kernel library's CUDA builds on a host without CUDA.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import logging
+import os
 import sys
 import types
 from typing import Any
@@ -35,6 +37,23 @@ _STUB_MODULES = (
     "torchvision.transforms.v2",
     "torchvision.io",
 )
+
+
+def skip_cuda_background_builds() -> bool:
+    """Without CUDA, keep humming-kernels from spawning its background builds; True if they are skipped.
+
+    vllm imports `humming` at import time (vllm-omni's platform module already does), and `import humming`
+    starts two `python -c import humming...` processes that build CUDA launchers, which cannot succeed without
+    CUDA: they only take CPU from the worker's own start-up (benchmarks/startup.py). humming's own switch,
+    `HUMMING_DISABLE_PARALLEL_BUILD=1`, skips them and leaves its on-demand builds as they are; a value set
+    in the environment wins. Must run before the first import of vllm.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    os.environ.setdefault("HUMMING_DISABLE_PARALLEL_BUILD", "1")
+    return os.environ["HUMMING_DISABLE_PARALLEL_BUILD"] == "1"
 
 
 def needs_cpu_platform() -> bool:

@@ -26,6 +26,7 @@ def prepare_vllm_omni(*, cpu_free_memory_bytes: int) -> bool:
     tiny-checkpoint factory goes in on every device.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every model directory is local
+    cpu_platform.skip_cuda_background_builds()  # before vllm (imported by the platform check) imports humming
     on_cpu = cpu_platform.apply_if_needed(free_memory_bytes=cpu_free_memory_bytes)
     from ardiff.worker.tiny_model import install_tiny_transformer_factory
 

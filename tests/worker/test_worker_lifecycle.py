@@ -8,6 +8,7 @@ a real one stopped while its model is still loading.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -204,3 +205,21 @@ async def test_a_drained_worker_exits_promptly_after_sigterm(launch_worker, redi
             assert "Application shutdown complete" in worker.log()
             worker.stop()
         await store.delete_pool(pool)
+
+
+def test_without_cuda_no_background_kernel_builds_are_spawned():
+    """vllm imports humming-kernels, whose import starts two CUDA builds in child processes (by default)."""
+    code = """
+import os, sys, psutil
+from ardiff.worker.vllm_runtime import prepare_vllm_omni
+prepare_vllm_omni(cpu_free_memory_bytes=1 << 30)
+builds = [p for p in psutil.Process().children() if "import humming" in " ".join(p.cmdline())]
+print("humming" in sys.modules, os.environ["HUMMING_DISABLE_PARALLEL_BUILD"], len(builds))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "HUMMING_DISABLE_PARALLEL_BUILD"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=180
+    )
+    assert out.stdout.splitlines()[-1].split() == ["True", "1", "0"], out.stderr[
+        -3000:
+    ]  # vllm logs to stdout
