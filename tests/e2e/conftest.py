@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,18 +36,6 @@ WORKER_LEASE_ENV = [
     {"name": "ARDIFF_LEASE_SECONDS", "value": "5"},
     {"name": "ARDIFF_HEARTBEAT_SECONDS", "value": "1"},
 ]
-
-
-def wait_until(predicate: Callable[[], T | None], *, timeout: float, what: str, poll: float = 0.2) -> T:
-    """Poll until `predicate()` is truthy and return it; fail with the last value otherwise."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
 def build_pool(

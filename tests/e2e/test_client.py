@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from ardiff import client
-from tests.e2e.conftest import Stack, build_pool, running_stack, wait_until
+from tests.e2e.conftest import Stack, build_pool, running_stack
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

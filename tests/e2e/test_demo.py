@@ -17,7 +17,8 @@ from pathlib import Path
 import av
 import pytest
 
-from tests.e2e.conftest import REPO, wait_until
+from tests.e2e.conftest import REPO
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

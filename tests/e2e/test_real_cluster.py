@@ -25,7 +25,8 @@ import pytest
 import yaml
 
 from ardiff import client
-from tests.e2e.conftest import NAMESPACE, Stack, build_pool, running_stack, wait_until
+from tests.e2e.conftest import NAMESPACE, Stack, build_pool, running_stack
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,8 @@
 
 `launch_worker` starts one with the env of docs/contracts.md §3 and waits until `/readyz` answers 200; every
 process it started is stopped at the end of the test session (modules stop theirs earlier). The returned
-`WorkerProcess` carries a small HTTP client for ticks.
+`WorkerProcess` carries a small HTTP client for ticks. `placer` places sessions on a worker's pod through the
+real placement store (as the operator does) and releases them after the test.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +26,7 @@ import pytest
 
 from ardiff.devcluster.redis_server import free_port
 from ardiff.kv.placement import PlacementStore
-from ardiff.kv.records import SessionSpec
+from ardiff.kv.records import PoolId, SessionSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 CAMERA = {
@@ -186,6 +188,48 @@ async def store(redis_url: str) -> PlacementStore:
     placement = PlacementStore.from_url(redis_url)
     yield placement
     await placement.close()
+
+
+@dataclass
+class Placer:
+    """Places fresh sessions on one pod through the real `PlacementStore`, as the operator does."""
+
+    store: PlacementStore
+    session_spec: Callable[..., SessionSpec]
+    pool: PoolId
+    pod: str
+    token: str
+    close_on: WorkerProcess | None = None  # also closed on this worker after the test (frees its KV at once)
+    placed: list[str] = field(default_factory=list)
+
+    async def __call__(self, **spec: Any) -> str:
+        name = f"s-{uuid.uuid4().hex[:8]}"
+        result = await self.store.place(self.pool, self.session_spec(name, self.token, **spec))
+        assert result.placement is not None
+        assert result.placement.pod == self.pod
+        self.placed.append(name)
+        return name
+
+    async def release_all(self) -> None:
+        for name in self.placed:
+            await self.store.release(self.pool, name, reason="test done")
+            if self.close_on is not None:
+                url = f"{self.close_on.url}/v1/sessions/{name}"
+                self.close_on.client.delete(url, headers=self.close_on.headers(self.token))
+
+
+@pytest.fixture
+async def placer(store: PlacementStore, session_spec: Callable[..., SessionSpec]):
+    """`placer(pool, pod, token, close_on=None)`: a `Placer`; its sessions are released after the test."""
+    made: list[Placer] = []
+
+    def make(pool: PoolId, pod: str, token: str, *, close_on: WorkerProcess | None = None) -> Placer:
+        made.append(Placer(store, session_spec, pool, pod, token, close_on))
+        return made[-1]
+
+    yield make
+    for placed in made:
+        await placed.release_all()
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ from ardiff.kv.records import PoolId, SessionState
 from ardiff.worker.conditioning import Conditioning, seed_image
 from ardiff.worker.fake_runtime import fake_frames
 from ardiff.worker.tick_rules import parse_tick
+from tests.worker.conftest import CAMERA
 
 POOL = PoolId("default", f"wk-contract-{uuid.uuid4().hex[:6]}")
 POD = "fake-worker-0"
@@ -46,21 +47,9 @@ def worker(launch_worker, redis_url):
 
 
 @pytest.fixture
-async def place(store, session_spec, worker):
+def place(placer, worker):
     """Place a fresh session on the worker's pod (the only live pod taking placements in the pool)."""
-    placed: list[str] = []
-
-    async def place_one(token: str = TOKEN, **kwargs):
-        name = f"s-{uuid.uuid4().hex[:8]}"
-        result = await store.place(POOL, session_spec(name, token, **kwargs))
-        assert result.placement is not None
-        assert result.placement.pod == POD
-        placed.append(name)
-        return name
-
-    yield place_one
-    for name in placed:
-        await store.release(POOL, name, reason="test done")
+    return placer(POOL, POD, TOKEN)
 
 
 def error_of(response: httpx.Response, status: int, code: str) -> dict:
@@ -71,6 +60,13 @@ def error_of(response: httpx.Response, status: int, code: str) -> dict:
     assert {"code", "message", "type", "param"} <= error.keys()
     assert error["message"]
     return error
+
+
+def first_chunk(session: str, *, seed: int, prompt: str, image: np.ndarray | None = None) -> np.ndarray:
+    """The frames the fake runtime renders for the session's chunk 0 (the helpers' camera control)."""
+    tick = parse_tick(session, {"request_id": "x", "chunk_index": 0, "controls": [CAMERA]})
+    conditioning_image = seed_image(seed, 64, 64) if image is None else image
+    return fake_frames(Conditioning(seed=seed, prompt=prompt), conditioning_image, tick)
 
 
 async def wait_for(predicate, within: float = 10.0):
@@ -110,21 +106,7 @@ async def test_tick_returns_the_chunk_frames_and_touches_the_record(worker, stor
     stages = [part.split(";")[0] for part in response.headers["server-timing"].split(", ")]
     assert stages == ["queue", "forward", "decode", "encode"]
     frames = np.frombuffer(response.content, dtype=np.uint8).reshape(9, 64, 64, 3)
-    tick = parse_tick(
-        session,
-        {
-            "request_id": "x",
-            "chunk_index": 0,
-            "controls": [
-                {
-                    "track": "camera",
-                    "schema": "lingbot.camera_actions.v1",
-                    "data": {"mode": "frames", "frames": [["w"], ["w"], ["w", "j"]]},
-                }
-            ],
-        },
-    )
-    expected = fake_frames(Conditioning(seed=7, prompt="a red castle"), seed_image(7, 64, 64), tick)
+    expected = first_chunk(session, seed=7, prompt="a red castle")
     np.testing.assert_array_equal(frames, expected)
 
     record = await store.get_session(POOL, session)
@@ -138,21 +120,7 @@ async def test_tick_returns_the_chunk_frames_and_touches_the_record(worker, stor
 async def test_a_tick_prompt_overrides_the_session_prompt(worker, place):
     session = await place(seed=3, prompt="a quiet river")
     response = worker.tick(session, 0, token=TOKEN, prompt="a burning city")
-    tick = parse_tick(
-        session,
-        {
-            "request_id": "x",
-            "chunk_index": 0,
-            "controls": [
-                {
-                    "track": "camera",
-                    "schema": "lingbot.camera_actions.v1",
-                    "data": {"mode": "frames", "frames": [["w"], ["w"], ["w", "j"]]},
-                }
-            ],
-        },
-    )
-    expected = fake_frames(Conditioning(seed=3, prompt="a burning city"), seed_image(3, 64, 64), tick)
+    expected = first_chunk(session, seed=3, prompt="a burning city")
     np.testing.assert_array_equal(np.frombuffer(response.content, np.uint8).reshape(expected.shape), expected)
 
 
@@ -168,21 +136,7 @@ async def test_the_record_image_conditions_the_frames(worker, place):
     session = await place(seed=5, prompt="a green field", image=png.getvalue())
     response = worker.tick(session, 0, token=TOKEN)
     image = conditioning_image(png.getvalue(), 5, 64, 64)
-    tick = parse_tick(
-        session,
-        {
-            "request_id": "x",
-            "chunk_index": 0,
-            "controls": [
-                {
-                    "track": "camera",
-                    "schema": "lingbot.camera_actions.v1",
-                    "data": {"mode": "frames", "frames": [["w"], ["w"], ["w", "j"]]},
-                }
-            ],
-        },
-    )
-    expected = fake_frames(Conditioning(seed=5, prompt="a green field"), image, tick)
+    expected = first_chunk(session, seed=5, prompt="a green field", image=image)
     np.testing.assert_array_equal(np.frombuffer(response.content, np.uint8).reshape(expected.shape), expected)
     assert not np.array_equal(image, seed_image(5, 64, 64))
 

@@ -71,21 +71,8 @@ def worker(launch_worker, redis_url, tiny_model_cache):
 
 
 @pytest.fixture
-async def place(store, session_spec, worker):
-    placed: list[str] = []
-
-    async def place_one(**kwargs):
-        name = f"r-{uuid.uuid4().hex[:8]}"
-        result = await store.place(POOL, session_spec(name, TOKEN, **kwargs))
-        assert result.placement is not None
-        assert result.placement.pod == POD
-        placed.append(name)
-        return name
-
-    yield place_one
-    for name in placed:
-        await store.release(POOL, name, reason="test done")
-        worker.client.delete(f"{worker.url}/v1/sessions/{name}", headers=worker.headers(TOKEN))
+def place(placer, worker):
+    return placer(POOL, POD, TOKEN, close_on=worker)
 
 
 def frames_of(response: httpx.Response) -> np.ndarray:

@@ -15,6 +15,7 @@ import time
 import uuid
 
 import httpx
+import pytest
 
 from ardiff.devcluster.redis_server import RedisServer
 from ardiff.kv.placement import PlacementStore
@@ -158,17 +159,25 @@ print(sorted(name for name in ("torch", "vllm", "vllm_omni") if name in sys.modu
     assert out.stdout.strip() == "[]"
 
 
-def test_bad_settings_fail_without_traceback():
+@pytest.mark.parametrize(
+    ("flags", "code", "message"),
+    [
+        (["--height", "50"], "invalid_settings", "height must be a positive multiple of 16, got 50"),
+        (["--model", "{tmp}/nope"], "model_unavailable", "nor a model directory"),  # before slow imports
+    ],
+)
+def test_bad_settings_fail_fast_without_traceback(tmp_path, flags, code, message):
+    command = [sys.executable, "-m", "ardiff.cli", "worker", "serve", "--host", "127.0.0.1", "--port", "0"]
     out = subprocess.run(
-        [sys.executable, "-m", "ardiff.cli", "worker", "serve", "--height", "50"],
+        command + [flag.format(tmp=tmp_path) for flag in flags],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         check=False,
     )
     assert out.returncode == 1
-    assert "invalid_settings" in out.stderr
-    assert "height must be a positive multiple of 16, got 50" in out.stderr
+    assert f"error: {code}:" in out.stderr
+    assert message in out.stderr
     assert "Traceback" not in out.stderr
 
 

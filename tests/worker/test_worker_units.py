@@ -216,35 +216,6 @@ def test_od_config_kwargs_for_cpu_and_accelerator(tmp_path):
     assert "enforce_eager" not in gpu
 
 
-def test_serving_a_missing_model_directory_fails_fast_without_traceback(tmp_path):
-    import subprocess
-    import sys
-
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ardiff.cli",
-            "worker",
-            "serve",
-            "--model",
-            str(tmp_path / "nope"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert out.returncode == 1
-    assert "error: model_unavailable:" in out.stderr
-    assert "nor a model directory" in out.stderr
-    assert "Traceback" not in out.stderr
-
-
 async def test_cancel_and_wait_ends_a_task_that_swallowed_its_first_cancel():
     """What Python 3.11's asyncio.wait_for does inside redis-py when a cancel meets a finishing send."""
     swallowed = asyncio.Event()
