@@ -291,6 +291,9 @@ def run_demo(settings: DemoSettings, out: TextIO = sys.stdout) -> list[SessionRe
     names = session_names(settings.examples)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request (pod probes) otherwise
     started = time.monotonic()
+    pools_applied = pool_manifests(settings.examples)
+    for pool in pools_applied:
+        print(format_plan(pool), file=out, flush=True)
     cluster = DevCluster(
         settings.state_dir,
         operator_command=OPERATOR_COMMAND,
@@ -302,9 +305,6 @@ def run_demo(settings: DemoSettings, out: TextIO = sys.stdout) -> list[SessionRe
         file=out,
         flush=True,
     )
-    pools_applied = pool_manifests(settings.examples)
-    for pool in pools_applied:
-        print(format_plan(pool), file=out, flush=True)
     with sigterm_interrupts(), cluster:
         print(f"$ kubectl apply -f {settings.examples}", file=out)
         print(kubectl(cluster, "apply", "-f", str(settings.examples)), file=out, end="", flush=True)

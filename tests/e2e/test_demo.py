@@ -71,10 +71,11 @@ def test_demo_runs_the_examples_and_writes_a_video_per_session(tmp_path: Path, m
         check=True,
         timeout=60,
     ).stdout
-    plan, applied = out.split("$ kubectl apply", 1)
-    assert f"ardiff kv explain {' '.join(explain)}" in plan
-    assert [line.strip() for line in plan.splitlines()[-len(planned.splitlines()) :]] == planned.splitlines()
-    assert "sessions per pod: 2 (binding limit: pipeline_session_capacity)" in plan
+    before, applied = out.split("$ kubectl apply", 1)
+    header, *plan = before.split("KV capacity plan for one pod of pool tiny-world (", 1)[1].splitlines()
+    assert header.startswith(f"ardiff kv explain {' '.join(explain)};")
+    assert [line.strip() for line in plan[: len(planned.splitlines())]] == planned.splitlines()
+    assert "  sessions per pod: 2 (binding limit: pipeline_session_capacity)" in plan
     # Once the pods are up: each pod's registered capacity next to the planned one, and its KV blocks.
     capacities = applied.split("capacity per pod, registered vs planned\n", 1)[1]
     capacities = capacities.split("all 3 sessions", 1)[0]
