@@ -6,6 +6,7 @@ which is exactly the failure the placement store must survive.
 
 from __future__ import annotations
 
+import abc
 import shutil
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 
 def free_port() -> int:
@@ -38,8 +40,30 @@ def redis_server_binary() -> str:
     return binary
 
 
+class _ServerProcess(abc.ABC):
+    """The lifecycle both servers share: `start()` (each its own), `stop()`, use as a context manager."""
+
+    process: subprocess.Popen[bytes] | None
+
+    @abc.abstractmethod
+    def start(self) -> Self:
+        """Launch the process and return once it listens."""
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+        self.process = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 @dataclass
-class RedisServer:
+class RedisServer(_ServerProcess):
     """One `redis-server` process. `restart()` keeps the port and loses every key."""
 
     port: int = field(default_factory=free_port)
@@ -52,7 +76,7 @@ class RedisServer:
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
-    def start(self) -> RedisServer:
+    def start(self) -> Self:
         args = [
             redis_server_binary(),
             "--bind",
@@ -72,26 +96,14 @@ class RedisServer:
         _wait_for_port(self.port, timeout=10)
         return self
 
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-        self.process = None
-
     def restart(self) -> None:
         """Stop and start on the same port: like a Redis pod restarted without persistence."""
         self.stop()
         self.start()
 
-    def __enter__(self) -> RedisServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
 
 @dataclass
-class RedisSentinel:
+class RedisSentinel(_ServerProcess):
     """A `redis-server --sentinel` monitoring `master` under `service_name`."""
 
     master: RedisServer
@@ -104,7 +116,7 @@ class RedisSentinel:
         auth = f":{self.master.password}@" if self.master.password else ""
         return f"redis+sentinel://{auth}127.0.0.1:{self.port}/{self.service_name}/0"
 
-    def start(self) -> RedisSentinel:
+    def start(self) -> Self:
         conf = self.master.workdir / f"sentinel-{self.port}.conf"
         lines = [
             "bind 127.0.0.1",
@@ -123,15 +135,3 @@ class RedisSentinel:
         )
         _wait_for_port(self.port, timeout=10)
         return self
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-        self.process = None
-
-    def __enter__(self) -> RedisSentinel:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
