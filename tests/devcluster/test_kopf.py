@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,18 +9,10 @@ import httpx
 from kopf.testing import KopfRunner
 
 from ardiff.devcluster.kube_api import KubeAPIThread
+from tests.waiting import wait_until
 
 PROBE = Path(__file__).with_name("kopf_probe.py")
 MERGE = {"Content-Type": "application/merge-patch+json"}
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def test_kopf_runs_a_session_lifecycle(kube_api: KubeAPIThread, kube_namespace: str) -> None:

@@ -24,6 +24,7 @@ from ardiff.devcluster.pod_runner import (
 )
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
+from tests.waiting import wait_until
 
 HTTP_POD = Path(__file__).with_name("http_pod.py")
 RUNNER_LABEL = "ardiff.test/runner"
@@ -83,15 +84,6 @@ def pod_body(
 
 def get_pod(client: httpx.Client, ns: str, name: str) -> dict[str, Any]:
     return client.get(f"/api/v1/namespaces/{ns}/pods/{name}").json()
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def wait_for_pod(

@@ -25,19 +25,7 @@ from ardiff.kv.capacity import (
     plan_capacity,
     plan_for_pool,
 )
-
-TINY = KVCacheSpec(
-    num_layers=1,
-    num_kv_heads=1,
-    head_size=1,
-    tokens_per_frame=1,
-    frames_per_block=3,
-    window_frames=3,
-    sink_frames=3,
-    kv_branches=(KVBranch("main", 0),),
-    session_capacity=2,
-    cross_attention=(CrossAttentionCache("text", 2),),
-)
+from tests.kv.worked_examples import TINY
 
 
 def test_planner_imports_neither_torch_nor_vllm() -> None:

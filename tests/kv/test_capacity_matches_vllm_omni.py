@@ -41,6 +41,7 @@ from ardiff.kv.capacity import (
     plan_for_pool,
 )
 from ardiff.kv.presets import PRESETS
+from tests.kv.worked_examples import DREAMZERO_LIKE, TINY
 
 # Small enough for real pools on CPU: bytes (as the issue asks) and blocks (vLLM builds one object per block).
 MAX_AVAILABLE_BYTES = 64 << 20
@@ -298,32 +299,6 @@ def test_planner_matches_vllm_omni_on_random_deployments(vllm_omni: types.Simple
 
 
 # ---- worked examples (notes/vllm-omni-ar-diffusion.md §2) ----
-
-
-TINY = KVCacheSpec(
-    num_layers=1,
-    num_kv_heads=1,
-    head_size=1,
-    tokens_per_frame=1,
-    frames_per_block=3,
-    window_frames=3,
-    sink_frames=3,
-    kv_branches=(KVBranch("main", 0),),
-    session_capacity=2,
-    cross_attention=(CrossAttentionCache("text", 2),),
-)
-DREAMZERO_LIKE = KVCacheSpec(
-    num_layers=2,
-    num_kv_heads=4,
-    head_size=64,
-    tokens_per_frame=16,
-    frames_per_block=4,
-    window_frames=6,
-    sink_frames=0,
-    kv_branches=(KVBranch("positive", 0), KVBranch("negative", 1)),
-    session_capacity=64,
-    cross_attention=(CrossAttentionCache("text", 8),),
-)
 
 
 def test_tiny_worked_example(vllm_omni: types.SimpleNamespace) -> None:
