@@ -114,6 +114,10 @@ def test_demo_runs_the_examples_and_writes_a_video_per_session(tmp_path: Path, m
     assert processes_with(f"ARDIFF_DEMO_TEST={token}") == []
 
 
+def restore_default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_tears_the_demo_down(tmp_path: Path, model_cache: Path) -> None:
     """Ctrl-C while the workers load: the terminal's SIGINT reaches the demo's whole process group."""
     token = uuid.uuid4().hex
@@ -127,6 +131,9 @@ def test_ctrl_c_tears_the_demo_down(tmp_path: Path, model_cache: Path) -> None:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # its own process group, as a shell's foreground job
+        # and SIGINT at its default, as in a terminal: a test runner started in the background of a
+        # non-interactive shell ignores SIGINT, and the demo would inherit that.
+        preexec_fn=restore_default_sigint,
     )
     try:
         assert demo.stdout is not None
