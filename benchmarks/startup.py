@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 
+from ardiff.devcluster.daemon import process_start
 from ardiff.devcluster.redis_server import free_port
 
 VARIANTS = {"builds on (baseline)": "0", "builds off": "1"}
@@ -56,14 +57,6 @@ def humming_children(parent: int) -> set[int]:
         if ppid == parent and b"import humming" in cmdline:
             found.add(int(entry.name))
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 def start_once(builds: str, model_cache: str, log: Path) -> Run:
@@ -111,7 +104,7 @@ def start_once(builds: str, model_cache: str, log: Path) -> Run:
             worker.kill()
             worker.wait()
     deadline = time.monotonic() + CHILD_EXIT_TIMEOUT
-    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+    while any(process_start(pid) is not None for pid in children) and time.monotonic() < deadline:
         time.sleep(0.2)
     return Run(healthz, readyz, exit_s, len(children))
 

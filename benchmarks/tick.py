@@ -44,6 +44,7 @@ def measure(size: int, ticks: int, warmup: int, model_cache: str) -> dict[str, A
     import httpx
     import uvicorn
 
+    from ardiff.client import parse_server_timing
     from ardiff.devcluster.redis_server import free_port
     from ardiff.worker import tick_rules
     from ardiff.worker.app import create_app
@@ -90,13 +91,10 @@ def measure(size: int, ticks: int, warmup: int, model_cache: str) -> dict[str, A
         response = client.post("/v1/sessions/http/ticks", json=body(chunk))
         wall = time.perf_counter() - started
         response.raise_for_status()
-        timing = {
-            part.split(";")[0]: float(part.split("dur=")[1]) / 1000
-            for part in response.headers["server-timing"].split(", ")
-        }
+        timing_ms = parse_server_timing(response.headers["server-timing"])
         frames = int(response.headers["ardiff-frame-shape"].split(",")[0])
         assert len(response.content) == frames * size * size * 3
-        return wall, timing["forward"] + timing["decode"], frames
+        return wall, (timing_ms["forward"] + timing_ms["decode"]) / 1000, frames
 
     walls: dict[str, list[float]] = {"in-process": [], "http": []}
     around: dict[str, list[float]] = {"in-process": [], "http": []}  # wall minus the model's forward+decode

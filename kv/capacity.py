@@ -279,7 +279,6 @@ class KVFootprint:
     """The budget terms that do not depend on free memory: R(c) = fixed_bytes + c * bytes_per_session."""
 
     spec: KVCacheSpec
-    knobs: KVKnobs
     dtype: str
     window_frames: int
     sink_frames: int
@@ -364,7 +363,6 @@ def build_footprint(spec: KVCacheSpec, *, dtype: str, knobs: KVKnobs = KVKnobs()
     )
     return KVFootprint(
         spec=spec,
-        knobs=knobs,
         dtype=dtype,
         window_frames=window,
         sink_frames=sink,
@@ -493,15 +491,19 @@ class CapacityPlan:
 
 
 def plan_from_footprint(
-    footprint: KVFootprint, *, available_bytes: int, gpu_memory_fraction: float
+    footprint: KVFootprint, *, available_bytes: int, gpu_memory_fraction: float, context: str = ""
 ) -> CapacityPlan:
-    """Solve the budget; raises `KVDoesNotFit` when one session needs more than `available_bytes`."""
+    """Solve the budget; raises `KVDoesNotFit` (prefixed by `context`) when one session needs more than
+    `available_bytes`."""
     _check_int("KV plan", "available_bytes", available_bytes, minimum=0)
     fraction = check_fraction(gpu_memory_fraction)
     one_session = footprint.required_bytes(1)
     if one_session > available_bytes:
         raise KVDoesNotFit(
-            required_bytes=one_session, available_bytes=available_bytes, breakdown=footprint.breakdown()
+            required_bytes=one_session,
+            available_bytes=available_bytes,
+            breakdown=footprint.breakdown(),
+            context=context,
         )
     configured = int(available_bytes * fraction)
     budget = max(configured, one_session)
@@ -615,19 +617,14 @@ def plan_for_pool(
         _check_int("pool plan", "pool_session_capacity", pool_session_capacity, minimum=1)
     available = max(0, device_memory_bytes - model.weights_bytes - model.runtime_overhead_bytes)
     footprint = build_footprint(model.spec, dtype=model.dtype, knobs=model.knobs)
-    try:
-        kv = plan_from_footprint(
-            footprint, available_bytes=available, gpu_memory_fraction=gpu_memory_fraction
-        )
-    except KVDoesNotFit as exc:
-        raise KVDoesNotFit(
-            required_bytes=exc.required_bytes,
-            available_bytes=exc.available_bytes,
-            breakdown=footprint.breakdown(),
-            context=f"{model.name} on a {format_bytes(device_memory_bytes)} device (weights "
-            f"{format_bytes(model.weights_bytes)}, "
-            f"runtime overhead {format_bytes(model.runtime_overhead_bytes)})",
-        ) from None
+    kv = plan_from_footprint(
+        footprint,
+        available_bytes=available,
+        gpu_memory_fraction=gpu_memory_fraction,
+        context=f"{model.name} on a {format_bytes(device_memory_bytes)} device (weights "
+        f"{format_bytes(model.weights_bytes)}, "
+        f"runtime overhead {format_bytes(model.runtime_overhead_bytes)})",
+    )
     return PodPlan(
         model=model,
         device_memory_bytes=device_memory_bytes,

@@ -55,6 +55,7 @@ from ardiff.kv.records import (
     SessionState,
     check_name,
     check_non_negative_int,
+    check_priority,
 )
 
 CONSUMER_GROUP = "worker"
@@ -172,6 +173,12 @@ def _check_pool(pool: object) -> PoolId:
     if not isinstance(pool, PoolId):
         raise InvalidPlacementArgument(f"placement pool must be a PoolId, got {pool!r}")
     return pool
+
+
+def _check_spec(spec: object) -> SessionSpec:
+    if not isinstance(spec, SessionSpec):
+        raise InvalidPlacementArgument(f"placement spec must be a SessionSpec, got {spec!r}")
+    return spec
 
 
 def _check_endpoint(endpoint: object) -> str:
@@ -506,8 +513,7 @@ class PlacementStore:
         whether the pool grows).
         """
         keys = PoolKeys(_check_pool(pool))
-        if not isinstance(spec, SessionSpec):
-            raise InvalidPlacementArgument(f"placement spec must be a SessionSpec, got {spec!r}")
+        _check_spec(spec)
         check_non_negative_int("min_idle_ms", min_idle_ms)
         if policy not in get_args(PlacementPolicy):
             raise InvalidPlacementArgument(
@@ -563,8 +569,7 @@ class PlacementStore:
         Succeeds only if the session has no record and the pod's record exists with `pod_epoch` (its heartbeat
         re-created it) with a free slot; otherwise returns None and the operator re-places the session."""
         keys = PoolKeys(_check_pool(pool))
-        if not isinstance(spec, SessionSpec):
-            raise InvalidPlacementArgument(f"placement spec must be a SessionSpec, got {spec!r}")
+        _check_spec(spec)
         check_name("pod", pod)
         _positive_int("pod_epoch", pod_epoch)
         check_non_negative_int("chunk_index", chunk_index)
@@ -611,10 +616,7 @@ class PlacementStore:
         never `Never`), freeing its slot; returns its name, or None when no session qualifies."""
         keys = PoolKeys(_check_pool(pool))
         check_non_negative_int("min_idle_ms", min_idle_ms)
-        if check_non_negative_int("max_priority", max_priority) > MAX_PRIORITY:
-            raise InvalidPlacementArgument(
-                f"placement max_priority must be <= {MAX_PRIORITY}, got {max_priority}"
-            )
+        check_priority("max_priority", max_priority)
         _check_text("reason", reason)
         hint = self._evict_hints.get(pool, _Plan())
         _, reply = await self._run(

@@ -91,7 +91,7 @@ class LingBotTransformerConfig:
     local_attn_size: int = -1
 
     def __post_init__(self) -> None:
-        window = self.local_attn_size if self.local_attn_size != -1 else self.sliding_window_num_frames
+        window = self.cache_window_frames
         if window - self.sink_size <= 0:
             raise InvalidKVSpec(
                 f"LingBot transformer window must leave recent frames after the sink, got window {window} "

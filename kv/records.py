@@ -5,6 +5,7 @@ Frozen dataclasses that validate themselves; `from_hash` decodes a Redis hash (b
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, fields
 from enum import StrEnum
@@ -23,6 +24,11 @@ PlacementPolicy = Literal["least-loaded", "pack"]
 EvictionPolicy = Literal["LRU", "Never"]
 
 
+def token_sha256(token: str) -> str:
+    """What the session record keeps of a session's bearer token (the token itself stays in its Secret)."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
 def check_name(kind: str, value: object) -> str:
     """Reject anything that is not a DNS-1123 label: it becomes part of Redis keys and URLs."""
     if not isinstance(value, str) or not _DNS_LABEL.match(value):
@@ -36,6 +42,13 @@ def check_non_negative_int(kind: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidPlacementArgument(f"placement {kind} must be a non-negative integer, got {value!r}")
     return value
+
+
+def check_priority(kind: str, value: object) -> int:
+    priority = check_non_negative_int(kind, value)
+    if priority > MAX_PRIORITY:
+        raise InvalidPlacementArgument(f"placement {kind} must be <= {MAX_PRIORITY}, got {priority}")
+    return priority
 
 
 class SessionState(StrEnum):
@@ -85,10 +98,7 @@ class SessionSpec:
             )
         check_non_negative_int("seed", self.seed)
         check_non_negative_int("max_chunks", self.max_chunks)
-        if check_non_negative_int("priority", self.priority) > MAX_PRIORITY:
-            raise InvalidPlacementArgument(
-                f"placement priority must be <= {MAX_PRIORITY}, got {self.priority}"
-            )
+        check_priority("priority", self.priority)
         if not isinstance(self.prompt, str):
             raise InvalidPlacementArgument(
                 f"placement prompt must be a string, got {type(self.prompt).__name__}"

@@ -189,12 +189,25 @@ local function first_declared(plan, missing, candidates)
   return nil
 end
 
--- Forget pod `pod` and everything bound to it: its sessions become `lost` (records kept for the operator).
-local function drop_pod(k, plan, pod)
-  local lost = residents_of(k.residents_key, pod)
-  for _, session in ipairs(lost) do
+-- Unbind `sessions` (the residents of `pod`) as `lost`; their records stay for the operator.
+local function lose_sessions(k, plan, pod, sessions)
+  for _, session in ipairs(sessions) do
     unbind(plan.session_keys[session], k.residents_key, k.lru_key, pod, session, 'lost')
   end
+  return sessions
+end
+
+-- Evict `victim` from `pod`, telling the pod through its stream (with the epoch the victim was placed under).
+local function evict(plan, residents_key, lru_key, pod, victim, stream_maxlen, reason)
+  local victim_key = plan.session_keys[victim]
+  local victim_epoch = redis.call('HGET', victim_key, 'pod_epoch')
+  unbind(victim_key, residents_key, lru_key, pod, victim, 'evicted')
+  post_event(plan.stream_keys[pod], stream_maxlen, 'evict', victim, reason, victim_epoch)
+end
+
+-- Forget pod `pod` and everything bound to it (`residents`, read while planning): its sessions become `lost`.
+local function drop_pod(k, plan, pod, residents)
+  local lost = lose_sessions(k, plan, pod, residents)
   redis.call('DEL', plan.pod_keys[pod], plan.stream_keys[pod])
   redis.call('SREM', k.pods_key, pod)
   redis.call('ZREM', k.open_key, pod)

@@ -29,12 +29,9 @@ if chosen == nil then
   return stale_reply(missing)
 end
 local pod, victim = chosen[1], chosen[2]
-local victim_key = plan.session_keys[victim]
 local pod_key = plan.pod_keys[pod]
-local victim_epoch = redis.call('HGET', victim_key, 'pod_epoch')
-unbind(victim_key, residents_key, lru_key, pod, victim, 'evicted')
+evict(plan, residents_key, lru_key, pod, victim, ARGV[4], ARGV[3])
 redis.call('HINCRBY', pod_key, 'used', -1)
 refresh_open(open_key, pod_key, pod)
-post_event(plan.stream_keys[pod], ARGV[4], 'evict', victim, ARGV[3], victim_epoch)
 local hint = find_victims(lru_key, max_priority, cutoff_ms, any_pod, 1)[1] or {false, false}
 return {OK, victim, hint[1], hint[2]}

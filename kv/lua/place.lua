@@ -132,10 +132,7 @@ end
 local pod_key = plan.pod_keys[pod]
 local p = redis.call('HMGET', pod_key, 'epoch', 'endpoint')
 if victim then
-  local victim_key = plan.session_keys[victim]
-  local victim_epoch = redis.call('HGET', victim_key, 'pod_epoch')
-  unbind(victim_key, residents_key, lru_key, pod, victim, 'evicted')
-  post_event(plan.stream_keys[pod], stream_maxlen, 'evict', victim, 'evicted for ' .. session, victim_epoch)
+  evict(plan, residents_key, lru_key, pod, victim, stream_maxlen, 'evicted for ' .. session)
 else
   redis.call('HINCRBY', pod_key, 'used', 1)
 end

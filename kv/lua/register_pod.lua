@@ -45,19 +45,16 @@ else
   outcome = 'recreated'
 end
 
+local residents = residents_of(k.residents_key, pod)
 local missing = new_missing()
-for _, session in ipairs(residents_of(k.residents_key, pod)) do
+for _, session in ipairs(residents) do
   need_session(plan, missing, session)
 end
 if missing.any then
   return stale_reply(missing)
 end
 
-local lost = {}
-for _, session in ipairs(residents_of(k.residents_key, pod)) do
-  unbind(plan.session_keys[session], k.residents_key, k.lru_key, pod, session, 'lost')
-  table.insert(lost, session)
-end
+local lost = lose_sessions(k, plan, pod, residents)
 local lease = now + lease_ms
 redis.call('HSET', pod_key, 'capacity', capacity, 'used', 0, 'endpoint', endpoint, 'epoch', int_text(epoch),
   'lease_expires_ms', int_text(lease), 'draining', 0)

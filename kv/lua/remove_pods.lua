@@ -22,9 +22,11 @@ else
 end
 
 local missing = new_missing()
+local residents = {}
 for _, pod in ipairs(targets) do
   need_pod(plan, missing, pod)
-  for _, session in ipairs(residents_of(k.residents_key, pod)) do
+  residents[pod] = residents_of(k.residents_key, pod)
+  for _, session in ipairs(residents[pod]) do
     need_session(plan, missing, session)
   end
 end
@@ -35,6 +37,6 @@ end
 local removed = {}
 for _, pod in ipairs(targets) do
   table.insert(removed, pod)
-  table.insert(removed, drop_pod(k, plan, pod))
+  table.insert(removed, drop_pod(k, plan, pod, residents[pod]))
 end
 return {OK, removed}
