@@ -11,12 +11,12 @@ from typing import Any
 
 import kopf
 
-from ardiff.kv.records import MAX_IMAGE_BYTES, SessionSpec
+from ardiff.kv.records import MAX_IMAGE_BYTES, SessionSpec, token_sha256
 from ardiff.operator.context import OperatorContext
 from ardiff.operator.kube import CONFIGMAPS, SECRETS
 from ardiff.operator.specs import ImageRef, SessionResourceSpec
 from ardiff.operator.status import Reason
-from ardiff.operator.tokens import build_token_secret, new_token, read_token, token_secret_name, token_sha256
+from ardiff.operator.tokens import build_token_secret, new_token, read_token, token_secret_name
 from ardiff.operator.views import SessionView
 
 
@@ -31,13 +31,11 @@ async def ensure_token_sha256(ctx: OperatorContext, session: SessionView) -> str
     """Create the session's token Secret once (owned by the session); return the token's SHA-256."""
     secret = build_token_secret(session.namespace, session.name, new_token())
     kopf.adopt(secret, owner=session.reference)
-    created = await ctx.kube.create(SECRETS, secret)
-    if created is None:  # it exists (an earlier attempt, or an operator restart): keep its token
-        existing = await ctx.kube.get(SECRETS, session.namespace, token_secret_name(session.name))
-        if existing is None:
-            raise kopf.TemporaryError("token secret was deleted while being read", delay=1)
-        secret = existing
-    return token_sha256(read_token(secret))
+    # One that exists (an earlier attempt, or an operator restart) keeps its token.
+    stored = await ctx.kube.create_or_get(SECRETS, secret)
+    if stored is None:
+        raise kopf.TemporaryError("token secret was deleted while being read", delay=1)
+    return token_sha256(read_token(stored))
 
 
 async def read_token_sha256(ctx: OperatorContext, session: SessionView) -> str:

@@ -52,6 +52,13 @@ class OperatorConfig:
                 raise OperatorConfigError(f"operator {name} must be positive, got {value}")
 
 
+ENV_SECONDS = {
+    "reconcile_seconds": "ARDIFF_OPERATOR_RECONCILE_SECONDS",
+    "mirror_seconds": "ARDIFF_OPERATOR_MIRROR_SECONDS",
+    "cancellation_polling_seconds": "ARDIFF_OPERATOR_CANCELLATION_POLLING_SECONDS",
+}
+
+
 def default_namespaces(env: Mapping[str, str]) -> tuple[str, ...]:
     """`ARDIFF_WATCH_NAMESPACES`, else the operator Pod's own namespace, else `default`."""
     listed = tuple(ns.strip() for ns in env.get("ARDIFF_WATCH_NAMESPACES", "").split(",") if ns.strip())
@@ -62,10 +69,11 @@ def default_namespaces(env: Mapping[str, str]) -> tuple[str, ...]:
     return ("default",)
 
 
-def env_float(env: Mapping[str, str], name: str, default: float) -> float:
+def env_float(env: Mapping[str, str], name: str) -> float | None:
+    """The number in `name`, or None when it is unset (the config's default applies)."""
     raw = env.get(name)
     if raw is None or raw == "":
-        return default
+        return None
     try:
         return float(raw)
     except ValueError:
@@ -83,9 +91,9 @@ def config_from_env(env: Mapping[str, str] = os.environ, **overrides: object) ->
         "worker_redis_url": env.get("ARDIFF_WORKER_REDIS_URL") or redis_url,
         "namespaces": tuple(namespaces),  # type: ignore[arg-type]
         "all_namespaces": all_namespaces,
-        "reconcile_seconds": env_float(env, "ARDIFF_OPERATOR_RECONCILE_SECONDS", 2.0),
-        "mirror_seconds": env_float(env, "ARDIFF_OPERATOR_MIRROR_SECONDS", 5.0),
-        "cancellation_polling_seconds": env_float(env, "ARDIFF_OPERATOR_CANCELLATION_POLLING_SECONDS", 2.0),
     }
+    for field_name, variable in ENV_SECONDS.items():
+        if (seconds := env_float(env, variable)) is not None:
+            values[field_name] = seconds
     values.update(given)
     return OperatorConfig(**values)  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,8 +69,12 @@ class OperatorContext:
         self.kicks.pop(pool, None)
         self.secret_conflicts.discard(pool)
         self.startup_failures.pop(pool, None)
+        self.forget_pods(pool)
+
+    def forget_pods(self, pool: PoolId, *, keep: Collection[str] = ()) -> None:
+        """Drop the pool's pod clocks (empty since, unregistered since), but those of the pods in `keep`."""
         for clock in (self.empty_since, self.unregistered_since):
-            for key in [k for k in clock if k[0] == pool]:
+            for key in [k for k in clock if k[0] == pool and k[1] not in keep]:
                 del clock[key]
 
     async def close(self) -> None:

@@ -127,6 +127,14 @@ class KubeApi:
                 return None
             raise
 
+    async def create_or_get(self, resource: ApiResource, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create the object, or read the one of that name that exists; None when that one was deleted
+        between the two calls."""
+        created = await self.create(resource, body)
+        if created is not None:
+            return created
+        return await self.get(resource, body["metadata"]["namespace"], body["metadata"]["name"])
+
     async def delete(self, resource: ApiResource, namespace: str, name: str) -> bool:
         """Delete the object; False when it was already gone (404)."""
         try:

@@ -33,7 +33,6 @@ from ardiff.operator.pods import (
     build_worker_redis_secret,
     pool_service_name,
     worker_pod_name,
-    worker_template_hash,
 )
 from ardiff.operator.scaling import PodSlots, may_grow, plan_scaling
 from ardiff.operator.status import (
@@ -79,16 +78,13 @@ def pod_slots(
     pid = PoolId(pool.namespace, pool.name)
     now = time.monotonic()
     expected = ctx.expected_pods[pid]
-    current_template = worker_template_hash(pool.namespace, pool.name, pool.spec)
-    stale = {p.name for p in pods if not p.deleting and p.template_hash != current_template}
+    stale = {p.name for p in pods if not p.deleting and p.template_hash != pool.template_hash}
     existing = {p.name for p in pods if not p.deleting}
     for name, created in list(expected.items()):
         if name in existing or now - created > EXPECTED_POD_TTL_SECONDS:
             del expected[name]
     current = existing | set(expected)
-    for clock in (ctx.empty_since, ctx.unregistered_since):  # forget pods that are gone
-        for key in [k for k in clock if k[0] == pid and k[1] not in current]:
-            del clock[key]
+    ctx.forget_pods(pid, keep=current)  # the clocks of pods that are gone
     slots = {}
     for name in current:
         record = live.get(name)
@@ -324,10 +320,12 @@ def previous_status(ctx: OperatorContext, session: SessionView) -> dict[str, Any
     return {**session.status, **ctx.written_status.get((session.namespace, session.name), {})}
 
 
-async def write_status(ctx: OperatorContext, session: SessionView, desired: Mapping[str, Any]) -> bool:
-    """Patch the session's status if anything worth writing changed; True if a write happened."""
+async def write_status(
+    ctx: OperatorContext, session: SessionView, previous: Mapping[str, Any], desired: Mapping[str, Any]
+) -> bool:
+    """Patch the session's status if anything worth writing changed since `previous` (`previous_status`);
+    True if a write happened."""
     key: SessionKey = (session.namespace, session.name)
-    previous = previous_status(ctx, session)
     patch = status_patch(previous, desired, mirror_due=ctx.mirror_due(key))
     if patch is None:
         return False
@@ -347,7 +345,7 @@ async def write_failed(ctx: OperatorContext, session: SessionView, reason: Reaso
         generation=session.generation,
         now=now_rfc3339(),
     )
-    await write_status(ctx, session, status)
+    await write_status(ctx, session, previous, status)
 
 
 async def write_session_statuses(
@@ -367,8 +365,9 @@ async def write_session_statuses(
         pod = live.get(record.pod) if record is not None else None
         view = pods.get(record.pod) if record is not None else None
         obs = SessionObservation(record=record, pod=pod, pod_ready=bool(view and view.ready), now_ms=now_ms)
+        previous = previous_status(ctx, session)
         desired = build_session_status(
-            previous_status(ctx, session),
+            previous,
             obs,
             session=session.name,
             generation=session.generation,
@@ -376,7 +375,7 @@ async def write_session_statuses(
             message=ctx.notes.pop(key, None),
         )
         async with limit:
-            return await write_status(ctx, session, desired)
+            return await write_status(ctx, session, previous, desired)
 
     return sum(await asyncio.gather(*(one(s) for s in sessions)))
 
@@ -394,19 +393,18 @@ async def ensure_worker_redis_secret(ctx: OperatorContext, pool: PoolView) -> bo
     secret = build_worker_redis_secret(pool.namespace, pool.name, ctx.config.worker_redis_url)
     kopf.adopt(secret, owner=pool.reference)
     key, name = PoolId(pool.namespace, pool.name), secret["metadata"]["name"]
-    if await ctx.kube.create(SECRETS, secret) is None:
-        existing = await ctx.kube.get(SECRETS, pool.namespace, name)
-        if existing is None:  # deleted between the two calls: the next round creates it
-            return False
-        owners = existing["metadata"].get("ownerReferences") or []
-        if not any(owner.get("uid") == pool.uid for owner in owners):
-            if key not in ctx.secret_conflicts:
-                ctx.secret_conflicts.add(key)
-                message = f"Secret {name} exists and is not owned by this pool: rename or delete it"
-                kopf.event(pool.reference, type="Warning", reason="SecretConflict", message=message)
-            return False
-        if (existing.get("data") or {}).get(REDIS_URL_KEY) != secret["data"][REDIS_URL_KEY]:
-            await ctx.kube.patch(SECRETS, pool.namespace, name, {"data": secret["data"]})
+    stored = await ctx.kube.create_or_get(SECRETS, secret)
+    if stored is None:  # deleted between the two calls: the next round creates it
+        return False
+    owners = stored["metadata"].get("ownerReferences") or []
+    if not any(owner.get("uid") == pool.uid for owner in owners):
+        if key not in ctx.secret_conflicts:
+            ctx.secret_conflicts.add(key)
+            message = f"Secret {name} exists and is not owned by this pool: rename or delete it"
+            kopf.event(pool.reference, type="Warning", reason="SecretConflict", message=message)
+        return False
+    if (stored.get("data") or {}).get(REDIS_URL_KEY) != secret["data"][REDIS_URL_KEY]:
+        await ctx.kube.patch(SECRETS, pool.namespace, name, {"data": secret["data"]})
     ctx.secret_conflicts.discard(key)
     return True
 
@@ -482,7 +480,7 @@ async def reconcile_pool(
     # decision stay exact for the whole placement pass, and no status derived here is older than a write an
     # admission made in between.
     async with ctx.locks[pid]:
-        live = await sync_pods(ctx, pid, pods, worker_template_hash(pool.namespace, pool.name, pool.spec))
+        live = await sync_pods(ctx, pid, pods, pool.template_hash)
         slots = pod_slots(ctx, pool, pods, live)
         records = await ctx.store.get_bindings(pid, names)
         now_ms = await ctx.store.server_time_ms()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import hashlib
 import secrets
 from collections.abc import Mapping
 from typing import Any
@@ -17,10 +16,6 @@ def token_secret_name(session: str) -> str:
 
 def new_token() -> str:
     return secrets.token_urlsafe(32)
-
-
-def token_sha256(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def build_token_secret(namespace: str, session: str, token: str) -> dict[str, Any]:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import copy
 import datetime
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from ardiff.operator.pods import TEMPLATE_HASH_ANNOTATION
+from ardiff.operator.pods import TEMPLATE_HASH_ANNOTATION, worker_template_hash
 from ardiff.operator.specs import (
     API_VERSION,
     POOL_KIND,
@@ -149,3 +150,9 @@ class PoolView(ResourceView):
     def from_body(cls, body: Mapping[str, Any]) -> PoolView:
         spec, invalid = _parse_spec(WorkerPoolSpec.from_resource, body)
         return cls(**cls._identity(body), invalid_reason=invalid, spec=spec)
+
+    @functools.cached_property
+    def template_hash(self) -> str:
+        """The hash of the worker Pod template its spec makes (each Pod carries the one it was made from)."""
+        assert self.spec is not None
+        return worker_template_hash(self.namespace, self.name, self.spec)

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ardiff import __version__
 from ardiff.worker.encoding import MP4, RAW, choose_media_type
-from ardiff.worker.errors import BodyTooLarge, InvalidTick, NotReady, WorkerError
+from ardiff.worker.errors import BodyTooLarge, InvalidTick, WorkerError
 from ardiff.worker.service import WorkerService
 
 log = logging.getLogger(__name__)
@@ -222,7 +222,6 @@ def create_app(service: WorkerService) -> FastAPI:
         description="Ticks of the AR-diffusion sessions resident on this pod (vllm-omni paged-KV runner).",
         lifespan=lifespan,
     )
-    app.state.service = service
     app.add_middleware(BodySizeLimit, limit=MAX_BODY_BYTES)
 
     # -------------------------------------------------------------- the one exception -> status mapping
@@ -300,9 +299,7 @@ def create_app(service: WorkerService) -> FastAPI:
 
     @app.get("/readyz", response_model=Status, responses=_errors(503))
     async def readyz() -> dict[str, str]:
-        if not service.ready:
-            state = "draining" if service.draining else "loading" if not service.loaded else "not registered"
-            raise NotReady(f"worker is not ready ({state})")
+        service.require_ready()
         return {"status": "ready"}
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from ardiff.kv.errors import PodFenced
 from ardiff.kv.placement import PlacementStore
-from ardiff.kv.records import PodEvent, PoolId, SessionRecord, SessionState
+from ardiff.kv.records import PodEvent, PoolId, SessionBinding, SessionRecord, SessionState
 from ardiff.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class PodLink:
             if len(handled) < len(events):
                 await asyncio.sleep(RETRY_SECONDS)
 
-    def is_here(self, record: SessionRecord) -> bool:
+    def is_here(self, record: SessionRecord | SessionBinding) -> bool:
         """Placed on this pod by this incarnation (a session of an earlier epoch lost its state)."""
         return (
             record.state is SessionState.PLACED and record.pod == self.pod and record.pod_epoch == self.epoch
@@ -123,10 +123,11 @@ class PodLink:
     async def session(self, session: str) -> SessionRecord | None:
         return await self.store.get_session(self.pool, session)
 
-    async def sessions(self, sessions: Iterable[str]) -> dict[str, SessionRecord | None]:
+    async def bindings(self, sessions: Iterable[str]) -> dict[str, SessionBinding | None]:
+        """Where each session is placed (its binding only: no prompt, image or token hash to read)."""
         names = list(sessions)
-        records = await self.store.get_sessions(self.pool, names) if names else {}
-        return {name: records.get(name) for name in names}
+        bindings = await self.store.get_bindings(self.pool, names)
+        return {name: bindings.get(name) for name in names}
 
     async def endpoint_of(self, pod: str) -> str | None:
         record = await self.store.get_pod(self.pool, pod)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
 import hmac
 import json
 import logging
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ardiff.errors import ArdiffError
-from ardiff.kv.records import SessionRecord, SessionState, check_name
+from ardiff.kv.records import SessionRecord, SessionState, check_name, token_sha256
 from ardiff.worker import tick_rules
 from ardiff.worker.conditioning import Conditioning
 from ardiff.worker.encoding import MediaType, encode_frames
@@ -63,14 +62,14 @@ class TickResponse:
     headers: dict[str, str]
 
 
-def token_sha256(authorization: str | None) -> str | None:
-    """sha256 hex of the bearer token in an `Authorization` header, or None without one."""
+def bearer_token_sha256(authorization: str | None) -> str | None:
+    """`token_sha256` of the bearer token in an `Authorization` header, or None without one."""
     if not authorization:
         return None
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None
-    return hashlib.sha256(token.strip().encode()).hexdigest()
+    return token_sha256(token.strip())
 
 
 async def cancel_and_wait(
@@ -218,7 +217,13 @@ class WorkerService:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(func, *args, **kwargs))
 
-    def _require_ready(self) -> SessionRuntime:
+    def _require_loaded(self) -> SessionRuntime:
+        """The runtime once the model is loaded (close and describe also serve while draining)."""
+        if self.runtime is None:
+            raise NotReady("worker is not ready (loading)")
+        return self.runtime
+
+    def require_ready(self) -> SessionRuntime:
         if not self.ready or self.runtime is None:
             state = "draining" if self._draining else "loading" if not self.loaded else "not registered"
             raise NotReady(f"worker is not ready ({state})")
@@ -243,7 +248,7 @@ class WorkerService:
             raise NotReady(f"placement store unavailable: {exc}") from exc
         if record is None:
             raise UnknownSession(f"no session {session_id!r} in pool {self.link.pool}")
-        presented = token_sha256(authorization)
+        presented = bearer_token_sha256(authorization)
         if presented is None or not hmac.compare_digest(presented, record.token_sha256):
             raise Unauthorized("missing or wrong bearer token for this session")
         if record.state is SessionState.PLACED and record.pod != self.link.pod:
@@ -271,7 +276,7 @@ class WorkerService:
         inject_fault: bool = False,
     ) -> TickResponse:
         arrived = time.perf_counter()
-        runtime = self._require_ready()
+        runtime = self.require_ready()
         record = await self._placed_record(session_id, authorization)
         tick = tick_rules.parse_tick(session_id, body)
         with self._exclusive(session_id):
@@ -411,12 +416,12 @@ class WorkerService:
             sid for sid, book in self._books.items() if book.holds_slot and sid not in self._in_flight
         ]
         try:
-            records = await self.link.sessions(candidates)
+            bindings = await self.link.bindings(candidates)
         except Exception as exc:
             log.warning("could not check for stale sessions: %s", exc)
             return
-        for session_id, record in records.items():
-            if record is None or not self.link.is_here(record):
+        for session_id, binding in bindings.items():
+            if binding is None or not self.link.is_here(binding):
                 await self._release(session_id, reason="stale")
 
     async def _release(self, session_id: str, *, reason: str, keep_book: bool = False) -> None:
@@ -438,10 +443,10 @@ class WorkerService:
         """A `close`/`evict` entry of this pod's stream: release the session's state in the runner."""
         if self.runtime is None:
             return
-        record = await self.link.session(event.session)
-        here = record is not None and self.link.is_here(record)
+        binding = (await self.link.bindings([event.session]))[event.session]
+        here = binding is not None and self.link.is_here(binding)
         book = self._books.get(event.session)
-        if event.kind == "evict" and here and not record.reset_required and book is not None:
+        if event.kind == "evict" and here and not binding.reset_required and book is not None:
             # Re-placed here and reset since the eviction: the event is older than the session's state.
             log.info("ignoring stale evict of %s", event.session)
             return
@@ -475,11 +480,10 @@ class WorkerService:
 
     async def close(self, session_id: str, authorization: str | None) -> dict[str, Any]:
         """DELETE: close the session in the runner (idempotent); the operator's release frees the slot."""
-        if self.runtime is None:
-            raise NotReady("worker is not ready (loading)")
+        runtime = self._require_loaded()
         await self._placed_record(session_id, authorization, any_state=True)
         async with self._forward_lock:
-            await self._on_forward_thread(self.runtime.close, session_id)
+            await self._on_forward_thread(runtime.close, session_id)
             book = self._books.get(session_id) or SessionBook(session_id)
             if self.link is None:
                 self._books.pop(session_id, None)  # standalone: the id is free again
@@ -488,7 +492,7 @@ class WorkerService:
         return {**book.closed().describe(), "resident": False}
 
     async def reset(self, session_id: str, authorization: str | None) -> dict[str, Any]:
-        runtime = self._require_ready()
+        runtime = self.require_ready()
         record = await self._placed_record(session_id, authorization)
         with self._exclusive(session_id):
             book = self._books.get(session_id)
@@ -504,8 +508,7 @@ class WorkerService:
         return self._describe(session_id, book)
 
     async def describe(self, session_id: str, authorization: str | None) -> dict[str, Any]:
-        if self.runtime is None:
-            raise NotReady("worker is not ready (loading)")
+        self._require_loaded()
         record = await self._placed_record(session_id, authorization)
         book = self._books.get(session_id)
         if book is None and record is None:

@@ -83,11 +83,6 @@ scene view castle mountain river ocean sunset night day quiet burning
 """
 
 
-def is_tiny_checkpoint(model_dir: str | Path) -> bool:
-    config = Path(model_dir) / "transformer" / "config.json"
-    return config.is_file() and bool(json.loads(config.read_text()).get(TINY_FLAG))
-
-
 def ensure_tiny_model(cache_dir: str | Path, *, seed: int = 0) -> Path:
     """The embedded model in `cache_dir`, generated once; a file lock keeps concurrent workers from racing."""
     cache = Path(cache_dir).expanduser()

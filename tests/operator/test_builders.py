@@ -8,6 +8,7 @@ import hashlib
 import kubernetes_validate
 import pytest
 
+from ardiff.kv.records import token_sha256
 from ardiff.operator.pods import (
     build_pool_service,
     build_worker_env,
@@ -17,7 +18,7 @@ from ardiff.operator.pods import (
     worker_template_hash,
 )
 from ardiff.operator.specs import ImageRef, InvalidSpec, SessionResourceSpec, WorkerPoolSpec
-from ardiff.operator.tokens import build_token_secret, read_token, token_sha256
+from ardiff.operator.tokens import build_token_secret, read_token
 
 POOL_SPEC = {
     "model": {
