@@ -48,6 +48,11 @@ MAX_MISDIRECTIONS = 3
 TERMINAL_PHASES = ("Failed", "Expired")
 
 
+def is_ready(status: Mapping[str, Any]) -> bool:
+    """A session's status says it can be ticked: `Ready` with an endpoint."""
+    return status.get("phase") == "Ready" and bool(status.get("endpoint"))
+
+
 # ----------------------------------------------------------------------------------------------- errors
 
 
@@ -660,7 +665,7 @@ class KubeSessions:
         """Until `status.phase` is `Ready` (with an endpoint); returns the status."""
         return self.wait_for(
             name,
-            lambda s: s.get("phase") == "Ready" and bool(s.get("endpoint")),
+            is_ready,
             timeout=timeout,
             what="Ready",
             on_status=on_status,

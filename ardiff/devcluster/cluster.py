@@ -15,7 +15,6 @@ This is a development harness; production runs on a real cluster through the Hel
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Self
 import httpx
 
 from ardiff.devcluster.kubectl import run_kubectl
-from ardiff.devcluster.operator_process import OperatorProcess
+from ardiff.devcluster.operator_process import OperatorProcess, stop_process
 from ardiff.devcluster.pod_runner import PodCommand, PodRunner, container_command
 from ardiff.devcluster.redis_server import RedisServer, free_port
 
@@ -38,17 +37,6 @@ if TYPE_CHECKING:
 OPERATOR_COMMAND = ("ardiff", "operator", "run", "--standalone")
 # Interactive periods: statuses (and `kubectl get`'s Chunk column) follow ticks within about a second.
 INTERACTIVE_OPERATOR_ENV = {"ARDIFF_OPERATOR_RECONCILE_SECONDS": "1", "ARDIFF_OPERATOR_MIRROR_SECONDS": "1"}
-
-
-def _stop_process(process: subprocess.Popen[bytes] | None, timeout: float = 30) -> None:
-    if process is None or process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 @dataclass
@@ -89,7 +77,7 @@ class KubeAPIProcess:
         return self
 
     def stop(self) -> None:
-        _stop_process(self.process)
+        stop_process(self.process)
         self.process = None
 
 

@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 import httpx
 
-from ardiff.client import CAMERA_TOUR, KubeSessions, write_mp4
+from ardiff.client import CAMERA_TOUR, TERMINAL_PHASES, KubeSessions, is_ready, write_mp4
 from ardiff.devcluster.cluster import INTERACTIVE_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster
 from ardiff.devcluster.crd import load_manifests
 from ardiff.errors import ArdiffError
@@ -34,11 +34,11 @@ from ardiff.kv.capacity import PodPlan, format_bytes, plan_for_pool
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.presets import get_preset
 from ardiff.kv.records import PodRecord, PoolId
-from ardiff.operator.specs import WorkerPoolSpec
+from ardiff.operator.specs import API_VERSION, POOL_PLURAL, WorkerPoolSpec
 from ardiff.worker.settings import DEFAULT_CPU_FREE_MEMORY_BYTES, EMBEDDED_TINY_MODEL
 
 NAMESPACE = "default"
-POOLS_PATH = "/apis/ardiffusion.dev/v1alpha1/namespaces/{namespace}/ardiffusionworkerpools"
+POOLS_PATH = f"/apis/{API_VERSION}/namespaces/{{namespace}}/{POOL_PLURAL}"
 MIRROR_WAIT_SECONDS = 15.0
 # The capacity preset of the embedded model, by (height, width): what a pool of it plans with.
 TINY_PRESETS = {(64, 64): "tiny-lingbot-64x64"}
@@ -137,6 +137,15 @@ def format_plan(pool: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def align(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A text table: columns padded to their widest cell, two spaces apart."""
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in (header, *rows)
+    )
+
+
 def format_capacities(pods: Sequence[PodRecord], planned: int | None, kv_blocks: dict[str, str]) -> str:
     """Each registered pod's capacity (its runner's, after load) next to the planned one."""
     header = ("pod", "capacity (registered)", "planned", "KV blocks free/total (worker)")
@@ -144,11 +153,7 @@ def format_capacities(pods: Sequence[PodRecord], planned: int | None, kv_blocks:
         (pod.name, str(pod.capacity), "-" if planned is None else str(planned), kv_blocks.get(pod.name, "?"))
         for pod in pods
     ]
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in (header, *rows)
-    )
+    return align(header, rows)
 
 
 def registered_pods(redis_url: str, pool: PoolId) -> list[PodRecord]:
@@ -202,12 +207,7 @@ def format_table(results: Sequence[SessionResult]) -> str:
         )
         for r in results
     ]
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-        for row in (header, *rows)
-    ]
-    return "\n".join(line.rstrip() for line in lines)
+    return align(header, rows)
 
 
 @contextmanager
@@ -241,9 +241,9 @@ def wait_until_ready(
         if line.partition("] ")[2] != shown.partition("] ")[2]:
             print(line, file=out, flush=True)
             shown = line
-        if all(s.get("phase") == "Ready" and s.get("endpoint") for s in statuses.values()):
+        if all(is_ready(s) for s in statuses.values()):
             return statuses
-        failed = {n: s for n, s in statuses.items() if s.get("phase") in ("Failed", "Expired")}
+        failed = {n: s for n, s in statuses.items() if s.get("phase") in TERMINAL_PHASES}
         if failed:
             raise DemoError(f"sessions did not become Ready: {failed}")
         if time.monotonic() - started > timeout:

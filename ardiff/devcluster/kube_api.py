@@ -30,12 +30,12 @@ import asyncio
 import json
 import signal
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self
 
 import yaml
 from aiohttp import web
@@ -61,8 +61,6 @@ from ardiff.devcluster.kube_store import (
 from ardiff.devcluster.patches import APPLY_PATCH
 from ardiff.devcluster.selectors import FieldSelector, LabelSelector, SelectorError
 from ardiff.devcluster.tables import build_table
-
-T = TypeVar("T")
 
 # The apiserver's limit on a request body (etcd holds objects of at most ~1.5 MiB).
 MAX_BODY_BYTES = 3 << 20
@@ -455,10 +453,7 @@ class KubeAPIServer:
 
 
 class KubeAPIThread:
-    """The emulated API on a background thread with its own event loop (for sync code and fixtures).
-
-    `call(fn)` runs `fn(api)` on the API's loop (the store is not thread-safe) and returns its result.
-    """
+    """The emulated API on a background thread with its own event loop (for sync code and fixtures)."""
 
     def __init__(
         self,
@@ -505,16 +500,6 @@ class KubeAPIThread:
         if self.kubeconfig is not None:
             write_kubeconfig(self.kubeconfig, self.url)
         return self
-
-    def call(self, fn: Callable[[KubeAPI], T], timeout: float = 10) -> T:
-        assert self._loop is not None, "KubeAPIThread is not started"
-        assert self._server is not None, "KubeAPIThread is not started"
-        server = self._server
-
-        async def run() -> T:
-            return fn(server.api)
-
-        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
 
     def stop(self) -> None:
         if self._loop is not None and self._stop is not None and self._thread is not None:

@@ -734,10 +734,6 @@ class ObjectStore:
         for watch in self._watches:
             watch.queue.put_nowait((CLOSED, {}))
 
-    @property
-    def open_watches(self) -> int:
-        return len(self._watches)
-
 
 def _fold_string_data(secret: Obj) -> None:
     """Secrets: `stringData` is write-only and merged into `data` (base64), as the apiserver does."""

@@ -21,6 +21,15 @@ def kubectl_binary() -> str:
     return found
 
 
+def kube_env(kubeconfig: str | Path) -> dict[str, str]:
+    """This process' environment pointed at `kubeconfig`; kubectl's discovery cache sits next to it."""
+    return {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "KUBECACHEDIR": str(Path(kubeconfig).parent / "kubectl-cache"),
+    }
+
+
 def run_kubectl(
     args: Sequence[str],
     *,
@@ -29,12 +38,8 @@ def run_kubectl(
     check: bool = True,
     timeout: float = 60,
 ) -> subprocess.CompletedProcess[str]:
-    """`kubectl <args>` with KUBECONFIG set; its discovery cache sits next to the kubeconfig."""
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(kubeconfig),
-        "KUBECACHEDIR": str(Path(kubeconfig).parent / "kubectl-cache"),
-    }
+    """`kubectl <args>` with KUBECONFIG set (`kube_env`)."""
+    env = kube_env(kubeconfig)
     argv = [kubectl_binary(), *args]
     return subprocess.run(
         argv, input=stdin, capture_output=True, text=True, env=env, check=check, timeout=timeout

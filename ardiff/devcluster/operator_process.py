@@ -9,7 +9,6 @@ the chart test and `benchmarks/reconcile.py` all start the operator through this
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -20,11 +19,24 @@ from typing import Self
 
 import httpx
 
+from ardiff.devcluster.kubectl import kube_env
 from ardiff.devcluster.pod_runner import resolve_executable
 from ardiff.devcluster.redis_server import free_port
 from ardiff.errors import ArdiffError
 
 STOP_TIMEOUT_SECONDS = 30.0
+
+
+def stop_process(process: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> None:
+    """Send `sig` to a running process and wait for it; kill it after `STOP_TIMEOUT_SECONDS`."""
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(sig)
+    try:
+        process.wait(timeout=STOP_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 class OperatorStartError(ArdiffError):
@@ -70,9 +82,7 @@ class OperatorProcess:
             self.liveness_port = free_port()
             argv += ["--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz"]
         env = {
-            **os.environ,
-            "KUBECONFIG": str(self.kubeconfig),
-            "KUBECACHEDIR": str(self.kubeconfig.parent / "kubectl-cache"),
+            **kube_env(self.kubeconfig),
             "ARDIFF_REDIS_URL": self.redis_url,
             "ARDIFF_WATCH_NAMESPACES": self.namespace,
             **self.env,
@@ -105,13 +115,7 @@ class OperatorProcess:
         """Stop it (SIGTERM lets kopf finish, SIGKILL is a crash); its exit code, None if never started."""
         if self.process is None:
             return None
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout=STOP_TIMEOUT_SECONDS)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, sig)
         code = self.process.returncode
         self.process = None
         return code
