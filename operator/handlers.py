@@ -20,7 +20,7 @@ from ardiff.kv.records import PoolId
 from ardiff.operator.config import OperatorConfig
 from ardiff.operator.context import OperatorContext
 from ardiff.operator.kube import KubeApi
-from ardiff.operator.pods import POOL_LABEL
+from ardiff.operator.pods import COMPONENT_LABEL, POOL_LABEL, WORKER_COMPONENT
 from ardiff.operator.reconcile import (
     delete_pool,
     ensure_service,
@@ -40,7 +40,7 @@ from ardiff.operator.views import PodView, PoolView, SessionView
 
 FINALIZER = "ardiffusion.dev/finalizer"
 ANNOTATIONS_PREFIX = "ardiffusion.dev"
-WORKER_LABELS = {POOL_LABEL: kopf.PRESENT, "app.kubernetes.io/component": "worker"}
+WORKER_LABELS = {POOL_LABEL: kopf.PRESENT, COMPONENT_LABEL: WORKER_COMPONENT}
 # A kicked pool waits at least this long between rounds (kicks come in bursts: 1,000 sessions at once).
 MIN_ROUND_GAP_SECONDS = 0.2
 
@@ -65,7 +65,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per API call otherwise
     # Namespaced mode runs without cluster-scoped rights: no namespace or CRD scanning.
     settings.scanning.disabled = not config.all_namespaces
-    settings.watching.label_selectors["pods"] = f"{POOL_LABEL},app.kubernetes.io/component=worker"
+    settings.watching.label_selectors["pods"] = f"{POOL_LABEL},{COMPONENT_LABEL}={WORKER_COMPONENT}"
     # Peering (standalone / name / priority) comes from `kopf.run`'s arguments (operator/cli.py).
 
     def login() -> kopf.ConnectionInfo:

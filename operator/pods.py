@@ -17,6 +17,8 @@ from typing import Any
 from ardiff.operator.specs import WorkerPoolSpec
 
 POOL_LABEL = "ardiffusion.dev/pool"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+WORKER_COMPONENT = "worker"
 TEMPLATE_HASH_ANNOTATION = "ardiffusion.dev/template-hash"
 WORKER_PORT = 8000
 WORKER_PORT_NAME = "http"
@@ -35,7 +37,7 @@ def pool_labels(pool: str) -> dict[str, str]:
     """The labels every worker Pod of `pool` carries; also the Service's selector."""
     return {
         "app.kubernetes.io/name": "ardiff",
-        "app.kubernetes.io/component": "worker",
+        COMPONENT_LABEL: WORKER_COMPONENT,
         POOL_LABEL: pool,
     }
 

@@ -25,7 +25,7 @@ from ardiff.errors import ArdiffError
 from ardiff.kv.records import SessionRecord, SessionState, check_name, token_sha256
 from ardiff.worker import tick_rules
 from ardiff.worker.conditioning import Conditioning
-from ardiff.worker.encoding import MediaType, encode_frames
+from ardiff.worker.encoding import RAW, MediaType, encode_frames
 from ardiff.worker.errors import (
     AtCapacity,
     ChunkOutOfOrder,
@@ -378,10 +378,8 @@ class WorkerService:
         self, chunk: CachedChunk, media_type: MediaType, *, queue: float, forward: float, decode: float
     ) -> TickResponse:
         started = time.perf_counter()
-        if media_type == "application/octet-stream":
-            body = encode_frames(
-                chunk.frames, media_type
-            )  # a copy of a few hundred KB: not worth a thread hop
+        if media_type == RAW:  # a copy of a few hundred KB: not worth a thread hop
+            body = encode_frames(chunk.frames, media_type)
         else:
             body = await asyncio.to_thread(encode_frames, chunk.frames, media_type)
         encode = time.perf_counter() - started

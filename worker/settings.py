@@ -11,7 +11,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from ardiff.kv.records import check_name
 
@@ -83,9 +83,9 @@ class WorkerSettings:
             raise ValueError(f"worker fake_tick_seconds must be >= 0, got {self.fake_tick_seconds!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"worker port must be in [0, 65535], got {self.port!r}")
-        if self.runtime not in ("vllm", "fake"):
+        if self.runtime not in get_args(Runtime):
             raise ValueError(f"worker runtime must be 'vllm' or 'fake', got {self.runtime!r}")
-        if self.dtype not in (None, "bfloat16", "float16", "float32"):
+        if self.dtype is not None and self.dtype not in get_args(Dtype):
             raise ValueError(f"worker dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
         for name in ("model", "pipeline", "host", "pod_ip", "model_cache"):
             if not getattr(self, name):
@@ -145,9 +145,9 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         kwargs: dict[str, Any] = {"default": None, "help": _HELP.get(item.name, "")}
         kwargs["help"] = f"{kwargs['help']} [env {_env_name(item.name)}]".strip()
         if item.name == "runtime":
-            kwargs["choices"] = ["vllm", "fake"]
+            kwargs["choices"] = get_args(Runtime)
         if item.name == "dtype":
-            kwargs["choices"] = ["bfloat16", "float16", "float32"]
+            kwargs["choices"] = get_args(Dtype)
         parser.add_argument(_flag_name(item.name), dest=item.name, **kwargs)
 
 
