@@ -95,37 +95,30 @@ class KubeApi:
         method: str,
         path: str,
         *,
+        absent: int,
         body: Any = None,
         content_type: str = "application/json",
-        params: Mapping[str, str] | None = None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | None:
+        """The reply's object; None when the API answers `absent` (the object is gone, or already there)."""
         headers = {"Content-Type": content_type} if body is not None else None
-        response = await self._client.request(method, path, json=body, params=params, headers=headers)
+        response = await self._client.request(method, path, json=body, headers=headers)
         if response.status_code == 401:  # the token may have been rotated: log in again, once
             self._client.headers.update(_authorization(self._login()))
-            response = await self._client.request(method, path, json=body, params=params, headers=headers)
+            response = await self._client.request(method, path, json=body, headers=headers)
+        if response.status_code == absent:
+            return None
         if response.status_code >= 400:
             raise KubeApiError(response.status_code, method, path, response.text)
         return response.json() if response.content else {}
 
     async def get(self, resource: ApiResource, namespace: str, name: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
-        try:
-            return await self._request("GET", resource.path(namespace, name))
-        except KubeApiError as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return await self._request("GET", resource.path(namespace, name), absent=404)
 
     async def create(self, resource: ApiResource, body: dict[str, Any]) -> dict[str, Any] | None:
         """Create the object; None when one of that name already exists (409)."""
-        namespace = body["metadata"]["namespace"]
-        try:
-            return await self._request("POST", resource.path(namespace), body=body)
-        except KubeApiError as exc:
-            if exc.status == 409:
-                return None
-            raise
+        path = resource.path(body["metadata"]["namespace"])
+        return await self._request("POST", path, absent=409, body=body)
 
     async def create_or_get(self, resource: ApiResource, body: dict[str, Any]) -> dict[str, Any] | None:
         """Create the object, or read the one of that name that exists; None when that one was deleted
@@ -137,13 +130,7 @@ class KubeApi:
 
     async def delete(self, resource: ApiResource, namespace: str, name: str) -> bool:
         """Delete the object; False when it was already gone (404)."""
-        try:
-            await self._request("DELETE", resource.path(namespace, name))
-        except KubeApiError as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+        return await self._request("DELETE", resource.path(namespace, name), absent=404) is not None
 
     async def patch(
         self,
@@ -155,18 +142,14 @@ class KubeApi:
         subresource: str | None = None,
     ) -> bool:
         """Merge-patch the object (null deletes a field); False when it is gone."""
-        try:
-            await self._request(
-                "PATCH",
-                resource.path(namespace, name, subresource),
-                body=dict(body),
-                content_type="application/merge-patch+json",
-            )
-        except KubeApiError as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+        reply = await self._request(
+            "PATCH",
+            resource.path(namespace, name, subresource),
+            absent=404,
+            body=dict(body),
+            content_type="application/merge-patch+json",
+        )
+        return reply is not None
 
     async def patch_status(
         self, resource: ApiResource, namespace: str, name: str, status: Mapping[str, Any]
