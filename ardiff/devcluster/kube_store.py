@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ardiff.devcluster import core_validation
 from ardiff.devcluster.api_resources import ResourceRegistry, ResourceType
 from ardiff.devcluster.crd import CRD_GROUP, CustomResourceDefinition
 from ardiff.devcluster.patches import JSON_PATCH, PatchError, apply_patch
@@ -315,6 +316,8 @@ class ObjectStore:
         warnings: tuple[str, ...] = ()
         if rtype.crd is not None:
             obj, warnings = self._admit(rtype, obj, None, strict)
+        else:
+            self._validate_builtin(rtype, obj)
         if (ns, meta["name"]) in self._objects.get(rtype.key, {}):
             details = _details(rtype, meta["name"])
             raise ApiError(
@@ -502,6 +505,17 @@ class ObjectStore:
             )
         return admitted.obj, tuple(f'unknown field "{path}"' for path in admitted.pruned)
 
+    def _validate_builtin(self, rtype: ResourceType, obj: Obj) -> None:
+        """What kube-apiserver's validation of a built-in kind refuses (`core_validation`)."""
+        try:
+            errors = core_validation.validate(rtype.qualified, obj)
+        except core_validation.Undecodable as exc:
+            raise bad_request(
+                f"{rtype.kind} in version {rtype.version!r} cannot be handled as a {rtype.kind}: {exc}"
+            ) from exc
+        if errors:
+            raise _invalid(rtype, obj["metadata"]["name"], *errors)
+
     def _update(
         self, rtype: ResourceType, old: Obj, new: Obj, subresource: str | None, dry_run: bool, strict: bool
     ) -> WriteResult:
@@ -542,6 +556,8 @@ class ObjectStore:
         warnings: tuple[str, ...] = ()
         if rtype.crd is not None:
             new, warnings = self._admit(rtype, new, old, strict)
+        else:
+            self._validate_builtin(rtype, new)
         if rtype.qualified == f"customresourcedefinitions.{CRD_GROUP}":
             crd = self._parse_crd(new)
             if (crd.group, crd.plural) != (old["spec"]["group"], old["spec"]["names"]["plural"]):
