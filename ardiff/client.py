@@ -45,6 +45,7 @@ LINGBOT_CAMERA_SCHEMA = "lingbot.camera_actions.v1"
 LINGBOT_CAMERA_KEYS = frozenset("wasdijkl")  # W/A/S/D move, I/J/K/L look
 LINGBOT_FRAMES_PER_CHUNK = 3  # key states per tick: one per latent frame of an AR block
 MAX_MISDIRECTIONS = 3
+DEFAULT_RETRY_SECONDS = 30.0  # how long SessionClient retries retryable answers (503) before it gives up
 TERMINAL_PHASES = ("Failed", "Expired")
 
 
@@ -61,6 +62,8 @@ class WorkerAPIError(ArdiffError):
 
     status: ClassVar[int] = 500
     code = "worker_error"
+    # The codes a client may retry (docs/contracts.md §4); `SessionClient` does, within `retry_seconds`.
+    retryable: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -69,12 +72,14 @@ class WorkerAPIError(ArdiffError):
         status: int | None = None,
         param: str | None = None,
         extra: Mapping[str, Any] | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         if status is not None:
             self.status = status  # type: ignore[misc]  # the answer's own status, if it differs
         self.param = param
         self.extra = dict(extra or {})
+        self.retry_after = retry_after  # seconds, from the answer's `Retry-After`
 
 
 class InvalidTick(WorkerAPIError):
@@ -154,8 +159,19 @@ class AtCapacity(WorkerAPIError):
 
 
 class NotReady(WorkerAPIError):
+    """The worker is loading or draining, or cannot reach the placement store (retryable)."""
+
     status = 503
     code = "not_ready"
+    retryable = True
+
+
+class PlacementRecovering(WorkerAPIError):
+    """The placement store lost its data and the session's binding is being rebuilt (retryable)."""
+
+    status = 503
+    code = "placement_recovering"
+    retryable = True
 
 
 class ForwardFailed(WorkerAPIError):
@@ -181,6 +197,7 @@ ERRORS_BY_CODE: dict[str, type[WorkerAPIError]] = {
         Misdirected,
         AtCapacity,
         NotReady,
+        PlacementRecovering,
         ForwardFailed,
     )
 }
@@ -230,7 +247,14 @@ def error_from_response(response: httpx.Response) -> WorkerAPIError:
         return WorkerAPIError(f"HTTP {response.status_code}: {text}", status=response.status_code)
     extra = {k: v for k, v in envelope.items() if k not in ("code", "message", "type", "param")}
     cls = ERRORS_BY_CODE.get(code, WorkerAPIError)
-    error = cls(message, status=response.status_code, param=envelope.get("param"), extra=extra)
+    retry_after = response.headers.get("retry-after", "")
+    error = cls(
+        message,
+        status=response.status_code,
+        param=envelope.get("param"),
+        extra=extra,
+        retry_after=float(retry_after) if retry_after.isdigit() else None,
+    )
     if cls is WorkerAPIError:
         error.code = code
     return error
@@ -369,6 +393,7 @@ class SessionClient:
     token: str
     next_chunk_index: int = 0
     timeout: float = 120.0
+    retry_seconds: float = DEFAULT_RETRY_SECONDS  # 0: never retry
     http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=None), repr=False)
 
     def __post_init__(self) -> None:
@@ -388,8 +413,11 @@ class SessionClient:
     def _request(
         self, method: str, path: str, *, json_body: Any = None, headers: Mapping[str, str] | None = None
     ) -> httpx.Response:
-        """One call, following `misdirected` answers to the endpoint they name; errors become exceptions."""
-        for _ in range(MAX_MISDIRECTIONS + 1):
+        """One call, following `misdirected` answers to the endpoint they name and retrying retryable ones
+        (`Retry-After` apart) for up to `retry_seconds`; errors become exceptions."""
+        misdirections = 0
+        give_up_at: float | None = None
+        while misdirections <= MAX_MISDIRECTIONS:
             url = f"{self.endpoint}/v1/sessions/{self.session_id}{path}"
             try:
                 response = self.http.request(
@@ -404,9 +432,25 @@ class SessionClient:
             if response.status_code < 400:
                 return response
             error = error_from_response(response)
-            if not isinstance(error, Misdirected):
+            if isinstance(error, Misdirected):
+                misdirections += 1
+                self.endpoint = error.endpoint.rstrip("/")
+                continue
+            if not error.retryable:
                 raise error
-            self.endpoint = error.endpoint.rstrip("/")
+            now = time.monotonic()
+            give_up_at = now + self.retry_seconds if give_up_at is None else give_up_at
+            pause = error.retry_after if error.retry_after is not None else 1.0
+            if self.retry_seconds <= 0 or now + pause > give_up_at:
+                raise type(error)(
+                    f"{error.message} (still {error.code} after retrying for {self.retry_seconds:g} s, "
+                    "the client's retry_seconds)",
+                    status=error.status,
+                    param=error.param,
+                    extra=error.extra,
+                    retry_after=error.retry_after,
+                ) from error
+            time.sleep(pause)
         raise Misdirected(
             f"session {self.session_id} was still misdirected after {MAX_MISDIRECTIONS} redirections",
             status=Misdirected.status,

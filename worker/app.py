@@ -201,7 +201,9 @@ class RouteError(WorkerError):
 
 
 def _error_response(error: WorkerError) -> JSONResponse:
-    return JSONResponse(error.envelope(), status_code=error.status)
+    retry = error.retry_after_seconds
+    headers = None if retry is None else {"Retry-After": str(retry)}
+    return JSONResponse(error.envelope(), status_code=error.status, headers=headers)
 
 
 # ------------------------------------------------------------------------------------------ the app

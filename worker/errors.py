@@ -15,6 +15,8 @@ from ardiff.errors import ArdiffError
 class WorkerError(ArdiffError):
     status: ClassVar[int] = 500
     code = "internal_error"
+    # Set on the codes a client may retry (docs/contracts.md §4): the answer carries `Retry-After`.
+    retry_after_seconds: ClassVar[int | None] = None
 
     def __init__(self, message: str, *, param: str | None = None, **extra: Any) -> None:
         super().__init__(message)
@@ -106,6 +108,16 @@ class AtCapacity(WorkerError):
 class NotReady(WorkerError):
     status = 503
     code = "not_ready"
+    retry_after_seconds = 1
+
+
+class PlacementRecovering(WorkerError):
+    """The placement store has no record this worker can trust for a session it may hold: Redis lost its
+    data and the operator has not rebuilt the binding yet. Retryable; never a 404/410 for a live session."""
+
+    status = 503
+    code = "placement_recovering"
+    retry_after_seconds = 1
 
 
 class ForwardFailed(WorkerError):

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from ardiff.errors import ArdiffError
 from ardiff.kv.records import SessionRecord, SessionState, check_name, token_sha256
@@ -34,6 +34,7 @@ from ardiff.worker.errors import (
     MaxChunksReached,
     Misdirected,
     NotReady,
+    PlacementRecovering,
     ResetRequired,
     SessionClosed,
     SessionEvicted,
@@ -246,9 +247,9 @@ class WorkerService:
             record = await self.link.session(session_id)
         except Exception as exc:
             raise NotReady(f"placement store unavailable: {exc}") from exc
-        if record is None:
-            raise UnknownSession(f"no session {session_id!r} in pool {self.link.pool}")
         presented = bearer_token_sha256(authorization)
+        if record is None:
+            await self._no_record(session_id, presented)
         if presented is None or not hmac.compare_digest(presented, record.token_sha256):
             raise Unauthorized("missing or wrong bearer token for this session")
         if record.state is SessionState.PLACED and record.pod != self.link.pod:
@@ -263,6 +264,34 @@ class WorkerService:
         if record.state is SessionState.EVICTED:
             raise SessionEvicted(f"session {session_id!r} was evicted to make room; it is re-placed later")
         raise SessionEvicted(f"session {session_id!r} was placed on an earlier incarnation of this pod")
+
+    async def _no_record(self, session_id: str, presented: str | None) -> NoReturn:
+        """The store has no record of the session: 503 `placement_recovering` while it may be rebuilt.
+
+        A session this worker holds is alive (its KV is here) whatever the store says: Redis lost its data and
+        the operator rebuilds the binding from the session's status within a round. Its token is checked
+        against the hash the worker admitted it with. Any id is "not rebuilt yet" rather than unknown for a
+        while after the worker saw the store lose data (its own pod record was missing). Only an id that the
+        worker never held and that the store does not know, outside that window, is 404 (contracts §4).
+        """
+        assert self.link is not None
+        book = self._books.get(session_id)
+        if book is not None and book.holds_slot:
+            if presented is None or not hmac.compare_digest(presented, book.token_sha256):
+                raise Unauthorized("missing or wrong bearer token for this session")
+            raise PlacementRecovering(
+                f"session {session_id!r} lives on this worker but the placement store has no record of it "
+                "(its data was lost and is being rebuilt); retry"
+            )
+        try:
+            recovering = await self.link.store_lost_data()
+        except Exception as exc:
+            raise NotReady(f"placement store unavailable: {exc}") from exc
+        if recovering:
+            raise PlacementRecovering(
+                f"the placement store lost its data and has no record of session {session_id!r} yet; retry"
+            )
+        raise UnknownSession(f"no session {session_id!r} in pool {self.link.pool}")
 
     # ---------------------------------------------------------------- ticks
 
@@ -419,7 +448,8 @@ class WorkerService:
             log.warning("could not check for stale sessions: %s", exc)
             return
         for session_id, binding in bindings.items():
-            if binding is None or not self.link.is_here(binding):
+            # No record is no verdict: Redis lost its data and the binding is being rebuilt.
+            if binding is not None and not self.link.is_here(binding):
                 await self._release(session_id, reason="stale")
 
     async def _release(self, session_id: str, *, reason: str, keep_book: bool = False) -> None:
@@ -459,7 +489,11 @@ class WorkerService:
 
         try:
             await self.link.touch(session_id, chunk_index=chunk_index, reset_done=reset_done)
-        except (placement.SessionNotHere, placement.UnknownSession):
+        except placement.UnknownSession:
+            # Redis lost the record during the forward: the chunk stands (the KV and the book are here), the
+            # operator rebuilds the binding and the next tick's touch records the progress.
+            log.warning("no record of session %s to touch (the store lost its data)", session_id)
+        except placement.SessionNotHere:
             await self._release(session_id, reason="evict")
             raise SessionEvicted(f"session {session_id!r} was moved off this pod during its tick") from None
         except placement.PodFenced:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -49,9 +50,9 @@ class _ServerProcess(abc.ABC):
     def start(self) -> Self:
         """Launch the process and return once it listens."""
 
-    def stop(self) -> None:
+    def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
+            self.process.send_signal(sig)
             self.process.wait(timeout=10)
         self.process = None
 
@@ -96,9 +97,10 @@ class RedisServer(_ServerProcess):
         _wait_for_port(self.port, timeout=10)
         return self
 
-    def restart(self) -> None:
-        """Stop and start on the same port: like a Redis pod restarted without persistence."""
-        self.stop()
+    def restart(self, sig: int = signal.SIGTERM) -> None:
+        """Stop (with `sig`; SIGKILL for a crash) and start on the same port: like a Redis pod restarted
+        without persistence."""
+        self.stop(sig)
         self.start()
 
 

@@ -3,8 +3,14 @@ contracts table, frame decoding, camera controls, server timings, MP4 writing, a
 
 from __future__ import annotations
 
+import contextlib
 import io
+import json
 import re
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import av
@@ -52,7 +58,7 @@ def answer(error: worker_errors.WorkerError) -> httpx.Response:
 
 def test_the_client_knows_every_code_of_the_contract_with_its_status() -> None:
     codes = contract_codes()
-    assert len(codes) == 14
+    assert len(codes) == 15
     assert {code: cls.status for code, cls in client.ERRORS_BY_CODE.items()} == codes
 
 
@@ -169,3 +175,118 @@ def test_an_unreachable_kubernetes_api_is_a_clear_error(tmp_path: Path) -> None:
     sessions = client.KubeSessions("default", kubeconfig=kubeconfig)
     with pytest.raises(client.KubernetesError, match="get session walk: cannot reach the Kubernetes API"):
         sessions.get("walk")
+
+
+# ------------------------------------------------------------------------ retries, against a loopback server
+
+Answer = tuple[int, dict[str, object], dict[str, str]]  # status, JSON body, headers
+
+
+class ScriptedWorker(ThreadingHTTPServer):
+    """A loopback HTTP server that answers each request with the next scripted answer (the last repeats)
+    and records the request bodies."""
+
+    def __init__(self, answers: list[Answer]) -> None:
+        super().__init__(("127.0.0.1", 0), _ScriptedHandler)
+        self.answers = answers
+        self.bodies: list[dict[str, object]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _ScriptedHandler(BaseHTTPRequestHandler):
+    server: ScriptedWorker
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("content-length", 0))
+        self.server.bodies.append(json.loads(self.rfile.read(length) or b"{}"))
+        index = min(len(self.server.bodies), len(self.server.answers)) - 1
+        status, body, headers = self.server.answers[index]
+        payload = json.dumps(body).encode() if status >= 400 else bytes(9 * 2 * 2 * 3)
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("content-length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def scripted(answers: list[Answer]) -> Iterator[ScriptedWorker]:
+    server = ScriptedWorker(answers)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def recovering(retry_after: str) -> Answer:
+    error = worker_errors.PlacementRecovering("no record yet; retry")
+    return error.status, error.envelope(), {"retry-after": retry_after, "content-type": "application/json"}
+
+
+CHUNK_0: Answer = (
+    200,
+    {},
+    {
+        "content-type": "application/octet-stream",
+        "ardiff-frame-shape": "9,2,2,3",
+        "ardiff-chunk-metadata": json.dumps(
+            {"session_id": "walk", "request_id": "r0", "chunk_index": 0, "applied_event_ids": []}
+        ),
+    },
+)
+
+
+def test_retryable_codes_are_exactly_the_503s_of_the_contract() -> None:
+    retryable = {code for code, cls in client.ERRORS_BY_CODE.items() if cls.retryable}
+    assert retryable == {code for code, status in contract_codes().items() if status == 503}
+    assert retryable == {"not_ready", "placement_recovering"}
+    for error in worker_error_instances():  # the worker sends Retry-After on exactly those
+        assert (error.retry_after_seconds is not None) == (error.code in retryable), error.code
+
+
+def test_a_retryable_answer_is_retried_with_the_same_request_until_it_succeeds() -> None:
+    with scripted([recovering("0"), recovering("0"), CHUNK_0]) as server:
+        with client.SessionClient("walk", server.url, "t0ken", retry_seconds=5) as session:
+            chunk = session.tick([client.hold("w")], request_id="r0")
+        assert chunk.metadata.chunk_index == 0
+        assert session.next_chunk_index == 1
+        assert len(server.bodies) == 3
+        assert all(body == server.bodies[0] for body in server.bodies)  # the same tick: idempotent retries
+
+
+def test_retries_honour_retry_after_and_give_up_at_the_bound_saying_so() -> None:
+    with scripted([recovering("1")]) as server:
+        with client.SessionClient("walk", server.url, "t0ken", retry_seconds=2.5) as session:
+            started = time.monotonic()
+            with pytest.raises(client.PlacementRecovering) as raised:
+                session.tick([client.hold("w")])
+            waited = time.monotonic() - started
+        assert len(server.bodies) == 3  # at 0, 1 and 2 s; a third pause would pass the 2.5 s bound
+        assert 2.0 <= waited < 2.5
+        assert "after retrying for 2.5 s" in raised.value.message
+        assert raised.value.retry_after == 1.0
+        assert session.next_chunk_index == 0
+
+
+def test_no_retry_when_the_bound_is_zero_or_the_code_is_final() -> None:
+    with scripted([recovering("0"), CHUNK_0]) as server:
+        session = client.SessionClient("walk", server.url, "t0ken", retry_seconds=0)
+        with session, pytest.raises(client.PlacementRecovering):
+            session.tick([client.hold("w")])
+        assert len(server.bodies) == 1
+    unknown = worker_errors.UnknownSession("no session 'walk'")
+    with scripted([(404, unknown.envelope(), {"content-type": "application/json"}), CHUNK_0]) as server:
+        session = client.SessionClient("walk", server.url, "t0ken")
+        with session, pytest.raises(client.UnknownSession):
+            session.tick([client.hold("w")])
+        assert len(server.bodies) == 1

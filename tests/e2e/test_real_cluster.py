@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from ardiff import client
+from ardiff.devcluster.tick_recorder import TickRecorder
 from tests.e2e.conftest import NAMESPACE, Stack, build_pool, running_stack
 from tests.waiting import wait_until
 
@@ -300,6 +301,71 @@ def test_operator_restart_and_redis_losing_its_data_converge(stack: Stack) -> No
             assert status["resetRequired"] is False
             assert_frames(session.tick([client.hold("a")]), 2)  # the KV never left the workers
         assert_consistent(stack, names)
+    finally:
+        for session in clients.values():
+            session.http.close()
+
+
+RETRYABLE = {(503, "placement_recovering"), (503, "not_ready")}
+
+
+def test_while_redis_restarts_empty_ticks_are_only_told_to_retry(stack: Stack) -> None:
+    """Redis killed (-9) and back empty under ticking sessions, then again with the operator killed at the
+    same moment: every answer until the bindings are rebuilt is a retryable 503, then each session goes on at
+    its next chunk with its KV; the Python client rides it out without the caller doing anything."""
+    names = [stack.session("ride-a"), stack.session("ride-b")]
+    bindings = {name: (s["pod"], s["podEpoch"]) for name in names for s in [ready(stack, name)]}
+    clients = {name: stack.connect(name) for name in names}
+    try:
+        for session in clients.values():
+            session.tick([client.hold("w")])
+        clients["ride-b"].retry_seconds = 120  # rides out the operator's restart below
+        recorder = TickRecorder(clients["ride-a"])
+        recorder.start()
+        wait_until(lambda: recorder.first_success_since(0), timeout=60, what="ride-a ticking")
+
+        # 1. Redis alone: the operator rebuilds the bindings within a round.
+        crashed = time.monotonic()
+        stack.cluster.redis.restart(signal.SIGKILL)
+        wait_until(lambda: recorder.first_success_since(crashed), timeout=60, what="ride-a ticking again")
+        alone = recorder.first_success_since(crashed).sent - crashed
+        late = clients["ride-b"].tick([client.hold("d")])  # the client retries whatever is retryable
+        assert late.metadata.chunk_index == 1
+
+        # 2. Redis and the operator together: recovery waits for the new operator.
+        crashed = time.monotonic()
+        stack.cluster.operator.stop(signal.SIGKILL)
+        stack.cluster.redis.restart(signal.SIGKILL)
+        ticked: list[client.Chunk] = []
+        rider = threading.Thread(target=lambda: ticked.append(clients["ride-b"].tick([client.hold("a")])))
+        rider.start()
+        time.sleep(3)  # the operator stays down
+        stack.cluster.operator.start().wait_ready()
+        wait_until(lambda: recorder.first_success_since(crashed), timeout=60, what="ride-a ticking again")
+        with_operator = recorder.first_success_since(crashed).sent - crashed
+        rider.join(timeout=120)
+        recorder.stop()
+
+        answers = recorder.since(0)
+        refused = [(a.status, a.code) for a in answers if a.status != 200]
+        assert set(refused) <= RETRYABLE, refused
+        assert (
+            503,
+            "placement_recovering",
+        ) in refused  # the window was exercised (the operator was down 3 s)
+        assert with_operator >= 3
+        indexes = [a.chunk_index for a in answers if a.status == 200]
+        assert indexes == list(range(indexes[0], indexes[0] + len(indexes)))  # never a reset, never a gap
+        assert [chunk.metadata.chunk_index for chunk in ticked] == [2]
+        print(
+            f"\nstore recovery window (restart -> first 200): Redis alone {alone:.2f} s, "
+            f"Redis + operator {with_operator:.2f} s (operator down 3 s); {len(refused)} retryable answers"
+        )
+        for name in names:
+            status = stack.sessions.status(name)
+            assert (status["phase"], status["pod"], status["podEpoch"]) == ("Ready", *bindings[name])
+            assert status["resetRequired"] is False
+        wait_until(lambda: stack.invariants() == [], timeout=30, what="consistent placements")
     finally:
         for session in clients.values():
             session.http.close()

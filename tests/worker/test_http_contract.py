@@ -15,6 +15,7 @@ import uuid
 import httpx
 import numpy as np
 import pytest
+import redis.asyncio as aioredis
 
 from ardiff.kv.records import PoolId, SessionState
 from ardiff.worker.conditioning import Conditioning, seed_image
@@ -26,6 +27,7 @@ POOL = PoolId("default", f"wk-contract-{uuid.uuid4().hex[:6]}")
 POD = "fake-worker-0"
 TOKEN = "s3cret-token"
 FAKE_TICK_SECONDS = 0.3  # long enough for two requests to overlap
+STORE_RECOVERY_SECONDS = 3  # after the worker saw the store lose its data, unknown ids get 503 this long
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,7 @@ def worker(launch_worker, redis_url):
         fake_tick_seconds=FAKE_TICK_SECONDS,
         lease_seconds=5,
         heartbeat_seconds=0.5,
+        store_recovery_seconds=STORE_RECOVERY_SECONDS,
         test_faults=1,
     )
     yield process
@@ -198,6 +201,54 @@ async def test_unknown_session_is_404(worker):
     error_of(worker.tick("no-such-session", 0, token=TOKEN), 404, "unknown_session")
     error_of(worker.tick("Not_A_Name", 0, token=TOKEN), 404, "unknown_session")
     error_of(worker.client.get(f"{worker.url}/v1/sessions/no-such-session"), 404, "unknown_session")
+
+
+async def lose_the_pools_data(redis_url: str) -> None:
+    """What a Redis restart without persistence does to this pool: every key of its hash tag is gone."""
+    async with aioredis.from_url(redis_url) as redis:
+        keys = [key async for key in redis.scan_iter(match=f"{POOL.tag}*")]
+        assert keys
+        await redis.delete(*keys)
+
+
+async def test_a_held_session_without_a_record_is_503_retryable_until_the_binding_is_rebuilt(
+    worker, store, place, redis_url
+):
+    session = await place(seed=3)
+    assert worker.tick(session, 0, token=TOKEN).status_code == 200
+    pod = await store.get_pod(POOL, POD)
+    spec = await _spec_of(store, session)
+    await lose_the_pools_data(redis_url)
+
+    error = error_of(worker.tick(session, 1, token=TOKEN), 503, "placement_recovering")
+    assert "lives on this worker" in error["message"]
+    assert worker.tick(session, 1, token=TOKEN).headers["retry-after"] == "1"
+    error_of(worker.tick(session, 1, token="not-the-token"), 401, "unauthorized")  # checked against its book
+    error_of(
+        worker.client.get(f"{worker.url}/v1/sessions/{session}", headers=worker.headers(TOKEN)),
+        503,
+        "placement_recovering",
+    )
+    # An id the worker never held: the store cannot tell yet whether it is being rebuilt.
+    error_of(worker.tick("never-held", 0, token=TOKEN), 503, "placement_recovering")
+
+    async def healed():  # the worker's heartbeat re-creates its pod record with the same epoch
+        return await store.get_pod(POOL, POD)
+
+    assert (await wait_for(healed)).epoch == pod.epoch
+    restored = await store.restore(
+        POOL, spec, pod=POD, pod_epoch=pod.epoch, chunk_index=1, reset_required=False
+    )
+    assert restored is not None
+    response = worker.tick(session, 1, token=TOKEN)  # the session goes on where it was: no reset
+    assert response.status_code == 200, response.text
+    assert json.loads(response.headers["ardiff-chunk-metadata"])["chunk_index"] == 1
+    assert (await store.get_session(POOL, session)).chunk_index == 2
+
+    await asyncio.sleep(STORE_RECOVERY_SECONDS)  # the window closes: unknown ids are unknown again
+    error_of(worker.tick("never-held", 0, token=TOKEN), 404, "unknown_session")
+    metrics = worker.client.get(f"{worker.url}/metrics").text
+    assert 'ardiff_tick_errors_total{code="placement_recovering"}' in metrics
 
 
 async def test_chunk_out_of_order_is_409_with_the_expected_index(worker, place):
