@@ -1,7 +1,9 @@
 """Server-side printing: the `meta.k8s.io/v1` Table that `kubectl get` asks for (`Accept: ...;as=Table`).
 
-Custom resources get their CRD's `additionalPrinterColumns` (Name first, Age last when declared); Pods
-get kubectl's familiar columns; every other kind gets Name and Age. Cells are computed like the
+Custom resources get their CRD's `additionalPrinterColumns` (Name first, Age last when declared); the
+built-in kinds the project uses (Pods, Services, Events, Secrets, ConfigMaps, PodDisruptionBudgets,
+Namespaces) get kube-apiserver's columns (`kubectl get events`: LAST SEEN, TYPE, REASON, OBJECT, MESSAGE);
+every other kind gets Name and Age. Cells are computed like the
 apiserver does: JSONPath per column, dates rendered as a human duration ("5m", "3h12m").
 """
 
@@ -10,7 +12,8 @@ from __future__ import annotations
 import datetime
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ardiff.devcluster.crd import PrinterColumn
@@ -24,15 +27,8 @@ NAME_COLUMN = {
     "priority": 0,
 }
 AGE = PrinterColumn("Age", "date", ".metadata.creationTimestamp", "Time since the object was created")
-POD_COLUMNS = (
-    PrinterColumn("Ready", "string", ".status.containerStatuses", "Ready containers of all containers"),
-    PrinterColumn("Status", "string", ".status.phase", "The Pod's phase, or why it is not running"),
-    PrinterColumn("Restarts", "integer", ".status.containerStatuses", "Container restarts"),
-    AGE,
-    PrinterColumn("IP", "string", ".status.podIP", "The Pod's IP", priority=1),
-    PrinterColumn("Node", "string", ".spec.nodeName", "The node the Pod runs on", priority=1),
-)
-
+NONE = "<none>"
+UNKNOWN = "<unknown>"
 _PATH_TOKEN = re.compile(
     r"\.([A-Za-z0-9_-]+)|\['([^']+)'\]|\[(\d+)\]|\[\?\(@\.([A-Za-z0-9_.-]+)==['\"]([^'\"]*)['\"]\)\]"
 )
@@ -103,30 +99,218 @@ def _cell(obj: Mapping[str, Any], column: PrinterColumn, now: datetime.datetime)
     return value
 
 
+Cells = Callable[[Mapping[str, Any], datetime.datetime], list[Any]]
+
+
+@dataclass(frozen=True)
+class BuiltinTable:
+    """kubectl's columns for a built-in kind (`pkg/printers/internalversion/printers.go`): the definitions,
+    each `(name, priority)` (priority 1 shows with `-o wide`), and the row's cells (the apiserver always
+    renders the wide row; kubectl hides what it does not show)."""
+
+    columns: tuple[tuple[str, int], ...]
+    cells: Cells
+
+    def definitions(self) -> list[dict[str, Any]]:
+        return [
+            {**NAME_COLUMN, "priority": priority}
+            if name == "Name"
+            else {"name": name, "type": "string", "format": "", "description": name, "priority": priority}
+            for name, priority in self.columns
+        ]
+
+
+def _since(value: str | None, now: datetime.datetime) -> str:
+    """translateTimestampSince: a human duration, `<unknown>` when unset."""
+    return human_duration((now - parse_rfc3339(value)).total_seconds()) if value else UNKNOWN
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
 def _pod_cells(pod: Mapping[str, Any], now: datetime.datetime) -> list[Any]:
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    containers = (pod.get("spec") or {}).get("containers") or []
+    status, spec = pod.get("status") or {}, pod.get("spec") or {}
+    statuses = status.get("containerStatuses") or []
     ready = sum(1 for s in statuses if s.get("ready"))
-    phase = (pod.get("status") or {}).get("phase") or "Pending"
-    for status in statuses:
-        waiting = (status.get("state") or {}).get("waiting") or {}
-        terminated = (status.get("state") or {}).get("terminated") or {}
+    phase = status.get("reason") or status.get("phase") or "Pending"
+    for container in statuses:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        terminated = (container.get("state") or {}).get("terminated") or {}
         phase = waiting.get("reason") or terminated.get("reason") or phase
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+    if _meta(pod).get("deletionTimestamp"):
         phase = "Terminating"
     restarts = sum(s.get("restartCount", 0) for s in statuses)
-    created = (pod.get("metadata") or {}).get("creationTimestamp")
-    age = human_duration((now - parse_rfc3339(created)).total_seconds()) if created else None
-    ip = (pod.get("status") or {}).get("podIP")
-    return [f"{ready}/{len(containers)}", phase, restarts, age, ip, (pod.get("spec") or {}).get("nodeName")]
+    last_finish = max(
+        (
+            t
+            for s in statuses
+            if (t := ((s.get("lastState") or {}).get("terminated") or {}).get("finishedAt"))
+        ),
+        default=None,
+    )
+    restarts_cell = (
+        f"{restarts} ({_since(last_finish, now)} ago)" if restarts and last_finish else str(restarts)
+    )
+    gates = spec.get("readinessGates") or []
+    return [
+        _meta(pod)["name"],
+        f"{ready}/{len(spec.get('containers') or [])}",
+        phase,
+        restarts_cell,
+        _since(_meta(pod).get("creationTimestamp"), now),
+        status.get("podIP") or NONE,
+        spec.get("nodeName") or NONE,
+        status.get("nominatedNodeName") or NONE,
+        f"0/{len(gates)}" if gates else NONE,
+    ]
 
 
-def columns_for(kind: str, printer_columns: Sequence[PrinterColumn]) -> tuple[PrinterColumn, ...]:
-    if printer_columns:
-        return tuple(printer_columns)
-    if kind == "Pod":
-        return POD_COLUMNS
-    return (AGE,)
+def _labels(labels: Mapping[str, str] | None) -> str:
+    """labels.FormatLabels: `k=v,...` sorted, `<none>` when empty."""
+    return ",".join(f"{k}={v}" for k, v in sorted((labels or {}).items())) or NONE
+
+
+def _service_cells(service: Mapping[str, Any], now: datetime.datetime) -> list[Any]:
+    spec = service.get("spec") or {}
+    cluster_ips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
+    service_type = spec.get("type") or "ClusterIP"
+    external = ",".join(spec.get("externalIPs") or ()) or (
+        spec.get("externalName", NONE) if service_type == "ExternalName" else NONE
+    )
+    ports = ",".join(
+        f"{p['port']}:{p['nodePort']}/{p.get('protocol', 'TCP')}"
+        if p.get("nodePort")
+        else f"{p['port']}/{p.get('protocol', 'TCP')}"
+        for p in spec.get("ports") or ()
+    )
+    return [
+        _meta(service)["name"],
+        service_type,
+        cluster_ips[0] if cluster_ips else NONE,
+        external,
+        ports or NONE,
+        _since(_meta(service).get("creationTimestamp"), now),
+        _labels(spec.get("selector")),
+    ]
+
+
+def _event_cells(event: Mapping[str, Any], now: datetime.datetime) -> list[Any]:
+    first = _since(event.get("firstTimestamp") or event.get("eventTime"), now)
+    last = _since(event["lastTimestamp"], now) if event.get("lastTimestamp") else first
+    count = event.get("count") or 1  # singleton events of the events.k8s.io API have no count
+    if series := event.get("series"):
+        last, count = _since(series.get("lastObservedTime"), now), series.get("count", count)
+    involved = event.get("involvedObject") or {}
+    kind = (involved.get("kind") or "").lower()
+    source = event.get("source") or {}
+    component = source.get("component") or event.get("reportingComponent") or ""
+    instance = source.get("host") or event.get("reportingInstance") or ""
+    return [
+        last,
+        event.get("type", ""),
+        event.get("reason", ""),
+        f"{kind}/{involved['name']}" if involved.get("name") else kind,
+        involved.get("fieldPath", ""),
+        f"{component}, {instance}" if component and instance else component or UNKNOWN,
+        (event.get("message") or "").strip(),
+        first,
+        count,
+        _meta(event)["name"],
+    ]
+
+
+def _age(obj: Mapping[str, Any], now: datetime.datetime) -> str:
+    return _since(_meta(obj).get("creationTimestamp"), now)
+
+
+def _secret_cells(secret: Mapping[str, Any], now: datetime.datetime) -> list[Any]:
+    data = secret.get("data") or {}
+    return [_meta(secret)["name"], secret.get("type") or "Opaque", len(data), _age(secret, now)]
+
+
+def _config_map_cells(config_map: Mapping[str, Any], now: datetime.datetime) -> list[Any]:
+    keys = len(config_map.get("data") or {}) + len(config_map.get("binaryData") or {})
+    return [_meta(config_map)["name"], keys, _age(config_map, now)]
+
+
+def _pdb_cells(pdb: Mapping[str, Any], now: datetime.datetime) -> list[Any]:
+    spec = pdb.get("spec") or {}
+    bounds = [
+        str(spec[key]) if spec.get(key) is not None else "N/A" for key in ("minAvailable", "maxUnavailable")
+    ]
+    allowed = (pdb.get("status") or {}).get("disruptionsAllowed", 0)
+    return [_meta(pdb)["name"], *bounds, allowed, _age(pdb, now)]
+
+
+def _namespace_cells(namespace: Mapping[str, Any], now: datetime.datetime) -> list[Any]:
+    phase = (namespace.get("status") or {}).get("phase") or "Active"
+    return [_meta(namespace)["name"], phase, _age(namespace, now)]
+
+
+BUILTIN_TABLES = {
+    "Pod": BuiltinTable(
+        (
+            ("Name", 0),
+            ("Ready", 0),
+            ("Status", 0),
+            ("Restarts", 0),
+            ("Age", 0),
+            ("IP", 1),
+            ("Node", 1),
+            ("Nominated Node", 1),
+            ("Readiness Gates", 1),
+        ),
+        _pod_cells,
+    ),
+    "Service": BuiltinTable(
+        (
+            ("Name", 0),
+            ("Type", 0),
+            ("Cluster-IP", 0),
+            ("External-IP", 0),
+            ("Port(s)", 0),
+            ("Age", 0),
+            ("Selector", 1),
+        ),
+        _service_cells,
+    ),
+    "Event": BuiltinTable(
+        (
+            ("Last Seen", 0),
+            ("Type", 0),
+            ("Reason", 0),
+            ("Object", 0),
+            ("Subobject", 1),
+            ("Source", 1),
+            ("Message", 0),
+            ("First Seen", 1),
+            ("Count", 1),
+            ("Name", 1),
+        ),
+        _event_cells,
+    ),
+    "Secret": BuiltinTable((("Name", 0), ("Type", 0), ("Data", 0), ("Age", 0)), _secret_cells),
+    "ConfigMap": BuiltinTable((("Name", 0), ("Data", 0), ("Age", 0)), _config_map_cells),
+    "PodDisruptionBudget": BuiltinTable(
+        (("Name", 0), ("Min Available", 0), ("Max Unavailable", 0), ("Allowed Disruptions", 0), ("Age", 0)),
+        _pdb_cells,
+    ),
+    "Namespace": BuiltinTable((("Name", 0), ("Status", 0), ("Age", 0)), _namespace_cells),
+}
+
+
+def _row(obj: Mapping[str, Any], cells: list[Any], include_object: str) -> dict[str, Any]:
+    row: dict[str, Any] = {"cells": cells}
+    if include_object == "Object":
+        row["object"] = obj
+    elif include_object == "Metadata":
+        row["object"] = {
+            "kind": "PartialObjectMetadata",
+            "apiVersion": TABLE_API_VERSION,
+            "metadata": obj["metadata"],
+        }
+    return row
 
 
 def build_table(
@@ -140,34 +324,26 @@ def build_table(
 ) -> dict[str, Any]:
     """The Table for `objects`; `include_object` is the request's `includeObject` (None/Metadata/Object)."""
     now = now or datetime.datetime.now(datetime.UTC)
-    columns = columns_for(kind, printer_columns)
-    definitions = [NAME_COLUMN] + [
-        {
-            "name": c.name,
-            "type": c.type,
-            "format": c.format,
-            "description": c.description,
-            "priority": c.priority,
-        }
-        for c in columns
-    ]
-    rows = []
-    for obj in objects:
-        cells = (
-            _pod_cells(obj, now)
-            if kind == "Pod" and not printer_columns
-            else [_cell(obj, c, now) for c in columns]
-        )
-        row: dict[str, Any] = {"cells": [obj["metadata"]["name"], *cells]}
-        if include_object == "Object":
-            row["object"] = obj
-        elif include_object == "Metadata":
-            row["object"] = {
-                "kind": "PartialObjectMetadata",
-                "apiVersion": TABLE_API_VERSION,
-                "metadata": obj["metadata"],
+    builtin = None if printer_columns else BUILTIN_TABLES.get(kind)
+    if builtin is not None:
+        definitions = builtin.definitions()
+        rows = [_row(obj, builtin.cells(obj, now), include_object) for obj in objects]
+    else:
+        columns = tuple(printer_columns) or (AGE,)
+        definitions = [NAME_COLUMN] + [
+            {
+                "name": c.name,
+                "type": c.type,
+                "format": c.format,
+                "description": c.description,
+                "priority": c.priority,
             }
-        rows.append(row)
+            for c in columns
+        ]
+        rows = [
+            _row(obj, [obj["metadata"]["name"], *(_cell(obj, c, now) for c in columns)], include_object)
+            for obj in objects
+        ]
     return {
         "kind": "Table",
         "apiVersion": TABLE_API_VERSION,

@@ -165,7 +165,9 @@ def test_tables_render_printer_columns_and_pod_columns() -> None:
         "Restarts",
         "Age",
     ]
-    assert pod_table["rows"][0]["cells"] == ["w1", "1/2", "Running", 2, "60s", "127.0.0.1", None]
+    assert pod_table["rows"][0]["cells"] == [
+        "w1", "1/2", "Running", "2", "60s", "127.0.0.1", "<none>", "<none>", "<none>",
+    ]  # fmt: skip
     assert pod_table["rows"][0]["object"] is pod
 
 

@@ -108,3 +108,86 @@ def test_delete_cascades_to_owned_objects_and_selectors_work(kubectl) -> None:
     deleted = kubectl("delete", "adsession", "s1", "--timeout=20s")
     assert 'ardiffusionsession.ardiffusion.dev "s1" deleted' in deleted.stdout
     assert kubectl("get", "pods", "-o", "name").stdout.split() == ["pod/w2"]
+
+
+BUILTINS = """
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings}
+data: {a: "1", b: "2"}
+binaryData: {c: AA==}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: token}
+stringData: {token: t}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: workers}
+spec:
+  clusterIP: None
+  selector: {app: w}
+  ports: [{name: http, port: 8000, targetPort: http}]
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: workers}
+spec: {maxUnavailable: 1, selector: {matchLabels: {app: w}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: w1, labels: {app: w}}
+spec:
+  containers: [{name: worker, image: img}]
+---
+apiVersion: v1
+kind: Event
+metadata: {name: w1.1}
+involvedObject: {kind: Pod, name: w1}
+type: Warning
+reason: BackOff
+message: "  Back-off restarting failed container  "
+firstTimestamp: "2020-01-01T00:00:00Z"
+lastTimestamp: "2020-01-01T00:00:00Z"
+count: 3
+source: {component: kubelet, host: node-1}
+"""
+
+
+def test_get_shows_the_apiservers_columns_for_built_in_kinds(kubectl, kube_namespace: str) -> None:
+    kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=BUILTINS.replace("involvedObject: {", f"involvedObject: {{namespace: {kube_namespace}, "),
+    )
+    events = table(kubectl("get", "events").stdout)
+    assert events[0] == ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
+    assert events[1][1:] == ["Warning", "BackOff", "pod/w1", "Back-off", "restarting", "failed", "container"]
+    wide_output = kubectl("get", "events", "-o", "wide").stdout
+    wide = table(wide_output)
+    assert wide[0][-7:] == ["SUBOBJECT", "SOURCE", "MESSAGE", "FIRST", "SEEN", "COUNT", "NAME"]
+    assert wide[1][-2:] == ["3", "w1.1"]
+    assert "kubelet, node-1" in wide_output
+    pods = table(kubectl("get", "pods").stdout)
+    assert pods[0] == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+    assert pods[1][:4] == ["w1", "0/1", "Pending", "0"]
+    services = table(kubectl("get", "services", "-o", "wide").stdout)
+    assert services[0] == ["NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)", "AGE", "SELECTOR"]
+    assert services[1][:5] + services[1][6:] == [
+        "workers",
+        "ClusterIP",
+        "None",
+        "<none>",
+        "8000/TCP",
+        "app=w",
+    ]
+    secrets = table(kubectl("get", "secrets").stdout)
+    assert secrets[0] == ["NAME", "TYPE", "DATA", "AGE"]
+    assert secrets[1][:3] == ["token", "Opaque", "1"]
+    config_maps = table(kubectl("get", "configmaps").stdout)
+    assert (config_maps[0], config_maps[1][:2]) == (["NAME", "DATA", "AGE"], ["settings", "3"])
+    pdbs = table(kubectl("get", "pdb").stdout)
+    assert pdbs[0] == ["NAME", "MIN", "AVAILABLE", "MAX", "UNAVAILABLE", "ALLOWED", "DISRUPTIONS", "AGE"]
+    assert pdbs[1][:4] == ["workers", "N/A", "1", "0"]
