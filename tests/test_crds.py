@@ -205,7 +205,8 @@ BAD_POOLS = [
         [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}],
         '{f}[1]: Duplicate value: {{"name":"A"}}',
     ),
-    ("metadata.name", "a" * 56, '{f}: Invalid value: "' + "a" * 56 + '": pool name must be a DNS-1035 label'),
+    ("metadata.name", "a" * 56, "{f}: Too long: may not be longer than 55"),
+    ("metadata.name", "a.b", '{f}: Invalid value: "a.b": pool name must be a DNS-1035 label'),
 ]
 
 

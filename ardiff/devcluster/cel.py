@@ -22,6 +22,7 @@ from celpy import celtypes
 RULE_REASONS = ("FieldValueInvalid", "FieldValueForbidden", "FieldValueRequired", "FieldValueDuplicate")
 
 _OLD_SELF = re.compile(r"\boldSelf\b")
+_MISSING_KEY = re.compile(r"no such member in mapping: '([^']*)'")
 
 
 class CELCompileError(ValueError):
@@ -30,6 +31,10 @@ class CELCompileError(ValueError):
 
 class CELEvaluationError(ValueError):
     """A rule that failed to evaluate (e.g. it read a field that is absent) or did not yield a bool."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message  # in cel-go's words where known, e.g. "no such key: max"
 
 
 @cache
@@ -112,7 +117,10 @@ def _run(source: str, activation: dict[str, Any]) -> Any:
     try:
         return compile_expression(source).evaluate(activation)
     except celpy.CELEvalError as exc:
-        raise CELEvaluationError(f"{source!r} evaluation error: {exc.args[0] if exc.args else exc}") from exc
+        detail = str(exc.args[0] if exc.args else exc)
+        missing = _MISSING_KEY.search(detail)
+        reason = f"no such key: {missing.group(1)}" if missing else detail
+        raise CELEvaluationError(f"{source!r} evaluation error: {detail}", reason) from exc
 
 
 def to_cel(value: Any, schema: Mapping[str, Any]) -> Any:

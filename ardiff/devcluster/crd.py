@@ -1,8 +1,9 @@
 """CustomResourceDefinitions as the dev cluster, the static tests and the chart tests see them.
 
 `CustomResourceDefinition.from_manifest(doc)` checks a CRD like the apiserver's CRD validation does (names,
-versions, one storage version, printer columns, CEL rules that compile, defaults that satisfy their own
-schema) and raises `InvalidObject` naming the bad field. Each served `CRDVersion` admits custom resources
+versions, one storage version, printer columns, and each schema as `structural.py` checks it: structural
+rules, list types, CEL rules compiled against the schema within the cost budget, defaults) and raises
+`InvalidObject` naming the bad field. Each served `CRDVersion` admits custom resources
 (`version.admit(obj, old=...)`: prune, default, OpenAPI + CEL validation, see `validation.py`).
 """
 
@@ -15,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from ardiff.devcluster.cel import CELCompileError, ValidationRule
-from ardiff.devcluster.validation import Admitted, FieldError, InvalidObject, admit, validate_schema
+from ardiff.devcluster.structural import schema_errors
+from ardiff.devcluster.validation import Admitted, FieldError, InvalidObject, admit
 
 # The repository's crds/ folder (the dev cluster runs from an editable checkout).
 CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
@@ -173,39 +174,13 @@ def _crd_errors(doc: Mapping[str, Any]) -> Iterator[FieldError]:
         if not isinstance(schema, Mapping):
             yield FieldError(f"{where}.schema.openAPIV3Schema", "FieldValueRequired")
             continue
-        yield from _schema_errors(schema, f"{where}.schema.openAPIV3Schema")
+        yield from schema_errors(schema, f"{where}.schema.openAPIV3Schema")
         for col_index, column in enumerate(version.get("additionalPrinterColumns") or ()):
             col_where = f"{where}.additionalPrinterColumns[{col_index}]"
             try:
                 PrinterColumn(column.get("name", ""), column.get("type", ""), column.get("jsonPath", ""))
             except ValueError as exc:
                 yield FieldError(col_where, "FieldValueInvalid", str(exc), column)
-
-
-def _schema_errors(schema: Mapping[str, Any], where: str) -> Iterator[FieldError]:
-    """CEL rules that do not compile and defaults that violate their own schema, at every node."""
-    for index, entry in enumerate(schema.get("x-kubernetes-validations") or ()):
-        try:
-            ValidationRule.from_schema(entry)
-        except CELCompileError as exc:
-            yield FieldError(
-                f"{where}.x-kubernetes-validations[{index}].rule",
-                "FieldValueInvalid",
-                str(exc),
-                entry.get("rule"),
-            )
-    if "default" in schema:
-        for error in validate_schema(schema["default"], schema):
-            yield FieldError(f"{where}.default", "FieldValueInvalid", error.body, schema["default"])
-    if schema.get("type") == "object" and "properties" in schema and "additionalProperties" in schema:
-        yield FieldError(
-            where, "FieldValueForbidden", "additionalProperties and properties are mutually exclusive"
-        )
-    for key, child in (schema.get("properties") or {}).items():
-        yield from _schema_errors(child, f"{where}.properties[{key}]")
-    for key in ("items", "additionalProperties"):
-        if isinstance(schema.get(key), Mapping):
-            yield from _schema_errors(schema[key], f"{where}.{key}")
 
 
 def load_manifests(paths: Sequence[Path] | Path) -> list[dict[str, Any]]:

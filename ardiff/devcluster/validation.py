@@ -398,7 +398,12 @@ def _validate_object(
     is_root_meta = not path or schema.get("x-kubernetes-embedded-resource") is True
     for key, item in value.items():
         if is_root_meta and key == "metadata":
-            continue  # ObjectMeta is validated by the apiserver itself
+            # ObjectMeta is the apiserver's; only a declared name/generateName schema applies to it.
+            declared = (properties.get("metadata") or {}).get("properties") or {}
+            for meta_key in ("name", "generateName"):
+                if meta_key in declared and isinstance(item, dict) and meta_key in item:
+                    _validate(item[meta_key], declared[meta_key], [*path, "metadata", meta_key], errors)
+            continue
         if key in properties:
             _validate(item, properties[key], [*path, key], errors)
         elif isinstance(additional, Mapping):
@@ -469,7 +474,16 @@ def _check_rules(
                 continue
             detail = rule.render_message(value, schema)
         except CELEvaluationError as exc:
-            detail = str(exc)
+            # Like cel.Validator: reported at the rule's own node, never its fieldPath.
+            errors.append(
+                FieldError(
+                    render_path(path),
+                    "FieldValueInvalid",
+                    f"{exc.reason} evaluating rule: {(rule.message or rule.rule).strip()}",
+                    schema.get("type") or "object",
+                )
+            )
+            continue
         # Like the apiserver, name the type instead of dumping a whole object or list.
         shown = {dict: "object", list: "array"}.get(type(field_value), field_value)
         errors.append(FieldError(render_path(field_path), rule.reason, detail, shown))
