@@ -21,6 +21,17 @@ from ardiff.operator.kube import KubeApi
 SessionKey = tuple[str, str]  # (namespace, session name)
 
 
+@dataclass(frozen=True)
+class TemplateRefusal:
+    """The API refused (422 `Invalid`) a Pod made from a pool's template: no Pod of that template is created
+    before `retry_at` (monotonic seconds); `delay` is the wait that led there (it doubles per refusal)."""
+
+    template_hash: str
+    message: str  # the API server's, e.g. `Pod "p" is invalid: spec.containers[0].env[0].name: ...`
+    retry_at: float
+    delay: float
+
+
 @dataclass
 class OperatorContext:
     config: OperatorConfig
@@ -47,6 +58,8 @@ class OperatorContext:
     token_hashes: dict[SessionKey, str] = field(default_factory=dict)
     # Why a session's state changed, when the status cannot tell (e.g. who evicted it): used once.
     notes: dict[SessionKey, str] = field(default_factory=dict)
+    # Per pool, the API's last refusal of a Pod made from its current template, until a Pod is created.
+    template_refusals: dict[PoolId, TemplateRefusal] = field(default_factory=dict)
     # Pools whose `<pool>-workers-redis` name is taken by a Secret they do not own (reported once).
     secret_conflicts: set[PoolId] = field(default_factory=set)
 
@@ -69,6 +82,7 @@ class OperatorContext:
         self.kicks.pop(pool, None)
         self.secret_conflicts.discard(pool)
         self.startup_failures.pop(pool, None)
+        self.template_refusals.pop(pool, None)
         self.forget_pods(pool)
 
     def forget_pods(self, pool: PoolId, *, keep: Collection[str] = ()) -> None:

@@ -7,6 +7,7 @@ same credentials kopf logged in with. Create treats 409 as "already exists", del
 
 from __future__ import annotations
 
+import json
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -45,6 +46,16 @@ class KubeApiError(Exception):
     def __init__(self, status: int, method: str, path: str, body: str) -> None:
         super().__init__(f"{method} {path} -> HTTP {status}: {body[:500]}")
         self.status = status
+        self.message = status_message(body)
+
+
+def status_message(body: str) -> str:
+    """The `message` of an error reply's `Status` (e.g. `Pod "p" is invalid: ...`), else the body itself."""
+    try:
+        reply = json.loads(body)
+    except ValueError:
+        return body
+    return reply["message"] if isinstance(reply, dict) and isinstance(reply.get("message"), str) else body
 
 
 Login = Callable[[], kopf.ConnectionInfo]

@@ -24,8 +24,8 @@ import kopf
 from ardiff.kv.errors import UnknownPod
 from ardiff.kv.records import PodRecord, PoolId, SessionBinding, SessionSpec, SessionState
 from ardiff.operator.admission import AdmissionFailure, placement_spec
-from ardiff.operator.context import OperatorContext, SessionKey
-from ardiff.operator.kube import PODS, POOLS, SECRETS, SERVICES, SESSIONS
+from ardiff.operator.context import OperatorContext, SessionKey, TemplateRefusal
+from ardiff.operator.kube import PODS, POOLS, SECRETS, SERVICES, SESSIONS, KubeApiError
 from ardiff.operator.pods import (
     REDIS_URL_KEY,
     build_pool_service,
@@ -50,6 +50,11 @@ from ardiff.operator.views import PodView, PoolView, SessionView
 
 # A created pod the index has not reported within this long is no longer counted (its creation was undone).
 EXPECTED_POD_TTL_SECONDS = 60.0
+# After the API refuses a Pod of the pool's template, the next try waits this long, doubling up to the max
+# (a template only the API server can judge may become valid without a spec change: a newer server, a fixed
+# admission webhook).
+TEMPLATE_RETRY_FIRST_SECONDS = 10.0
+TEMPLATE_RETRY_MAX_SECONDS = 300.0
 
 
 def now_rfc3339() -> str:
@@ -148,9 +153,22 @@ class RoundResult:
     settled: set[str] = field(default_factory=set)
 
 
-def _placement_order(session: SessionView) -> tuple[int, str, str]:
+def placement_order(
+    session: SessionView, record: SessionBinding | None
+) -> tuple[int, int, int, str, str]:
+    """Waiting sessions' order (docs/contracts.md §2): `lost` ones first (their pod died while they were in
+    use), by priority then most recent activity (last tick, latest first); then the others (new, evicted) by
+    priority then creation time. A lost session without a record (Redis lost its data) ranks by its status."""
     assert session.spec is not None
-    return (-session.spec.priority, session.created, session.name)
+    lost = record.state is SessionState.LOST if record is not None else session.phase == Phase.LOST
+    if not lost:
+        return (1, -session.spec.priority, 0, session.created, session.name)
+    if record is not None:
+        last_tick_ms = record.last_tick_ms
+    else:
+        last_tick = session.status.get("lastTickTime")
+        last_tick_ms = epoch_ms(last_tick) if last_tick else 0
+    return (0, -session.spec.priority, -last_tick_ms, session.created, session.name)
 
 
 async def rebind_from_status(
@@ -196,13 +214,14 @@ async def place_sessions(
     slots: Mapping[str, PodSlots],
     logger: kopf.Logger,
 ) -> RoundResult:
-    """Restore bindings Redis lost; place sessions that wait for a slot (only first admissions may evict)."""
+    """Restore bindings Redis lost; place sessions that wait for a slot, in `placement_order` (first
+    admissions and lost sessions may evict)."""
     assert pool.spec is not None
     pid = PoolId(pool.namespace, pool.name)
     result = RoundResult()
     free = sum(p.free for p in live.values() if not p.draining)
     can_evict = not may_grow(slots, pool.spec.max_replicas)
-    for session in sorted(sessions, key=_placement_order):
+    for session in sorted(sessions, key=lambda s: placement_order(s, records.get(s.name))):
         key = (session.namespace, session.name)
         record = records.get(session.name)
         rebind = None
@@ -220,7 +239,9 @@ async def place_sessions(
                 free -= 1
                 result.changed = True
                 continue
-            may_evict = rebind == "new" and can_evict
+            # First admissions and sessions whose pod died may evict; an evicted one waits for a free slot.
+            lost = rebind == "lost" if record is None else record.state is SessionState.LOST
+            may_evict = (rebind == "new" or lost) and can_evict
             if free <= 0 and not may_evict:
                 result.waiting += 1
                 continue
@@ -409,8 +430,9 @@ async def ensure_worker_redis_secret(ctx: OperatorContext, pool: PoolView) -> bo
     return True
 
 
-async def create_worker_pod(ctx: OperatorContext, pool: PoolView, logger: kopf.Logger) -> str:
-    """Create one worker Pod with a fresh name (a name collision just draws another)."""
+async def create_worker_pod(ctx: OperatorContext, pool: PoolView, logger: kopf.Logger) -> str | None:
+    """Create one worker Pod with a fresh name (a name collision just draws another); None when the API
+    refuses it as invalid (`refuse_template` records and reports that)."""
     assert pool.spec is not None
     pid = PoolId(pool.namespace, pool.name)
     while True:
@@ -418,10 +440,45 @@ async def create_worker_pod(ctx: OperatorContext, pool: PoolView, logger: kopf.L
         body = build_worker_pod(pool.namespace, pool.name, pool.spec, pod_name=name)
         kopf.adopt(body, owner=pool.reference)
         ctx.expected_pods[pid][name] = time.monotonic()
-        if await ctx.kube.create(PODS, body) is not None:
+        try:
+            created = await ctx.kube.create(PODS, body)
+        except KubeApiError as exc:
+            del ctx.expected_pods[pid][name]  # it does not exist: nothing is starting
+            if exc.status != 422:
+                raise
+            refuse_template(ctx, pool, exc.message, logger)
+            return None
+        if created is not None:
             logger.info(f"created worker pod {name}")
+            ctx.template_refusals.pop(pid, None)
             return name
         del ctx.expected_pods[pid][name]
+
+
+def refuse_template(ctx: OperatorContext, pool: PoolView, message: str, logger: kopf.Logger) -> None:
+    """Back off from a template the API refuses; the first refusal of a template is news (a Warning Event)."""
+    pid = PoolId(pool.namespace, pool.name)
+    previous = ctx.template_refusals.get(pid)
+    again = previous is not None and previous.template_hash == pool.template_hash
+    delay = (
+        min(previous.delay * 2, TEMPLATE_RETRY_MAX_SECONDS)
+        if previous and again
+        else TEMPLATE_RETRY_FIRST_SECONDS
+    )
+    ctx.template_refusals[pid] = TemplateRefusal(pool.template_hash, message, time.monotonic() + delay, delay)
+    logger.warning(f"the API refused a worker pod of pool {pool.name} (next try in {delay:.0f} s): {message}")
+    if not again:
+        kopf.event(pool.reference, type="Warning", reason="InvalidPodTemplate", message=message)
+
+
+def template_refusal(ctx: OperatorContext, pool: PoolView) -> TemplateRefusal | None:
+    """The refusal of the pool's current template, if any (one of an older template is forgotten)."""
+    pid = PoolId(pool.namespace, pool.name)
+    refusal = ctx.template_refusals.get(pid)
+    if refusal is not None and refusal.template_hash != pool.template_hash:
+        del ctx.template_refusals[pid]
+        return None
+    return refusal
 
 
 async def replace_stuck_pod(ctx: OperatorContext, pool: PoolView, name: str, logger: kopf.Logger) -> bool:
@@ -512,9 +569,12 @@ async def reconcile_pool(
     # invalidate a placement.
     replaced = [name for name in plan.replace if await replace_stuck_pod(ctx, pool, name, logger)]
     created = 0
-    if plan.create and await ensure_worker_redis_secret(ctx, pool):
+    refusal = template_refusal(ctx, pool)
+    may_create = refusal is None or time.monotonic() >= refusal.retry_at
+    if plan.create and may_create and await ensure_worker_redis_secret(ctx, pool):
         for _ in range(plan.create):
-            await create_worker_pod(ctx, pool, logger)
+            if await create_worker_pod(ctx, pool, logger) is None:
+                break
             created += 1
     retired = [name for name in plan.delete if await retire_worker_pod(ctx, pid, name, logger)]
     gone = {*replaced, *retired}
@@ -524,6 +584,7 @@ async def reconcile_pool(
     stale = sum(1 for p in slots.values() if p.stale and p.name not in gone)
     if not starting:
         ctx.startup_failures.pop(pid, None)  # every pod registered: the last replacement worked
+    refusal = ctx.template_refusals.get(pid)  # still the current template's, unless a Pod was created since
     replicas = len({p.name for p in existing} | set(ctx.expected_pods[pid]))
     observation = PoolObservation(
         replicas=replicas,
@@ -537,6 +598,7 @@ async def reconcile_pool(
         starting=starting,
         stale=stale,
         startup_failure=ctx.startup_failures.get(pid),
+        template_refusal=refusal.message if refusal else None,
     )
     status = build_pool_status(
         previous_pool_status, observation, generation=pool.generation, now=now_rfc3339()

@@ -231,11 +231,15 @@ class PoolObservation:
     starting: int  # pods not registered yet (booting, or just created)
     stale: int  # pods made from an older template, kept while they hold sessions
     startup_failure: str | None  # why a pod was last replaced for not registering, until all pods have
+    template_refusal: str | None  # the API's message refusing a Pod of the current template
 
 
 def progressing_condition(obs: PoolObservation) -> ConditionSpec:
-    """Like a Deployment's `Progressing`: False once a pod missed its startup deadline (until every pod has
-    registered since); a roll in progress, pods starting, or all pods registered."""
+    """Like a Deployment's `Progressing`: False while the API refuses Pods of the pool's template (with its
+    message), or once a pod missed its startup deadline (until every pod has registered since); a roll in
+    progress, pods starting, or all pods registered."""
+    if obs.template_refusal is not None:
+        return ConditionSpec("Progressing", False, "InvalidPodTemplate", obs.template_refusal)
     if obs.startup_failure is not None:
         return ConditionSpec("Progressing", False, "StartupTimeout", obs.startup_failure)
     if obs.stale:

@@ -331,3 +331,40 @@ async def test_a_spec_change_never_cuts_a_session_short(
     assert (now["phase"], now["pod"], now["resetRequired"]) == ("Ready", late["pod"], False)
     assert cluster.tick("late", 0).status_code == 200
     assert await store.check_invariants(pool) == []
+
+
+async def test_a_template_the_api_refuses_is_reported_not_retried_in_a_storm(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    # Memory may be overcommitted, but never requested beyond its limit: the apiserver refuses the Pod (the
+    # pool CRD cannot judge quantities, so the pool itself is admitted).
+    invalid = {"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}}
+    cluster.create_pool(resources=invalid)
+    progressing = wait_until(
+        lambda: (c := cluster.pool_condition("Progressing")).get("reason") == "InvalidPodTemplate" and c,
+        what="Progressing=False InvalidPodTemplate",
+    )
+    assert progressing["status"] == "False"
+    assert progressing["message"].startswith('Pod "pool-')
+    assert progressing["message"].endswith(
+        'is invalid: spec.containers[0].resources.requests: Invalid value: "2Gi": must be less than or '
+        "equal to memory limit of 1Gi"
+    )
+    [event] = wait_until(lambda: cluster.events("InvalidPodTemplate"), what="an InvalidPodTemplate event")
+    assert (event["type"], event["involvedObject"]["name"]) == ("Warning", "pool")
+    assert event["message"] == progressing["message"]
+    # No phantom pod starting, and no retry storm: rounds run every 0.5 s, the next try waits 10 s.
+    await asyncio.sleep(3)
+    assert cluster.pods() == []
+    status = cluster.pool_status()
+    assert (status["replicas"], status["readyReplicas"]) == (0, 0)
+    assert operator_process.log().count("the API refused a worker pod of pool pool") == 1
+    assert len(cluster.events("InvalidPodTemplate")) == 1
+
+    # Fixed spec: a pod is made from the new template at once, and the condition recovers.
+    cluster.patch_pool_spec({"resources": {"requests": None}})  # a merge patch: null removes
+    cluster.wait_pods(1)
+    wait_until(
+        lambda: cluster.pool_condition("Progressing").get("reason") == "PodsRegistered",
+        what="Progressing=True once the pod registered",
+    )

@@ -177,6 +177,7 @@ def pool_observation(**fields: object) -> PoolObservation:
         "starting": 0,
         "stale": 0,
         "startup_failure": None,
+        "template_refusal": None,
     }
     values.update(fields)
     return PoolObservation(**values)  # type: ignore[arg-type]
@@ -218,6 +219,17 @@ def test_pool_status() -> None:
         (
             {"starting": 1, "startup_failure": "worker pod p-abcde did not register within 60 s"},
             ("False", "StartupTimeout", "worker pod p-abcde did not register within 60 s"),
+        ),
+        (  # the API's refusal of the template comes first: no pod of it can even start
+            {
+                "startup_failure": "worker pod p-abcde did not register within 60 s",
+                "template_refusal": 'Pod "p-abcde" is invalid: spec.containers[0].env[0].name: Invalid value',
+            },
+            (
+                "False",
+                "InvalidPodTemplate",
+                'Pod "p-abcde" is invalid: spec.containers[0].env[0].name: Invalid value',
+            ),
         ),
     ],
 )
