@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from ardiff.devcluster.cel import RULE_REASONS, CELCompileError
@@ -80,6 +80,7 @@ class _Walk:
     cel_errors: list[FieldError]
     structural: int = 0  # how many of `errors` are structural ones (they stop the defaults' check)
     total_cost: int = 0
+    expensive: list[tuple[int, str]] = field(default_factory=list)  # rules costing >= 1% of the CRD limit
 
 
 def schema_errors(
@@ -90,6 +91,11 @@ def schema_errors(
     _node(schema, where, _Context(compatibility=compatibility), walk)
     errors = walk.errors + walk.cel_errors
     if walk.total_cost > CRD_COST_LIMIT:
+        for _, rule_at in sorted(walk.expensive, reverse=True)[:4]:
+            detail = (
+                "contributed to estimated rule cost total exceeding cost limit for entire OpenAPIv3 schema"
+            )
+            errors.append(FieldError(rule_at, "FieldValueForbidden", detail))
         detail = cost_error(
             "x-kubernetes-validations estimated rule cost total for entire OpenAPIv3 schema",
             walk.total_cost,
@@ -97,7 +103,8 @@ def schema_errors(
         )
         errors.append(FieldError(where, "FieldValueForbidden", detail))
     if not walk.structural:
-        errors.extend(_default_errors(schema, where, root=True))
+        # Rules that do not compile are not run on defaults (upstream only runs compiled programs).
+        errors.extend(_default_errors(schema, where, root=True, run_rules=not walk.cel_errors))
     return errors
 
 
@@ -412,6 +419,8 @@ def _compile_rules(schema: Mapping[str, Any], where: str, ctx: _Context, walk: _
             continue
         cost = min(checked.cost * count, 2**64 - 1)
         walk.total_cost += cost
+        if cost >= CRD_COST_LIMIT // 100:
+            walk.expensive.append((cost, f"{at}.rule"))
         if checked.type.kind not in ("bool", "dyn"):
             walk.cel_errors.append(
                 FieldError(f"{at}.rule", "FieldValueInvalid", "cel expression must evaluate to a bool", shown)
@@ -459,7 +468,9 @@ def _compile_rules(schema: Mapping[str, Any], where: str, ctx: _Context, walk: _
             walk.cel_errors.append(FieldError(f"{at}.optionalOldSelf", "FieldValueForbidden", detail))
 
 
-def _default_errors(schema: Mapping[str, Any], where: str, *, root: bool = False) -> Iterator[FieldError]:
+def _default_errors(
+    schema: Mapping[str, Any], where: str, *, root: bool = False, run_rules: bool = True
+) -> Iterator[FieldError]:
     """Each default must be pruned and valid against its node's schema and rules, as written."""
     if "default" in schema:
         default = schema["default"]
@@ -469,7 +480,7 @@ def _default_errors(schema: Mapping[str, Any], where: str, *, root: bool = False
             yield FieldError(at, "FieldValueInvalid", "must not have unknown fields", default)
         elif errors := validate_schema(default, schema):
             yield from (replace(e, field=_under(at, e.field)) for e in errors)
-        else:
+        elif run_rules:
             try:
                 failures = validate_rules(default, schema, old=default)
             except CELCompileError:
@@ -478,9 +489,9 @@ def _default_errors(schema: Mapping[str, Any], where: str, *, root: bool = False
     for key, child in (schema.get("properties") or {}).items():
         if root and key in ("metadata", "kind", "apiVersion"):
             continue  # defaults there are forbidden, see _openapi
-        yield from _default_errors(child, f"{where}.properties[{key}]")
+        yield from _default_errors(child, f"{where}.properties[{key}]", run_rules=run_rules)
     if isinstance(schema.get("items"), Mapping):
-        yield from _default_errors(schema["items"], f"{where}.items")
+        yield from _default_errors(schema["items"], f"{where}.items", run_rules=run_rules)
 
 
 def _under(prefix: str, path: str) -> str:

@@ -1,0 +1,148 @@
+"""The defects a real kube-apiserver finds in CRDs, and the cost of our rules by its published model."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from ardiff.devcluster.cel_check import CELCheckError, check_expression, root_schema, schema_type
+from ardiff.devcluster.crd import CRD_DIR, CustomResourceDefinition, load_manifests
+from ardiff.devcluster.structural import schema_errors
+from ardiff.devcluster.validation import InvalidObject
+
+ROOT = "spec.versions[0].schema.openAPIV3Schema"
+
+
+def crd(file: str) -> dict[str, Any]:
+    return copy.deepcopy(load_manifests(CRD_DIR / file)[0])
+
+
+def schema_of(doc: dict[str, Any]) -> dict[str, Any]:
+    return doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def refused(doc: dict[str, Any]) -> list[str]:
+    with pytest.raises(InvalidObject) as info:
+        CustomResourceDefinition.from_manifest(doc)
+    return [str(e) for e in info.value.errors]
+
+
+@pytest.mark.parametrize("file", ["ardiffusionworkerpools.yaml", "ardiffusionsessions.yaml"])
+def test_a_field_path_must_resolve_in_the_schema_not_the_object(file: str) -> None:
+    doc = crd(file)
+    schema_of(doc)["properties"]["metadata"] = {"type": "object"}  # as on main before the fix
+    assert refused(doc) == [
+        f'{ROOT}.x-kubernetes-validations[0].fieldPath: Invalid value: ".metadata.name": '
+        "fieldPath must be a valid path: does not refer to a valid field"
+    ]
+
+
+def test_a_default_is_checked_against_its_nodes_rules_as_written() -> None:
+    doc = crd("ardiffusionworkerpools.yaml")
+    schema_of(doc)["properties"]["spec"]["properties"]["replicas"][
+        "default"
+    ] = {}  # as on main before the fix
+    assert refused(doc) == [
+        f'{ROOT}.properties[spec].properties[replicas].default: Invalid value: "object": '
+        "no such key: max evaluating rule: max must be >= min"
+    ]
+
+
+def test_rules_are_type_checked_against_the_schema() -> None:
+    replicas = schema_of(crd("ardiffusionworkerpools.yaml"))["properties"]["spec"]["properties"]["replicas"]
+    for rule, error in [
+        ("self.maximum >= self.min", "undefined field 'maximum'"),
+        ("self.max >= 'one'", "found no matching overload"),
+        ("self.max.value > 0", "type 'int' does not support field selection"),
+        ("size(self.max) > 0", "found no matching overload for 'size'"),
+        ("other.max > 0", "undeclared reference to 'other'"),
+    ]:
+        bad = copy.deepcopy(replicas)
+        bad["x-kubernetes-validations"][0]["rule"] = rule
+        errors = schema_errors({"type": "object", "properties": {"r": bad}}, "s")
+        assert [(e.field, e.reason) for e in errors] == [
+            ("s.properties[r].x-kubernetes-validations[0].rule", "FieldValueInvalid")
+        ], rule
+        assert error in errors[0].detail, rule
+        assert errors[0].detail.startswith("compilation failed"), rule
+    bad = copy.deepcopy(replicas)
+    bad["x-kubernetes-validations"][0]["rule"] = "self.max"
+    assert "must evaluate to a bool" in schema_errors(bad | {"type": "object"}, "s")[0].detail
+
+
+def test_a_rule_reading_an_unbounded_value_is_refused() -> None:
+    """Stricter than kube-apiserver, which would estimate the string from the 3 MiB request limit."""
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}},
+        "x-kubernetes-validations": [{"rule": "self.name.startsWith('a')"}],
+    }
+    errors = schema_errors(schema, "s")
+    assert [(e.field, e.reason) for e in errors] == [
+        ("s.x-kubernetes-validations[0].rule", "FieldValueForbidden")
+    ]
+    assert "cannot be bounded: name has no maxLength" in errors[0].detail
+    schema["properties"]["name"]["maxLength"] = 16
+    assert schema_errors(schema, "s") == []
+
+
+def test_a_rule_over_the_cost_budget_is_refused() -> None:
+    names = {"type": "array", "maxItems": 1000, "items": {"type": "string", "maxLength": 1000}}
+    schema = {
+        "type": "object",
+        "properties": {"names": names},
+        "x-kubernetes-validations": [{"rule": "self.names.all(a, self.names.all(b, a.matches(b)))"}],
+    }
+    errors = schema_errors(schema, "s")
+    assert ("s.x-kubernetes-validations[0].rule", "FieldValueForbidden") in [
+        (e.field, e.reason) for e in errors
+    ]
+    assert "estimated rule cost exceeds budget by factor of more than 100x" in errors[0].detail
+
+
+def test_quantity_needs_kubernetes_1_29() -> None:
+    """A 1.28 apiserver compiles new rules in its 1.27 environment, which has no quantity library."""
+    gpus = schema_type({"type": "string", "maxLength": 16})
+    rule = "quantity(self).isInteger() && quantity(self).isGreaterThan(quantity('0'))"
+    with pytest.raises(CELCheckError, match="undeclared reference to 'quantity'"):
+        check_expression(rule, gpus, old_self=False)
+    assert check_expression(rule, gpus, old_self=False, compatibility=(1, 28)).type.kind == "bool"
+
+
+# Each rule of our CRDs: estimated cost (cel-go v0.16 model with the Kubernetes size estimator) times the
+# cardinality of its node. Strings count maxLength * 4 bytes.
+COSTS = [
+    ("ardiffusionworkerpools.yaml", "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')", 1, 164),
+    ("ardiffusionworkerpools.yaml", "has(self.name) != has(self.path)", 1, 5),
+    ("ardiffusionworkerpools.yaml", "!(has(self.value) && has(self.valueFrom))", 256, 5 * 256),
+    ("ardiffusionworkerpools.yaml", "self.max >= self.min", 1, 5),
+    ("ardiffusionsessions.yaml", "self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')", 1, 211),
+    ("ardiffusionsessions.yaml", "self == oldSelf", 1, 24),
+    ("ardiffusionsessions.yaml", "has(self.configMapKeyRef) != has(self.secretKeyRef)", 1, 5),
+]
+
+
+def _rule_nodes(
+    schema: dict[str, Any], above: int = 1, root: bool = True
+) -> dict[str, tuple[dict[str, Any], int, bool]]:
+    found = {r["rule"]: (schema, above, root) for r in schema.get("x-kubernetes-validations") or ()}
+    for child in (schema.get("properties") or {}).values():
+        found |= _rule_nodes(child, above, False)
+    if isinstance(schema.get("items"), dict):
+        found |= _rule_nodes(schema["items"], above * schema.get("maxItems", 0), False)
+    return found
+
+
+def test_cost_of_our_rules() -> None:
+    nodes = {
+        **_rule_nodes(schema_of(crd("ardiffusionworkerpools.yaml"))),
+        **_rule_nodes(schema_of(crd("ardiffusionsessions.yaml"))),
+    }
+    assert sorted(nodes) == sorted(rule for _, rule, _, _ in COSTS)
+    for _, rule, cardinality, total in COSTS:
+        node, above, root = nodes[rule]
+        checked = check_expression(rule, schema_type(root_schema(node) if root else node), old_self=True)
+        assert (above, checked.cost * above) == (cardinality, total), rule
+        assert checked.unbounded == []
