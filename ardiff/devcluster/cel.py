@@ -3,8 +3,8 @@
 Kubernetes evaluates each rule with `self` bound to the value at the schema node that declares it and,
 for transition rules (those that mention `oldSelf`), `oldSelf` bound to the previous value on update.
 Values are converted by their schema, as the apiserver does: a `type: number` field is a CEL double
-even when the JSON holds an integer. Not emulated: cost limits, type checking against the schema at
-compile time and the Kubernetes CEL extension libraries (quantity, url, ip, ...).
+even when the JSON holds an integer. Type checking against the schema and the cost estimate happen when
+the CRD is created (`cel_check.py`); the Kubernetes CEL extension libraries are not evaluated here.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
 
 Errors are `FieldError`s rendered like the apiserver's (`spec.replicas.max: Invalid value: 1: max must be
 >= min`); `InvalidObject` carries them and renders the 422 `Invalid` Status. Not emulated: ratcheting of
-unchanged invalid values, CEL cost limits, `x-kubernetes-embedded-resource` metadata checks.
+unchanged invalid values, the runtime CEL cost budget, `x-kubernetes-embedded-resource` metadata checks.
 """
 
 from __future__ import annotations
