@@ -17,7 +17,8 @@ from ardiff.kv.errors import InvalidPlacementArgument
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
-MAX_IMAGE_BYTES = 4 << 20
+# The most a ConfigMap or Secret holds (the apiserver's MaxSecretSize): the operator reads the image there.
+MAX_IMAGE_BYTES = 1 << 20
 MAX_PRIORITY = 1000
 
 PlacementPolicy = Literal["least-loaded", "pack"]

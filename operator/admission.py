@@ -97,7 +97,7 @@ async def placement_spec(
     ctx: OperatorContext, session: SessionView, *, create_token: bool = False
 ) -> SessionSpec:
     """The session's placement request: its token's hash (kept in memory: small, never changes) and its image
-    (read each time: up to 4 MiB, needed only when the session is about to get a slot)."""
+    (read each time: up to 1 MiB, needed only when the session is about to get a slot)."""
     if session.spec is None:
         raise AdmissionFailure(Reason.INVALID_SPEC, session.invalid_reason or "invalid spec")
     key = (session.namespace, session.name)

@@ -420,6 +420,7 @@ def test_every_status_field_the_operator_writes_is_declared() -> None:
         starting=1,
         stale=1,
         startup_failure="worker pod tiny-world-abcde did not register within 600 s",
+        template_refusal='Pod "tiny-world-abcde" is invalid: spec.containers[0].env[0].name: Required value',
     )
     pool_status = build_pool_status({}, observation, generation=4, now="2026-01-02T03:04:05.000Z")
     admitted = pools.admit({**example("pool.yaml", "tiny-world"), "status": pool_status})

@@ -1,6 +1,6 @@
 """What conditions a session: its seed, its prompt and its first image, all from the session record.
 
-The image arrives as PNG/JPEG bytes (≤ 4 MiB, resolved by the operator from the CR); a session without one
+The image arrives as PNG/JPEG bytes (≤ 1 MiB, resolved by the operator from the CR); a session without one
 gets a deterministic image derived from its seed, so a rollout is reproducible from the record alone.
 """
 

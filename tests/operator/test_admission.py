@@ -4,10 +4,14 @@ pool round looks after."""
 from __future__ import annotations
 
 import base64
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from ardiff.operator.admission import AdmissionFailure, build_placement_spec, decode_image
+from ardiff.kv.errors import InvalidPlacementArgument
+from ardiff.kv.records import MAX_IMAGE_BYTES
+from ardiff.operator.admission import AdmissionFailure, build_placement_spec, decode_image, resolve_image
 from ardiff.operator.reconcile import needs_reconcile
 from ardiff.operator.specs import ImageRef, SessionResourceSpec
 from ardiff.operator.status import Reason
@@ -43,6 +47,26 @@ def test_decode_image_rejects_bad_base64() -> None:
         decode_image({"binaryData": {"k": "not base64!"}}, ImageRef("configMap", "pics", "k"))
     assert failure.value.reason is Reason.INVALID_SPEC
     assert "'k' of pics is not base64" in failure.value.message
+
+
+async def test_the_image_limit_is_what_a_config_map_holds_and_one_byte_more_is_refused() -> None:
+    assert MAX_IMAGE_BYTES == 1 << 20  # a ConfigMap's or Secret's data (the apiserver's MaxSecretSize)
+    image = {"size": MAX_IMAGE_BYTES}
+
+    async def get(*_: Any) -> dict[str, Any]:
+        return {"binaryData": {"k": b64(b"x" * image["size"])}}
+
+    ctx: Any = SimpleNamespace(kube=SimpleNamespace(get=get))
+    ref = ImageRef("configMap", "pics", "k")
+    assert len(await resolve_image(ctx, "ns", ref)) == MAX_IMAGE_BYTES
+    image["size"] += 1
+    with pytest.raises(AdmissionFailure) as failure:
+        await resolve_image(ctx, "ns", ref)
+    assert failure.value.reason is Reason.INVALID_SPEC
+    assert failure.value.message == "image configMap pics/k has 1048577 bytes, max 1048576"
+    spec = SessionResourceSpec.from_resource({"poolRef": "p", "prompt": "a forest"})
+    with pytest.raises(InvalidPlacementArgument, match="placement image must be at most 1048576 bytes"):
+        build_placement_spec("forest", spec, token_sha256="a" * 64, image=b"x" * (MAX_IMAGE_BYTES + 1))
 
 
 def test_placement_spec_carries_the_session_fields() -> None:
