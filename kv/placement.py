@@ -506,11 +506,12 @@ class PlacementStore:
         """Give `spec.name` a slot, or return its current one (`already_placed=True`).
 
         Picks a live, non-draining pod with a free slot (`least-loaded` or `pack`). With none, a first
-        admission (no record, or `closed`) called with `may_evict=True` evicts the session with the lowest
-        priority (<= its own), then the least recently ticked, idle >= `min_idle_ms`, never
-        `evictionPolicy: Never`, and takes its slot (`victim`). `evicted`/`lost` sessions take free slots
-        only and come back with `reset_required`. `placement` is None when nothing fits (the caller decides
-        whether the pool grows).
+        admission (no record, or `closed`) or a `lost` session (its pod died under it) called with
+        `may_evict=True` evicts the session with the lowest priority (<= its own), then the least recently
+        ticked, idle >= `min_idle_ms`, never `evictionPolicy: Never`, and takes its slot (`victim`).
+        `evicted` sessions take free slots only (a victim never evicts in turn); `evicted`/`lost` sessions
+        come back with `reset_required`. `placement` is None when nothing fits (the caller decides whether
+        the pool grows).
         """
         keys = PoolKeys(_check_pool(pool))
         _check_spec(spec)

@@ -46,7 +46,7 @@ from ardiff.operator.status import (
     rfc3339,
     status_patch,
 )
-from ardiff.operator.views import PodView, PoolView, SessionView
+from ardiff.operator.views import PodView, PoolView, SessionView, epoch_ms
 
 # A created pod the index has not reported within this long is no longer counted (its creation was undone).
 EXPECTED_POD_TTL_SECONDS = 60.0
@@ -153,9 +153,7 @@ class RoundResult:
     settled: set[str] = field(default_factory=set)
 
 
-def placement_order(
-    session: SessionView, record: SessionBinding | None
-) -> tuple[int, int, int, str, str]:
+def placement_order(session: SessionView, record: SessionBinding | None) -> tuple[int, int, int, str, str]:
     """Waiting sessions' order (docs/contracts.md §2): `lost` ones first (their pod died while they were in
     use), by priority then most recent activity (last tick, latest first); then the others (new, evicted) by
     priority then creation time. A lost session without a record (Redis lost its data) ranks by its status."""
@@ -240,7 +238,10 @@ async def place_sessions(
                 result.changed = True
                 continue
             # First admissions and sessions whose pod died may evict; an evicted one waits for a free slot.
-            lost = rebind == "lost" if record is None else record.state is SessionState.LOST
+            if record is None:
+                lost = rebind == "lost" and session.phase != Phase.EVICTED
+            else:
+                lost = record.state is SessionState.LOST
             may_evict = (rebind == "new" or lost) and can_evict
             if free <= 0 and not may_evict:
                 result.waiting += 1

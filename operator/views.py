@@ -26,7 +26,7 @@ from ardiff.operator.specs import (
 SpecT = TypeVar("SpecT")
 
 
-def _epoch_ms(timestamp: str) -> int:
+def epoch_ms(timestamp: str) -> int:
     moment = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
     return int(moment.timestamp() * 1000)
 
@@ -39,7 +39,7 @@ def died_at_ms(container_statuses: list[Mapping[str, Any]]) -> int | None:
             continue
         terminated = state.get("terminated") or (container.get("lastState") or {}).get("terminated")
         if terminated and terminated.get("finishedAt"):
-            return _epoch_ms(terminated["finishedAt"])
+            return epoch_ms(terminated["finishedAt"])
     return None
 
 

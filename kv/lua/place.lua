@@ -9,10 +9,11 @@
 --
 -- A placed session is returned as is. Otherwise: the live, non-draining pod with a free slot that the policy
 -- prefers (least-loaded: lowest used/capacity; pack: highest). With no such pod, a first admission (no record,
--- or `closed`) called with may_evict=1 evicts the session with the lowest priority (<= its own), then the least
--- recently ticked, idle >= min_idle_ms, never `Never`, on a live non-draining pod, and takes its slot; the
--- victim's record becomes `evicted` (it keeps its pod) and an `evict` event goes to that pod's stream.
--- `evicted`/`lost` sessions take free slots only and come back with reset_required=1.
+-- or `closed`) or a `lost` session (its pod died under it) called with may_evict=1 evicts the session with the
+-- lowest priority (<= its own), then the least recently ticked, idle >= min_idle_ms, never `Never`, on a live
+-- non-draining pod, and takes its slot; the victim's record becomes `evicted` (it keeps its pod) and an `evict`
+-- event goes to that pod's stream. `evicted` sessions take free slots only (a victim never evicts in turn);
+-- `evicted`/`lost` sessions come back with reset_required=1.
 -- Preferences yield to progress: when the call repeats after STALE_PLAN and the preferred pod or victim changed
 -- again meanwhile (concurrent placers), the best declared pod, or the first declared victim among the
 -- VICTIM_CANDIDATES best, is taken; the rules (live, not draining, free slot; priority bound, idle time, never `Never`) always hold.
@@ -109,10 +110,11 @@ if s[1] == 'placed' then
   return {OK, 'already', s[2], s[3], endpoint or '', tonumber(s[4]) or 0, false, false, false, false}
 end
 local first_admission = s[1] == false or s[1] == 'closed'
+local may_take_slot = first_admission or s[1] == 'lost'
 
 local pod = choose_pod()
 local victim = false
-if pod == nil and first_admission and may_evict then
+if pod == nil and may_take_slot and may_evict then
   local limit = plan.retry and VICTIM_CANDIDATES or 1
   local chosen = first_declared(plan, missing, find_victims(lru_key, priority, now - min_idle_ms, placeable, limit))
   if chosen ~= nil then

@@ -351,6 +351,34 @@ async def test_place_evicts_for_a_first_admission_only(store: PlacementStore, po
     assert await store.check_invariants(pool) == []
 
 
+async def test_a_lost_session_may_evict_an_idle_one(store: PlacementStore, pool: PoolId) -> None:
+    """A session whose pod died did not lose its slot to the policy: it takes an idle session's slot like a
+    newcomer (same bounds), while its victim, now `evicted`, may not evict in turn."""
+    await register(store, pool, "w-a", capacity=1)
+    await register(store, pool, "w-b", capacity=1)
+    await store.place(pool, spec("active", priority=3))
+    await store.place(pool, spec("idle", priority=3))
+    placed = await placed_pods(store, pool, ["active", "idle"])
+    await asyncio.sleep(0.06)
+    assert await store.remove_pod(pool, placed["active"]) == ("active",)
+
+    back = await store.place(pool, spec("active", priority=3), may_evict=True, min_idle_ms=50)
+    assert back.victim == "idle"
+    assert back.placement is not None
+    assert (back.placement.pod, back.placement.reset_required) == (placed["idle"], True)
+    assert (await store.get_session(pool, "idle")).state is SessionState.EVICTED  # type: ignore[union-attr]
+    # The victim does not evict back, even once the session it lost to is idle.
+    await asyncio.sleep(0.06)
+    again = await store.place(pool, spec("idle", priority=3), may_evict=True, min_idle_ms=50)
+    assert again.placement is None
+    # Without may_evict (the pool may still grow) a lost session waits for a free slot, like a newcomer.
+    await register(store, pool, "w-c", capacity=1)
+    await store.place(pool, spec("other", priority=3))
+    assert await store.remove_pod(pool, "w-c") == ("other",)
+    assert (await store.place(pool, spec("other", priority=3), may_evict=False)).placement is None
+    assert await store.check_invariants(pool) == []
+
+
 async def test_victims_on_draining_or_dead_pods_are_skipped(store: PlacementStore, pool: PoolId) -> None:
     await register(store, pool, "w-a", capacity=1)
     await register(store, pool, "w-b", capacity=1)

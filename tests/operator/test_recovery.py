@@ -104,6 +104,59 @@ async def test_eviction_when_full_at_max_picks_the_right_victim_without_thrashin
     await eventually_invariants_hold(store, pool)
 
 
+async def test_full_pool_pod_killed_its_active_sessions_take_the_slots_back_not_evicted_idle_ones(
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore
+) -> None:
+    """Issue 12's defect, as a user met it: 2 pods x 2 slots at max, two sessions evicted earlier for being
+    idle; `kill -9` of the worker holding the two active sessions. The active ones come back (Lost first, by
+    priority then latest tick), the evicted ones keep waiting for a free slot."""
+    pool = PoolId(cluster.namespace, "pool")
+    cluster.create_pool(replicas={"min": 2, "max": 2}, eviction={"minIdleSeconds": 1})
+    cluster.wait_pods(2)
+    for name in ("s1", "s2", "s3", "s4"):
+        cluster.create_session(name)
+    pods = {name: cluster.wait_phase(name, "Ready")["pod"] for name in ("s1", "s2", "s3", "s4")}
+    doomed = pods["s1"]
+    idle = sorted(n for n, pod in pods.items() if pod == doomed)  # the two on the pod that will die
+    busy = sorted(n for n, pod in pods.items() if pod != doomed)
+    assert len(idle) == len(busy) == 2
+    await asyncio.sleep(1.2)
+    for name in busy:  # ticked: the idle pair is the least recently used
+        assert cluster.tick(name, 0).status_code == 200
+
+    # Two newcomers evict the idle pair; they land on the pod the idle pair was on.
+    for name in ("active-a", "active-b"):
+        cluster.create_session(name)
+        assert cluster.wait_phase(name, "Ready")["pod"] == doomed
+    for name in idle:
+        cluster.wait_phase(name, "Evicted", reason="Evicted")
+    for name in ("active-a", "active-b"):
+        for chunk in range(2):
+            assert cluster.tick(name, chunk).status_code == 200
+    created = (await store.get_pod(pool, doomed)).epoch  # type: ignore[union-attr]
+
+    cluster.runner.kill(doomed, signal.SIGKILL, namespace=cluster.namespace)  # kill -9 the worker
+
+    # The restarted worker's two slots go back to the active sessions, with a reset; the idle ones wait.
+    for name in ("active-a", "active-b"):
+        back = cluster.wait_phase(name, "Ready", timeout=45, resetRequired=True)
+        assert (back["pod"], back["podEpoch"] > created) == (doomed, True)
+    await asyncio.sleep(1.5)  # more rounds (and past minIdleSeconds): nothing moves any more
+    phases = {n: cluster.status(n)["phase"] for n in (*idle, *busy, "active-a", "active-b")}
+    assert phases == {
+        **dict.fromkeys(idle, "Evicted"),
+        **dict.fromkeys((*busy, "active-a", "active-b"), "Ready"),
+    }
+    assert sorted(e["involvedObject"]["name"] for e in cluster.events("Evicted")) == idle  # once each
+    assert sorted({e["involvedObject"]["name"] for e in cluster.events("Replaced")}) == [
+        "active-a",
+        "active-b",
+    ]
+    for name in ("active-a", "active-b"):
+        assert cluster.tick(name, 0, reset=True).status_code == 200
+    await eventually_invariants_hold(store, pool)
+
+
 async def test_operator_restart_converges_without_duplicate_pods_or_leaked_slots(
     cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore
 ) -> None:

@@ -1,0 +1,61 @@
+"""The order in which a pool round places waiting sessions (docs/contracts.md §2): `lost` first, by priority
+then most recent activity; then the others by priority then creation time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ardiff.kv.records import SessionBinding, SessionState
+from ardiff.operator.reconcile import placement_order
+from ardiff.operator.views import SessionView
+
+
+def session(name: str, created: str, priority: int = 0, **status: Any) -> SessionView:
+    return SessionView.from_body(
+        {
+            "metadata": {"namespace": "ns", "name": name, "creationTimestamp": created},
+            "spec": {"poolRef": "pool", "prompt": "p", "priority": priority},
+            "status": status,
+        }
+    )
+
+
+def record(name: str, state: SessionState, last_tick_ms: int) -> SessionBinding:
+    return SessionBinding(name, state, "", 0, True, 0, last_tick_ms)
+
+
+def test_lost_sessions_go_first_by_priority_then_latest_tick() -> None:
+    views = [
+        session("evicted-old", "2024-01-01T00:00:00Z"),
+        session("evicted-vip", "2024-01-01T00:00:01Z", priority=9),
+        session("new", "2024-01-01T00:00:02Z"),
+        session("lost-stale", "2024-01-01T00:00:03Z"),
+        session("lost-active", "2024-01-01T00:00:04Z"),
+        session("lost-vip-stale", "2024-01-01T00:00:05Z", priority=5),
+    ]
+    records = {
+        "evicted-old": record("evicted-old", SessionState.EVICTED, 1_000),
+        "evicted-vip": record("evicted-vip", SessionState.EVICTED, 9_000),
+        "lost-stale": record("lost-stale", SessionState.LOST, 2_000),
+        "lost-active": record("lost-active", SessionState.LOST, 5_000),
+        "lost-vip-stale": record("lost-vip-stale", SessionState.LOST, 1_000),
+    }
+    ordered = sorted(views, key=lambda s: placement_order(s, records.get(s.name)))
+    assert [s.name for s in ordered] == [
+        "lost-vip-stale",  # lost: priority first...
+        "lost-active",  # ...then the latest tick, whatever the creation time
+        "lost-stale",
+        "evicted-vip",  # others: priority, then creation time (an evicted one is not favoured by its tick)
+        "evicted-old",
+        "new",
+    ]
+
+
+def test_a_lost_session_without_a_record_ranks_by_its_status() -> None:
+    """Redis lost its data: the CR's phase and lastTickTime stand in for the record."""
+    older = session("lost-a", "2024-01-01T00:00:00Z", phase="Lost", lastTickTime="2024-01-01T00:01:00.000Z")
+    newer = session("lost-b", "2024-01-01T00:00:01Z", phase="Lost", lastTickTime="2024-01-01T00:02:00.000Z")
+    never = session("lost-c", "2024-01-01T00:00:02Z", phase="Lost")
+    evicted = session("evicted", "2023-01-01T00:00:00Z", phase="Evicted")
+    ordered = sorted([evicted, never, older, newer], key=lambda s: placement_order(s, None))
+    assert [s.name for s in ordered] == ["lost-b", "lost-a", "lost-c", "evicted"]
