@@ -11,18 +11,20 @@ import logging
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Path, Request
+from fastapi import Depends, FastAPI, Header, Path, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ardiff import __version__
 from ardiff.worker.encoding import MP4, RAW, choose_media_type
 from ardiff.worker.errors import BodyTooLarge, InvalidTick, WorkerError
+from ardiff.worker.messages import TickBody
 from ardiff.worker.service import WorkerService
+from ardiff.worker.stream import SessionStream, SessionStreams
 
 log = logging.getLogger(__name__)
 
@@ -32,44 +34,6 @@ FAULT_HEADER = "ardiff-test-fault"
 
 
 # ------------------------------------------------------------------------------ request/response models
-
-
-class ControlBody(BaseModel):
-    """One control track of a tick (vllm-omni's `ARDiffusionControlInput`)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
-    track: str = Field(min_length=1, examples=["camera"])
-    schema_: str = Field(alias="schema", min_length=1, examples=["lingbot.camera_actions.v1"])
-    data: dict[str, Any] = Field(examples=[{"mode": "frames", "frames": [["w"], ["w"], ["w", "j"]]}])
-
-
-_EXAMPLE_TICK = {
-    "request_id": "tick-0",
-    "chunk_index": 0,
-    "prompt": "camera moving forward through a forest",
-    "controls": [
-        {
-            "track": "camera",
-            "schema": "lingbot.camera_actions.v1",
-            "data": {"mode": "frames", "frames": [["w"], ["w"], ["w", "j"]]},
-        }
-    ],
-}
-
-
-class TickBody(BaseModel):
-    """vllm-omni's `ARDiffusionTickRequest` minus `session_id` (the URL names the session)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [_EXAMPLE_TICK]})
-    request_id: str = Field(
-        min_length=1, description="correlation id; a retry with the same id replays the chunk"
-    )
-    chunk_index: int = Field(ge=0, description="the session's next chunk (0 after a reset)")
-    applied_event_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
-    prompt: str | None = Field(default=None, description="overrides the session's prompt for this tick")
-    controls: list[ControlBody] = Field(default_factory=list)
-    reset: bool = False
-    close_session: bool = False
 
 
 class ErrorInfo(BaseModel):
@@ -270,14 +234,23 @@ def create_app(service: WorkerService) -> FastAPI:
         accept: Annotated[str | None, Header()] = None,
         fault: Annotated[str | None, Header(alias=FAULT_HEADER, include_in_schema=False)] = None,
     ) -> Response:
-        result = await service.tick(
+        outcome = await service.tick(
             session_id,
             body.model_dump(by_alias=True),
             authorization=authorization(credentials),
-            media_type=choose_media_type(accept),
             inject_fault=service.settings.test_faults and fault == "forward",
         )
+        result = await service.respond(outcome, choose_media_type(accept))
         return Response(result.body, media_type=result.media_type, headers=result.headers)
+
+    streams = SessionStreams()
+
+    @app.websocket("/v1/sessions/{session_id}/stream")
+    async def stream_session(websocket: WebSocket, session_id: str) -> None:
+        """Ticks over a WebSocket (docs/contracts.md §4): tick messages in, chunk messages and frames out."""
+        fault = service.settings.test_faults and websocket.headers.get(FAULT_HEADER) == "forward"
+        stream = SessionStream(websocket, service, streams, session_id, inject_fault=fault)
+        await stream.run(websocket.query_params.get("format"))
 
     @app.delete("/v1/sessions/{session_id}", response_model=SessionView, responses=_SESSION_ERRORS)
     async def delete_session(session_id: SessionId, credentials: Credentials = None) -> dict[str, Any]:

@@ -60,3 +60,21 @@ def encode_frames(frames: np.ndarray, media_type: MediaType) -> bytes:
     if media_type == MP4:
         return encode_mp4(frames)
     return np.ascontiguousarray(frames).tobytes()
+
+
+# The stream sends one image per frame (a browser draws each on a canvas without a video decoder).
+FrameFormat = Literal["jpeg", "webp"]
+FRAME_FORMATS: dict[str, str] = {"jpeg": "image/jpeg", "webp": "image/webp"}
+IMAGE_QUALITY = 90
+
+
+def encode_images(frames: np.ndarray, frame_format: FrameFormat) -> list[bytes]:
+    """Each frame of `FxHxWx3` uint8 as one JPEG or WebP image."""
+    from PIL import Image  # the worker's dependency; the client's MP4 path must not need it
+
+    images = []
+    for frame in frames:
+        buffer = io.BytesIO()
+        Image.fromarray(frame).save(buffer, format=frame_format.upper(), quality=IMAGE_QUALITY)
+        images.append(buffer.getvalue())
+    return images

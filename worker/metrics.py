@@ -44,6 +44,13 @@ class WorkerMetrics:
         self.kv_free_blocks = Gauge("ardiff_kv_free_blocks", "Free blocks of the paged KV pool", registry=r)
         self.kv_blocks = Gauge("ardiff_kv_blocks", "Blocks of the paged KV pool", registry=r)
         self.ready = Gauge("ardiff_worker_ready", "1 when the worker accepts ticks", registry=r)
+        self.streams_open = Gauge("ardiff_streams_open", "Open session streams (WebSockets)", registry=r)
+        self.stream_closes = Counter(
+            "ardiff_stream_closes",
+            "Session streams closed by the worker, by close code",
+            ["code"],
+            registry=r,
+        )
 
     def render(self, runtime: SessionRuntime | None, *, admitted: int, ready: bool) -> bytes:
         """The exposition text, with the gauges refreshed from the runtime's snapshots."""

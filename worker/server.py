@@ -16,6 +16,7 @@ from ardiff.worker.errors import ModelUnavailable
 from ardiff.worker.runtime import SessionRuntime
 from ardiff.worker.service import WorkerService
 from ardiff.worker.settings import WorkerSettings
+from ardiff.worker.stream import MAX_FRAME_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ def serve(settings: WorkerSettings) -> None:
         access_log=False,
         timeout_keep_alive=30,
         lifespan="on",
+        ws_max_size=MAX_FRAME_BYTES,
     )
     log.info(
         "worker %s (%s runtime, %s) listening on %s:%d",

@@ -57,6 +57,21 @@ STOP_TIMEOUT_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
+class TickOutcome:
+    """A tick's chunk and how long its stages took (seconds; zeros for a retried request id)."""
+
+    chunk: CachedChunk
+    queue: float = 0.0
+    forward: float = 0.0
+    decode: float = 0.0
+
+    def timing(self, **more: float) -> dict[str, float]:
+        """The stages in milliseconds (`server-timing`, the stream's `timing`)."""
+        stages = {"queue": self.queue, "forward": self.forward, "decode": self.decode, **more}
+        return {name: round(seconds * 1000, 2) for name, seconds in stages.items()}
+
+
+@dataclass(frozen=True)
 class TickResponse:
     body: bytes
     media_type: MediaType
@@ -97,8 +112,8 @@ async def cancel_and_wait(
         )
 
 
-def _timing_header(**stages: float) -> str:
-    return ", ".join(f"{name};dur={seconds * 1000:.2f}" for name, seconds in stages.items())
+def _timing_header(stages_ms: dict[str, float]) -> str:
+    return ", ".join(f"{name};dur={ms:.2f}" for name, ms in stages_ms.items())
 
 
 class WorkerService:
@@ -301,9 +316,10 @@ class WorkerService:
         body: dict[str, Any],
         *,
         authorization: str | None,
-        media_type: MediaType,
         inject_fault: bool = False,
-    ) -> TickResponse:
+    ) -> TickOutcome:
+        """Generate the session's next chunk (or replay the last one for a retried request id); every
+        contract of docs/contracts.md §4 is checked here, for the HTTP tick and the stream alike."""
         arrived = time.perf_counter()
         runtime = self.require_ready()
         record = await self._placed_record(session_id, authorization)
@@ -312,7 +328,7 @@ class WorkerService:
             book = self._books.get(session_id)
             cached = book.retry_of(tick.request_id, tick.chunk_index) if book else None
             if cached is not None:
-                return await self._respond(cached, media_type, queue=0.0, forward=0.0, decode=0.0)
+                return TickOutcome(cached)
             self._check_order(tick, book, record)
             prompt = tick.prompt if tick.prompt is not None else record.prompt if record else ""
             if not prompt.strip():
@@ -355,11 +371,8 @@ class WorkerService:
             self.metrics.frames.inc(len(output.frames))
             self.metrics.tick_latency.labels("queue").observe(queued)
             self.metrics.tick_latency.labels("forward").observe(output.forward_s)
-            response = await self._respond(
-                chunk, media_type, queue=queued, forward=output.forward_s, decode=output.decode_s
-            )
             self.metrics.tick_latency.labels("total").observe(time.perf_counter() - arrived)
-            return response
+            return TickOutcome(chunk, queue=queued, forward=output.forward_s, decode=output.decode_s)
 
     @contextlib.contextmanager
     def _exclusive(self, session_id: str) -> Iterator[None]:
@@ -403,9 +416,10 @@ class WorkerService:
                 max_chunks=record.max_chunks,
             )
 
-    async def _respond(
-        self, chunk: CachedChunk, media_type: MediaType, *, queue: float, forward: float, decode: float
-    ) -> TickResponse:
+    @staticmethod
+    async def respond(outcome: TickOutcome, media_type: MediaType) -> TickResponse:
+        """The HTTP answer of a tick: the frames as `media_type`, the metadata and timings in headers."""
+        chunk = outcome.chunk
         started = time.perf_counter()
         if media_type == RAW:  # a copy of a few hundred KB: not worth a thread hop
             body = encode_frames(chunk.frames, media_type)
@@ -415,7 +429,7 @@ class WorkerService:
         headers = {
             "ardiff-chunk-metadata": json.dumps(chunk.metadata, ensure_ascii=True, separators=(",", ":")),
             "ardiff-frame-shape": ",".join(str(n) for n in chunk.frames.shape),
-            "server-timing": _timing_header(queue=queue, forward=forward, decode=decode, encode=encode),
+            "server-timing": _timing_header(outcome.timing(encode=encode)),
         }
         return TickResponse(body, media_type, headers)
 
@@ -542,9 +556,18 @@ class WorkerService:
     async def describe(self, session_id: str, authorization: str | None) -> dict[str, Any]:
         self._require_loaded()
         record = await self._placed_record(session_id, authorization)
-        book = self._books.get(session_id)
-        if book is None and record is None:
+        if session_id not in self._books and record is None:
             raise UnknownSession(f"no session {session_id!r} on this worker")
+        return self._view(session_id, record)
+
+    async def open_stream(self, session_id: str, authorization: str | None) -> dict[str, Any]:
+        """A stream may open for a session that may tick here (the checks of a tick); its view."""
+        self.require_ready()
+        record = await self._placed_record(session_id, authorization)
+        return self._view(session_id, record)
+
+    def _view(self, session_id: str, record: SessionRecord | None) -> dict[str, Any]:
+        book = self._books.get(session_id)
         view = self._describe(session_id, book)
         if record is not None and record.reset_required and book is None:
             view["state"] = SessionStatus.RESET_REQUIRED.value

@@ -22,7 +22,6 @@ from ardiff.worker.settings import WorkerSettings
 
 TOKEN = "admission-token"
 AUTH = f"Bearer {TOKEN}"
-RAW = "application/octet-stream"
 
 
 def tick(chunk: int) -> dict:
@@ -61,15 +60,15 @@ async def test_full_worker_releases_a_session_the_store_moved_away_before_admitt
     pool = service.link.pool
     async with PlacementStore.from_url(service.settings.redis_url) as store:
         await store.place(pool, session_spec("first", TOKEN))
-        await service.tick("first", tick(0), authorization=AUTH, media_type=RAW)
+        await service.tick("first", tick(0), authorization=AUTH)
         await store.release(pool, "first", reason="deleted")  # its `close` event is never read
         assert (await store.place(pool, session_spec("second", TOKEN))).placement.pod == "admit-pod"
-        response = await service.tick("second", tick(0), authorization=AUTH, media_type=RAW)
-        assert response.headers["ardiff-frame-shape"] == "9,64,64,3"
+        response = await service.tick("second", tick(0), authorization=AUTH)
+        assert response.chunk.frames.shape == (9, 64, 64, 3)
         assert service.runtime.resident_sessions() == ("second",)
         assert service.metrics.evictions.labels("stale")._value.get() == 1
         with pytest.raises(SessionClosed):
-            await service.tick("first", tick(1), authorization=AUTH, media_type=RAW)
+            await service.tick("first", tick(1), authorization=AUTH)
         await store.delete_pool(pool)
 
 
@@ -77,7 +76,7 @@ async def test_full_worker_refuses_a_session_it_cannot_make_room_for(service, se
     pool = service.link.pool
     async with PlacementStore.from_url(service.settings.redis_url) as store:
         await store.place(pool, session_spec("holder", TOKEN))
-        await service.tick("holder", tick(0), authorization=AUTH, media_type=RAW)
+        await service.tick("holder", tick(0), authorization=AUTH)
         # Redis and the worker disagree (the pod's record says 2 slots): the worker still admits only 1.
         await store.heartbeat(
             pool,
@@ -89,7 +88,7 @@ async def test_full_worker_refuses_a_session_it_cannot_make_room_for(service, se
         )
         assert (await store.place(pool, session_spec("newcomer", TOKEN))).placement.pod == "admit-pod"
         with pytest.raises(AtCapacity):
-            await service.tick("newcomer", tick(0), authorization=AUTH, media_type=RAW)
+            await service.tick("newcomer", tick(0), authorization=AUTH)
         assert service.runtime.resident_sessions() == ("holder",)
-        await service.tick("holder", tick(1), authorization=AUTH, media_type=RAW)
+        await service.tick("holder", tick(1), authorization=AUTH)
         await store.delete_pool(pool)

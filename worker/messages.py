@@ -1,0 +1,63 @@
+"""The messages clients send the worker: the HTTP tick's body and the stream's messages (contracts §4).
+
+Both carry the same tick (vllm-omni's `ARDiffusionTickRequest` minus `session_id`); pydantic checks their
+shape, `tick_rules` the rules vllm-omni and the pipeline apply, before anything reaches the forward.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ControlBody(BaseModel):
+    """One control track of a tick (vllm-omni's `ARDiffusionControlInput`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    track: str = Field(min_length=1, examples=["camera"])
+    schema_: str = Field(alias="schema", min_length=1, examples=["lingbot.camera_actions.v1"])
+    data: dict[str, Any] = Field(examples=[{"mode": "frames", "frames": [["w"], ["w"], ["w", "j"]]}])
+
+
+_EXAMPLE_TICK = {
+    "request_id": "tick-0",
+    "chunk_index": 0,
+    "prompt": "camera moving forward through a forest",
+    "controls": [
+        {
+            "track": "camera",
+            "schema": "lingbot.camera_actions.v1",
+            "data": {"mode": "frames", "frames": [["w"], ["w"], ["w", "j"]]},
+        }
+    ],
+}
+
+
+class TickBody(BaseModel):
+    """vllm-omni's `ARDiffusionTickRequest` minus `session_id` (the URL names the session)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [_EXAMPLE_TICK]})
+    request_id: str = Field(
+        min_length=1, description="correlation id; a retry with the same id replays the chunk"
+    )
+    chunk_index: int = Field(ge=0, description="the session's next chunk (0 after a reset)")
+    applied_event_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    prompt: str | None = Field(default=None, description="overrides the session's prompt for this tick")
+    controls: list[ControlBody] = Field(default_factory=list)
+    reset: bool = False
+    close_session: bool = False
+
+
+class StreamTick(TickBody):
+    """A tick on the stream: the HTTP tick's fields and `type: "tick"`."""
+
+    type: Literal["tick"]
+
+
+class StreamAuth(BaseModel):
+    """The first message of a stream opened without an `Authorization` header (browsers cannot set one)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["auth"]
+    token: str = Field(min_length=1, max_length=4096)

@@ -1,0 +1,257 @@
+"""WebSocket streaming of one session's ticks: `/v1/sessions/{id}/stream` (docs/contracts.md §4).
+
+The stream carries the HTTP tick's contract over one connection: the client sends tick messages, the worker
+answers each with a `chunk` message (the metadata echo, the frame shape, timings) followed by one binary
+message per frame (JPEG or WebP, `?format=`). Every check is `WorkerService.tick`'s, so codes and rules are
+the HTTP tick's; an error is a JSON `error` message (the HTTP envelope), and the errors that end what this
+connection can do (401, 404, 410, 421, superseded, a 503 at open) are followed by a close with code
+`4000 + status` and the error code as reason (a close reason holds 123 bytes, the message may not fit).
+
+Auth: `Authorization: Bearer` where the client can set it, else an `auth` message first (browsers cannot set
+headers on a WebSocket). The newest connection to a session wins: an older one gets `superseded` (a page
+reload works). Back-pressure: a connection handles one message at a time and awaits each send, so a client
+that stops reading stops its ticks; the worker buffers at most one chunk per connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any, cast
+
+from pydantic import ValidationError
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from ardiff.worker.encoding import FRAME_FORMATS, FrameFormat, encode_images
+from ardiff.worker.errors import BodyTooLarge, InvalidTick, Unauthorized, WorkerError
+from ardiff.worker.messages import StreamAuth, StreamTick
+from ardiff.worker.service import WorkerService
+
+log = logging.getLogger(__name__)
+
+AUTH_TIMEOUT_SECONDS = 10.0
+MAX_MESSAGE_BYTES = 1 << 20  # a tick message over it gets `body_too_large`, like an HTTP body
+# The WebSocket layer's own limit (uvicorn's ws_max_size): a message over it closes the connection (1009).
+MAX_FRAME_BYTES = 4 * MAX_MESSAGE_BYTES
+CLOSE_NORMAL = 1000
+CLOSE_SUPERSEDED = 4409
+# The statuses after which the connection cannot go on (the session is not, or no longer, served here).
+_FINAL_STATUSES = frozenset({401, 404, 410, 421})
+
+
+class Superseded(WorkerError):
+    status = 409
+    code = "superseded"
+
+
+def close_code(error: WorkerError) -> int:
+    return CLOSE_SUPERSEDED if isinstance(error, Superseded) else 4000 + error.status
+
+
+class SessionStreams:
+    """The open stream of each session; a newer connection supersedes the older one."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, SessionStream] = {}
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    async def claim(self, stream: SessionStream) -> None:
+        previous = self._open.get(stream.session_id)
+        self._open[stream.session_id] = stream
+        if previous is not None:
+            await previous.fail(Superseded("a newer connection to this session took over the stream"))
+
+    def release(self, stream: SessionStream) -> None:
+        if self._open.get(stream.session_id) is stream:
+            del self._open[stream.session_id]
+
+
+class SessionStream:
+    """One WebSocket connection to one session."""
+
+    def __init__(
+        self,
+        websocket: WebSocket,
+        service: WorkerService,
+        streams: SessionStreams,
+        session_id: str,
+        *,
+        inject_fault: bool = False,
+    ) -> None:
+        self.websocket = websocket
+        self.inject_fault = inject_fault  # test-only (ARDIFF_TEST_FAULTS): every forward of this stream fails
+        self.service = service
+        self.streams = streams
+        self.session_id = session_id
+        self._send_lock = asyncio.Lock()  # a superseding connection may close this one mid-send
+        self._closed = False
+
+    # ------------------------------------------------------------------------------------ sending
+
+    async def _send(self, message: str | bytes) -> None:
+        async with self._send_lock:
+            if self._closed:
+                raise WebSocketDisconnect(CLOSE_NORMAL)
+            if isinstance(message, bytes):
+                await self.websocket.send_bytes(message)
+            else:
+                await self.websocket.send_text(message)
+
+    async def send_json(self, message: dict[str, Any]) -> None:
+        await self._send(json.dumps(message, ensure_ascii=True, separators=(",", ":")))
+
+    async def send_error(self, error: WorkerError) -> None:
+        self.service.metrics.errors.labels(error.code).inc()
+        message: dict[str, Any] = {"type": "error", **error.envelope()}
+        if error.retry_after_seconds is not None:
+            message["error"]["retry_after"] = error.retry_after_seconds
+        await self.send_json(message)
+
+    async def close(self, code: int, reason: str) -> None:
+        async with self._send_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.service.metrics.stream_closes.labels(str(code)).inc()
+            if self.websocket.application_state is not WebSocketState.DISCONNECTED:
+                with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+                    await self.websocket.close(code=code, reason=reason[:123])
+
+    async def fail(self, error: WorkerError) -> None:
+        """The error as a message, then the close that says the connection is over."""
+        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+            await self.send_error(error)
+        await self.close(close_code(error), error.code)
+
+    # ------------------------------------------------------------------------------------ the connection
+
+    async def run(self, frame_format: str | None) -> None:
+        await self.websocket.accept()
+        self.service.metrics.streams_open.inc()
+        try:
+            await self._serve(frame_format)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            self.streams.release(self)
+            self.service.metrics.streams_open.dec()
+            await self.close(CLOSE_NORMAL, "bye")
+
+    async def _serve(self, requested_format: str | None) -> None:
+        frame_format = cast(FrameFormat, requested_format or "jpeg")
+        if frame_format not in FRAME_FORMATS:
+            formats = ", ".join(FRAME_FORMATS)
+            await self.fail(
+                InvalidTick(f"format must be one of {formats}, got {frame_format!r}", param="format")
+            )
+            return
+        authorization = self.websocket.headers.get("authorization")
+        if not authorization:
+            authorization = await self._auth_message()
+            if authorization is None:
+                return
+        try:
+            view = await self.service.open_stream(self.session_id, authorization)
+        except WorkerError as error:
+            await self.fail(error)
+            return
+        await self.streams.claim(self)
+        await self.send_json(
+            {
+                "type": "ready",
+                "session_id": self.session_id,
+                "state": view["state"],
+                "next_chunk_index": view["next_chunk_index"],
+                "format": frame_format,
+                "media_type": FRAME_FORMATS[frame_format],
+            }
+        )
+        while True:
+            message = await self.websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            tick = await self._tick_message(message)
+            if tick is None:
+                continue
+            if not await self._tick(tick, authorization, frame_format):
+                return
+
+    async def _auth_message(self) -> str | None:
+        """The token from the first message, as an `Authorization` value; None after failing the stream."""
+        try:
+            message = await asyncio.wait_for(self.websocket.receive(), AUTH_TIMEOUT_SECONDS)
+        except TimeoutError:
+            await self.fail(
+                Unauthorized(f"no Authorization header and no auth message in {AUTH_TIMEOUT_SECONDS:g} s")
+            )
+            return None
+        if message["type"] == "websocket.disconnect":
+            return None
+        try:
+            auth = StreamAuth.model_validate_json(message.get("text") or message.get("bytes") or b"")
+        except ValidationError:
+            await self.fail(
+                Unauthorized(
+                    'without an Authorization header the first message must be {"type": "auth", "token": ...}'
+                )
+            )
+            return None
+        return f"Bearer {auth.token}"
+
+    async def _tick_message(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        """The tick a message carries, validated like the HTTP body; None after answering an error."""
+        raw = message.get("text")
+        if raw is None:
+            await self.send_error(InvalidTick("tick messages are JSON text, not binary", param="body"))
+            return None
+        if len(raw.encode()) > MAX_MESSAGE_BYTES:
+            await self.send_error(BodyTooLarge(f"a tick message holds at most {MAX_MESSAGE_BYTES} bytes"))
+            return None
+        try:
+            tick = StreamTick.model_validate_json(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            param = ".".join(str(part) for part in first.get("loc", ())) or "body"
+            if first.get("type") == "json_invalid":
+                param = "body"
+            await self.send_error(InvalidTick(f"{param}: {first.get('msg', 'invalid')}", param=param))
+            return None
+        return tick.model_dump(by_alias=True, exclude={"type"})
+
+    async def _tick(self, body: dict[str, Any], authorization: str, frame_format: FrameFormat) -> bool:
+        """Answer one tick; False once the connection is over."""
+        try:
+            outcome = await self.service.tick(
+                self.session_id, body, authorization=authorization, inject_fault=self.inject_fault
+            )
+        except WorkerError as error:
+            if error.status in _FINAL_STATUSES:
+                await self.fail(error)
+                return False
+            await self.send_error(error)
+            return True
+        started = time.perf_counter()
+        images = await asyncio.to_thread(encode_images, outcome.chunk.frames, frame_format)
+        encode = time.perf_counter() - started
+        frames = outcome.chunk.frames
+        await self.send_json(
+            {
+                "type": "chunk",
+                "metadata": outcome.chunk.metadata,
+                "frame_shape": list(frames.shape),
+                "frames": len(images),
+                "media_type": FRAME_FORMATS[frame_format],
+                "timing": outcome.timing(encode=encode),
+            }
+        )
+        for image in images:
+            await self._send(image)
+        if body["close_session"]:
+            await self.close(CLOSE_NORMAL, "session closed")
+            return False
+        return True
