@@ -26,11 +26,13 @@ $(BIN)/python:
 
 # Re-installs only when pyproject.toml changes.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[worker,operator,test]' 2>&1 | $(QUIET_PIP)
+	$(BIN)/pip install -q -e '.[worker,operator,client,test]' 2>&1 | $(QUIET_PIP)
 	touch $@
 
 setup: $(STAMP)
-	@command -v redis-server >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server; }
+	@# Debian packages: Redis for the placement store, Chromium and its driver for the viewer's browser test.
+	@command -v redis-server >/dev/null && command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server chromium chromium-driver; }
 	$(BIN)/python -m ardiff.devcluster.binaries --bin-dir $(BIN)
 ifneq ($(HAS_GPU),1)
 	@# Last step on CPU: PyPI's torchvision/torchaudio/torchcodec cannot load beside the CPU torch build

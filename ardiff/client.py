@@ -381,6 +381,25 @@ def write_mp4(path: str | Path, frames: np.ndarray | Sequence[np.ndarray], fps: 
     return target
 
 
+def write_strip(path: str | Path, frames: np.ndarray | Sequence[np.ndarray], count: int = 8) -> Path:
+    """Write `count` frames taken evenly from the video (or a sequence of chunks) side by side as one PNG:
+    a look at a rollout without a video player."""
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise ArdiffError(f"writing PNG needs Pillow ({exc}); pip install 'ardiff[client]'") from None
+    video = np.concatenate(list(frames)) if not isinstance(frames, np.ndarray) else frames
+    if video.ndim != 4 or video.shape[-1] != 3 or video.dtype != np.uint8 or not len(video):
+        raise ValueError(f"frames must be a non-empty FxHxWx3 uint8 array, got {video.dtype} {video.shape}")
+    if count < 1:
+        raise ValueError(f"strip count must be >= 1, got {count}")
+    picks = np.linspace(0, len(video) - 1, num=min(count, len(video))).round().astype(int)
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.concatenate(list(video[picks]), axis=1)).save(target, format="PNG")
+    return target
+
+
 # ----------------------------------------------------------------------------------- the tick part (HTTP)
 
 

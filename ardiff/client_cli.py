@@ -1,4 +1,5 @@
-"""`ardiff session tick NAME --chunks N --out FILE.mp4`: tick a session through the Python client."""
+"""`ardiff session tick NAME --chunks N --out FILE.mp4` (tick a session through the Python client) and
+`ardiff view NAME` (a local page that shows the session and steers it with the keyboard)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tick.add_argument("--kubeconfig", type=Path, help="default: KUBECONFIG, ~/.kube/config or in-cluster")
     tick.add_argument("--timeout", type=float, default=300, help="seconds to wait for Ready")
     tick.set_defaults(func=_tick)
+
+    view = subparsers.add_parser(
+        "view",
+        help="a local web page that shows a session's frames; W/A/S/D and I/J/K/L (or arrows) steer it",
+        description="Serves a page on this machine and proxies the session's stream to it (pod IPs need "
+        "not be reachable from here, and the token stays in this process). Prints the page's URL.",
+    )
+    view.add_argument("name", help="the ARDiffusionSession's name")
+    view.add_argument("-n", "--namespace", default="default")
+    view.add_argument("--kubeconfig", type=Path, help="default: KUBECONFIG, ~/.kube/config or in-cluster")
+    view.add_argument("--host", default="127.0.0.1", help="where the page listens")
+    view.add_argument("--port", type=int, default=8765, help="0 picks a free port")
+    view.add_argument("--format", default="jpeg", choices=("jpeg", "webp"), help="how frames travel")
+    view.add_argument("--open", action="store_true", help="open the page in the default browser")
+    view.set_defaults(func=_view)
 
 
 def _positive(raw: str) -> int:
@@ -66,4 +82,21 @@ def _tick(args: argparse.Namespace) -> int:
             )
     path = write_mp4(args.out, chunks)
     print(f"wrote {sum(len(c) for c in chunks)} frames to {path}")
+    return 0
+
+
+def _view(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from ardiff.viewer import ViewerSettings, serve
+
+    settings = ViewerSettings(
+        session=args.name,
+        namespace=args.namespace,
+        kubeconfig=args.kubeconfig,
+        frame_format=args.format,
+        host=args.host,
+        port=args.port,
+    )
+    asyncio.run(serve(settings, open_browser=args.open))
     return 0

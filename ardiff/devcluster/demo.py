@@ -4,9 +4,9 @@ A dev cluster (emulated API, real Redis, the real operator, real workers with th
 the KV capacity plan of each pool (`ardiff.kv.capacity`), `kubectl apply -f examples/`, a progress display
 until every session is Ready (the third session makes the pool grow to its second Pod), the capacity each pod
 registered next to the planned one, then every session ticked concurrently through the Python client with
-camera controls, one MP4 per session in `demo-out/` (kept), a table (session, pod, chunks, mean tick
-latency, frames/s) and `kubectl get ardiffusionsessions`. The cluster is torn down at the end, on an error,
-on Ctrl-C and on SIGTERM.
+camera controls, one MP4 and one PNG strip of frames per session in `demo-out/` (kept), a table (session,
+pod, chunks, mean tick latency, frames/s) and `kubectl get ardiffusionsessions`. The cluster is torn down at
+the end, on an error, on Ctrl-C and on SIGTERM.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 import httpx
 
-from ardiff.client import CAMERA_TOUR, TERMINAL_PHASES, KubeSessions, is_ready, write_mp4
+from ardiff.client import CAMERA_TOUR, TERMINAL_PHASES, KubeSessions, is_ready, write_mp4, write_strip
 from ardiff.devcluster.cluster import INTERACTIVE_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster
 from ardiff.devcluster.crd import load_manifests
 from ardiff.errors import ArdiffError
@@ -77,6 +77,7 @@ class SessionResult:
     frames: int
     tick_seconds: tuple[float, ...]
     video: Path
+    strip: Path  # a PNG of frames taken along the video
 
     @property
     def mean_tick_ms(self) -> float:
@@ -267,7 +268,9 @@ def tick_session(sessions: KubeSessions, name: str, chunks: int, out_dir: Path, 
                 flush=True,
             )
     video = write_mp4(out_dir / f"{name}.mp4", frames)
-    return SessionResult(name, pod, chunks, sum(len(f) for f in frames), tuple(latencies), video.resolve())
+    strip = write_strip(out_dir / f"{name}.png", frames)
+    count = sum(len(f) for f in frames)
+    return SessionResult(name, pod, chunks, count, tuple(latencies), video.resolve(), strip.resolve())
 
 
 def wait_for_mirror(sessions: KubeSessions, names: Sequence[str], chunks: int) -> None:
@@ -343,7 +346,10 @@ def run_demo(settings: DemoSettings, out: TextIO = sys.stdout) -> list[SessionRe
         print(kubectl(cluster, "get", "ardiffusionworkerpools"), file=out, end="", flush=True)
         print("tearing the dev cluster down ...", file=out, flush=True)
     print(
-        f"done in {time.monotonic() - started:.0f}s; videos: " + ", ".join(str(r.video) for r in results),
+        f"done in {time.monotonic() - started:.0f}s; videos: "
+        + ", ".join(str(r.video) for r in results)
+        + "; frame strips: "
+        + ", ".join(str(r.strip) for r in results),
         file=out,
         flush=True,
     )

@@ -15,7 +15,9 @@ import uuid
 from pathlib import Path
 
 import av
+import numpy as np
 import pytest
+from PIL import Image
 
 from tests.e2e.conftest import REPO
 from tests.waiting import wait_until
@@ -102,6 +104,9 @@ def test_demo_runs_the_examples_and_writes_a_video_per_session(tmp_path: Path, m
             frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
         assert len(frames) == 9 + 12
         assert frames[0].shape == (64, 64, 3)
+        strip = np.asarray(Image.open(video.with_suffix(".png")))
+        assert strip.shape == (64, 8 * 64, 3)  # 8 frames along the video, side by side
+        assert str(video.with_suffix(".png")) in out.split("frame strips: ", 1)[1]
     assert len(pods) == 2
 
     listing = out.split("$ kubectl get ardiffusionsessions\n", 1)[1].split("$ kubectl", 1)[0].splitlines()

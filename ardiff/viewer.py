@@ -1,0 +1,232 @@
+"""`ardiff view SESSION`: a local web page that shows a session's frames and steers it with the keyboard.
+
+The page (`viewer.html`) talks to this process only: `GET /` serves it and `WS /stream` is proxied to the
+session's worker stream (`/v1/sessions/{id}/stream`, docs/contracts.md §4). Pod IPs are not reachable from a
+laptop, and the session's token stays here (the page never sees it). The proxy follows the session: a 421
+`misdirected` to the endpoint it names, and a closed or unreachable worker (evicted, pod lost, resuming) to
+wherever the session's status says it is once it is `Ready` again; the page then gets a fresh `ready` message
+and continues at the chunk it names. It also sends the session's phase to the page every second.
+
+Messages from the page are forwarded as they are (the worker validates them); a superseded stream (the session
+opened elsewhere) or a closed session ends the proxying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.resources
+import json
+import logging
+import webbrowser
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from ardiff.client import KubeSessions, SessionNotFound, is_ready
+
+log = logging.getLogger(__name__)
+
+PHASE_POLL_SECONDS = 1.0
+RECONNECT_SECONDS = 1.0
+MAX_PAGE_MESSAGE_BYTES = 1 << 20
+CLOSE_SUPERSEDED = 4409
+CLOSE_MISDIRECTED = 4421
+CLOSE_NORMAL = 1000
+
+
+@dataclass(frozen=True)
+class ViewerSettings:
+    session: str
+    namespace: str = "default"
+    kubeconfig: Path | None = None
+    frame_format: str = "jpeg"
+    host: str = "127.0.0.1"
+    port: int = 0
+
+    def __post_init__(self) -> None:
+        if self.frame_format not in ("jpeg", "webp"):
+            raise ValueError(f"viewer frame_format must be jpeg or webp, got {self.frame_format!r}")
+
+
+def page(session: str) -> str:
+    html = importlib.resources.files("ardiff").joinpath("viewer.html").read_text()
+    return html.replace("__SESSION__", session)
+
+
+def stream_url(endpoint: str, session: str, frame_format: str) -> str:
+    """The worker's stream URL for an `http(s)://` endpoint."""
+    scheme, _, rest = endpoint.rstrip("/").partition("://")
+    return (
+        f"{'wss' if scheme == 'https' else 'ws'}://{rest}/v1/sessions/{session}/stream?format={frame_format}"
+    )
+
+
+@dataclass
+class WorkerClosed:
+    """How a worker stream ended: its close code, and the endpoint a `misdirected` error named."""
+
+    code: int | None
+    endpoint: str | None = None
+
+
+class SessionViewer:
+    def __init__(self, settings: ViewerSettings, sessions: KubeSessions) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self._pages: set[web.WebSocketResponse] = set()
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/", self._page)
+        app.router.add_get("/stream", self._stream)
+        app.on_shutdown.append(self._close_pages)
+        return app
+
+    async def _close_pages(self, app: web.Application) -> None:
+        """Ctrl-C: close the pages' sockets, which ends their proxying (aiohttp would wait for them)."""
+        for browser in list(self._pages):
+            await browser.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"viewer stopped")
+
+    async def _page(self, request: web.Request) -> web.Response:
+        return web.Response(text=page(self.settings.session), content_type="text/html")
+
+    async def _status(self) -> dict[str, Any]:
+        return await asyncio.to_thread(self.sessions.status, self.settings.session)
+
+    async def _stream(self, request: web.Request) -> web.WebSocketResponse:
+        browser = web.WebSocketResponse(max_msg_size=MAX_PAGE_MESSAGE_BYTES)
+        await browser.prepare(request)
+        self._pages.add(browser)
+        phases = asyncio.create_task(self._report_phase(browser))
+        try:
+            async with aiohttp.ClientSession() as http:
+                await self._proxy(browser, http)
+        except SessionNotFound as exc:
+            await _send(browser, {"type": "error", "error": {"code": exc.code, "message": exc.message}})
+        finally:
+            phases.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await phases
+            self._pages.discard(browser)
+            await browser.close()
+        return browser
+
+    async def _report_phase(self, browser: web.WebSocketResponse) -> None:
+        """The session's phase (and why) whenever it changes, polled from its status."""
+        last: tuple[Any, ...] | None = None
+        while not browser.closed:
+            try:
+                status = await self._status()
+            except Exception as exc:  # the API away for a moment: say so, keep polling
+                status = {"phase": "Unknown", "reason": type(exc).__name__}
+            now = (status.get("phase"), status.get("reason"), status.get("pod"))
+            if now != last:
+                last = now
+                await _send(browser, {"type": "phase", "phase": now[0], "reason": now[1], "pod": now[2]})
+            await asyncio.sleep(PHASE_POLL_SECONDS)
+
+    async def _proxy(self, browser: web.WebSocketResponse, http: aiohttp.ClientSession) -> None:
+        endpoint: str | None = None
+        while not browser.closed:
+            status = await self._wait_ready(browser)
+            if status is None:
+                return
+            token = await asyncio.to_thread(self.sessions.token, self.settings.session, status)
+            url = stream_url(
+                endpoint or status["endpoint"], self.settings.session, self.settings.frame_format
+            )
+            try:
+                async with http.ws_connect(
+                    url, headers={"Authorization": f"Bearer {token}"}, max_msg_size=0
+                ) as worker:
+                    closed = await self._pump(browser, worker)
+            except aiohttp.ClientError as exc:
+                log.info("worker stream %s unreachable (%s); following the session", url, exc)
+                closed = WorkerClosed(code=None)
+            if closed.code in (CLOSE_SUPERSEDED, CLOSE_NORMAL):
+                return  # the session is streamed elsewhere now, or was closed
+            endpoint = closed.endpoint if closed.code == CLOSE_MISDIRECTED else None
+            if endpoint is None:
+                await asyncio.sleep(RECONNECT_SECONDS)
+
+    async def _wait_ready(self, browser: web.WebSocketResponse) -> dict[str, Any] | None:
+        while not browser.closed:
+            status = await self._status()
+            if is_ready(status):
+                return status
+            if status.get("phase") in ("Failed", "Expired"):
+                await _send(
+                    browser,
+                    {
+                        "type": "error",
+                        "error": {
+                            "code": "session_ended",
+                            "message": status.get("message") or status["phase"],
+                        },
+                    },
+                )
+                await browser.close()
+                return None
+            await asyncio.sleep(PHASE_POLL_SECONDS)
+        return None
+
+    async def _pump(
+        self, browser: web.WebSocketResponse, worker: aiohttp.ClientWebSocketResponse
+    ) -> WorkerClosed:
+        """Forward both ways until one side closes; how the worker's side ended (the browser's: code None
+        and the browser closed)."""
+        misdirected_to: str | None = None
+
+        async def to_worker() -> None:
+            async for message in browser:
+                if message.type == aiohttp.WSMsgType.TEXT:
+                    await worker.send_str(message.data)
+
+        async def to_browser() -> None:
+            nonlocal misdirected_to
+            async for message in worker:
+                if message.type == aiohttp.WSMsgType.TEXT:
+                    error = json.loads(message.data).get("error") or {}
+                    misdirected_to = error.get("endpoint") or misdirected_to
+                    await browser.send_str(message.data)
+                elif message.type == aiohttp.WSMsgType.BINARY:
+                    await browser.send_bytes(message.data)
+
+        tasks = [asyncio.create_task(to_worker()), asyncio.create_task(to_browser())]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if browser.closed:
+            await worker.close()
+            return WorkerClosed(code=None)
+        return WorkerClosed(code=worker.close_code, endpoint=misdirected_to)
+
+
+async def _send(browser: web.WebSocketResponse, message: dict[str, Any]) -> None:
+    if not browser.closed:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await browser.send_str(json.dumps(message))
+
+
+async def serve(settings: ViewerSettings, *, open_browser: bool = False) -> None:
+    """Serve the viewer until cancelled; prints the page's URL (and opens it, if asked)."""
+    sessions = KubeSessions(settings.namespace, kubeconfig=settings.kubeconfig)
+    await asyncio.to_thread(sessions.get, settings.session)  # an unknown session fails before serving
+    runner = web.AppRunner(SessionViewer(settings, sessions).app(), shutdown_timeout=5)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port)
+    await site.start()
+    port = runner.addresses[0][1]
+    url = f"http://{settings.host}:{port}/"
+    print(f"viewer of session {settings.session} at {url} (Ctrl-C to stop)", flush=True)
+    if open_browser:
+        webbrowser.open(url)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

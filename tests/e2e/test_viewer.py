@@ -1,0 +1,178 @@
+"""`ardiff view` in a real headless Chromium (Debian's chromium + chromium-driver, driven by Selenium):
+keys pressed on the page become ticks with those controls, frames arrive and change on the canvas, the page
+shows the session's phase, the token never reaches the page, and the viewer follows the session when its
+worker dies.
+
+The dev cluster runs worker Pods on the fake runtime (the worker app, its stream and the control plane are
+real; frames are a deterministic function of the controls, so different keys give different pictures).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+
+from tests.e2e.conftest import NAMESPACE, REPO, Stack, build_pool, running_stack
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+POOL = build_pool("view", capacity=1, min_replicas=1, max_replicas=2, fake=True)
+POOL["spec"]["env"].append({"name": "ARDIFF_FAKE_TICK_SECONDS", "value": "0.1"})  # a steady tick rate
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+SCREENSHOT = REPO / "demo-out" / "viewer.png"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with running_stack(tmp_path_factory.mktemp("e2e-viewer"), POOL, {}) as running:
+        wait_until(lambda: running.ready_pods(), timeout=60, what="a ready fake worker pod")
+        yield running
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[webdriver.Chrome]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(argument)
+    options.add_argument("--window-size=800,800")
+    # The Debian driver, never a download (Selenium Manager is not asked when a path is given).
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    yield driver
+    driver.quit()
+
+
+class Viewer:
+    """`ardiff view NAME` as a user runs it: a process that prints the page's URL."""
+
+    def __init__(self, stack: Stack, name: str) -> None:
+        command = [sys.executable, "-m", "ardiff.cli", "view", name, "-n", NAMESPACE, "--port", "0"]
+        command += ["--kubeconfig", str(stack.cluster.kubeconfig)]
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ}
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        assert "viewer of session" in line, line + self.process.stdout.read()
+        self.url = line.split(" at ")[1].split()[0]
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGINT)
+        self.process.wait(timeout=20)
+
+
+def page_log(driver: webdriver.Chrome) -> dict[str, Any]:
+    return driver.execute_script("return window.ardiffViewer")
+
+
+def canvas(driver: webdriver.Chrome) -> str:
+    return driver.execute_script("return document.getElementById('screen').toDataURL()")
+
+
+def hold_key(driver: webdriver.Chrome, key: str, seconds: float = 0.4) -> None:
+    ActionChains(driver).key_down(key).pause(seconds).key_up(key).perform()
+
+
+def sent_with(driver: webdriver.Chrome, key: str) -> int | None:
+    """The chunk index of the first tick the page sent holding `key`."""
+    return next((t["chunk_index"] for t in page_log(driver)["sent"] if key in t["keys"]), None)
+
+
+def received(driver: webdriver.Chrome, chunk_index: int) -> bool:
+    return any(c["chunk_index"] >= chunk_index for c in page_log(driver)["chunks"])
+
+
+def test_keys_steer_the_session_and_frames_change_in_chromium(
+    stack: Stack, browser: webdriver.Chrome
+) -> None:
+    name = stack.session("viewed", seed=11)
+    status = stack.sessions.wait_ready(name, timeout=60)
+    viewer = Viewer(stack, name)
+    try:
+        browser.get(viewer.url)
+        wait_until(lambda: len(page_log(browser)["chunks"]) >= 2, timeout=30, what="the first chunks")
+        before = canvas(browser)
+        assert all(not tick["keys"] for tick in page_log(browser)["sent"][:2])  # nothing pressed yet
+
+        hold_key(browser, "w")
+        walked = wait_until(lambda: sent_with(browser, "w"), timeout=10, what="a tick holding W")
+        hold_key(browser, Keys.ARROW_LEFT)  # the arrows look around: left is J
+        turned = wait_until(lambda: sent_with(browser, "j"), timeout=10, what="a tick holding J")
+        wait_until(lambda: received(browser, max(walked, turned)), timeout=30, what="their chunks")
+        assert canvas(browser) != before
+
+        chunks = page_log(browser)["chunks"]
+        assert [c["chunk_index"] for c in chunks] == list(range(len(chunks)))  # in order, none lost
+        assert chunks[0]["frames"] == 9
+        assert all(c["frames"] == 12 for c in chunks[1:])
+        assert browser.find_element(By.ID, "phase").text.startswith("Ready")
+        assert int(browser.find_element(By.ID, "chunk").text) >= max(walked, turned)
+        assert int(browser.find_element(By.ID, "latency").text) >= 0
+        # The worker served these ticks (its own count), and the token never reached the page.
+        served = next(s for s in stack.worker(status["pod"])["sessions"] if s["session_id"] == name)
+        assert served["ticks"] >= len(chunks)
+        token = stack.sessions.token(name, status)
+        assert token not in browser.page_source
+        SCREENSHOT.parent.mkdir(exist_ok=True)
+        assert browser.save_screenshot(str(SCREENSHOT))
+        assert SCREENSHOT.stat().st_size > 1000
+    finally:
+        viewer.stop()
+
+
+def test_the_viewer_follows_the_session_when_its_worker_dies(stack: Stack, browser: webdriver.Chrome) -> None:
+    name = stack.session("followed", seed=12)
+    before = stack.sessions.wait_ready(name, timeout=60)
+    viewer = Viewer(stack, name)
+    try:
+        browser.get(viewer.url)
+        wait_until(lambda: len(page_log(browser)["chunks"]) >= 2, timeout=30, what="the first chunks")
+        assert stack.cluster.runner is not None
+        stack.cluster.runner.kill(before["pod"], signal.SIGKILL, NAMESPACE)
+        # The session is placed again (its KV is gone); the viewer reconnects and the page is told to reset.
+        wait_until(lambda: page_log(browser)["readies"] >= 2, timeout=60, what="a second ready")
+        wait_until(
+            lambda: "press R" in browser.find_element(By.ID, "notice").text,
+            timeout=10,
+            what="the reset notice",
+        )
+        started = time.monotonic()
+        ActionChains(browser).send_keys("r").perform()
+        wait_until(
+            lambda: any(t["reset"] for t in page_log(browser)["sent"]), timeout=10, what="a reset tick"
+        )
+        count = len(page_log(browser)["chunks"])
+        wait_until(
+            lambda: len(page_log(browser)["chunks"]) > count + 1, timeout=30, what="chunks after reset"
+        )
+        after = page_log(browser)["chunks"][count:]
+        assert after[0]["chunk_index"] == 0
+        assert after[0]["frames"] == 9
+        assert time.monotonic() - started < 30
+        phase = browser.find_element(By.ID, "phase")
+        assert "Lost" in page_log(browser)["phases"]  # the page showed what happened
+        wait_until(lambda: phase.text.startswith("Ready"), timeout=10, what="the phase Ready again")
+    finally:
+        viewer.stop()
+
+
+def test_an_unknown_session_is_a_clear_cli_error(stack: Stack) -> None:
+    command = [sys.executable, "-m", "ardiff.cli", "view", "nobody", "-n", NAMESPACE, "--port", "0"]
+    command += ["--kubeconfig", str(stack.cluster.kubeconfig)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1
+    assert "error: session_not_found" in result.stderr
+    assert "Traceback" not in result.stderr
