@@ -129,3 +129,49 @@ class ModelUnavailable(ArdiffError):
     """The model could not be prepared or loaded (CLI/startup error, not an HTTP answer)."""
 
     code = "model_unavailable"
+
+
+class SessionExportError(ArdiffError):
+    """Export or import of a session's state failed (docs/contracts.md §9); a refused or failed import leaves
+    the runtime as it was. Not an HTTP answer of the tick route."""
+
+    code = "export_error"
+
+
+class ExportUnsupported(SessionExportError):
+    """This runtime's model family cannot export its sessions: they keep reset-on-evict."""
+
+    code = "export_unsupported"
+
+
+class ExportNotIdle(SessionExportError):
+    """No resident session of that id, or it is not at a tick boundary (a tick in flight)."""
+
+    code = "export_not_idle"
+
+
+class ExportCorrupt(SessionExportError):
+    """Not a session export, an unknown version, a truncated stream, a checksum mismatch or a bad header."""
+
+    code = "export_corrupt"
+
+
+class ExportIdentityMismatch(SessionExportError):
+    """The export was made by a worker of another model, pipeline, resolution, dtype, weights or KV layout."""
+
+    code = "export_identity_mismatch"
+
+    def __init__(self, differences: dict[str, tuple[Any, Any]]) -> None:
+        listed = ", ".join(f"{k}: export {a!r} != worker {b!r}" for k, (a, b) in sorted(differences.items()))
+        super().__init__(f"the export does not match this worker: {listed}")
+        self.differences = differences
+
+
+class ExportDuplicateSession(SessionExportError):
+    code = "export_duplicate_session"
+
+
+class ExportNoCapacity(SessionExportError):
+    """The runtime holds as many sessions as it can, or has too few free KV blocks for this one."""
+
+    code = "export_no_capacity"

@@ -3,8 +3,10 @@
 It behaves like LingBot-World's runner where the worker can observe it: 9 frames for a session's first chunk
 and 12 afterwards, chunk indices contiguous per session (a gap fails the forward), a reset or close frees the
 session's blocks. Frames are a pure function of (seed, image, prompt, chunk index, controls), so a test can
-recompute them. Unlike the real runner, a fake that is full refuses a new session instead of evicting one:
-the worker must never let that happen, and a loud failure shows it if it does.
+recompute them. It exports and imports its sessions (their next chunk, and the worker's book) in the real
+export format (docs/contracts.md §9), so control-plane tests can suspend and move them. Unlike the real
+runner, a fake that is full refuses a new session instead of evicting one: the worker must never let that
+happen, and a loud failure shows it if it does.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ import numpy as np
 
 from ardiff.worker import tick_rules
 from ardiff.worker.conditioning import Conditioning, conditioning_image
+from ardiff.worker.errors import ExportCorrupt, ExportDuplicateSession, ExportNoCapacity, ExportNotIdle
 from ardiff.worker.runtime import ChunkOutput, KVBlocks, PreparedTick
+from ardiff.worker.session_book import SessionBook
+from ardiff.worker.session_export import ExportReader, Readable, Writable, check_identity, write_export
 
 FIRST_CHUNK_FRAMES = 9
 CHUNK_FRAMES = 12
@@ -129,6 +134,40 @@ class FakeRuntime:
         with self._lock:
             used = sum(min(n * BLOCKS_PER_CHUNK, MAX_BLOCKS_PER_SESSION) for n in self._next_chunk.values())
         return KVBlocks(free=total - used, total=total)
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        return {"runtime": "fake", "height": self._height, "width": self._width}
+
+    def export_session(self, session_id: str, out: Writable, *, book: SessionBook) -> int:
+        with self._lock:
+            next_chunk = self._next_chunk.get(session_id)
+        if next_chunk is None:
+            raise ExportNotIdle(f"session {session_id!r} is not resident on this fake runtime")
+        state = {"next_chunk": next_chunk}
+        return write_export(
+            out, session_id=session_id, identity=self.identity, book=book, state=state, tensors=()
+        )
+
+    def import_session(self, source: Readable) -> SessionBook:
+        reader = ExportReader(source)
+        check_identity(reader.identity, self.identity)
+        session_id = reader.session_id
+        for _ in reader.tensors():  # none of its own; this reads the book's frames and checks the digest
+            pass
+        book = reader.book()
+        next_chunk = reader.state.get("next_chunk")
+        if not isinstance(next_chunk, int) or next_chunk < 0:
+            raise ExportCorrupt(f"fake session export has next_chunk {next_chunk!r}")
+        with self._lock:
+            if session_id in self._next_chunk:
+                raise ExportDuplicateSession(
+                    f"session {session_id!r} is already resident on this fake runtime"
+                )
+            if len(self._next_chunk) >= self._capacity:
+                raise ExportNoCapacity(f"this fake runtime holds {self._capacity} sessions, its capacity")
+            self._next_chunk[session_id] = next_chunk
+        return book
 
     def shutdown(self) -> None:
         with self._lock:

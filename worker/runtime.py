@@ -3,9 +3,10 @@
 Two implementations: the vllm-omni session adapter (`ardiff.worker.session_adapter`, the real paged-KV runner)
 and `ardiff.worker.fake_runtime` (deterministic frames, no torch) for control-plane tests.
 
-Threading contract: `forward`, `reset` and `close` are only ever called from the worker's one forward thread,
-one at a time; `prepare` may run on any thread concurrently with them and must not touch session state;
-`resident_sessions` and `kv_blocks` are cheap snapshots safe to read from the event loop.
+Threading contract: `forward`, `reset`, `close`, `export_session` and `import_session` are only ever called
+from the worker's one forward thread, one at a time (so an export always sees a session between ticks);
+`prepare` may run on any thread concurrently with them and must not touch session state; `resident_sessions`
+and `kv_blocks` are cheap snapshots safe to read from the event loop.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ardiff.worker.conditioning import Conditioning
+from ardiff.worker.session_book import SessionBook
+from ardiff.worker.session_export import Readable, Writable
 
 
 @dataclass(frozen=True)
@@ -93,5 +96,25 @@ class SessionRuntime(Protocol):
         ...
 
     def kv_blocks(self) -> KVBlocks: ...
+
+    def export_session(self, session_id: str, out: Writable, *, book: SessionBook) -> int:
+        """Write a resident session at a tick boundary, with the worker's `book`, to `out` in the export
+        format (docs/contracts.md §9), part by part; returns the bytes written. Read-only: the session stays
+        resident.
+
+        `ExportUnsupported` when this runtime's model family cannot export (it keeps reset-on-evict);
+        `ExportNotIdle` when the session is not resident or not between ticks.
+        """
+        ...
+
+    def import_session(self, source: Readable) -> SessionBook:
+        """Install a session read from `source` as a resident one whose next tick continues it; returns the
+        worker's book that travelled with it.
+
+        Refuses with `ExportCorrupt` (not an export, unknown version, truncated, checksum or header wrong),
+        `ExportIdentityMismatch`, `ExportDuplicateSession` or `ExportNoCapacity` (resident capacity, free KV
+        blocks); `ExportUnsupported` as for export. On any failure nothing of the session is left behind.
+        """
+        ...
 
     def shutdown(self) -> None: ...

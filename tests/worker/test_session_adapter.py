@@ -1,12 +1,18 @@
 """The session adapter over the real vllm-omni runner, in this process: bit-exact isolation, KV-block
-accounting and fail-closed, observed on the runner's own latents and block pool.
+accounting and fail-closed, observed on the runner's own latents and block pool; export/import of a session
+(docs/contracts.md §9) continuing bit-identically in this runtime and in a fresh process, and its refusals.
 
 Loads the tiny LingBot-World model once for the module (about 20 s on CPU).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import io
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +21,16 @@ import torch
 
 from ardiff.worker import tick_rules
 from ardiff.worker.conditioning import Conditioning
-from ardiff.worker.errors import InvalidTick
+from ardiff.worker.errors import (
+    ExportCorrupt,
+    ExportDuplicateSession,
+    ExportIdentityMismatch,
+    ExportNoCapacity,
+    ExportNotIdle,
+    ExportUnsupported,
+    InvalidTick,
+)
+from ardiff.worker.session_book import CachedChunk, SessionBook
 from ardiff.worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.slow
@@ -179,3 +194,160 @@ def test_make_tiny_model_is_deterministic_for_a_seed(adapter, tiny_model_cache, 
         "text_encoder/model.safetensors",
     } <= written.keys()
     assert sum(p.stat().st_size for p in tiny_model_dir.rglob("*") if p.is_file()) < 8 << 20
+
+
+# ---- export / import (docs/contracts.md §9) ---------------------------------------------------------------
+
+
+def book_after(session: str, chunk: int, output) -> SessionBook:
+    cached = CachedChunk(f"{session}-{chunk}", chunk, output.frames, output.metadata)
+    return SessionBook(session, token_sha256="ab" * 32).advanced(cached)
+
+
+def export(adapter, session: str, book: SessionBook) -> bytes:
+    out = io.BytesIO()
+    written = adapter.export_session(session, out, book=book)
+    assert written == out.tell()
+    return out.getvalue()
+
+
+def twin(adapter, chunks: int) -> list:
+    """Session `a` ticked `chunks` times without interruption: what every continuation must equal."""
+    outputs = [run(adapter, "a", chunk) for chunk in range(chunks)]
+    adapter.close("a")
+    return outputs
+
+
+def assert_same(outputs, expected) -> None:
+    assert len(outputs) == len(expected)
+    for got, want in zip(outputs, expected, strict=True):
+        assert torch.equal(got.latents, want.latents)
+        np.testing.assert_array_equal(got.frames, want.frames)
+
+
+@pytest.fixture(scope="module")
+def exported(adapter):
+    """The uninterrupted twin (6 chunks); `a` exported after 3 chunks interleaved with `b` (then closed)."""
+    reference = twin(adapter, 6)
+    empty = adapter.kv_blocks()
+    for chunk in range(3):
+        run(adapter, "b", chunk)
+        last = run(adapter, "a", chunk)
+    book = book_after("a", 2, last)
+    blob = export(adapter, "a", book)
+    for session in ("a", "b"):
+        adapter.close(session)
+    assert adapter.kv_blocks() == empty
+    return reference, book, blob
+
+
+def test_an_export_closed_and_imported_continues_bit_identically_beside_another_session(adapter, exported):
+    reference, book, blob = exported
+    empty = adapter.kv_blocks()
+    run(adapter, "b", 0)
+    imported = adapter.import_session(io.BytesIO(blob))
+    assert imported.to_dict() == book.to_dict()  # the worker's book travels: a retried tick stays a retry
+    assert imported.retry_of("a-2", 2) is not None
+    assert set(adapter.resident_sessions()) == {"a", "b"}
+    continued = []
+    for chunk in range(3, 6):
+        run(adapter, "b", chunk - 2)
+        continued.append(run(adapter, "a", chunk))
+    assert_same(continued, reference[3:])
+    assert export(adapter, "a", book) != blob  # it moved on
+    for session in ("a", "b"):
+        adapter.close(session)
+    assert adapter.kv_blocks() == empty
+
+
+def test_an_export_is_read_only_and_the_session_goes_on(adapter, exported):
+    reference, book, blob = exported
+    for chunk in range(3):
+        run(adapter, "a", chunk)
+    assert export(adapter, "a", book) == blob  # the same state gives the same bytes
+    assert_same([run(adapter, "a", chunk) for chunk in range(3, 6)], reference[3:])
+    adapter.close("a")
+
+
+def test_an_export_imports_into_a_fresh_worker_process(adapter, exported, tiny_model_cache, tmp_path):
+    reference, book, blob = exported
+    (tmp_path / "a.export").write_bytes(blob)
+    subprocess.run(
+        [sys.executable, "-m", "tests.worker.session_import_child", str(tmp_path), str(tiny_model_cache)],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=True,
+        timeout=240,
+    )
+    result = torch.load(tmp_path / "continued.pt", weights_only=False)  # written by the child above
+    assert result["book"] == book.to_dict()
+    for (latents, frames), want in zip(result["chunks"], reference[3:], strict=True):
+        assert torch.equal(latents, want.latents)
+        np.testing.assert_array_equal(frames.numpy(), want.frames)
+    assert result["other_session_frames"] == 12  # `b` ticked beside it
+
+
+def flip(blob: bytes, at: int) -> bytes:
+    return blob[:at] + bytes([blob[at] ^ 0x01]) + blob[at + 1 :]
+
+
+@pytest.mark.parametrize(
+    ("mangle", "message"),
+    [
+        (lambda blob: blob[: len(blob) // 2], "truncated"),
+        (lambda blob: blob[:-1], "truncated"),
+        (lambda blob: flip(blob, len(blob) - 1000), "checksum mismatch"),  # inside the tensor data
+        (lambda blob: flip(blob, 40), "checksum mismatch|not JSON|header"),  # inside the header
+        (lambda blob: blob + b"\0", "after its checksum"),
+        (lambda blob: b"PK" + blob[2:], "bad magic"),
+    ],
+)
+def test_a_corrupt_export_is_refused_and_nothing_is_left_behind(adapter, exported, mangle, message):
+    _, _, blob = exported
+    run(adapter, "b", 0)
+    before = adapter.kv_blocks()
+    with pytest.raises(ExportCorrupt, match=message):
+        adapter.import_session(io.BytesIO(mangle(blob)))
+    assert adapter.resident_sessions() == ("b",)
+    assert adapter.kv_blocks() == before
+    assert "a" not in adapter._pipeline._ar_sessions
+    assert "a" not in adapter._pipeline._streaming_decode_states
+    adapter.close("b")
+
+
+def test_import_refuses_a_mismatch_a_duplicate_and_a_full_worker(adapter, exported, monkeypatch):
+    _, book, blob = exported
+    run(adapter, "b", 0)
+    before = adapter.kv_blocks()
+    with monkeypatch.context() as patch:
+        patch.setitem(
+            adapter.__dict__, "identity", {**adapter.identity, "height": 128, "weights_sha256": "0"}
+        )
+        foreign = export(adapter, "b", dataclasses.replace(book, session_id="b"))
+    with pytest.raises(ExportIdentityMismatch) as mismatch:
+        adapter.import_session(io.BytesIO(foreign))
+    assert mismatch.value.differences == {
+        "height": (128, 64),
+        "weights_sha256": ("0", adapter.identity["weights_sha256"]),
+    }
+    own_b = export(adapter, "b", dataclasses.replace(book, session_id="b"))
+    with pytest.raises(ExportDuplicateSession, match="'b' is already resident"):
+        adapter.import_session(io.BytesIO(own_b))
+    with monkeypatch.context() as patch:
+        patch.setattr(adapter._runner, "_session_capacity", 1)
+        with pytest.raises(ExportNoCapacity, match="holds 1 sessions"):
+            adapter.import_session(io.BytesIO(blob))
+    assert adapter.resident_sessions() == ("b",)
+    assert adapter.kv_blocks() == before
+    with pytest.raises(ExportNotIdle, match="'a' is not resident"):
+        export(adapter, "a", book)
+    adapter.close("b")
+
+
+def test_a_pipeline_without_export_support_says_so(adapter, exported, monkeypatch):
+    _, book, blob = exported
+    monkeypatch.setattr(adapter, "_pipeline", object())
+    with pytest.raises(ExportUnsupported, match="LingBot-World only"):
+        export(adapter, "a", book)
+    with pytest.raises(ExportUnsupported, match="reset-on-evict"):
+        adapter.import_session(io.BytesIO(blob))

@@ -1,0 +1,302 @@
+"""The session export format (docs/contracts.md §9): one session at a tick boundary as a byte stream.
+
+    magic "ARDSESS\\0" | u32 version | u64 H | header JSON (H bytes)
+    | safetensors document (u64 S | its JSON header | tensor data) | SHA-256 of every byte before it
+
+Written and read in parts: a writer is given each tensor's dtype and shape up front and its bytes one part
+at a time (`TensorPart.data` is called when the part is written, so at most one part is in host memory); a
+reader yields each part as it arrives and checks the digest after the last one. Whatever a reader yields is
+untrusted until its iteration has ended without `ExportCorrupt`. No pickle; torch-free (the runtimes convert
+their own tensors), so the fake runtime shares it.
+
+The worker's `SessionBook` travels in the header (its cached chunk's frames as the tensor
+`book/last_chunk/frames`, written first), so a retried tick stays idempotent after a move.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ardiff.worker.errors import ExportCorrupt, ExportIdentityMismatch
+from ardiff.worker.session_book import SessionBook
+
+MAGIC = b"ARDSESS\x00"
+VERSION = 1
+FORMAT = "ardiff-session-export"
+DIGEST_BYTES = 32
+# Bounds on the two JSON headers: a corrupted length must not make a reader allocate gigabytes.
+MAX_HEADER_BYTES = 64 << 20
+# safetensors dtype codes and their item sizes (the subset the runtimes use).
+ITEM_SIZES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
+BOOK_FRAMES = "book/last_chunk/frames"
+
+_PREAMBLE = struct.Struct("<8sIQ")  # magic, version, header length
+_U64 = struct.Struct("<Q")
+
+
+class Writable(Protocol):
+    def write(self, data: bytes | bytearray | memoryview, /) -> int | None: ...
+
+
+class Readable(Protocol):
+    def read(self, size: int, /) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class TensorPart:
+    """One tensor of an export: dtype (a safetensors code), shape, and its little-endian bytes on demand."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    data: Callable[[], bytes | bytearray | memoryview]
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ITEM_SIZES:
+            raise ValueError(
+                f"export tensor {self.name} dtype must be one of {sorted(ITEM_SIZES)}, got {self.dtype}"
+            )
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * ITEM_SIZES[self.dtype]
+
+
+@dataclass(frozen=True)
+class ReadTensor:
+    """A tensor as a reader yields it: a fresh writable buffer the caller may wrap without copying."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytearray
+
+
+def identity_differences(export: Mapping[str, Any], worker: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Fields whose values differ between an export's identity and this worker's (missing counts as None)."""
+    return {
+        key: (export.get(key), worker.get(key))
+        for key in sorted(set(export) | set(worker))
+        if export.get(key) != worker.get(key)
+    }
+
+
+def check_identity(export: Mapping[str, Any], worker: Mapping[str, Any]) -> None:
+    differences = identity_differences(export, worker)
+    if differences:
+        raise ExportIdentityMismatch(differences)
+
+
+class _HashingWriter:
+    def __init__(self, out: Writable) -> None:
+        self._out = out
+        self.digest = hashlib.sha256()
+        self.written = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        self.digest.update(view)
+        self._out.write(view)
+        self.written += view.nbytes
+
+
+def write_export(
+    out: Writable,
+    *,
+    session_id: str,
+    identity: Mapping[str, Any],
+    book: SessionBook,
+    state: Mapping[str, Any],
+    tensors: Sequence[TensorPart],
+) -> int:
+    """Write one session to `out`, part by part; returns the bytes written (digest included)."""
+    if book.session_id != session_id:
+        raise ValueError(f"export book is for {book.session_id!r}, not {session_id!r}")
+    parts = list(tensors)
+    book_dict = book.to_dict()
+    if book.last_chunk is not None:
+        frames = book.last_chunk.frames
+        parts.insert(0, TensorPart(BOOK_FRAMES, "U8", tuple(frames.shape), frames.tobytes))
+        del book_dict["last_chunk"]["frames"], book_dict["last_chunk"]["frame_shape"]
+    names = [p.name for p in parts]
+    if len(set(names)) != len(names):
+        raise ValueError(f"export tensor names must be unique, got {names}")
+    header = json.dumps(
+        {
+            "format": FORMAT,
+            "session_id": session_id,
+            "identity": dict(identity),
+            "book": book_dict,
+            "state": dict(state),
+        },
+        sort_keys=True,
+    ).encode()
+    offsets, layout = 0, {}
+    for part in parts:
+        layout[part.name] = {
+            "dtype": part.dtype,
+            "shape": list(part.shape),
+            "data_offsets": [offsets, offsets + part.nbytes],
+        }
+        offsets += part.nbytes
+    st_header = json.dumps(layout).encode()
+    st_header += b" " * (-len(st_header) % 8)  # safetensors aligns the data to 8 bytes
+
+    writer = _HashingWriter(out)
+    writer.write(_PREAMBLE.pack(MAGIC, VERSION, len(header)))
+    writer.write(header)
+    writer.write(_U64.pack(len(st_header)))
+    writer.write(st_header)
+    for part in parts:
+        data = memoryview(part.data()).cast("B")
+        if data.nbytes != part.nbytes:
+            raise ValueError(
+                f"export tensor {part.name} has {data.nbytes} bytes, its shape needs {part.nbytes}"
+            )
+        writer.write(data)
+    digest = writer.digest.digest()
+    out.write(digest)
+    return writer.written + len(digest)
+
+
+class ExportReader:
+    """Reads an export from `source` in parts: the header at once, then `tensors()` one by one."""
+
+    def __init__(self, source: Readable) -> None:
+        self._source = source
+        self._digest = hashlib.sha256()
+        magic, version, header_len = _PREAMBLE.unpack(self._read(_PREAMBLE.size, "the preamble"))
+        if magic != MAGIC:
+            raise ExportCorrupt("not a session export (bad magic)")
+        if version != VERSION:
+            raise ExportCorrupt(
+                f"session export version {version} is not supported (this worker reads {VERSION})"
+            )
+        header = self._json(header_len, "header")
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            raise ExportCorrupt("session export header is not an object of the expected format")
+        try:
+            self.session_id: str = header["session_id"]
+            self.identity: dict[str, Any] = dict(header["identity"])
+            self.state: dict[str, Any] = dict(header["state"])
+            self._book: dict[str, Any] = dict(header["book"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ExportCorrupt(f"session export header lacks {exc}") from None
+        (st_len,) = _U64.unpack(self._read(_U64.size, "the tensor index"))
+        self._layout = self._tensor_layout(self._json(st_len, "tensor index"))
+        self._frames: bytearray | None = None
+        self._verified = False
+
+    @property
+    def tensor_names(self) -> list[str]:
+        return [t.name for t in self._layout if t.name != BOOK_FRAMES]
+
+    def tensor_shapes(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        return {t.name: (t.dtype, t.shape) for t in self._layout}
+
+    def tensors(self) -> Iterator[ReadTensor]:
+        """Each tensor in order (the book's frames are kept, not yielded); then the digest is checked."""
+        for entry in self._layout:
+            data = bytearray(self._read(math.prod(entry.shape) * ITEM_SIZES[entry.dtype], entry.name))
+            if entry.name == BOOK_FRAMES:
+                self._frames = data
+                continue
+            yield ReadTensor(entry.name, entry.dtype, entry.shape, data)
+        digest = self._source.read(DIGEST_BYTES)
+        if len(digest) != DIGEST_BYTES:
+            raise ExportCorrupt("session export is truncated (no checksum)")
+        if digest != self._digest.digest():
+            raise ExportCorrupt("session export checksum mismatch: the stream was altered")
+        if self._source.read(1):
+            raise ExportCorrupt("session export has bytes after its checksum")
+        self._verified = True
+
+    def book(self) -> SessionBook:
+        """The worker's book that travelled with the session; only once `tensors()` has been read through."""
+        if not self._verified:
+            raise RuntimeError("the export's book is only trusted once its tensors and checksum were read")
+        value = dict(self._book)
+        last = value.get("last_chunk")
+        if last is not None:
+            if self._frames is None:
+                raise ExportCorrupt("session export book has a cached chunk without its frames")
+            _, shape = self.tensor_shapes()[BOOK_FRAMES]
+            value["last_chunk"] = {**last, "frames": bytes(self._frames), "frame_shape": list(shape)}
+        try:
+            book = SessionBook.from_dict(value)  # a cached chunk's bytes must fill its shape
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ExportCorrupt(f"session export book is malformed: {exc}") from None
+        if book.session_id != self.session_id:
+            raise ExportCorrupt(f"session export book is for {book.session_id!r}, not {self.session_id!r}")
+        return book
+
+    # ---------------------------------------------------------------- parsing
+
+    def _read(self, size: int, what: str) -> bytes:
+        chunks, left = [], size
+        while left:
+            chunk = self._source.read(left)
+            if not chunk:
+                raise ExportCorrupt(f"session export is truncated in {what} ({size - left} of {size} bytes)")
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self._digest.update(data)
+        return data
+
+    def _json(self, size: int, what: str) -> Any:
+        if size > MAX_HEADER_BYTES:
+            raise ExportCorrupt(f"session export {what} claims {size} bytes (at most {MAX_HEADER_BYTES})")
+        try:
+            return json.loads(self._read(size, f"the {what}"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ExportCorrupt(f"session export {what} is not JSON: {exc}") from None
+
+    @staticmethod
+    def _tensor_layout(index: Any) -> list[ReadTensor]:
+        """The tensors in data order; their offsets must tile the data exactly."""
+        if not isinstance(index, dict):
+            raise ExportCorrupt("session export tensor index is not an object")
+        entries = []
+        try:
+            for name, info in index.items():
+                if name == "__metadata__":
+                    continue
+                dtype, shape, (start, end) = (
+                    info["dtype"],
+                    tuple(int(n) for n in info["shape"]),
+                    info["data_offsets"],
+                )
+                if dtype not in ITEM_SIZES or any(n < 0 for n in shape):
+                    raise ValueError(f"{name}: dtype {dtype} shape {shape}")
+                if end - start != math.prod(shape) * ITEM_SIZES[dtype]:
+                    raise ValueError(f"{name}: offsets {start}..{end} do not fit its shape")
+                entries.append((int(start), ReadTensor(name, dtype, shape, bytearray())))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ExportCorrupt(f"session export tensor index is malformed: {exc}") from None
+        entries.sort(key=lambda e: e[0])
+        position = 0
+        for start, entry in entries:
+            if start != position:
+                raise ExportCorrupt(
+                    f"session export tensor {entry.name} starts at {start}, expected {position}"
+                )
+            position += math.prod(entry.shape) * ITEM_SIZES[entry.dtype]
+        return [entry for _, entry in entries]
