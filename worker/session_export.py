@@ -89,17 +89,13 @@ class ReadTensor:
     data: bytearray
 
 
-def identity_differences(export: Mapping[str, Any], worker: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """Fields whose values differ between an export's identity and this worker's (missing counts as None)."""
-    return {
+def check_identity(export: Mapping[str, Any], worker: Mapping[str, Any]) -> None:
+    """`ExportIdentityMismatch` naming every field whose value differs (a missing one counts as None)."""
+    differences = {
         key: (export.get(key), worker.get(key))
         for key in sorted(set(export) | set(worker))
         if export.get(key) != worker.get(key)
     }
-
-
-def check_identity(export: Mapping[str, Any], worker: Mapping[str, Any]) -> None:
-    differences = identity_differences(export, worker)
     if differences:
         raise ExportIdentityMismatch(differences)
 
@@ -204,10 +200,6 @@ class ExportReader:
         self._frames: bytearray | None = None
         self._verified = False
 
-    @property
-    def tensor_names(self) -> list[str]:
-        return [t.name for t in self._layout if t.name != BOOK_FRAMES]
-
     def tensor_shapes(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         return {t.name: (t.dtype, t.shape) for t in self._layout}
 
@@ -219,7 +211,7 @@ class ExportReader:
                 self._frames = data
                 continue
             yield ReadTensor(entry.name, entry.dtype, entry.shape, data)
-        digest = self._source.read(DIGEST_BYTES)
+        digest = self._read_up_to(DIGEST_BYTES)
         if len(digest) != DIGEST_BYTES:
             raise ExportCorrupt("session export is truncated (no checksum)")
         if digest != self._digest.digest():
@@ -249,15 +241,21 @@ class ExportReader:
 
     # ---------------------------------------------------------------- parsing
 
-    def _read(self, size: int, what: str) -> bytes:
+    def _read_up_to(self, size: int) -> bytes:
+        """`size` bytes, fewer only at the end of the stream (a source may answer a read with less)."""
         chunks, left = [], size
         while left:
             chunk = self._source.read(left)
             if not chunk:
-                raise ExportCorrupt(f"session export is truncated in {what} ({size - left} of {size} bytes)")
+                break
             chunks.append(chunk)
             left -= len(chunk)
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _read(self, size: int, what: str) -> bytes:
+        data = self._read_up_to(size)
+        if len(data) != size:
+            raise ExportCorrupt(f"session export is truncated in {what} ({len(data)} of {size} bytes)")
         self._digest.update(data)
         return data
 

@@ -1,0 +1,160 @@
+"""The session export format (docs/contracts.md §9) without a model: the fake runtime's sessions, written and
+read part by part, a valid safetensors document inside, and every refusal typed."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+
+import numpy as np
+import pytest
+import safetensors.numpy
+
+from ardiff.worker import tick_rules
+from ardiff.worker.conditioning import Conditioning
+from ardiff.worker.errors import (
+    ExportCorrupt,
+    ExportDuplicateSession,
+    ExportIdentityMismatch,
+    ExportNoCapacity,
+    ExportNotIdle,
+)
+from ardiff.worker.fake_runtime import FakeRuntime, fake_frames
+from ardiff.worker.session_book import CachedChunk, SessionBook
+from ardiff.worker.session_export import DIGEST_BYTES, ExportReader, TensorPart, write_export
+
+CONDITIONING = Conditioning(seed=7, prompt="a forest")
+
+
+def tick(runtime: FakeRuntime, session: str, chunk: int):
+    parsed = tick_rules.parse_tick(session, {"request_id": f"{session}-{chunk}", "chunk_index": chunk})
+    return runtime.forward(runtime.prepare(parsed, CONDITIONING))
+
+
+def ticked(runtime: FakeRuntime, session: str, chunks: int) -> SessionBook:
+    book = SessionBook(session, token_sha256="cd" * 32)
+    for chunk in range(chunks):
+        output = tick(runtime, session, chunk)
+        book = book.advanced(CachedChunk(f"{session}-{chunk}", chunk, output.frames, output.metadata))
+    return book
+
+
+def export(runtime: FakeRuntime, session: str, book: SessionBook) -> bytes:
+    out = io.BytesIO()
+    assert runtime.export_session(session, out, book=book) == out.tell()
+    return out.getvalue()
+
+
+class Trickle(io.RawIOBase):
+    """A source that answers every read with at most 7 bytes (a socket would)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = io.BytesIO(data)
+
+    def read(self, size: int = -1) -> bytes:
+        return self._data.read(min(size, 7) if size >= 0 else 7)
+
+
+def test_a_fake_session_moves_to_another_runtime_with_its_book() -> None:
+    source, target = FakeRuntime(height=8, width=8, capacity=2), FakeRuntime(height=8, width=8, capacity=2)
+    book = ticked(source, "s", 2)
+    blob = export(source, "s", book)
+    source.close("s")
+    tick(target, "other", 0)
+    imported = target.import_session(Trickle(blob))
+    assert imported.to_dict() == book.to_dict()
+    assert imported.retry_of("s-1", 1) is not None  # a retried tick stays idempotent after the move
+    assert set(target.resident_sessions()) == {"s", "other"}
+    continued = tick(target, "s", 2)  # the fake fails a forward whose chunk is not the session's next
+    parsed = tick_rules.parse_tick("s", {"request_id": "s-2", "chunk_index": 2})
+    image = target.prepare(parsed, CONDITIONING).request.image
+    np.testing.assert_array_equal(continued.frames, fake_frames(CONDITIONING, image, parsed))
+
+
+def test_the_tensor_section_is_a_safetensors_document_written_part_by_part() -> None:
+    calls: list[str] = []
+
+    class Recorder(io.BytesIO):
+        def write(self, data) -> int:  # type: ignore[override]
+            calls.append(f"write {memoryview(data).nbytes}")
+            return super().write(data)
+
+    def part(name: str, values: np.ndarray) -> TensorPart:
+        def data() -> bytes:
+            calls.append(f"read {name}")
+            return values.tobytes()
+
+        return TensorPart(name, "F32", values.shape, data)
+
+    first, second = np.arange(6, dtype=np.float32).reshape(2, 3), np.full((4,), 2.5, dtype=np.float32)
+    out = Recorder()
+    book = SessionBook("s")
+    write_export(
+        out,
+        session_id="s",
+        identity={"runtime": "x"},
+        book=book,
+        state={"k": 1},
+        tensors=[part("a", first), part("b", second)],
+    )
+    # Each part is read only when it is written (one part in memory at a time), then the digest.
+    assert calls[-5:] == ["read a", "write 24", "read b", "write 16", f"write {DIGEST_BYTES}"]
+    blob = out.getvalue()
+    (header_len,) = struct.unpack("<Q", blob[12:20])
+    header = json.loads(blob[20 : 20 + header_len])
+    assert (header["session_id"], header["identity"], header["state"]) == ("s", {"runtime": "x"}, {"k": 1})
+    tensors = safetensors.numpy.load(blob[20 + header_len : -DIGEST_BYTES])
+    np.testing.assert_array_equal(tensors["a"], first)
+    np.testing.assert_array_equal(tensors["b"], second)
+    reader = ExportReader(io.BytesIO(blob))
+    read = [(t.name, np.frombuffer(t.data, dtype=np.float32).reshape(t.shape)) for t in reader.tensors()]
+    assert [name for name, _ in read] == ["a", "b"]
+    np.testing.assert_array_equal(read[1][1], second)
+    assert reader.book().to_dict() == book.to_dict()
+
+
+def mangled_version(blob: bytes) -> bytes:
+    return blob[:8] + struct.pack("<I", 2) + blob[12:]
+
+
+def huge_header(blob: bytes) -> bytes:
+    return blob[:12] + struct.pack("<Q", 1 << 40) + blob[20:]
+
+
+@pytest.mark.parametrize(
+    ("mangle", "message"),
+    [
+        (mangled_version, "version 2 is not supported"),
+        (huge_header, "claims 1099511627776 bytes"),
+        (lambda blob: blob[:15], "truncated in the preamble"),
+        (lambda blob: blob[:30], "truncated in the header"),
+        (lambda blob: blob[:-DIGEST_BYTES], "no checksum"),
+        (lambda blob: blob[:-1] + bytes([blob[-1] ^ 0xFF]), "checksum mismatch"),
+        (lambda blob: b"", "truncated"),
+    ],
+)
+def test_a_corrupt_export_is_refused(mangle, message: str) -> None:
+    source, target = FakeRuntime(height=8, width=8, capacity=2), FakeRuntime(height=8, width=8, capacity=2)
+    blob = export(source, "s", ticked(source, "s", 1))
+    with pytest.raises(ExportCorrupt, match=message):
+        target.import_session(io.BytesIO(mangle(blob)))
+    assert target.resident_sessions() == ()
+
+
+def test_import_refuses_a_foreign_a_duplicate_and_a_full_runtime() -> None:
+    source = FakeRuntime(height=8, width=8, capacity=2)
+    blob = export(source, "s", ticked(source, "s", 1))
+    with pytest.raises(ExportIdentityMismatch) as mismatch:
+        FakeRuntime(height=16, width=8, capacity=2).import_session(io.BytesIO(blob))
+    assert mismatch.value.differences == {"height": (8, 16)}
+    assert mismatch.value.code == "export_identity_mismatch"
+    with pytest.raises(ExportDuplicateSession):
+        source.import_session(io.BytesIO(blob))
+    full = FakeRuntime(height=8, width=8, capacity=1)
+    tick(full, "other", 0)
+    with pytest.raises(ExportNoCapacity):
+        full.import_session(io.BytesIO(blob))
+    assert full.resident_sessions() == ("other",)
+    with pytest.raises(ExportNotIdle):
+        source.export_session("nobody", io.BytesIO(), book=SessionBook("nobody"))
