@@ -151,7 +151,7 @@ class SessionStream:
             )
             return
         authorization = self.websocket.headers.get("authorization")
-        if not authorization:
+        if not authorization and not self.service.settings.standalone:  # standalone: no auth, as over HTTP
             authorization = await self._auth_message()
             if authorization is None:
                 return
@@ -223,7 +223,7 @@ class SessionStream:
             return None
         return tick.model_dump(by_alias=True, exclude={"type"})
 
-    async def _tick(self, body: dict[str, Any], authorization: str, frame_format: FrameFormat) -> bool:
+    async def _tick(self, body: dict[str, Any], authorization: str | None, frame_format: FrameFormat) -> bool:
         """Answer one tick; False once the connection is over."""
         try:
             outcome = await self.service.tick(

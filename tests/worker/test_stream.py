@@ -456,6 +456,11 @@ async def test_fuzzed_messages_get_errors_or_chunks_never_a_broken_stream(worker
     metrics = worker.client.get(f"{worker.url}/metrics").text
     assert 'ardiff_tick_errors_total{code="internal_error"}' not in metrics
 
+    async def no_stream_left_open():  # nothing leaks: every connection of the module has ended
+        return "ardiff_streams_open 0.0" in worker.client.get(f"{worker.url}/metrics").text
+
+    await wait_for(no_stream_left_open)
+
 
 async def answer(ws: ClientConnection, message: str) -> str:
     """What the worker answers a message with: `chunk` or the error code (the stream must stay open)."""
