@@ -10,18 +10,28 @@ POST of the same kind of tick (no decoding). The baseline, "worker alone", is th
 same ticks, from its `server-timing` header (queue + forward + decode + encode); the overhead of a path is,
 tick by tick, its round trip minus that. Ratio: a path's p50 round trip / its p50 time inside the worker.
 
+Store recovery, repeated `--store-crashes` times per variant: two sessions, one per pod, ticked back to
+back by `TickRecorder`s (raw HTTP, every answer kept); `redis-server` killed with SIGKILL and started again
+empty on the same port (alone, then together with the operator, which is started again at once). Timed: the
+window from the restart to each session's first 200 (request sent after the restart), in seconds and in ticks
+(the window over the median tick period of the same session before the crash, the baseline of the same run);
+every answer in the window must be a retryable 503 (`placement_recovering`, `not_ready`): any other aborts
+the run.
+
 Recovery, repeated `--kills` times: two sessions, one per pod; `kill -9` of one pod's worker process;
 timed until (1) the session is Ready again with `resetRequired` on a live pod (the other one, which has a free
 slot: the operator sees the dead container, marks the session Lost and places it again in the same round),
 (2) its first tick after `reset()` returned frames, (3) the killed pod's restarted worker is Ready. Every wait
 is bounded; the Lost and Replaced Events are checked after each kill.
 
-    .venv/bin/python benchmarks/e2e.py [--ticks 40] [--warmup 3] [--kills 3] [--model-cache DIR]
+    .venv/bin/python benchmarks/e2e.py [--ticks 40] [--warmup 3] [--kills 3] [--store-crashes 3]
+                                       [--model-cache DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import signal
 import statistics
@@ -37,6 +47,7 @@ import yaml
 
 from ardiff.client import CAMERA_TOUR, ResetRequired, hold, parse_server_timing
 from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster
+from ardiff.devcluster.tick_recorder import TickRecorder
 
 T = TypeVar("T")
 NAMESPACE = "bench"
@@ -57,6 +68,7 @@ OPERATOR_ENV = {"ARDIFF_OPERATOR_RECONCILE_SECONDS": "0.5", "ARDIFF_OPERATOR_MIR
 START_TIMEOUT = 600.0  # the first two workers: imports and model load on a loaded machine
 RESTART_TIMEOUT = 180.0  # one worker process started again
 RECOVERY_TIMEOUT = 30.0  # the operator notices a dead pod within a reconcile round or two
+RETRYABLE = {(503, "placement_recovering"), (503, "not_ready")}
 
 
 def wait_until(predicate: Callable[[], T | None], timeout: float, what: str, poll: float = 0.05) -> T:
@@ -179,6 +191,80 @@ def measure_recovery(cluster: DevCluster, kills: int) -> list[dict[str, float]]:
     return rounds
 
 
+def measure_store_crash(cluster: DevCluster, round_: int, *, with_operator: bool) -> list[dict[str, float]]:
+    """One crash of Redis (and of the operator): per session, the window to its first 200 in seconds and in
+    ticks, and how many retryable answers it got meanwhile."""
+    sessions = cluster.sessions()
+    names = [f"store-{round_}-{int(with_operator)}-{side}" for side in "ab"]
+    for name in names:
+        sessions.create(name, pool="world", prompt="store recovery")
+    if len({sessions.wait_ready(name, timeout=RESTART_TIMEOUT)["pod"] for name in names}) != 2:
+        raise RuntimeError("least-loaded placement put both sessions on one pod")
+    recorders = []
+    for name in names:
+        with sessions.connect(name) as session:
+            session.tick([hold("w")])
+            recorders.append(TickRecorder(session))
+    for recorder in recorders:
+        recorder.start()
+    time.sleep(2)  # a few ticks each: the tick period before the crash
+    if with_operator:
+        cluster.operator.stop(signal.SIGKILL)
+    cluster.redis.restart(signal.SIGKILL)
+    crashed = time.monotonic()  # Redis is back, empty: the window runs from here to each first 200
+    if with_operator:
+        cluster.operator.start().wait_ready()
+    for recorder in recorders:
+        wait_until(
+            lambda r=recorder: r.first_success_since(crashed), RECOVERY_TIMEOUT, "a 200 after the crash"
+        )
+    for recorder in recorders:
+        recorder.stop()
+    results = []
+    for name, recorder in zip(names, recorders, strict=True):
+        before = [a.sent for a in recorder.answers if a.status == 200 and a.sent < crashed]
+        period = statistics.median(b - a for a, b in itertools.pairwise(before))
+        recovered = recorder.first_success_since(crashed)
+        assert recovered is not None
+        window = [a for a in recorder.since(crashed) if a.sent < recovered.sent]
+        refused = {(a.status, a.code) for a in window}
+        if not refused <= RETRYABLE:
+            raise RuntimeError(f"{name}: non-retryable answers while the store recovered: {sorted(refused)}")
+        seconds = recovered.sent - crashed
+        results.append({"seconds": seconds, "ticks": seconds / period, "retryable answers": len(window)})
+    for name in names:
+        sessions.delete(name, wait=True)
+    return results
+
+
+def measure_store_recovery(cluster: DevCluster, crashes: int) -> dict[str, list[dict[str, float]]]:
+    variants: dict[str, list[dict[str, float]]] = {}
+    for with_operator, variant in ((False, "Redis killed"), (True, "Redis + operator killed")):
+        samples = variants.setdefault(variant, [])
+        for round_ in range(crashes):
+            measured = measure_store_crash(cluster, round_, with_operator=with_operator)
+            samples.extend(measured)
+            print(f"  {variant}, crash {round_ + 1}: " + ", ".join(f"{m['seconds']:.2f}s" for m in measured))
+    return variants
+
+
+def print_store_recovery(variants: dict[str, list[dict[str, float]]]) -> None:
+    print("\nRedis restarted empty (kill -9) under ticking sessions -> each session's first 200")
+    header = (
+        f"{'variant':<26} {'sessions':>8} {'window s min':>12} {'median':>7} {'max':>6} "
+        f"{'in ticks median':>16} {'retryable answers':>18}"
+    )
+    print(header)
+    print("-" * len(header))
+    for variant, samples in variants.items():
+        seconds = [s["seconds"] for s in samples]
+        print(
+            f"{variant:<26} {len(samples):8d} {min(seconds):12.2f} {statistics.median(seconds):7.2f} "
+            f"{max(seconds):6.2f} {statistics.median(s['ticks'] for s in samples):16.1f} "
+            f"{sum(int(s['retryable answers']) for s in samples):18d}"
+        )
+
+
 def print_ticks(paths: dict[str, list[tuple[float, float]]]) -> None:
     """Per path: round trip, time inside the worker and their difference (paired per tick), in ms."""
     client_ticks = paths["Python client tick"]
@@ -221,6 +307,7 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=40, help="measured ticks per path")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--store-crashes", type=int, default=3, help="Redis crashes per variant")
     parser.add_argument("--model-cache", type=Path, help="where workers find/generate the tiny model")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -239,6 +326,7 @@ def main() -> None:
         wait_until(lambda: len(ready_pods(cluster)) == 2, START_TIMEOUT, "two ready pods", poll=0.5)
         print_ticks(measure_ticks(cluster, args.ticks, args.warmup))
         print_recovery(measure_recovery(cluster, args.kills))
+        print_store_recovery(measure_store_recovery(cluster, args.store_crashes))
     print(f"loadavg at end {os.getloadavg()[0]:.1f}")
 
 
