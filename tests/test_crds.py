@@ -496,7 +496,7 @@ def test_every_cel_rule_compiles(crds: dict[str, CustomResourceDefinition]) -> N
     rules = [
         rule for name in (POOLS, SESSIONS) for rule in _all_rules(dict(crds[name].version("v1alpha1").schema))
     ]
-    assert len(rules) == 7
+    assert len(rules) == 14
     for entry in rules:
         compiled = ValidationRule.from_schema(entry)
         assert compiled.message, entry  # every rule explains itself

@@ -9,12 +9,15 @@ operator to the wrong types, does not yield a bool, or when its estimated worst-
 `check_rule(source, schema, ...)` walks cel-python's parse tree and does the same for the subset of CEL that
 CRD rules use: identifiers, field selection, `has()`, indexing, literals, the operators, `size`, the string
 functions `matches`/`startsWith`/`endsWith`/`contains`, the macros `all`/`exists`/`exists_one`/`map`/
-`filter`, and the Kubernetes `quantity` library. The cost is cel-go's (v0.16, Kubernetes 1.28) formula for
-each of them. Anything else is refused as unmodelled rather than guessed.
+`filter`, `type()` with the type names, and the Kubernetes `quantity` library. The cost is cel-go's
+(v0.16, Kubernetes 1.28) formula for each of them. Anything else is refused as unmodelled rather than guessed.
 
 Which Kubernetes: a 1.28 apiserver compiles new rules against its 1.27 environment, so `quantity()` (in the
 environment from 1.28) is refused unless `compatibility` says 1.28 or later (a 1.29+ server). Strings
 bounded only by an `enum` count as unbounded, as in 1.28 (later versions bound them by the longest value).
+An `x-kubernetes-int-or-string` value is `dyn` of 3 MiB - 2 whatever the schema says, as upstream (no
+bound can be declared for it), and a map's keys are sized 0, as the apiserver's estimator sizes them
+(their declared type, `StringType`, has no maximum).
 Stricter than kube-apiserver: a rule that reads a string, list or map the schema does not bound
 (`maxLength`/`maxItems`/`maxProperties`, or a date/duration format), or that sits under an unbounded list or
 map, is refused; the apiserver would estimate its size from the 3 MiB request limit instead.
@@ -80,7 +83,8 @@ DYN: Final = Ty("dyn", _MAX_UINT64)
 def schema_type(schema: Mapping[str, Any], where: str = "self") -> Ty:
     """The CEL type of a value of this structural schema (apiserver `SchemaDeclType`)."""
     if schema.get("x-kubernetes-int-or-string"):
-        return Ty("dyn", _UNBOUNDED_STRING, unbounded=f"{where} (x-kubernetes-int-or-string)")
+        # Upstream's fixed size for an int-or-string (`maxRequestSizeBytes - 2`): modelled, not guessed.
+        return Ty("dyn", _UNBOUNDED_STRING)
     kind = schema.get("type")
     if kind == "string":
         fmt = schema.get("format", "")
@@ -145,10 +149,22 @@ def parse(source: str) -> lark.Tree:
         raise CELCheckError(f"compilation failed: {exc}") from exc
 
 
+# Type denotations usable as values (`type(x) == int`).
+_TYPE_NAMES: Final = frozenset(
+    ("int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type")
+)
+# The size cel-go gives a map's keys in a macro: the apiserver's estimator answers with the MaxElements of the
+# map's key type, StringType, which is never set.
+_MAP_KEY: Final = Ty("string", 0)
+
+
 @dataclass
 class _Checker:
     variables: dict[str, Ty]
     compatibility: tuple[int, int]
+    # What the apiserver's size estimator answers for a path that is not below `self` (an identifier such as
+    # `int`): the MaxElements of the rule's own node, 0 unless it is a string, list, map or int-or-string.
+    root_size: int = 0
     uses_old_self: bool = False
     unbounded: list[str] = field(default_factory=list)
 
@@ -227,6 +243,8 @@ class _Checker:
         return Ty(kinds[token.type]), 0
 
     def _ident(self, name: str) -> tuple[Ty, int]:
+        if name not in self.variables and name in _TYPE_NAMES:
+            return Ty("type", self.root_size), 1
         if name not in self.variables:
             raise self.fail(f"undeclared reference to '{name}' (in container '')")
         if name == "oldSelf":
@@ -303,7 +321,7 @@ class _Checker:
     def _comparable(self, left: Ty, right: Ty, op: str, ordered: bool = False) -> None:
         numbers = ("int", "uint", "double")
         if "dyn" in (left.kind, right.kind) or left.kind == right.kind:
-            if ordered and left.kind in ("list", "map", "object", "bool", "null"):
+            if ordered and left.kind in ("list", "map", "object", "bool", "null", "type"):
                 raise self.fail(
                     f"found no matching overload for '{op}' applied to '({left.kind}, {right.kind})'"
                 )
@@ -330,6 +348,8 @@ class _Checker:
         if name == "size" and len(types) == 1:
             self.expect(types[0], ("string", "bytes", "list", "map"), "size")
             return Ty("int"), _add(cost, 1)
+        if name == "type" and len(types) == 1:
+            return Ty("type", _MAX_UINT64), _add(cost, 1)  # a call's result has no path: size unknown
         if name in ("int", "uint", "double", "string", "bool") and len(types) == 1:
             return Ty(name, _MAX_UINT64 if name == "string" else 1), _add(cost, 1)
         if name == "quantity" and len(types) == 1 and self._quantity_declared():
@@ -393,7 +413,7 @@ class _Checker:
         var = _unwrap(args[0])
         if var is None or var.data != "ident":
             raise self.fail(f"argument is not an identifier in {name}() macro")
-        element = target.elem if target.kind == "list" and target.elem else Ty("string", _MAX_UINT64)
+        element = target.elem if target.kind == "list" and target.elem else _MAP_KEY
         if target.kind == "dyn":
             element = DYN
         name_of_var = str(var.children[0])
@@ -436,7 +456,7 @@ _QUANTITY_METHODS: Final = {
 
 
 def _size(ty: Ty) -> int:
-    if ty.kind in ("string", "bytes", "list", "map", "dyn"):
+    if ty.kind in ("string", "bytes", "list", "map", "dyn", "type"):
         return ty.size
     return 1
 
@@ -473,7 +493,8 @@ def check_expression(
     variables = {"self": self_type}
     if old_self:
         variables["oldSelf"] = self_type
-    checker = _Checker(variables, compatibility)
+    root_size = self_type.size if self_type.kind in ("string", "bytes", "list", "map", "dyn") else 0
+    checker = _Checker(variables, compatibility, root_size)
     checker.read(self_type)
     ty, cost = checker.visit(parse(source))
     return Checked(ty, cost, checker.uses_old_self, checker.unbounded)

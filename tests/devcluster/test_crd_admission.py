@@ -113,11 +113,38 @@ def test_quantity_needs_kubernetes_1_29() -> None:
 
 # Each rule of our CRDs: estimated cost (cel-go v0.16 model with the Kubernetes size estimator) times the
 # cardinality of its node. Strings count maxLength * 4 bytes.
+POOL = "ardiffusionworkerpools.yaml"
+# spec.resources: 16 entries, each reading int-or-string amounts (3 MiB - 2: an equality costs 314573).
+GPU_EQUAL = (
+    "!has(self.requests) || self.requests.all(k, !k.contains('/') || k.contains('kubernetes.io/') "
+    "|| has(self.limits) && k in self.limits "
+    "&& (self.requests[k] == self.limits[k] || int(self.requests[k]) == int(self.limits[k])))"
+)
+GPU_WHOLE = (
+    "!has(self.limits) || self.limits.all(k, !k.contains('/') || k.contains('kubernetes.io/') "
+    "|| type(self.limits[k]) == int || !self.limits[k].matches('\\\\D'))"
+)
+SELECTOR_KEYS = (
+    "self.all(k, k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    "[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$'))"
+)
 COSTS = [
-    ("ardiffusionworkerpools.yaml", "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')", 1, 164),
-    ("ardiffusionworkerpools.yaml", "has(self.name) != has(self.path)", 1, 5),
-    ("ardiffusionworkerpools.yaml", "!(has(self.value) && has(self.valueFrom))", 256, 5 * 256),
-    ("ardiffusionworkerpools.yaml", "self.max >= self.min", 1, 5),
+    (POOL, "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')", 1, 164),
+    (POOL, "has(self.name) != has(self.path)", 1, 5),
+    (POOL, GPU_EQUAL, 1, 5033670),
+    (POOL, GPU_WHOLE, 1, 5033446),
+    (POOL, SELECTOR_KEYS, 1, 2114),
+    (POOL, "has(self.key) && self.key != '' || has(self.operator) && self.operator == 'Exists'", 64, 9 * 64),
+    (
+        POOL,
+        "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+        64,
+        11 * 64,
+    ),
+    (POOL, "!has(self.tolerationSeconds) || has(self.effect) && self.effect == 'NoExecute'", 64, 8 * 64),
+    (POOL, "!(has(self.value) && has(self.valueFrom))", 256, 5 * 256),
+    (POOL, "self != '.' && !self.startsWith('..')", 256, 5 * 256),
+    (POOL, "self.max >= self.min", 1, 5),
     ("ardiffusionsessions.yaml", "self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')", 1, 211),
     ("ardiffusionsessions.yaml", "self == oldSelf", 1, 24),
     ("ardiffusionsessions.yaml", "has(self.configMapKeyRef) != has(self.secretKeyRef)", 1, 5),
@@ -146,3 +173,37 @@ def test_cost_of_our_rules() -> None:
         checked = check_expression(rule, schema_type(root_schema(node) if root else node), old_self=True)
         assert (above, checked.cost * above) == (cardinality, total), rule
         assert checked.unbounded == []
+
+
+def test_int_or_string_values_and_map_keys_are_sized_like_the_apiserver() -> None:
+    """An int-or-string is dyn of 3 MiB - 2 and a map key is sized 0 (the estimator's StringType has no max).
+
+    So comparing two amounts costs 314573, and `string()` of an amount, whose result cel-go 0.16 cannot size,
+    makes a comparison unbounded: a 1.28 apiserver refuses `string(a) == string(b)` over the cost budget.
+    """
+    amounts = {
+        "type": "object",
+        "maxProperties": 1,
+        "additionalProperties": {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+        },
+    }
+    resources = schema_type({"type": "object", "properties": {"requests": amounts, "limits": amounts}})
+    compared = check_expression("self.requests['a'] == self.limits['a']", resources, old_self=False)
+    assert (compared.cost, compared.unbounded) == (314573 + 2 * 3, [])  # each read: self, select, index
+    keys = check_expression("self.requests.all(k, k.contains('/'))", resources, old_self=False)
+    assert keys.cost == 2 + 1 + 1 * (1 + 3)  # range, result, one entry: contains on a 0-sized key + step
+    typed = check_expression("type(self.limits['a']) == int", resources, old_self=False)
+    assert typed.cost == 4 + 1  # type() 1 + the read 3, int 1, == 0: the type name is sized as the node, 0
+    schema = {
+        "type": "object",
+        "properties": {"requests": amounts, "limits": amounts},
+        "x-kubernetes-validations": [{"rule": "string(self.requests['a']) == string(self.limits['a'])"}],
+    }
+    errors = schema_errors(schema, "s")  # the rule, and the schema's total, over budget
+    assert (errors[0].field, errors[0].reason) == (
+        "s.x-kubernetes-validations[0].rule",
+        "FieldValueForbidden",
+    )
+    assert "estimated rule cost exceeds budget by factor of more than 100x" in errors[0].detail
