@@ -62,6 +62,12 @@ class PoolKeys:
         return f"{self.prefix}:lru"
 
     @property
+    def suspending(self) -> str:
+        """Sorted set: sessions that are `suspending` (their worker writes the export), scored by when it
+        began; while it is not empty, `place` evicts nobody (a slot is about to free up)."""
+        return f"{self.prefix}:suspending"
+
+    @property
     def pattern(self) -> str:
         """SCAN pattern matching every key of the pool (names are DNS labels: no glob characters)."""
         return f"{self.prefix}:*"

@@ -52,11 +52,24 @@ def check_priority(kind: str, value: object) -> int:
     return priority
 
 
+def check_tier(value: object) -> str:
+    if value not in TIERS:
+        raise InvalidPlacementArgument(f"placement tier must be one of {TIERS}, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
 class SessionState(StrEnum):
     PLACED = "placed"
     EVICTED = "evicted"
     LOST = "lost"
     CLOSED = "closed"
+    # Issue 12: eviction and migration of a session whose pod can export (docs/contracts.md §2).
+    SUSPENDING = "suspending"  # keeps its pod and slot while its worker writes the export
+    SUSPENDED = "suspended"  # exported to a tier: no pod, no slot
+
+
+Tier = Literal["shared", ""]
+TIERS = ("shared",)  # served tiers (`host` is specified, not served)
 
 
 @dataclass(frozen=True)
@@ -131,6 +144,7 @@ class PodRecord:
     epoch: int
     lease_expires_ms: int
     draining: bool
+    exports: bool = False  # the worker can export sessions (its runtime supports it, a tier is configured)
 
     @property
     def free(self) -> int:
@@ -146,6 +160,7 @@ class PodRecord:
             epoch=_int(raw, "epoch"),
             lease_expires_ms=_int(raw, "lease_expires_ms"),
             draining=_int(raw, "draining") == 1,
+            exports=_int(raw, "exports") == 1,
         )
 
 
@@ -166,6 +181,16 @@ class SessionRecord:
     eviction_policy: EvictionPolicy
     chunk_index: int
     last_tick_ms: int
+    # Issue 12 (docs/contracts.md §2): the export a suspended session continues from, the demand to resume
+    # it, the export the holding worker must import first, and the latest periodic snapshot.
+    tier: str = ""
+    location: str = ""
+    bytes: int = 0
+    suspended_chunk: int = 0
+    resume_requested_ms: int = 0
+    resume_from: str = ""
+    snapshot_location: str = ""
+    snapshot_chunk: int = 0
 
     def spec(self) -> SessionSpec:
         """The placement request the record holds (a lost or evicted session is placed again with it)."""
@@ -190,7 +215,22 @@ class SessionRecord:
             eviction_policy="Never" if policy == "Never" else "LRU",
             chunk_index=_int(raw, "chunk_index"),
             last_tick_ms=_int(raw, "last_tick_ms"),
+            **_continuity(raw),
         )
+
+
+def _continuity(raw: dict[bytes, bytes]) -> dict[str, str | int]:
+    """The issue-12 fields SessionRecord and SessionBinding share."""
+    return {
+        "tier": _text(raw, "tier"),
+        "location": _text(raw, "location"),
+        "bytes": _int(raw, "bytes"),
+        "suspended_chunk": _int(raw, "suspended_chunk"),
+        "resume_requested_ms": _int(raw, "resume_requested_ms"),
+        "resume_from": _text(raw, "resume_from"),
+        "snapshot_location": _text(raw, "snapshot_location"),
+        "snapshot_chunk": _int(raw, "snapshot_chunk"),
+    }
 
 
 @dataclass(frozen=True)
@@ -205,6 +245,14 @@ class SessionBinding:
     reset_required: bool
     chunk_index: int
     last_tick_ms: int
+    tier: str = ""
+    location: str = ""
+    bytes: int = 0
+    suspended_chunk: int = 0
+    resume_requested_ms: int = 0
+    resume_from: str = ""
+    snapshot_location: str = ""
+    snapshot_chunk: int = 0
 
     FIELDS: ClassVar[tuple[str, ...]] = (
         "state",
@@ -213,6 +261,14 @@ class SessionBinding:
         "reset_required",
         "chunk_index",
         "last_tick_ms",
+        "tier",
+        "location",
+        "bytes",
+        "suspended_chunk",
+        "resume_requested_ms",
+        "resume_from",
+        "snapshot_location",
+        "snapshot_chunk",
     )
 
     @classmethod
@@ -225,6 +281,7 @@ class SessionBinding:
             reset_required=_int(raw, "reset_required") == 1,
             chunk_index=_int(raw, "chunk_index"),
             last_tick_ms=_int(raw, "last_tick_ms"),
+            **_continuity(raw),
         )
 
 
@@ -237,6 +294,7 @@ class Placement:
     endpoint: str
     pod_epoch: int
     reset_required: bool
+    resume_from: str = ""  # the export the pod must import before serving the session ("" = none)
 
 
 @dataclass(frozen=True)
@@ -245,11 +303,15 @@ class PlaceResult:
 
     `victim` names the session evicted to make room, so the caller can report it.
     `already_placed` is True when the session was placed before this call (idempotent place).
+    `suspending` is True when the victim's pod can export: the victim became `suspending` (it keeps its slot
+    until its worker has written the export) and this session was NOT placed; place it again once the victim
+    is `suspended` (its slot is then free).
     """
 
     placement: Placement | None
     victim: str | None = None
     already_placed: bool = False
+    suspending: bool = False
 
 
 @dataclass(frozen=True)
@@ -270,7 +332,7 @@ class PodEvent:
     """One entry of a pod's notification stream."""
 
     id: str
-    kind: Literal["close", "evict"]
+    kind: Literal["close", "evict", "suspend"]
     session: str
     reason: str
     epoch: int

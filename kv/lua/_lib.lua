@@ -189,10 +189,12 @@ local function first_declared(plan, missing, candidates)
   return nil
 end
 
--- Unbind `sessions` (the residents of `pod`) as `lost`; their records stay for the operator.
+-- Unbind `sessions` (the residents of `pod`, placed or suspending) as `lost`; their records stay for the
+-- operator. A suspending one whose export never completed leaves the suspending index.
 local function lose_sessions(k, plan, pod, sessions)
   for _, session in ipairs(sessions) do
     unbind(plan.session_keys[session], k.residents_key, k.lru_key, pod, session, 'lost')
+    redis.call('ZREM', k.suspending_key, session)
   end
   return sessions
 end
@@ -235,6 +237,26 @@ local function check_bound(session_key, pod_key, pod, epoch, extra)
     return {SESSION_NOT_HERE, s[1], s[2], int_text(session_epoch)}
   end
   return nil, s
+end
+
+-- Issue 12: the fields of an export (suspension) and of a periodic snapshot, cleared when a session starts a new
+-- world (first admission, reset).
+local function forget_exports(session_key)
+  redis.call('HSET', session_key, 'tier', '', 'location', '', 'bytes', 0, 'suspended_chunk', 0,
+    'resume_requested_ms', 0, 'resume_from', '', 'snapshot_location', '', 'snapshot_chunk', 0)
+end
+
+-- Marks a placed session `suspending`: it keeps its pod, its slot and its resident entry, leaves the LRU index
+-- (no one picks it as a victim again), joins the suspending index, and its pod gets a `suspend` event with the
+-- epoch it was placed under. `demand_ms` > 0 (migration) asks for it to be placed again as soon as it is
+-- suspended; 0 (eviction) waits for a tick.
+local function begin_suspend(session_key, lru_key, suspending_key, stream_key, stream_maxlen, pod, session, reason,
+                             demand_ms, now)
+  local epoch = redis.call('HGET', session_key, 'pod_epoch')
+  redis.call('ZREM', lru_key, resident(pod, session))
+  redis.call('ZADD', suspending_key, int_text(now), session)
+  redis.call('HSET', session_key, 'state', 'suspending', 'resume_requested_ms', int_text(demand_ms))
+  post_event(stream_key, stream_maxlen, 'suspend', session, reason, epoch)
 end
 
 -- Binds a session to `pod`: its record (spec from ARGV[2..9] = pool, token_sha256, seed, prompt, image,

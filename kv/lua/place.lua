@@ -1,7 +1,8 @@
 -- place.lua: give a session a slot (idempotent), evicting the least recently ticked session if allowed.
 --
 -- KEYS[1] session record   KEYS[2] open pods (zset)   KEYS[3] leases (zset)   KEYS[4] draining pods (set)
--- KEYS[5] residents (zset) KEYS[6] LRU index (zset)   KEYS[7...] plan: chosen pod and victim (see _lib.lua)
+-- KEYS[5] residents (zset) KEYS[6] LRU index (zset)   KEYS[7] suspending sessions (zset)
+-- KEYS[8...] plan: chosen pod and victim (see _lib.lua)
 -- ARGV[1] session   ARGV[2] pool   ARGV[3] token_sha256   ARGV[4] seed   ARGV[5] prompt   ARGV[6] image
 -- ARGV[7] max_chunks   ARGV[8] priority   ARGV[9] eviction_policy (LRU|Never)   ARGV[10] may_evict (1|0)
 -- ARGV[11] min_idle_ms   ARGV[12] policy (least-loaded|pack)   ARGV[13] stream maxlen
@@ -14,25 +15,34 @@
 -- non-draining pod, and takes its slot; the victim's record becomes `evicted` (it keeps its pod) and an `evict`
 -- event goes to that pod's stream. `evicted` sessions take free slots only (a victim never evicts in turn);
 -- `evicted`/`lost` sessions come back with reset_required=1.
+-- Issue 12 (suspension): a victim on a pod that exports (`exports=1`) is not evicted but becomes `suspending`: it
+-- keeps its slot until its worker has written the export (mark_suspended), its pod gets a `suspend` event (reason
+-- `evicted`), and this session is NOT placed now (outcome 'suspending'; the caller places it again once the slot is
+-- free). While any session of the pool is suspending, nobody is evicted (a slot is about to free up: no cascade).
+-- A `suspended` session (placed only on demand) may evict like a first admission and comes back with
+-- resume_from = its export's location and chunk_index = suspended_chunk; a `lost` one comes back from the export it
+-- had not imported yet (resume_from still set), else from its latest snapshot (snapshot_chunk), with
+-- reset_required=0 — reset_required=1 only when it has neither. A `suspending` session stays where it is (pending).
 -- Preferences yield to progress: when the call repeats after STALE_PLAN and the preferred pod or victim changed
 -- again meanwhile (concurrent placers), the best declared pod, or the first declared victim among the
 -- VICTIM_CANDIDATES best, is taken; the rules (live, not draining, free slot; priority bound, idle time, never `Never`) always hold.
--- Returns {OK, outcome ('placed'|'already'|'pending'), pod, pod_epoch, endpoint, reset_required, victim,
---          hint pod, hint victim pod, hint victim session} (hints: the pods/sessions the next call will likely
---          need) or {STALE_PLAN, {pods}, {sessions}}
+-- Returns {OK, outcome ('placed'|'already'|'pending'|'suspending'), pod, pod_epoch, endpoint, reset_required,
+--          victim, hint pod, hint victim pod, hint victim session, resume_from} (hints: the pods/sessions the next
+--          call will likely need) or {STALE_PLAN, {pods}, {sessions}}
 local session_key = KEYS[1]
 local open_key = KEYS[2]
 local leases_key = KEYS[3]
 local draining_key = KEYS[4]
 local residents_key = KEYS[5]
 local lru_key = KEYS[6]
+local suspending_key = KEYS[7]
 local session = ARGV[1]
 local priority = tonumber(ARGV[8])
 local may_evict = ARGV[10] == '1'
 local min_idle_ms = tonumber(ARGV[11])
 local pack = ARGV[12] == 'pack'
 local stream_maxlen = ARGV[13]
-local plan = read_plan(7, 14)
+local plan = read_plan(8, 14)
 local missing = new_missing()
 
 local now = now_ms()
@@ -100,17 +110,22 @@ local function hints()
   return false, victim[1], victim[2]
 end
 
-local s = redis.call('HMGET', session_key, 'state', 'pod', 'pod_epoch', 'reset_required')
+local s = redis.call('HMGET', session_key, 'state', 'pod', 'pod_epoch', 'reset_required', 'location',
+  'suspended_chunk', 'resume_from', 'snapshot_location', 'snapshot_chunk', 'chunk_index')
 if s[1] == 'placed' then
   need_pod(plan, missing, s[2])
   if missing.any then
     return stale_reply(missing)
   end
   local endpoint = redis.call('HGET', plan.pod_keys[s[2]], 'endpoint')
-  return {OK, 'already', s[2], s[3], endpoint or '', tonumber(s[4]) or 0, false, false, false, false}
+  return {OK, 'already', s[2], s[3], endpoint or '', tonumber(s[4]) or 0, false, false, false, false, s[7] or ''}
+end
+if s[1] == 'suspending' then  -- it still holds its slot on its pod until the export is written
+  return {OK, 'pending', false, false, false, 0, false, false, false, false, ''}
 end
 local first_admission = s[1] == false or s[1] == 'closed'
-local may_take_slot = first_admission or s[1] == 'lost'
+local may_take_slot = (first_admission or s[1] == 'lost' or s[1] == 'suspended')
+  and redis.call('ZCARD', suspending_key) == 0
 
 local pod = choose_pod()
 local victim = false
@@ -128,18 +143,36 @@ if missing.any then
 end
 if pod == nil then
   local hint_pod, hint_victim_pod, hint_victim = hints()
-  return {OK, 'pending', false, false, false, 0, false, hint_pod, hint_victim_pod, hint_victim}
+  return {OK, 'pending', false, false, false, 0, false, hint_pod, hint_victim_pod, hint_victim, ''}
 end
 
 local pod_key = plan.pod_keys[pod]
 local p = redis.call('HMGET', pod_key, 'epoch', 'endpoint')
+if victim and redis.call('HGET', pod_key, 'exports') == '1' then
+  begin_suspend(plan.session_keys[victim], lru_key, suspending_key, plan.stream_keys[pod], stream_maxlen, pod, victim,
+    'evicted', 0, now)
+  return {OK, 'suspending', false, false, false, 0, victim, false, false, false, ''}
+end
 if victim then
   evict(plan, residents_key, lru_key, pod, victim, stream_maxlen, 'evicted for ' .. session)
 else
   redis.call('HINCRBY', pod_key, 'used', 1)
 end
-local reset_required = first_admission and 0 or 1
-bind(session_key, residents_key, lru_key, session, pod, p[1], 0, reset_required, now)
+local reset_required, chunk_index, resume_from = 0, 0, ''
+if first_admission then
+  forget_exports(session_key)
+elseif s[1] == 'suspended' then
+  resume_from, chunk_index = s[5] or '', tonumber(s[6]) or 0
+elseif s[1] == 'lost' and (s[7] or '') ~= '' then  -- placed from an export it never imported: import it now
+  resume_from, chunk_index = s[7], tonumber(s[10]) or 0
+elseif s[1] == 'lost' and (s[8] or '') ~= '' then
+  resume_from, chunk_index = s[8], tonumber(s[9]) or 0
+else  -- evicted, or lost without a snapshot: a new world
+  reset_required = 1
+  forget_exports(session_key)
+end
+bind(session_key, residents_key, lru_key, session, pod, p[1], chunk_index, reset_required, now)
+redis.call('HSET', session_key, 'resume_from', resume_from, 'resume_requested_ms', 0)
 refresh_open(open_key, pod_key, pod)
 local hint_pod, hint_victim_pod, hint_victim = hints()
-return {OK, 'placed', pod, p[1], p[2], reset_required, victim, hint_pod, hint_victim_pod, hint_victim}
+return {OK, 'placed', pod, p[1], p[2], reset_required, victim, hint_pod, hint_victim_pod, hint_victim, resume_from}

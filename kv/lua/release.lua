@@ -1,18 +1,19 @@
 -- release.lua: close a session (the operator's one teardown path); idempotent.
 --
 -- KEYS[1] session record   KEYS[2] open pods (zset)   KEYS[3] residents (zset)   KEYS[4] LRU index (zset)
--- KEYS[5...] plan: the pod the session is placed on (see _lib.lua)
+-- KEYS[5] suspending sessions (zset)   KEYS[6...] plan: the pod the session is placed on (see _lib.lua)
 -- ARGV[1] session   ARGV[2] reason   ARGV[3] closed_ttl_ms   ARGV[4] stream maxlen   ARGV[5...] plan
 --
--- A placed session frees its slot and a `close` event goes to its pod's stream. The record stays with
+-- A placed (or suspending) session frees its slot and a `close` event goes to its pod's stream. The record stays with
 -- state=closed for closed_ttl_ms, so the worker can still answer 410 for it.
 -- Returns {OK, previous state or false (no record)} | {STALE_PLAN, {pod}, {}}
 local session_key = KEYS[1]
 local open_key = KEYS[2]
 local residents_key = KEYS[3]
 local lru_key = KEYS[4]
+local suspending_key = KEYS[5]
 local session = ARGV[1]
-local plan = read_plan(5, 5)
+local plan = read_plan(6, 5)
 
 local s = redis.call('HMGET', session_key, 'state', 'pod', 'pod_epoch')
 if s[1] == false then
@@ -21,7 +22,7 @@ end
 if s[1] == 'closed' then
   return {OK, 'closed'}
 end
-if s[1] == 'placed' then
+if s[1] == 'placed' or s[1] == 'suspending' then
   local owner = s[2]
   local missing = new_missing()
   need_pod(plan, missing, owner)
@@ -30,6 +31,7 @@ if s[1] == 'placed' then
   end
   local pod_key = plan.pod_keys[owner]
   unbind(session_key, residents_key, lru_key, owner, session, 'closed')
+  redis.call('ZREM', suspending_key, session)
   if redis.call('EXISTS', pod_key) == 1 then
     redis.call('HINCRBY', pod_key, 'used', -1)
     refresh_open(open_key, pod_key, owner)

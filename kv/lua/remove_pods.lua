@@ -1,15 +1,17 @@
 -- remove_pods.lua: forget pods that are gone (deleted by the operator, or whose lease expired).
 --
 -- KEYS[1] pods (set)   KEYS[2] open pods (zset)   KEYS[3] leases (zset)   KEYS[4] draining pods (set)
--- KEYS[5] residents (zset)   KEYS[6] LRU index (zset)   KEYS[7...] plan: the pods and their sessions (_lib.lua)
+-- KEYS[5] residents (zset)   KEYS[6] LRU index (zset)   KEYS[7] suspending sessions (zset)
+-- KEYS[8...] plan: the pods and their sessions (_lib.lua)
 -- ARGV[1] mode: 'expired' (every pod whose lease ended) or 'named'   ARGV[2] the pod (mode 'named')
 -- ARGV[3...] plan
 --
--- Each pod's record and event stream are deleted; its sessions become `lost` (records kept, slots gone).
+-- Each pod's record and event stream are deleted; its sessions (placed or suspending) become `lost` (records kept,
+-- slots gone).
 -- Returns {OK, {pod, {sessions}, pod, {sessions}, ...}} | {STALE_PLAN, {pods}, {sessions}}
 local k = {pods_key = KEYS[1], open_key = KEYS[2], leases_key = KEYS[3], draining_key = KEYS[4],
-  residents_key = KEYS[5], lru_key = KEYS[6]}
-local plan = read_plan(7, 3)
+  residents_key = KEYS[5], lru_key = KEYS[6], suspending_key = KEYS[7]}
+local plan = read_plan(8, 3)
 
 local targets
 if ARGV[1] == 'expired' then
