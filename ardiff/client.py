@@ -174,6 +174,26 @@ class PlacementRecovering(WorkerAPIError):
     retryable = True
 
 
+class Resuming(WorkerAPIError):
+    """The session is suspended and is being resumed (retryable; its new pod may then answer 421)."""
+
+    status = 503
+    code = "resuming"
+    retryable = True
+
+
+class Rewound(WorkerAPIError):
+    """The session resumed from an older snapshot: it continues at `expected_chunk_index`; chunks the caller
+    holds from that index on are superseded (ticking again with the same controls gives the same frames)."""
+
+    status = 409
+    code = "rewound"
+
+    @property
+    def expected_chunk_index(self) -> int:
+        return int(self.extra["expected_chunk_index"])
+
+
 class ForwardFailed(WorkerAPIError):
     """The forward failed; the worker closed the session, which now needs a reset."""
 
@@ -198,6 +218,8 @@ ERRORS_BY_CODE: dict[str, type[WorkerAPIError]] = {
         AtCapacity,
         NotReady,
         PlacementRecovering,
+        Resuming,
+        Rewound,
         ForwardFailed,
     )
 }
@@ -455,6 +477,8 @@ class SessionClient:
                 misdirections += 1
                 self.endpoint = error.endpoint.rstrip("/")
                 continue
+            if isinstance(error, Rewound):
+                self.next_chunk_index = error.expected_chunk_index  # the caller ticks on from there
             if not error.retryable:
                 raise error
             now = time.monotonic()

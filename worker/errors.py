@@ -120,6 +120,25 @@ class PlacementRecovering(WorkerError):
     retry_after_seconds = 1
 
 
+class Resuming(WorkerError):
+    """The session is suspended (its state lies in the shared tier) or being suspended: this tick asked for it
+    to be resumed; retry, and follow the 421 that names its new pod."""
+
+    status = 503
+    code = "resuming"
+    retry_after_seconds = 1
+
+
+class Rewound(WorkerError):
+    """The session resumed from a snapshot older than the chunk asked for: continue from the chunk named."""
+
+    status = 409
+    code = "rewound"
+
+    def __init__(self, message: str, *, expected_chunk_index: int) -> None:
+        super().__init__(message, param="chunk_index", expected_chunk_index=expected_chunk_index)
+
+
 class ForwardFailed(WorkerError):
     status = 500
     code = "forward_failed"

@@ -139,6 +139,10 @@ class FakeRuntime:
     def identity(self) -> dict[str, Any]:
         return {"runtime": "fake", "height": self._height, "width": self._width}
 
+    @property
+    def supports_export(self) -> bool:
+        return True
+
     def export_session(self, session_id: str, out: Writable, *, book: SessionBook) -> int:
         with self._lock:
             next_chunk = self._next_chunk.get(session_id)

@@ -44,6 +44,22 @@ class WorkerMetrics:
         self.kv_free_blocks = Gauge("ardiff_kv_free_blocks", "Free blocks of the paged KV pool", registry=r)
         self.kv_blocks = Gauge("ardiff_kv_blocks", "Blocks of the paged KV pool", registry=r)
         self.ready = Gauge("ardiff_worker_ready", "1 when the worker accepts ticks", registry=r)
+        self.resumes = Counter(
+            "ardiff_session_resumes",
+            "Sessions resumed from the shared tier, by what they resumed from",
+            ["source"],
+            registry=r,
+        )
+        self.continuity_bytes = Counter(
+            "ardiff_session_export_bytes", "Bytes of session exports written, by kind", ["kind"], registry=r
+        )
+        self.continuity_seconds = Histogram(
+            "ardiff_session_export_seconds",
+            "Time to write or import a session export, by step",
+            ["step"],
+            buckets=_TICK_BUCKETS,
+            registry=r,
+        )
         self.streams_open = Gauge("ardiff_streams_open", "Open session streams (WebSockets)", registry=r)
         self.stream_closes = Counter(
             "ardiff_stream_closes",

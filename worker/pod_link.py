@@ -34,6 +34,7 @@ class PodLink:
         self.lease_ms = int(settings.lease_seconds * 1000)
         self.heartbeat_seconds = settings.heartbeat_seconds
         self.capacity = 0
+        self.exports = False  # the runtime can export and a shared tier is mounted: evictions suspend
         self.epoch: int | None = None
         self.store_recovery_seconds = settings.store_recovery_seconds
         self._store_lost_at: float | None = None  # monotonic time this worker last saw the store lose data
@@ -50,7 +51,12 @@ class PodLink:
     async def register(self, capacity: int) -> None:
         self.capacity = capacity
         registration = await self.store.register_pod(
-            self.pool, self.pod, capacity=capacity, endpoint=self.endpoint, lease_ms=self.lease_ms
+            self.pool,
+            self.pod,
+            capacity=capacity,
+            endpoint=self.endpoint,
+            lease_ms=self.lease_ms,
+            exports=self.exports,
         )
         self.epoch = registration.epoch
         log.info(
@@ -76,6 +82,7 @@ class PodLink:
                     capacity=self.capacity,
                     endpoint=self.endpoint,
                     lease_ms=self.lease_ms,
+                    exports=self.exports,
                 )
                 if renewed.recreated:
                     self._note_store_lost("the heartbeat found this pod's record missing")
@@ -166,6 +173,30 @@ class PodLink:
 
     async def mark_reset_required(self, session: str) -> None:
         await self.store.mark_reset_required(self.pool, session, pod=self.pod, epoch=self.epoch)
+
+    async def mark_suspended(self, session: str, *, location: str, size: int, chunk_index: int) -> None:
+        """The session's export is in the shared tier (`location` ""= the export failed: it is evicted)."""
+        await self.store.mark_suspended(
+            self.pool,
+            session,
+            pod=self.pod,
+            epoch=self.epoch,
+            tier="shared",
+            location=location,
+            bytes=size,
+            chunk_index=chunk_index,
+        )
+
+    async def request_resume(self, session: str) -> None:
+        await self.store.request_resume(self.pool, session)
+
+    async def resumed(self, session: str) -> None:
+        await self.store.resumed(self.pool, session, pod=self.pod, epoch=self.epoch)
+
+    async def note_snapshot(self, session: str, *, location: str, chunk_index: int) -> None:
+        await self.store.note_snapshot(
+            self.pool, session, pod=self.pod, epoch=self.epoch, location=location, chunk_index=chunk_index
+        )
 
     async def set_draining(self) -> None:
         await self.store.set_draining(self.pool, self.pod, draining=True)

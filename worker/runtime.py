@@ -97,6 +97,12 @@ class SessionRuntime(Protocol):
 
     def kv_blocks(self) -> KVBlocks: ...
 
+    @property
+    def supports_export(self) -> bool:
+        """Whether this runtime's sessions can be exported (LingBot-World, the fake runtime); others keep
+        reset-on-evict."""
+        ...
+
     def export_session(self, session_id: str, out: Writable, *, book: SessionBook) -> int:
         """Write a resident session at a tick boundary, with the worker's `book`, to `out` in the export
         format (docs/contracts.md §9), part by part; returns the bytes written. Read-only: the session stays

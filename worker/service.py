@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hmac
 import json
@@ -19,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from ardiff.errors import ArdiffError
@@ -29,6 +31,7 @@ from ardiff.worker.encoding import RAW, MediaType, encode_frames
 from ardiff.worker.errors import (
     AtCapacity,
     ChunkOutOfOrder,
+    ExportCorrupt,
     ForwardFailed,
     InvalidTick,
     MaxChunksReached,
@@ -36,8 +39,11 @@ from ardiff.worker.errors import (
     NotReady,
     PlacementRecovering,
     ResetRequired,
+    Resuming,
+    Rewound,
     SessionClosed,
     SessionEvicted,
+    SessionExportError,
     TickInProgress,
     Unauthorized,
     UnknownSession,
@@ -46,6 +52,7 @@ from ardiff.worker.metrics import WorkerMetrics
 from ardiff.worker.runtime import SessionRuntime
 from ardiff.worker.session_book import CachedChunk, SessionBook, SessionStatus
 from ardiff.worker.settings import WorkerSettings
+from ardiff.worker.shared_tier import ExportKind, SharedTier
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -128,6 +135,12 @@ class WorkerService:
         self.settings = settings
         self.link = link
         self.metrics = metrics or WorkerMetrics()
+        self.tier = (
+            SharedTier(settings.suspend_dir, settings.namespace, settings.pool)
+            if settings.suspend_dir
+            else None
+        )
+        self._snapshots: dict[str, str] = {}  # session -> the location of its latest snapshot
         self.runtime: SessionRuntime | None = None
         self.capacity = 0
         self._loader = loader
@@ -186,6 +199,7 @@ class WorkerService:
                 runtime.frame_size,
             )
             if self.link is not None:
+                self.link.exports = self.tier is not None and runtime.supports_export
                 await self.link.register(self.capacity)
                 self._tasks.append(
                     asyncio.create_task(self.link.heartbeat_forever(self._fence), name="heartbeat")
@@ -267,6 +281,8 @@ class WorkerService:
             await self._no_record(session_id, presented)
         if presented is None or not hmac.compare_digest(presented, record.token_sha256):
             raise Unauthorized("missing or wrong bearer token for this session")
+        if not any_state and record.state in (SessionState.SUSPENDED, SessionState.SUSPENDING):
+            await self._demand_resume(session_id, record.state)
         if record.state is SessionState.PLACED and record.pod != self.link.pod:
             endpoint = await self.link.endpoint_of(record.pod)
             raise Misdirected(f"session {session_id!r} lives on pod {record.pod}", endpoint=endpoint)
@@ -279,6 +295,16 @@ class WorkerService:
         if record.state is SessionState.EVICTED:
             raise SessionEvicted(f"session {session_id!r} was evicted to make room; it is re-placed later")
         raise SessionEvicted(f"session {session_id!r} was placed on an earlier incarnation of this pod")
+
+    async def _demand_resume(self, session_id: str, state: SessionState) -> NoReturn:
+        """A tick for a suspended session is a demand: the operator places it again (contracts §4)."""
+        assert self.link is not None
+        if state is SessionState.SUSPENDED:
+            try:
+                await self.link.request_resume(session_id)
+            except Exception as exc:
+                raise NotReady(f"placement store unavailable: {exc}") from exc
+        raise Resuming(f"session {session_id!r} is {state.value}; it is being resumed, retry")
 
     async def _no_record(self, session_id: str, presented: str | None) -> NoReturn:
         """The store has no record of the session: 503 `placement_recovering` while it may be rebuilt.
@@ -326,9 +352,20 @@ class WorkerService:
         tick = tick_rules.parse_tick(session_id, body)
         with self._exclusive(session_id):
             book = self._books.get(session_id)
+            resumed = (
+                record is not None and bool(record.resume_from) and (book is None or not book.holds_slot)
+            )
+            if resumed:
+                book = await self._resume(session_id, record)
             cached = book.retry_of(tick.request_id, tick.chunk_index) if book else None
             if cached is not None:
                 return TickOutcome(cached)
+            if resumed and not tick.reset and tick.chunk_index > book.next_chunk_index:
+                raise Rewound(
+                    f"session {session_id!r} resumed from a snapshot at chunk {book.next_chunk_index}; "
+                    "continue from there (the same controls give the same frames)",
+                    expected_chunk_index=book.next_chunk_index,
+                )
             self._check_order(tick, book, record)
             prompt = tick.prompt if tick.prompt is not None else record.prompt if record else ""
             if not prompt.strip():
@@ -367,6 +404,9 @@ class WorkerService:
                     "was closed and needs reset=true, chunk_index=0"
                 )
             await self._touch(session_id, chunk_index=tick.chunk_index + 1, reset_done=tick.reset)
+            every = self.settings.snapshot_every_chunks
+            if every and (tick.chunk_index + 1) % every == 0 and not tick.close_session:
+                await self._snapshot(session_id)
             self.metrics.ticks.inc()
             self.metrics.frames.inc(len(output.frames))
             self.metrics.tick_latency.labels("queue").observe(queued)
@@ -433,6 +473,127 @@ class WorkerService:
         }
         return TickResponse(body, media_type, headers)
 
+    # ---------------------------------------------------------------- continuity (issue 12, contracts §2/§9)
+
+    def _export_to_tier(self, session_id: str, book: SessionBook, kind: ExportKind) -> tuple[str, int]:
+        """On the forward thread: the session's export written to the shared tier; its location, size."""
+        assert self.tier is not None
+        assert self.runtime is not None
+        runtime = self.runtime
+        return self.tier.write(
+            session_id, kind, lambda out: runtime.export_session(session_id, out, book=book)
+        )
+
+    def _import_from_tier(self, location: str) -> SessionBook:
+        """On the forward thread: install the export at `location`; the book that travelled with it."""
+        assert self.tier is not None
+        assert self.runtime is not None
+        with self.tier.open(location) as source:
+            return self.runtime.import_session(source)
+
+    async def _resume(self, session_id: str, record: SessionRecord) -> SessionBook:
+        """Import the export the store placed here (`resume_from`) before the session's first tick."""
+        assert self.link is not None
+        assert self.runtime is not None
+        await self._admit(session_id, record)
+        started = time.perf_counter()
+        try:
+            if self.tier is None:
+                raise ExportCorrupt("this worker mounts no shared tier (ARDIFF_SUSPEND_DIR) to resume from")
+            async with self._forward_lock:
+                book = await self._on_forward_thread(self._import_from_tier, record.resume_from)
+            if book.session_id != session_id:
+                await self._on_forward_thread(self.runtime.close, book.session_id)
+                raise ExportCorrupt(f"{record.resume_from} holds session {book.session_id!r}")
+        except SessionExportError as exc:
+            self._books.pop(session_id, None)
+            log.warning("session %s could not be resumed from %s: %s", session_id, record.resume_from, exc)
+            await self.link.resumed(session_id)  # the export is of no use: never try it again
+            await self._mark_reset_required(session_id)
+            raise ResetRequired(
+                f"session {session_id!r} could not be resumed ({exc.code}); "
+                "send reset=true with chunk_index=0"
+            ) from None
+        book = self._books[session_id] = dataclasses.replace(book, token_sha256=record.token_sha256)
+        await self.link.resumed(session_id)
+        kind = "snapshot" if Path(record.resume_from).name.startswith("snapshot-") else "suspend"
+        if kind == "suspend":
+            self.tier.remove(record.resume_from)
+        self.metrics.resumes.labels(kind).inc()
+        self.metrics.continuity_seconds.labels("import").observe(time.perf_counter() - started)
+        log.info("resumed session %s at chunk %d from its %s", session_id, book.next_chunk_index, kind)
+        return book
+
+    async def _snapshot(self, session_id: str) -> None:
+        """A periodic snapshot to the shared tier; the previous one is replaced. A failure costs nothing but
+        the snapshot (logged): the session goes on."""
+        assert self.link is not None
+        book = self._books.get(session_id)
+        if self.tier is None or book is None or book.status is not SessionStatus.ACTIVE:
+            return
+        started = time.perf_counter()
+        try:
+            async with self._forward_lock:
+                location, size = await self._on_forward_thread(
+                    self._export_to_tier, session_id, book, "snapshot"
+                )
+            await self.link.note_snapshot(session_id, location=location, chunk_index=book.next_chunk_index)
+        except Exception as exc:
+            log.warning("snapshot of session %s failed: %s", session_id, exc)
+            return
+        previous, self._snapshots[session_id] = self._snapshots.get(session_id), location
+        if previous:
+            self.tier.remove(previous)
+        self.metrics.continuity_bytes.labels("snapshot").inc(size)
+        self.metrics.continuity_seconds.labels("snapshot").observe(time.perf_counter() - started)
+
+    async def _suspend(self, session_id: str, reason: str) -> None:
+        """A `suspend` event: export the session to the shared tier at a tick boundary, report it, release it.
+
+        The slot stays taken until the store hears of the export (`suspending`), so the runner never holds
+        more than its capacity. An export that fails (or a session that never ticked here) is reported with no
+        location: the store then evicts it as before (its KV is lost, `reset_required`).
+        """
+        assert self.link is not None
+        assert self.runtime is not None
+        # Its tick ends first: exports happen between ticks.
+        while session_id in self._in_flight:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        location, size, chunk = "", 0, 0
+        started = time.perf_counter()
+        with self._exclusive(session_id):
+            book = self._books.get(session_id)
+            resident = session_id in self.runtime.resident_sessions()
+            if (
+                self.tier is not None
+                and book is not None
+                and book.status is SessionStatus.ACTIVE
+                and resident
+            ):
+                try:
+                    async with self._forward_lock:
+                        location, size = await self._on_forward_thread(
+                            self._export_to_tier, session_id, book, "suspend"
+                        )
+                    chunk = book.next_chunk_index
+                except (SessionExportError, OSError) as exc:
+                    log.warning("session %s could not be exported (%s): evicted instead", session_id, exc)
+            from ardiff.kv import errors as placement
+
+            try:
+                await self.link.mark_suspended(session_id, location=location, size=size, chunk_index=chunk)
+            except placement.SessionNotHere as exc:  # deleted or moved meanwhile: nothing to report
+                log.info("suspend of %s no longer applies (%s)", session_id, exc)
+                if location:
+                    self.tier.remove(location)
+        await self._release(session_id, reason="suspend")
+        if location:
+            self.metrics.continuity_bytes.labels("suspend").inc(size)
+            self.metrics.continuity_seconds.labels("suspend").observe(time.perf_counter() - started)
+        log.info(
+            "suspended session %s (%s) at chunk %d: %d bytes at %s", session_id, reason, chunk, size, location
+        )
+
     # ---------------------------------------------------------------- admission
 
     def _admitted(self) -> int:
@@ -477,6 +638,9 @@ class WorkerService:
                 self._books[session_id] = book.failed()
             else:
                 self._books.pop(session_id, None)
+        snapshot = self._snapshots.pop(session_id, None)
+        if snapshot and reason != "suspend" and self.tier is not None:  # closed: its snapshot is of no use
+            self.tier.remove(snapshot)
         if held:
             self.metrics.evictions.labels(reason).inc()
             log.info("released session %s (%s)", session_id, reason)
@@ -484,6 +648,9 @@ class WorkerService:
     async def on_event(self, event: Any) -> None:
         """A `close`/`evict` entry of this pod's stream: release the session's state in the runner."""
         if self.runtime is None:
+            return
+        if event.kind == "suspend":
+            await self._suspend(event.session, event.reason)
             return
         binding = (await self.link.bindings([event.session]))[event.session]
         here = binding is not None and self.link.is_here(binding)

@@ -366,8 +366,12 @@ class ARDiffusionSessionAdapter:
 
     # ---------------------------------------------------------------- helpers
 
+    @property
+    def supports_export(self) -> bool:
+        return isinstance(self._pipeline, lingbot_pipeline.LingBotWorldCausalDMDPipeline)
+
     def _check_exportable(self) -> None:
-        if not isinstance(self._pipeline, lingbot_pipeline.LingBotWorldCausalDMDPipeline):
+        if not self.supports_export:
             raise ExportUnsupported(
                 f"{type(self._pipeline).__name__} sessions cannot be exported (LingBot-World only): "
                 "they keep reset-on-evict"

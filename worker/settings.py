@@ -53,6 +53,10 @@ class WorkerSettings:
     # After the worker saw the store lose its data, how long a missing record is "not rebuilt yet" (503)
     # rather than "unknown" (404): the operator rebuilds bindings within a round, or once it is back.
     store_recovery_seconds: float = 60.0
+    # The shared tier (issue 12): a directory every pod of the pool mounts; None = sessions are not exported
+    # (evicted ones lose their KV, as before).
+    suspend_dir: str | None = None
+    snapshot_every_chunks: int = 0  # a snapshot to the shared tier every N chunks (0 = none)
     runtime: Runtime = "vllm"
     fake_capacity: int = 4
     fake_tick_seconds: float = 0.0
@@ -83,6 +87,12 @@ class WorkerSettings:
             )
         if self.kv_memory_fraction is not None and not 0 < self.kv_memory_fraction <= 1:
             raise ValueError(f"worker kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction!r}")
+        if isinstance(self.snapshot_every_chunks, bool) or self.snapshot_every_chunks < 0:
+            raise ValueError(f"worker snapshot_every_chunks must be >= 0, got {self.snapshot_every_chunks!r}")
+        if self.snapshot_every_chunks and not self.suspend_dir:
+            raise ValueError(
+                "worker snapshot_every_chunks needs suspend_dir (the shared tier snapshots go to)"
+            )
         if self.fake_tick_seconds < 0:
             raise ValueError(f"worker fake_tick_seconds must be >= 0, got {self.fake_tick_seconds!r}")
         if not 0 <= self.port <= 65535:
@@ -135,6 +145,8 @@ _HELP = {
     "redis_url": "placement store; none = standalone (no auth, sessions created on first tick)",
     "endpoint": "what clients are told (default http://<pod ip>:<port>)",
     "store_recovery_seconds": "after the store lost its data: how long an unknown session gets 503, not 404",
+    "suspend_dir": "the shared tier: a directory all pods of the pool mount (suspended sessions, snapshots)",
+    "snapshot_every_chunks": "a snapshot of each session to the shared tier every N chunks (0: none)",
     "runtime": "vllm (vllm-omni's paged-KV runner) or fake (no torch; control-plane tests)",
     "fake_capacity": "sessions a fake runtime holds",
     "fake_tick_seconds": "how long a fake forward takes",

@@ -43,6 +43,7 @@ def worker_error_instances() -> list[worker_errors.WorkerError]:
         "ChunkOutOfOrder": {"expected_chunk_index": 7},
         "MaxChunksReached": {"max_chunks": 100},
         "Misdirected": {"endpoint": "http://10.0.0.7:8000"},
+        "Rewound": {"expected_chunk_index": 4},
     }
     found = []
     for cls in worker_errors.WorkerError.__subclasses__():
@@ -58,7 +59,7 @@ def answer(error: worker_errors.WorkerError) -> httpx.Response:
 
 def test_the_client_knows_every_code_of_the_contract_with_its_status() -> None:
     codes = contract_codes()
-    assert len(codes) == 15
+    assert len(codes) == 17
     assert {code: cls.status for code, cls in client.ERRORS_BY_CODE.items()} == codes
 
 
@@ -249,7 +250,7 @@ CHUNK_0: Answer = (
 def test_retryable_codes_are_exactly_the_503s_of_the_contract() -> None:
     retryable = {code for code, cls in client.ERRORS_BY_CODE.items() if cls.retryable}
     assert retryable == {code for code, status in contract_codes().items() if status == 503}
-    assert retryable == {"not_ready", "placement_recovering"}
+    assert retryable == {"not_ready", "placement_recovering", "resuming"}
     for error in worker_error_instances():  # the worker sends Retry-After on exactly those
         assert (error.retry_after_seconds is not None) == (error.code in retryable), error.code
 

@@ -1,0 +1,60 @@
+"""The shared tier (issue 12): exports of suspended sessions and snapshots, as files in a directory that every
+pod of the pool mounts (an RWX volume on a cluster, a local directory on the dev cluster).
+
+A location (what the placement store records) is a path relative to the tier's root, so pods may mount the
+volume anywhere; `open` refuses one that leaves the root. A file is written under a temporary name, flushed to
+disk and renamed, so a reader never sees a partial export (a crash mid-write leaves only a `.part` file).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+from ardiff.worker.errors import ExportCorrupt
+
+ExportKind = Literal["suspend", "snapshot"]
+SUFFIX = ".ardsess"
+
+
+class SharedTier:
+    def __init__(self, root: str | Path, namespace: str, pool: str) -> None:
+        self.root = Path(root).resolve()
+        self._pool_dir = Path(namespace) / pool
+
+    def write(self, session_id: str, kind: ExportKind, export: Callable[[BinaryIO], int]) -> tuple[str, int]:
+        """Write one export with `export(file)` (which returns the bytes written); its location and size."""
+        relative = self._pool_dir / session_id / f"{kind}-{time.time_ns()}-{uuid.uuid4().hex[:8]}{SUFFIX}"
+        target = self.root / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".part")
+        try:
+            with partial.open("wb", buffering=1 << 20) as out:
+                size = export(out)
+                out.flush()
+                os.fsync(out.fileno())
+            partial.rename(target)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        return str(relative), size
+
+    def open(self, location: str) -> BinaryIO:
+        """The export at `location` for reading; `ExportCorrupt` when it is not a file inside the tier."""
+        path = (self.root / location).resolve()
+        if not path.is_relative_to(self.root) or path.suffix != SUFFIX:
+            raise ExportCorrupt(f"session export location {location!r} is not an export in the shared tier")
+        try:
+            return path.open("rb", buffering=1 << 20)
+        except OSError as exc:
+            raise ExportCorrupt(f"session export {location!r} cannot be read: {exc}") from None
+
+    def remove(self, location: str) -> None:
+        """Forget an export that is no longer needed (a replaced snapshot, a resumed suspension)."""
+        path = (self.root / location).resolve()
+        if path.is_relative_to(self.root) and path.suffix == SUFFIX:
+            path.unlink(missing_ok=True)
