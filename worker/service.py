@@ -32,6 +32,7 @@ from ardiff.worker.errors import (
     AtCapacity,
     ChunkOutOfOrder,
     ExportCorrupt,
+    ExportNoCapacity,
     ForwardFailed,
     InvalidTick,
     MaxChunksReached,
@@ -492,36 +493,58 @@ class WorkerService:
             return self.runtime.import_session(source)
 
     async def _resume(self, session_id: str, record: SessionRecord) -> SessionBook:
-        """Import the export the store placed here (`resume_from`) before the session's first tick."""
+        """Import the export the store placed here (`resume_from`) before the session's first tick.
+
+        An export that cannot be used (corrupt, truncated, another identity) falls back to the session's
+        snapshot when there is one (the client is then told `rewound`), else the session needs a reset. A
+        worker without room for the export answers 429 and leaves everything as it was (retried later).
+        """
         assert self.link is not None
-        assert self.runtime is not None
         await self._admit(session_id, record)
         started = time.perf_counter()
-        try:
-            if self.tier is None:
-                raise ExportCorrupt("this worker mounts no shared tier (ARDIFF_SUSPEND_DIR) to resume from")
-            async with self._forward_lock:
-                book = await self._on_forward_thread(self._import_from_tier, record.resume_from)
-            if book.session_id != session_id:
-                await self._on_forward_thread(self.runtime.close, book.session_id)
-                raise ExportCorrupt(f"{record.resume_from} holds session {book.session_id!r}")
-        except SessionExportError as exc:
+        candidates = [record.resume_from]
+        if record.snapshot_location and record.snapshot_location != record.resume_from:
+            candidates.append(record.snapshot_location)
+        failures = []
+        for location in candidates:
+            try:
+                book = await self._import(session_id, location)
+            except ExportNoCapacity as exc:
+                self._books.pop(session_id, None)
+                raise AtCapacity(f"no room to resume session {session_id!r} here: {exc}") from None
+            except SessionExportError as exc:
+                log.warning("session %s could not be resumed from %s: %s", session_id, location, exc)
+                failures.append(exc.code)
+                continue
+            break
+        else:
             self._books.pop(session_id, None)
-            log.warning("session %s could not be resumed from %s: %s", session_id, record.resume_from, exc)
-            await self.link.resumed(session_id)  # the export is of no use: never try it again
+            await self.link.resumed(session_id)  # the exports are of no use: never try them again
             await self._mark_reset_required(session_id)
             raise ResetRequired(
-                f"session {session_id!r} could not be resumed ({exc.code}); "
+                f"session {session_id!r} could not be resumed ({', '.join(failures)}); "
                 "send reset=true with chunk_index=0"
-            ) from None
+            )
         book = self._books[session_id] = dataclasses.replace(book, token_sha256=record.token_sha256)
         await self.link.resumed(session_id)
-        kind = "snapshot" if Path(record.resume_from).name.startswith("snapshot-") else "suspend"
-        if kind == "suspend":
-            self.tier.remove(record.resume_from)
+        kind = "snapshot" if Path(location).name.startswith("snapshot-") else "suspend"
+        if kind == "suspend" and self.tier is not None:
+            self.tier.remove(location)
         self.metrics.resumes.labels(kind).inc()
         self.metrics.continuity_seconds.labels("import").observe(time.perf_counter() - started)
         log.info("resumed session %s at chunk %d from its %s", session_id, book.next_chunk_index, kind)
+        return book
+
+    async def _import(self, session_id: str, location: str) -> SessionBook:
+        """Install the export at `location` as `session_id`; refused (typed) when it holds another one."""
+        assert self.runtime is not None
+        if self.tier is None:
+            raise ExportCorrupt("this worker mounts no shared tier (ARDIFF_SUSPEND_DIR) to resume from")
+        async with self._forward_lock:
+            book = await self._on_forward_thread(self._import_from_tier, location)
+            if book.session_id != session_id:
+                await self._on_forward_thread(self.runtime.close, book.session_id)
+                raise ExportCorrupt(f"{location} holds session {book.session_id!r}, not {session_id!r}")
         return book
 
     async def _snapshot(self, session_id: str) -> None:

@@ -158,6 +158,24 @@ async def test_an_export_that_cannot_be_read_needs_a_reset(pod_a, pod_b, store, 
     assert chunk_index_of(pod_a.tick(session, 0, token=TOKEN, reset=True)) == 0
 
 
+async def test_a_corrupt_suspension_falls_back_to_the_snapshot(pod_a, pod_b, store, on_a, tier):
+    session = await on_a(seed=6)
+    twin = [frames_of(pod_a.tick(session, i, token=TOKEN)) for i in range(3)]  # a snapshot at chunk 2
+    record = await suspend(store, pod_a, session)
+    assert (record.suspended_chunk, record.snapshot_chunk) == (3, 2)
+    (tier / record.location).write_bytes((tier / record.location).read_bytes()[:-1])  # truncated
+    await store.request_resume(POOL, session)
+    await store.set_draining(POOL, "cont-b", draining=True)
+    try:
+        assert (await store.place(POOL, record.spec())).placement.pod == "cont-a"
+    finally:
+        await store.set_draining(POOL, "cont-b", draining=False)
+    error = error_of(pod_a.tick(session, 3, token=TOKEN), 409, "rewound")  # nothing lost but chunk 2
+    assert error["expected_chunk_index"] == 2
+    np.testing.assert_array_equal(frames_of(pod_a.tick(session, 2, token=TOKEN)), twin[2])
+    assert chunk_index_of(pod_a.tick(session, 3, token=TOKEN)) == 3
+
+
 async def test_a_lost_session_resumes_from_its_snapshot_and_is_told_it_rewound(pod_a, pod_b, store, on_a):
     session = await on_a(seed=9)
     twin = [frames_of(pod_a.tick(session, i, token=TOKEN)) for i in range(5)]  # snapshots at 2 and 4
