@@ -243,7 +243,7 @@ def _single_rank_world(model_dir: Path) -> Iterator[Any]:
     )
     from vllm_omni.diffusion.vllm_config import create_diffusion_vllm_config
 
-    from ardiff.devcluster.redis_server import free_port
+    from ardiff.worker.net import free_port
 
     saved = {
         name: os.environ.get(name)

@@ -9,9 +9,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ardiff.devcluster.redis_server import free_port
 from ardiff.worker import cpu_platform
 from ardiff.worker.errors import ModelUnavailable
+from ardiff.worker.net import free_port
 from ardiff.worker.settings import EMBEDDED_TINY_MODEL, WorkerSettings
 
 log = logging.getLogger(__name__)
