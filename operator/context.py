@@ -62,6 +62,10 @@ class OperatorContext:
     template_refusals: dict[PoolId, TemplateRefusal] = field(default_factory=dict)
     # Pools whose `<pool>-workers-redis` name is taken by a Secret they do not own (reported once).
     secret_conflicts: set[PoolId] = field(default_factory=set)
+    # Issue 12: pods chosen for a scale-down by migration (drained; their sessions move; retired once empty),
+    # and since when (monotonic seconds) each pool has had a pod that could be emptied that way.
+    scale_down_pods: defaultdict[PoolId, set[str]] = field(default_factory=lambda: defaultdict(set))
+    consolidation_since: dict[PoolId, float] = field(default_factory=dict)
 
     def kick(self, pool: PoolId) -> None:
         self.kicks[pool].set()
@@ -83,6 +87,8 @@ class OperatorContext:
         self.secret_conflicts.discard(pool)
         self.startup_failures.pop(pool, None)
         self.template_refusals.pop(pool, None)
+        self.scale_down_pods.pop(pool, None)
+        self.consolidation_since.pop(pool, None)
         self.forget_pods(pool)
 
     def forget_pods(self, pool: PoolId, *, keep: Collection[str] = ()) -> None:
@@ -90,6 +96,8 @@ class OperatorContext:
         for clock in (self.empty_since, self.unregistered_since):
             for key in [k for k in clock if k[0] == pool and k[1] not in keep]:
                 del clock[key]
+        if pool in self.scale_down_pods:
+            self.scale_down_pods[pool] &= set(keep)
 
     async def close(self) -> None:
         await self.kube.close()

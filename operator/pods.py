@@ -20,6 +20,17 @@ POOL_LABEL = "ardiffusion.dev/pool"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 WORKER_COMPONENT = "worker"
 TEMPLATE_HASH_ANNOTATION = "ardiffusion.dev/template-hash"
+# Issue 12: the hash of what an exported session must match to be imported (`session_identity_hash`): pods
+# with the pool's current identity can take the sessions of a stale pod by migration.
+IDENTITY_HASH_ANNOTATION = "ardiffusion.dev/identity-hash"
+IDENTITY_ENV = (
+    "ARDIFF_MODEL",
+    "ARDIFF_PIPELINE",
+    "ARDIFF_HEIGHT",
+    "ARDIFF_WIDTH",
+    "ARDIFF_DTYPE",
+    "ARDIFF_RUNTIME",
+)
 WORKER_PORT = 8000
 WORKER_PORT_NAME = "http"
 WORKER_CONTAINER = "worker"
@@ -111,7 +122,11 @@ def build_worker_pod(namespace: str, pool: str, spec: WorkerPoolSpec, *, pod_nam
     hash of the template it was made from."""
     pod = build_worker_pod_template(namespace, pool, spec)
     digest = template_hash(pod)
-    pod["metadata"] |= {"name": pod_name, "annotations": {TEMPLATE_HASH_ANNOTATION: digest}}
+    identity = session_identity_hash(namespace, pool, spec)
+    pod["metadata"] |= {
+        "name": pod_name,
+        "annotations": {TEMPLATE_HASH_ANNOTATION: digest, IDENTITY_HASH_ANNOTATION: identity},
+    }
     pod["spec"]["hostname"] = pod_name  # stable DNS `<pod>.<pool>-workers` through the headless Service
     return pod
 
@@ -122,6 +137,19 @@ def template_hash(template: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(template, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[
         :16
     ]
+
+
+def session_identity_hash(namespace: str, pool: str, spec: WorkerPoolSpec) -> str:
+    """What an exported session's identity (contracts §9) depends on in the pool's spec: the model, pipeline,
+    height, width, dtype and runtime the worker is told (the pool's `env` included, as it wins). A roll that
+    keeps it migrates sessions; one that changes it waits for them to end. (An image whose runtime or weights
+    differ is refused at import: the worker's import check is the last word.)"""
+    env = {
+        e["name"]: e.get("value")
+        for e in build_worker_env(namespace, pool, spec)
+        if e["name"] in IDENTITY_ENV
+    }
+    return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def worker_template_hash(namespace: str, pool: str, spec: WorkerPoolSpec) -> str:

@@ -34,7 +34,7 @@ from ardiff.operator.pods import (
     pool_service_name,
     worker_pod_name,
 )
-from ardiff.operator.scaling import PodSlots, may_grow, plan_scaling
+from ardiff.operator.scaling import PodSlots, may_grow, plan_migrations, plan_scaling
 from ardiff.operator.status import (
     Phase,
     PoolObservation,
@@ -84,6 +84,8 @@ def pod_slots(
     now = time.monotonic()
     expected = ctx.expected_pods[pid]
     stale = {p.name for p in pods if not p.deleting and p.template_hash != pool.template_hash}
+    stale |= ctx.scale_down_pods[pid]  # chosen for a scale-down by migration: it goes like a stale pod
+    same_identity = {p.name for p in pods if p.identity_hash == pool.identity_hash}
     existing = {p.name for p in pods if not p.deleting}
     for name, created in list(expected.items()):
         if name in existing or now - created > EXPECTED_POD_TTL_SECONDS:
@@ -112,6 +114,8 @@ def pod_slots(
             empty_since=ctx.empty_since.get(key),
             stuck=stuck,
             stale=name in stale,
+            exports=bool(record and record.exports),
+            same_identity=name in same_identity,
         )
     return slots
 
@@ -155,12 +159,15 @@ class RoundResult:
 
 def placement_order(session: SessionView, record: SessionBinding | None) -> tuple[int, int, int, str, str]:
     """Waiting sessions' order (docs/contracts.md §2): `lost` ones first (their pod died while they were in
-    use), by priority then most recent activity (last tick, latest first); then the others (new, evicted) by
+    use), by priority then most recent activity (last tick, latest first); then suspended ones a tick asked
+    for (their users are ticking), by priority then the demand's time; then the others (new, evicted) by
     priority then creation time. A lost session without a record (Redis lost its data) ranks by its status."""
     assert session.spec is not None
     lost = record.state is SessionState.LOST if record is not None else session.phase == Phase.LOST
+    if record is not None and record.state is SessionState.SUSPENDED:
+        return (1, -session.spec.priority, record.resume_requested_ms, session.created, session.name)
     if not lost:
-        return (1, -session.spec.priority, 0, session.created, session.name)
+        return (2, -session.spec.priority, 0, session.created, session.name)
     if record is not None:
         last_tick_ms = record.last_tick_ms
     else:
@@ -213,7 +220,8 @@ async def place_sessions(
     logger: kopf.Logger,
 ) -> RoundResult:
     """Restore bindings Redis lost; place sessions that wait for a slot, in `placement_order` (first
-    admissions and lost sessions may evict)."""
+    admissions, lost sessions and suspended ones a tick asked for may evict; a suspended one without a demand
+    stays where it is, in the tier)."""
     assert pool.spec is not None
     pid = PoolId(pool.namespace, pool.name)
     result = RoundResult()
@@ -226,6 +234,9 @@ async def place_sessions(
         try:
             if record is None:
                 rebind = await rebind_from_status(ctx, pid, session, live, slots, logger)
+            elif record.state is SessionState.SUSPENDED:
+                if not record.resume_requested_ms:
+                    continue  # resumed on demand only (a tick), never eagerly
             elif record.state not in (SessionState.LOST, SessionState.EVICTED):
                 continue
             if rebind == "wait":
@@ -241,7 +252,7 @@ async def place_sessions(
             if record is None:
                 lost = rebind == "lost" and session.phase != Phase.EVICTED
             else:
-                lost = record.state is SessionState.LOST
+                lost = record.state in (SessionState.LOST, SessionState.SUSPENDED)  # both may evict
             may_evict = (rebind == "new" or lost) and can_evict
             if free <= 0 and not may_evict:
                 result.waiting += 1
@@ -259,6 +270,10 @@ async def place_sessions(
             result.waiting += 1
             if not may_evict:
                 free = 0  # `place` found no free slot: nobody else without eviction will either
+            if placed.suspending and placed.victim is not None:  # its slot frees once the export is written
+                result.changed = True
+                victim_key = (session.namespace, placed.victim)
+                ctx.notes[victim_key] = f"suspended to make room for session {session.name}"
             continue
         result.changed = True
         if placed.victim is not None:
@@ -284,7 +299,11 @@ def newly_unplaced(
     ctx: OperatorContext, sessions: Sequence[SessionView], records: Mapping[str, SessionBinding]
 ) -> list[SessionView]:
     """Sessions Redis has as lost or evicted whose status does not say so yet."""
-    reported = {SessionState.LOST: Phase.LOST, SessionState.EVICTED: Phase.EVICTED}
+    reported = {
+        SessionState.LOST: Phase.LOST,
+        SessionState.EVICTED: Phase.EVICTED,
+        SessionState.SUSPENDED: Phase.SUSPENDED,
+    }
     return [
         s
         for s in sessions
@@ -305,7 +324,8 @@ async def expire_idle(
     for session in sessions:
         record = records.get(session.name)
         timeout_s = session.spec.idle_timeout_seconds if session.spec else 0
-        if record is None or record.state is not SessionState.PLACED or not timeout_s:
+        idle_states = (SessionState.PLACED, SessionState.SUSPENDED)  # a suspended one expires too
+        if record is None or record.state not in idle_states or not timeout_s:
             continue
         if now_ms - record.last_tick_ms >= timeout_s * 1000:
             await ctx.store.release(pool, session.name, reason="idle-timeout")
@@ -322,13 +342,31 @@ EVENTS_ON_ENTERING = {
 }
 
 
+# Phases a session leaves by resuming with its KV (an export or a snapshot) rather than a reset.
+RESUMABLE_PHASES = (Phase.SUSPENDED, Phase.SUSPENDING, Phase.LOST)
+
+
 def post_transition_event(
     session: SessionView, previous: Mapping[str, Any], status: Mapping[str, Any]
 ) -> None:
-    """News only: entering Lost/Evicted/Expired/Failed, and being placed again after losing the KV."""
+    """News only: entering Lost/Evicted/Expired/Failed/Suspended, being placed again after losing the KV, and
+    resuming (from a suspension, or from a snapshot after a pod loss)."""
     phase, before = status.get("phase"), previous.get("phase")
     message = status.get("message", "")
-    if phase != before and phase in EVENTS_ON_ENTERING:
+    if phase == Phase.SUSPENDED and before != Phase.SUSPENDED:
+        exported = (
+            f"exported {status.get('bytes')} bytes to the {status.get('tier')} tier; it continues at chunk "
+            f"{status.get('suspendedChunk')}: {message}"
+        )
+        kopf.event(session.reference, type="Normal", reason="Suspended", message=exported)
+    elif phase == Phase.READY and before in RESUMABLE_PHASES and not status.get("resetRequired"):
+        kopf.event(
+            session.reference,
+            type="Normal",
+            reason="Resumed",
+            message=f"on {status.get('pod')}, from its {'export' if before != Phase.LOST else 'snapshot'}",
+        )
+    elif phase != before and phase in EVENTS_ON_ENTERING:
         kind, reason = EVENTS_ON_ENTERING[Phase(phase)]
         kopf.event(session.reference, type=kind, reason=reason, message=message)
     elif status.get("reason") == Reason.RESET_REQUIRED and previous.get("reason") != Reason.RESET_REQUIRED:
@@ -502,6 +540,56 @@ async def replace_stuck_pod(ctx: OperatorContext, pool: PoolView, name: str, log
     return True
 
 
+async def migrate_sessions(
+    ctx: OperatorContext,
+    pool: PoolView,
+    pods: Sequence[PodView],
+    live: Mapping[str, PodRecord],
+    records: Mapping[str, SessionBinding],
+    waiting: int,
+    logger: kopf.Logger,
+) -> int:
+    """Move the sessions of pods that are going away instead of waiting for them to end (issue 12,
+    `plan_migrations`): stale pods of the same identity during a roll, and the pod a due scale-down chose
+    (drained first, so nothing lands on it; retired once empty like a stale pod). Each placed session there
+    is suspended with the demand to resume (`suspend(reason="migrate")`): its worker exports it, the next
+    round places it elsewhere. Returns how many sessions started to move."""
+    assert pool.spec is not None
+    pid = PoolId(pool.namespace, pool.name)
+    plan = plan_migrations(
+        pod_slots(ctx, pool, pods, live),
+        waiting=waiting,
+        min_replicas=pool.spec.min_replicas,
+        max_replicas=pool.spec.max_replicas,
+    )
+    targets = {name: "the pool rolls to a new spec" for name in plan.roll}
+    if plan.scale_down is None:
+        ctx.consolidation_since.pop(pid, None)
+    else:
+        now = time.monotonic()
+        since = ctx.consolidation_since.setdefault(pid, now)
+        if now - since >= pool.spec.scale_down_delay_seconds:
+            ctx.consolidation_since.pop(pid, None)
+            try:
+                await ctx.store.set_draining(pid, plan.scale_down, draining=True)
+            except UnknownPod:
+                pass  # its record is gone: its sessions are lost, nothing to move
+            else:
+                ctx.scale_down_pods[pid].add(plan.scale_down)
+                logger.info(f"scaling down: moving the sessions of pod {plan.scale_down} to the other pods")
+    for name in ctx.scale_down_pods[pid]:
+        targets.setdefault(name, "the pool scales down")
+    moved = 0
+    for session, record in records.items():
+        why = targets.get(record.pod) if record.state is SessionState.PLACED else None
+        if why is not None and await ctx.store.suspend(pid, session, reason="migrate"):
+            ctx.notes[(pool.namespace, session)] = f"moving off pod {record.pod}: {why}"
+            moved += 1
+    if moved:
+        logger.info(f"migrating {moved} sessions off pods {sorted(targets)}")
+    return moved
+
+
 async def retire_worker_pod(ctx: OperatorContext, pool: PoolId, name: str, logger: kopf.Logger) -> bool:
     """Drain the pod (only if it holds no session), then delete it.
 
@@ -551,6 +639,9 @@ async def reconcile_pool(
         expired = await expire_idle(ctx, pid, active, records, now_ms)
         result = await place_sessions(ctx, pool, active, records, live, slots, logger)
         if expired or result.changed:
+            records = await ctx.store.get_bindings(pid, names)
+            live = await live_pods(ctx, pid)
+        if await migrate_sessions(ctx, pool, pods, live, records, result.waiting, logger):
             records = await ctx.store.get_bindings(pid, names)
             live = await live_pods(ctx, pid)
         unsettled = [s for s in active if s.name not in result.settled]

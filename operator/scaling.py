@@ -7,6 +7,13 @@ A pod that did not register within `startupTimeoutSeconds` (`stuck`) counts for 
 A pod made from an older template (`stale`: the pool's spec changed since) takes no new session (the round
 drains it); it is retired as soon as it holds none, and until then it counts against `max` (no surge: the
 replicas are the GPU budget), never towards `min`. A live session is never cut short by a roll.
+
+Migration (issue 12, `plan_migrations`): a pod whose worker exports (`exports`) need not wait for its sessions
+to end. Its sessions are suspended with a demand to resume, so they are placed again elsewhere at once, and
+the pod empties: during a roll that keeps the sessions' identity (model, pipeline, height, width, dtype), and
+on a scale-down that is due (the least-loaded pod's sessions fit in the other pods' free slots, for
+`scaleDownDelaySeconds`). A pod chosen for scale-down is then treated like a stale one (drained, retired once
+empty).
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ class PodSlots:
     used: int
     empty_since: float | None  # monotonic seconds since the pod last held no session, None if it holds some
     stuck: bool = False  # never registered within the pool's startup timeout: replace it
-    stale: bool = False  # made from an older template than the pool's current one
+    stale: bool = False  # made from an older template than the pool's current one (or chosen for scale-down)
+    exports: bool = False  # its worker can export sessions (migration instead of waiting for them to end)
+    same_identity: bool = True  # its sessions can be imported by a pod of the current template
 
     @property
     def retiring(self) -> bool:
@@ -105,3 +114,54 @@ def plan_scaling(
     ]
     keep_min = max(0, len(updated) - len(immediate) - min_replicas)
     return ScalePlan(create=0, delete=retire + tuple(immediate + due[:keep_min]), replace=replace)
+
+
+@dataclass(frozen=True)
+class MigrationPlan:
+    roll: tuple[str, ...] = ()  # stale pods whose sessions move now
+    scale_down: str | None = None  # the pod whose sessions move so that it can go (when the delay is over)
+
+
+def plan_migrations(
+    pods: Mapping[str, PodSlots], *, waiting: int, min_replicas: int, max_replicas: int
+) -> MigrationPlan:
+    """Which pods' sessions to migrate now (docs/contracts.md §5).
+
+    Roll: a stale pod that exports, of the same identity, holding sessions, moves them all when they fit in
+    the free slots of current pods (least-loaded stale pods first, each counted against the slots left); when
+    no current pod has a free slot and none can come (the pool is at `max` and none is booting), the
+    least-loaded one moves anyway: its sessions wait suspended, with their KV, for the pod that replaces it.
+    Scale-down candidate: with no session waiting, no roll in progress and no empty current pod (an empty pod
+    goes by the plain delay), more current pods than `min`: the least-loaded current pod that exports whose
+    sessions fit in the other current pods' free slots. The caller migrates it once that has held for
+    `scaleDownDelaySeconds`."""
+    kept = counted(pods)
+    updated = [p for p in kept.values() if not p.stale]
+    free = sum(max(0, p.capacity - p.used) for p in updated if p.registered)
+    movable = sorted(
+        (
+            p
+            for p in kept.values()
+            if p.stale and p.exports and p.same_identity and p.registered and p.used > 0
+        ),
+        key=lambda p: (p.used, p.name),
+    )
+    roll: list[str] = []
+    for pod in movable:
+        if pod.used <= free:
+            roll.append(pod.name)
+            free -= pod.used
+    booting = any(not p.registered for p in updated)
+    if movable and not roll and free == 0 and len(kept) >= max_replicas and not booting:
+        roll.append(movable[0].name)
+    if roll or any(p.stale for p in kept.values()) or waiting > 0:
+        return MigrationPlan(roll=tuple(roll))
+    registered = [p for p in updated if p.registered]
+    if len(updated) <= min_replicas or any(p.used == 0 for p in registered) or len(registered) < 2:
+        return MigrationPlan()
+    for pod in sorted(registered, key=lambda p: (p.used, p.name)):
+        others = sum(max(0, p.capacity - p.used) for p in registered if p.name != pod.name)
+        if pod.exports and pod.used <= others:
+            return MigrationPlan(scale_down=pod.name)
+        break  # only the least-loaded pod is a candidate
+    return MigrationPlan()

@@ -1,7 +1,9 @@
 """What the operator writes into `status`, derived purely from what it observed (Redis records + Pods).
 
 `status.phase` is the session's state machine (DESIGN §5):
-Pending → Ready; Ready → Lost | Evicted | Expired; Lost | Evicted → Ready (resetRequired); Failed is final.
+Pending → Ready; Ready → Lost | Evicted | Expired | Suspending; Suspending → Suspended (exported: no pod, no
+slot) | Evicted (the export failed) | Lost; Suspended → Ready (resumed) | Expired; Lost | Evicted → Ready
+(resetRequired, unless a Lost one resumes from its snapshot); Failed is final.
 Writes go through `status_patch`, which returns only what changed: per-tick data (`chunkIndex`,
 `lastTickTime`) rides along with any other change, or alone once its mirror interval is due.
 """
@@ -25,6 +27,8 @@ class Phase(StrEnum):
     EVICTED = "Evicted"
     EXPIRED = "Expired"
     FAILED = "Failed"
+    SUSPENDING = "Suspending"  # its export is being written; it still holds its pod and slot
+    SUSPENDED = "Suspended"  # exported to a tier: no pod, no slot; a tick resumes it
 
 
 class Reason(StrEnum):
@@ -41,6 +45,9 @@ class Reason(StrEnum):
     INVALID_SPEC = "InvalidSpec"
     IMAGE_NOT_FOUND = "ImageNotFound"
     POOL_DELETED = "PoolDeleted"
+    SUSPENDED_FOR_CAPACITY = "SuspendedForCapacity"  # evicted for idleness, its KV kept in the tier
+    MIGRATING = "Migrating"  # moved off its pod (scale-down, roll): placed again as soon as it is exported
+    RESUME_REQUESTED = "ResumeRequested"  # suspended, a tick asked for it: waiting for a slot
 
 
 DEFAULT_MESSAGES = {
@@ -51,7 +58,12 @@ DEFAULT_MESSAGES = {
     Reason.POD_LOST: "its pod was lost; waiting for a free slot",
     Reason.EVICTED: "evicted to make room for another session; waiting for a free slot",
     Reason.IDLE_TIMEOUT: "no tick within spec.idleTimeoutSeconds; the slot was released",
+    Reason.SUSPENDED_FOR_CAPACITY: "suspended to make room for another session; its next tick resumes it",
+    Reason.MIGRATING: "moving to another pod; its ticks are answered 503 resuming meanwhile",
+    Reason.RESUME_REQUESTED: "suspended; a tick asked for it: waiting for a free slot to resume",
 }
+# States whose record holds the session's pod and slot.
+HOLDING_STATES = (SessionState.PLACED, SessionState.SUSPENDING)
 
 # Per-tick data: mirrored on a throttle, never per tick.
 THROTTLED_FIELDS = ("chunkIndex", "lastTickTime")
@@ -111,6 +123,18 @@ class SessionPlacement(Protocol):
     def chunk_index(self) -> int: ...
     @property
     def last_tick_ms(self) -> int: ...
+    @property
+    def tier(self) -> str: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def suspended_chunk(self) -> int: ...
+    @property
+    def resume_requested_ms(self) -> int: ...
+    @property
+    def resume_from(self) -> str: ...
+    @property
+    def snapshot_location(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -133,6 +157,16 @@ def derive_session_phase(obs: SessionObservation) -> tuple[Phase, Reason]:
         return Phase.EVICTED, Reason.EVICTED
     if record.state is SessionState.CLOSED:
         return Phase.EXPIRED, Reason.IDLE_TIMEOUT
+    if record.state is SessionState.SUSPENDING:
+        # A demand while suspending: set by a migration (or a tick meanwhile): it is placed again at once.
+        return (
+            Phase.SUSPENDING,
+            Reason.MIGRATING if record.resume_requested_ms else Reason.SUSPENDED_FOR_CAPACITY,
+        )
+    if record.state is SessionState.SUSPENDED:
+        return Phase.SUSPENDED, (
+            Reason.RESUME_REQUESTED if record.resume_requested_ms else Reason.SUSPENDED_FOR_CAPACITY
+        )
     pod = obs.pod
     live = pod is not None and pod.epoch == record.pod_epoch and pod.lease_expires_ms > obs.now_ms
     if not (live and obs.pod_ready):
@@ -155,7 +189,8 @@ def build_session_status(
         same_reason = previous.get("reason") == reason and previous.get("message")
         message = previous["message"] if same_reason else DEFAULT_MESSAGES[reason]
     record = obs.record
-    placed = record is not None and record.state is SessionState.PLACED
+    placed = record is not None and record.state in HOLDING_STATES
+    suspended = record is not None and record.state is SessionState.SUSPENDED
     status: dict[str, Any] = {
         "phase": phase.value,
         "reason": reason.value,
@@ -163,12 +198,21 @@ def build_session_status(
         "pod": record.pod if placed else None,
         "podEpoch": record.pod_epoch if placed else None,
         "endpoint": obs.pod.endpoint if placed and obs.pod is not None else None,
-        "resetRequired": bool(record.reset_required or not placed) if record is not None else False,
+        "resetRequired": needs_reset(record) if record is not None else False,
         "tokenSecretRef": {"name": token_secret_name(session), "key": TOKEN_KEY},
         "observedGeneration": generation,
         "chunkIndex": record.chunk_index if record is not None else previous.get("chunkIndex", 0),
         "lastTickTime": rfc3339(record.last_tick_ms) if record and record.last_tick_ms else None,
     }
+    # Where a Suspended session's export lies; removed (null) once it is not suspended any more.
+    export = {"tier": None, "bytes": None, "suspendedChunk": None}
+    if suspended:
+        export = {
+            "tier": record.tier or None,
+            "bytes": record.bytes,
+            "suspendedChunk": record.suspended_chunk,
+        }
+    status.update({k: v for k, v in export.items() if v is not None or k in previous})
     if record is None:
         # No record (never placed, or Redis lost it): keep what the CR knew about ticks.
         status["lastTickTime"] = previous.get("lastTickTime")
@@ -179,6 +223,17 @@ def build_session_status(
         generation=generation,
     )
     return status
+
+
+def needs_reset(record: SessionPlacement) -> bool:
+    """Whether the session's next tick must be a reset: its record says so, or it lost its KV with nothing to
+    continue from (evicted; lost without an export it had not imported yet or a snapshot). A suspended or
+    suspending session keeps its KV in the tier."""
+    if record.state in (SessionState.PLACED, SessionState.SUSPENDING, SessionState.SUSPENDED):
+        return bool(record.reset_required) and record.state is SessionState.PLACED
+    if record.state is SessionState.LOST:
+        return not (record.resume_from or record.snapshot_location)
+    return True
 
 
 def build_failed_status(

@@ -13,7 +13,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from ardiff.operator.pods import TEMPLATE_HASH_ANNOTATION, worker_template_hash
+from ardiff.operator.pods import (
+    IDENTITY_HASH_ANNOTATION,
+    TEMPLATE_HASH_ANNOTATION,
+    session_identity_hash,
+    worker_template_hash,
+)
 from ardiff.operator.specs import (
     API_VERSION,
     POOL_KIND,
@@ -54,6 +59,9 @@ class PodView:
     # incarnation held lost its KV, whatever its Redis lease still says.
     died_at_ms: int | None = None
     template_hash: str | None = None  # of the template it was made from (None: made before hashes existed)
+    identity_hash: str | None = (
+        None  # of the session identity its template gives (None: made before issue 12)
+    )
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> PodView:
@@ -67,6 +75,7 @@ class PodView:
             deleting=deleting,
             died_at_ms=died_at_ms(status.get("containerStatuses") or []),
             template_hash=(body["metadata"].get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION),
+            identity_hash=(body["metadata"].get("annotations") or {}).get(IDENTITY_HASH_ANNOTATION),
         )
 
 
@@ -156,3 +165,9 @@ class PoolView(ResourceView):
         """The hash of the worker Pod template its spec makes (each Pod carries the one it was made from)."""
         assert self.spec is not None
         return worker_template_hash(self.namespace, self.name, self.spec)
+
+    @functools.cached_property
+    def identity_hash(self) -> str:
+        """The session identity its pods give (`session_identity_hash`): migration stays within it."""
+        assert self.spec is not None
+        return session_identity_hash(self.namespace, self.name, self.spec)

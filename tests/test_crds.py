@@ -362,6 +362,19 @@ def _session_statuses() -> list[dict[str, Any]]:
             for state in SessionState
             for reset in (False, True)
         ),
+        SessionBinding(
+            "forest-walk",
+            SessionState.SUSPENDED,
+            "",
+            0,
+            False,
+            12,
+            1_700_000_000_000,
+            "shared",
+            "/t/f",
+            4096,
+            12,
+        ),
     ]
     statuses = []
     previous: dict[str, Any] = {}
@@ -406,6 +419,9 @@ def test_every_status_field_the_operator_writes_is_declared() -> None:
         "chunkIndex",
         "lastTickTime",
         "conditions",
+        "tier",
+        "bytes",
+        "suspendedChunk",
     }
     pools = _without_preserved_status("ardiffusionworkerpools.yaml").version("v1alpha1")
     observation = PoolObservation(

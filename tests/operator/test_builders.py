@@ -14,6 +14,7 @@ from ardiff.operator.pods import (
     build_worker_env,
     build_worker_pod,
     build_worker_redis_secret,
+    session_identity_hash,
     worker_pod_name,
     worker_template_hash,
 )
@@ -58,7 +59,11 @@ def test_worker_pod_is_exactly_what_contracts_describe() -> None:
             "labels": LABELS,
             # Of everything below but the name: any change to how Pods are rendered changes it, and rolls the
             # pools' pods when the operator is upgraded (safely: only pods that hold no session go).
-            "annotations": {"ardiffusion.dev/template-hash": "e578297f2d06768c"},
+            "annotations": {
+                "ardiffusion.dev/template-hash": "e578297f2d06768c",
+                # Of what an exported session must match (model, pipeline, size, dtype, runtime): issue 12.
+                "ardiffusion.dev/identity-hash": "6fee671b8c80e317",
+            },
         },
         "spec": {
             "hostname": "tiny-ab12c",
@@ -161,7 +166,10 @@ def test_template_hash_follows_what_the_pods_run_not_their_names_or_the_pool_siz
     digest = worker_template_hash("worlds", "tiny", spec)
     for name in ("tiny-ab12c", "tiny-zz999"):
         pod = build_worker_pod("worlds", "tiny", spec, pod_name=name)
-        assert pod["metadata"]["annotations"] == {"ardiffusion.dev/template-hash": digest}
+        assert pod["metadata"]["annotations"] == {
+            "ardiffusion.dev/template-hash": digest,
+            "ardiffusion.dev/identity-hash": session_identity_hash("worlds", "tiny", spec),
+        }
     assert len(digest) == 16
     assert worker_template_hash("worlds", "tiny", WorkerPoolSpec.from_resource(POOL_SPEC)) == digest
     # Scaling and eviction settings change no Pod: no roll.
@@ -175,6 +183,27 @@ def test_template_hash_follows_what_the_pods_run_not_their_names_or_the_pool_siz
         {**POOL_SPEC, "kv": {"gpuMemoryFraction": 0.5, "sessionCapacity": 2}},
     ):
         assert worker_template_hash("worlds", "tiny", WorkerPoolSpec.from_resource(changed)) != digest
+
+
+def test_identity_hash_follows_what_an_exported_session_must_match() -> None:
+    """A roll migrates sessions only between pods of one identity (issue 12): model, pipeline, height, width,
+    dtype and runtime, the pool's env included; the image, the KV budget or the replicas do not change it."""
+    identity = session_identity_hash("worlds", "tiny", WorkerPoolSpec.from_resource(POOL_SPEC))
+    for same in (
+        {**POOL_SPEC, "image": "ghcr.io/ardiff/ardiff-worker:0.2.0"},
+        {**POOL_SPEC, "kv": {"gpuMemoryFraction": 0.5, "sessionCapacity": 2}},
+        {**POOL_SPEC, "replicas": {"min": 2, "max": 9}},
+        {**POOL_SPEC, "env": [*POOL_SPEC["env"], {"name": "EXTRA", "value": "1"}]},
+    ):
+        assert session_identity_hash("worlds", "tiny", WorkerPoolSpec.from_resource(same)) == identity
+    for changed in (
+        {**POOL_SPEC, "model": {**POOL_SPEC["model"], "height": 128}},
+        {**POOL_SPEC, "model": {**POOL_SPEC["model"], "dtype": "float16"}},
+        {**POOL_SPEC, "model": {**POOL_SPEC["model"], "name": "other-model"}},
+        {**POOL_SPEC, "env": [{"name": "ARDIFF_RUNTIME", "value": "vllm"}]},
+        {**POOL_SPEC, "env": [*POOL_SPEC["env"], {"name": "ARDIFF_WIDTH", "value": "32"}]},
+    ):
+        assert session_identity_hash("worlds", "tiny", WorkerPoolSpec.from_resource(changed)) != identity
 
 
 def test_worker_pod_does_not_alias_the_spec() -> None:

@@ -59,3 +59,27 @@ def test_a_lost_session_without_a_record_ranks_by_its_status() -> None:
     evicted = session("evicted", "2023-01-01T00:00:00Z", phase="Evicted")
     ordered = sorted([evicted, never, older, newer], key=lambda s: placement_order(s, None))
     assert [s.name for s in ordered] == ["lost-b", "lost-a", "lost-c", "evicted"]
+
+
+def test_suspended_sessions_a_tick_asked_for_come_after_lost_ones() -> None:
+    """Issue 12: their users are ticking; they go before new and evicted sessions, by priority then by when
+    the demand came. (A suspended session without a demand is not placed at all: place_sessions skips it.)"""
+    views = [
+        session("new", "2024-01-01T00:00:00Z", priority=9),
+        session("lost", "2024-01-01T00:00:01Z"),
+        session("resume-late", "2024-01-01T00:00:02Z"),
+        session("resume-early", "2024-01-01T00:00:03Z"),
+        session("resume-vip", "2024-01-01T00:00:04Z", priority=3),
+    ]
+
+    def suspended(name: str, demand_ms: int) -> SessionBinding:
+        return SessionBinding(name, SessionState.SUSPENDED, "", 0, False, 0, 0, resume_requested_ms=demand_ms)
+
+    records = {
+        "lost": record("lost", SessionState.LOST, 1_000),
+        "resume-late": suspended("resume-late", 9_000),
+        "resume-early": suspended("resume-early", 5_000),
+        "resume-vip": suspended("resume-vip", 9_500),
+    }
+    ordered = sorted(views, key=lambda s: placement_order(s, records.get(s.name)))
+    assert [s.name for s in ordered] == ["lost", "resume-vip", "resume-early", "resume-late", "new"]

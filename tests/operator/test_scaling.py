@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from ardiff.operator.scaling import PodSlots, ScalePlan, may_grow, plan_scaling
+from ardiff.operator.scaling import (
+    MigrationPlan,
+    PodSlots,
+    ScalePlan,
+    may_grow,
+    plan_migrations,
+    plan_scaling,
+)
 
 
 def pods(*specs: tuple[str, bool, int, int, float | None]) -> dict[str, PodSlots]:
@@ -111,3 +118,58 @@ def test_stale_pods_go_as_soon_as_they_hold_no_session_and_are_replaced() -> Non
 def test_a_stuck_stale_pod_is_reported_once_as_stuck() -> None:
     both = PodSlots("old", False, 0, 0, None, stuck=True, stale=True)
     assert plan({"old": both}) == ScalePlan(create=1, delete=(), replace=("old",))
+
+
+# ---- issue 12: migration instead of waiting ---------------------------------------------------------------
+
+
+def pod(name: str, capacity: int, used: int, **fields: object) -> PodSlots:
+    fields.setdefault("exports", True)
+    return PodSlots(name, True, capacity, used, None if used else 50.0, **fields)  # type: ignore[arg-type]
+
+
+def migrations(
+    *slots: PodSlots, waiting: int = 0, min_replicas: int = 1, max_replicas: int = 4
+) -> MigrationPlan:
+    return plan_migrations(
+        {p.name: p for p in slots}, waiting=waiting, min_replicas=min_replicas, max_replicas=max_replicas
+    )
+
+
+def test_a_roll_migrates_stale_pods_whose_sessions_fit_in_current_pods() -> None:
+    new = pod("new", 4, 1)
+    assert migrations(new, pod("old-a", 0, 2, stale=True), pod("old-b", 0, 2, stale=True)).roll == ("old-a",)
+    # Each stale pod's sessions are counted against the free slots left.
+    assert migrations(
+        pod("new", 4, 0), pod("old-a", 0, 2, stale=True), pod("old-b", 0, 2, stale=True)
+    ).roll == (
+        "old-a",
+        "old-b",
+    )
+
+
+def test_a_roll_waits_for_pods_that_cannot_export_or_change_the_identity() -> None:
+    new = pod("new", 4, 0)
+    assert migrations(new, pod("old", 0, 1, stale=True, exports=False)).roll == ()
+    assert migrations(new, pod("old", 0, 1, stale=True, same_identity=False)).roll == ()
+
+
+def test_a_roll_at_max_without_a_free_slot_moves_the_least_loaded_stale_pod() -> None:
+    """No current pod can come (at max, none booting): its sessions wait suspended, with their KV."""
+    full = (pod("old-a", 0, 2, stale=True), pod("old-b", 0, 1, stale=True))
+    assert migrations(*full, max_replicas=2).roll == ("old-b",)
+    assert migrations(*full, max_replicas=3).roll == ()  # a current pod can still be created: wait for it
+    booting = PodSlots("new", False, 0, 0, None)
+    assert migrations(*full, booting, max_replicas=3).roll == ()
+
+
+def test_scale_down_moves_the_least_loaded_pod_when_it_fits_elsewhere() -> None:
+    assert migrations(pod("a", 4, 1), pod("b", 4, 3)).scale_down == "a"
+    assert migrations(pod("a", 4, 2), pod("b", 4, 3)).scale_down is None  # 2 > 1 free on b
+    assert migrations(pod("a", 4, 1), pod("b", 4, 3), min_replicas=2).scale_down is None
+    assert migrations(pod("a", 4, 1), pod("b", 4, 3), waiting=1).scale_down is None
+    assert migrations(pod("a", 4, 1, exports=False), pod("b", 4, 3)).scale_down is None
+    assert (
+        migrations(pod("a", 4, 1), pod("b", 4, 3), pod("c", 4, 0)).scale_down is None
+    )  # c goes by the delay
+    assert migrations(pod("a", 4, 1), pod("b", 4, 3), pod("c", 0, 1, stale=True)).scale_down is None

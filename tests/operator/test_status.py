@@ -237,3 +237,64 @@ def test_pool_progressing_condition(fields: dict, expected: tuple[str, str, str]
     status = build_pool_status({}, pool_observation(**fields), generation=5, now="T")
     [progressing] = [c for c in status["conditions"] if c["type"] == "Progressing"]
     assert (progressing["status"], progressing["reason"], progressing["message"]) == expected
+
+
+# ---- issue 12: suspension ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rec", "expected"),
+    [
+        (record(SessionState.SUSPENDING), (Phase.SUSPENDING, Reason.SUSPENDED_FOR_CAPACITY)),
+        (record(SessionState.SUSPENDING, resume_requested_ms=NOW_MS), (Phase.SUSPENDING, Reason.MIGRATING)),
+        (record(SessionState.SUSPENDED, pod=""), (Phase.SUSPENDED, Reason.SUSPENDED_FOR_CAPACITY)),
+        (
+            record(SessionState.SUSPENDED, pod="", resume_requested_ms=NOW_MS),
+            (Phase.SUSPENDED, Reason.RESUME_REQUESTED),
+        ),
+    ],
+)
+def test_suspension_phases(rec: SessionRecord, expected: tuple[Phase, Reason]) -> None:
+    assert derive_session_phase(SessionObservation(rec, POD, True, NOW_MS)) == expected
+
+
+def suspension_status(rec: SessionRecord, previous: dict | None = None) -> dict:
+    obs = SessionObservation(rec, POD, True, NOW_MS)
+    return build_session_status(
+        previous or {}, obs, session="forest", generation=1, now="2026-01-01T00:00:00Z"
+    )
+
+
+def test_a_suspended_status_shows_where_the_export_lies_and_needs_no_reset() -> None:
+    suspended = record(
+        SessionState.SUSPENDED,
+        pod="",
+        pod_epoch=0,
+        tier="shared",
+        location="/t/f",
+        bytes=4096,
+        suspended_chunk=7,
+    )
+    status = suspension_status(suspended)
+    assert (status["phase"], status["tier"], status["bytes"], status["suspendedChunk"]) == (
+        "Suspended",
+        "shared",
+        4096,
+        7,
+    )
+    assert (status["pod"], status["endpoint"], status["resetRequired"]) == (None, None, False)
+    # Placed again: the export fields are removed (null in the merge patch); it resumes without a reset.
+    resumed = suspension_status(record(resume_from="/t/f"), previous=status)
+    assert (resumed["phase"], resumed["resetRequired"]) == ("Ready", False)
+    assert (resumed["tier"], resumed["bytes"], resumed["suspendedChunk"]) == (None, None, None)
+    # A suspending session still holds its pod: the status keeps it.
+    suspending = suspension_status(record(SessionState.SUSPENDING))
+    assert (suspending["pod"], suspending["resetRequired"]) == ("tiny-ab12c", False)
+    assert "tier" not in suspending
+
+
+def test_a_lost_session_with_a_snapshot_does_not_need_a_reset() -> None:
+    assert suspension_status(record(SessionState.LOST, snapshot_location="/t/s"))["resetRequired"] is False
+    assert suspension_status(record(SessionState.LOST, resume_from="/t/e"))["resetRequired"] is False
+    assert suspension_status(record(SessionState.LOST))["resetRequired"] is True
+    assert suspension_status(record(SessionState.EVICTED, snapshot_location="/t/s"))["resetRequired"] is True
