@@ -101,3 +101,18 @@ class PlacementContention(PlacementError):
     """A script kept finding new keys to declare (the pool changed under it on every attempt)."""
 
     code = "placement_contention"
+
+
+class NotReplicated(PlacementError):
+    """A write was applied on the master but fewer replicas than asked acknowledged it within the timeout
+    (`wait_replicas`): a failover now may lose it. The operation itself succeeded; repeating it is safe (every
+    script but `register_pod` and `evict_lru` is idempotent) and waits for the replicas again."""
+
+    code = "not_replicated"
+
+    def __init__(self, operation: str, acked: int, wanted: int, timeout_ms: int) -> None:
+        super().__init__(
+            f"placement {operation} was applied on the master but only {acked} of {wanted} replicas "
+            f"acknowledged it within {timeout_ms} ms: a failover may lose it"
+        )
+        self.operation, self.acked, self.wanted = operation, acked, wanted

@@ -16,21 +16,23 @@ import asyncio
 import importlib.resources
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
-from urllib.parse import unquote, urlsplit
+from typing import Any, get_args
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ardiff.kv.errors import (
     CapacityBelowUsed,
     InvalidPlacementArgument,
     InvalidRedisUrl,
+    NotReplicated,
     PlacementContention,
     PlacementError,
     PodFenced,
@@ -56,13 +58,17 @@ from ardiff.kv.records import (
     check_name,
     check_non_negative_int,
     check_priority,
-    check_tier,
 )
 
 CONSUMER_GROUP = "worker"
 DEFAULT_CLOSED_TTL_MS = 3_600_000  # closed records linger so the worker can answer 410, not 404
 DEFAULT_STREAM_MAXLEN = 1_000
 DEFAULT_SENTINEL_PORT = 26379
+DEFAULT_CLUSTER_PORT = 6379
+DEFAULT_WAIT_TIMEOUT_MS = 100
+SENTINEL_WAIT_REPLICAS = 1  # the default of redis+sentinel:// URLs (docs/contracts.md §2 "Failover")
+# Store options a URL may carry in its query (`?wait_replicas=1&wait_timeout_ms=100`); the rest is Redis'.
+URL_OPTIONS = ("wait_replicas", "wait_timeout_ms")
 LRU_PRIORITY_SCALE = 1 << 42  # as kv/lua/_lib.lua PRIORITY_SCALE
 MAX_PLAN_ATTEMPTS = 16
 SCRIPTS = (
@@ -76,13 +82,11 @@ SCRIPTS = (
     "evict_lru",
     "remove_pods",
     "delete_pool",
-    # issue 12: suspension, resume and snapshots
-    "mark_suspended",
-    "request_resume",
-    "suspend",
-    "resumed",
-    "note_snapshot",
 )
+# A touch never waits for replicas: losing one at a failover costs a stale last_tick_ms and chunk_index,
+# which the next tick rewrites (docs/contracts.md §2 "Failover"); waiting would add a replica round trip
+# to every tick.
+UNREPLICATED_SCRIPTS = frozenset({"touch"})
 
 
 def load_script(name: str) -> str:
@@ -91,9 +95,11 @@ def load_script(name: str) -> str:
     return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
 
 
-def build_redis_client(url: str) -> aioredis.Redis:
-    """A `redis.asyncio` client for `redis://`, `rediss://` (TLS) or
-    `redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]` (the master of `service`)."""
+def build_redis_client(url: str) -> aioredis.Redis | RedisCluster:
+    """A `redis.asyncio` client for `redis://`, `rediss://` (TLS),
+    `redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]` (the master of `service`), or
+    `redis+cluster://[[user]:password@]host:port[,host:port...]/` (`rediss+cluster://` with TLS): a Redis
+    Cluster reached through any of the listed nodes (a scheme of ours: redis-py documents none)."""
     if not isinstance(url, str) or "://" not in url:
         raise InvalidRedisUrl(f"placement redis url must look like redis://host:port/db, got {url!r}")
     scheme = url.split("://", 1)[0]
@@ -108,10 +114,32 @@ def build_redis_client(url: str) -> aioredis.Redis:
             raise InvalidRedisUrl(f"placement redis url {redact_url(url)} is malformed: {exc}") from None
     if scheme == "redis+sentinel":
         return _sentinel_master(url)
+    if scheme in ("redis+cluster", "rediss+cluster"):
+        return _cluster(url)
     raise InvalidRedisUrl(
-        f"placement redis url scheme must be redis, rediss or redis+sentinel, "
+        f"placement redis url scheme must be redis, rediss, redis+sentinel, redis+cluster or rediss+cluster, "
         f"got {scheme!r} in {redact_url(url)}"
     )
+
+
+def split_url_options(url: str) -> tuple[str, dict[str, int]]:
+    """`url` without the store's own query parameters (`URL_OPTIONS`), and those as PlacementStore options."""
+    base, question, query = url.partition("?")
+    if not question:
+        return url, {}
+    options: dict[str, int] = {}
+    kept: list[tuple[str, str]] = []
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name not in URL_OPTIONS:
+            kept.append((name, value))
+            continue
+        try:
+            options[name] = int(value)
+        except ValueError:
+            raise InvalidRedisUrl(
+                f"placement redis url {redact_url(url)}: {name} must be an integer, got {value!r}"
+            ) from None
+    return (f"{base}?{urlencode(kept)}" if kept else base), options
 
 
 def _connection_options() -> dict[str, Any]:
@@ -144,30 +172,51 @@ def redact_url(url: str) -> str:
 
 
 def _sentinel_master(url: str) -> aioredis.Redis:
+    try:
+        username, password, sentinels, path_parts = _split_hosts(url, DEFAULT_SENTINEL_PORT)
+        if not 1 <= len(path_parts) <= 2:
+            raise ValueError("expected host:port[,host:port]/service[/db]")
+        db = int(path_parts[1]) if len(path_parts) == 2 else 0
+    except ValueError as exc:
+        raise InvalidRedisUrl(f"placement sentinel url {redact_url(url)} is malformed: {exc}") from None
+    sentinel = Sentinel(sentinels, username=username, password=password, **_connection_options())
+    return sentinel.master_for(path_parts[0], db=db)
+
+
+_Hosts = tuple[str | None, str | None, list[tuple[str, int]], list[str]]
+
+
+def _split_hosts(url: str, default_port: int) -> _Hosts:
+    """(username, password, [(host, port)], path parts) of `scheme://[[user]:password@]h:p[,h:p...]/path`."""
     rest = url.split("://", 1)[1]
     netloc, _, path = rest.partition("/")
     userinfo, _, hosts = netloc.rpartition("@")
     username, _, password = userinfo.partition(":")
-    path_parts = [part for part in path.split("/") if part]
+    if not hosts:
+        raise ValueError("no host:port")
+    addresses = []
+    for host_port in hosts.split(","):
+        host, _, port = host_port.rpartition(":") if ":" in host_port else (host_port, "", "")
+        if not host:
+            raise ValueError(f"empty host in {host_port!r}")
+        addresses.append((host, int(port) if port else default_port))
+    return unquote(username) or None, unquote(password) or None, addresses, [p for p in path.split("/") if p]
+
+
+def _cluster(url: str) -> RedisCluster:
     try:
-        if not hosts or not 1 <= len(path_parts) <= 2:
-            raise ValueError("expected host:port[,host:port]/service[/db]")
-        sentinels = []
-        for host_port in hosts.split(","):
-            host, _, port = host_port.rpartition(":") if ":" in host_port else (host_port, "", "")
-            if not host:
-                raise ValueError(f"empty sentinel host in {host_port!r}")
-            sentinels.append((host, int(port) if port else DEFAULT_SENTINEL_PORT))
-        db = int(path_parts[1]) if len(path_parts) == 2 else 0
+        username, password, nodes, path = _split_hosts(url, DEFAULT_CLUSTER_PORT)
+        if path:
+            raise ValueError("a cluster has only database 0: nothing may follow the hosts but /")
     except ValueError as exc:
-        raise InvalidRedisUrl(f"placement sentinel url {redact_url(url)} is malformed: {exc}") from None
-    sentinel = Sentinel(
-        sentinels,
-        username=unquote(username) or None,
-        password=unquote(password) or None,
+        raise InvalidRedisUrl(f"placement cluster url {redact_url(url)} is malformed: {exc}") from None
+    return RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in nodes],
+        username=username,
+        password=password,
+        ssl=url.startswith("rediss+"),
         **_connection_options(),
     )
-    return sentinel.master_for(path_parts[0], db=db)
 
 
 def _positive_int(kind: str, value: object) -> int:
@@ -216,14 +265,6 @@ def _spec_args(pool: PoolId, spec: SessionSpec) -> list[str | int | bytes]:
     ]
 
 
-def _event_kind(kind: bytes | None) -> Literal["close", "evict", "suspend"]:
-    if kind == b"evict":
-        return "evict"
-    if kind == b"suspend":
-        return "suspend"
-    return "close"
-
-
 def _text(value: bytes | str | None) -> str:
     return value.decode() if isinstance(value, bytes) else (value or "")
 
@@ -252,18 +293,30 @@ class _Plan:
 
 
 class PlacementStore:
-    """Async placement store over one Redis (standalone, TLS or Sentinel-managed; Cluster-safe key layout)."""
+    """Async placement store over one Redis (standalone, TLS, Sentinel-managed) or a Redis Cluster (every key
+    of a pool shares the pool's hash tag, so each script runs on the one node that owns the pool's slot).
+
+    `wait_replicas` > 0: every write but `touch` is followed, on the same connection and in the same round
+    trip, by `WAIT wait_replicas wait_timeout_ms`; fewer acknowledgements raise `NotReplicated` (the write was
+    applied; a failover may lose it). Not on a Cluster (its WAIT would reach another node). `from_url` turns
+    it on for Sentinel URLs: docs/contracts.md §2 "Failover" has the decision, docs/benchmarks.md its cost."""
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: aioredis.Redis | RedisCluster,
         *,
         closed_ttl_ms: int = DEFAULT_CLOSED_TTL_MS,
         stream_maxlen: int = DEFAULT_STREAM_MAXLEN,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
     ) -> None:
         self.client = client
         self.closed_ttl_ms = _positive_int("closed_ttl_ms", closed_ttl_ms)
         self.stream_maxlen = _positive_int("stream_maxlen", stream_maxlen)
+        self.wait_replicas = check_non_negative_int("wait_replicas", wait_replicas)
+        self.wait_timeout_ms = _positive_int("wait_timeout_ms", wait_timeout_ms)
+        if self.wait_replicas and isinstance(client, RedisCluster):
+            raise InvalidPlacementArgument("placement wait_replicas is not supported on a Redis Cluster")
         self._scripts = {name: client.register_script(load_script(name)) for name in SCRIPTS}
         # place() and evict_lru(): the pods/sessions the previous reply predicted the next call will need.
         self._place_hints: dict[PoolId, _Plan] = {}
@@ -271,7 +324,13 @@ class PlacementStore:
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> PlacementStore:
-        return cls(build_redis_client(url), **options)
+        """A store for `url` (see `build_redis_client`); its query may set `wait_replicas` and
+        `wait_timeout_ms` (keyword `options` win). A `redis+sentinel://` URL names a replicated deployment:
+        its writes wait for one replica unless the URL says `wait_replicas=0`."""
+        redis_url, url_options = split_url_options(url)
+        if redis_url.startswith("redis+sentinel://"):
+            url_options.setdefault("wait_replicas", SENTINEL_WAIT_REPLICAS)
+        return cls(build_redis_client(redis_url), **{**url_options, **options})
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -305,7 +364,7 @@ class PlacementStore:
             call_keys, call_args = keys, args
             if plan is not None and pool_keys is not None:
                 call_keys, call_args = keys + plan.keys(pool_keys), args + plan.args(retry=attempt > 0)
-            reply = await self._scripts[script](keys=call_keys, args=call_args)
+            reply = await self._call(script, call_keys, call_args)
             status = ScriptStatus(int(reply[0]))
             if status is not ScriptStatus.STALE_PLAN:
                 return status, reply[1:]
@@ -316,45 +375,45 @@ class PlacementStore:
             f"placement {script} still found undeclared keys after {MAX_PLAN_ATTEMPTS} attempts"
         )
 
+    async def _call(self, name: str, keys: list[str], args: list[Any]) -> list[Any]:
+        """One script; with `wait_replicas`, pipelined with WAIT on the same connection (WAIT counts the
+        writes of its own connection)."""
+        script = self._scripts[name]
+        if not self.wait_replicas or name in UNREPLICATED_SCRIPTS:
+            return await script(keys=keys, args=args)
+        for _ in range(2):
+            try:
+                async with self.client.pipeline(transaction=False) as pipe:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                    pipe.wait(self.wait_replicas, self.wait_timeout_ms)
+                    reply, acked = await pipe.execute()
+            except NoScriptError:  # a new or restarted server: load it, then run it with its WAIT
+                script.sha = _text(await self.client.script_load(script.script))
+                continue
+            if int(reply[0]) != ScriptStatus.STALE_PLAN and int(acked) < self.wait_replicas:
+                raise NotReplicated(name, int(acked), self.wait_replicas, self.wait_timeout_ms)
+            return reply
+        raise PlacementError(f"placement script {name} was flushed from Redis twice in a row")
+
     # ---- worker side -------------------------------------------------------------------------------------
 
     async def register_pod(
-        self, pool: PoolId, pod: str, *, capacity: int, endpoint: str, lease_ms: int, exports: bool = False
+        self, pool: PoolId, pod: str, *, capacity: int, endpoint: str, lease_ms: int
     ) -> PodRegistration:
         """Register a (re)started worker: a new epoch, max(now_ms, previous + 1); the sessions an earlier
         incarnation held become `lost` and are returned. After Redis lost the previous record only the server
-        clock orders epochs, so two registrations of one pod must be more than a millisecond apart.
-        `exports`: the worker can export sessions (issue 12: its runtime supports it, a tier is configured),
-        so eviction and migration suspend its sessions instead of dropping them."""
-        return await self._upsert_pod(pool, pod, 0, capacity, endpoint, lease_ms, exports)
+        clock orders epochs, so two registrations of one pod must be more than a millisecond apart."""
+        return await self._upsert_pod(pool, pod, 0, capacity, endpoint, lease_ms)
 
     async def heartbeat(
-        self,
-        pool: PoolId,
-        pod: str,
-        *,
-        epoch: int,
-        capacity: int,
-        endpoint: str,
-        lease_ms: int,
-        exports: bool = False,
+        self, pool: PoolId, pod: str, *, epoch: int, capacity: int, endpoint: str, lease_ms: int
     ) -> PodRegistration:
-        """Renew the lease (and `exports`). Raises `PodFenced` if a newer incarnation registered; re-creates
-        the record if it is missing (Redis lost its data) or belongs to an older incarnation
-        (`recreated=True`)."""
-        return await self._upsert_pod(
-            pool, pod, _positive_int("epoch", epoch), capacity, endpoint, lease_ms, exports
-        )
+        """Renew the lease. Raises `PodFenced` if a newer incarnation registered; re-creates the record if it
+        is missing (Redis lost its data) or belongs to an older incarnation (`recreated=True`)."""
+        return await self._upsert_pod(pool, pod, _positive_int("epoch", epoch), capacity, endpoint, lease_ms)
 
     async def _upsert_pod(
-        self,
-        pool: PoolId,
-        pod: str,
-        epoch: int,
-        capacity: int,
-        endpoint: str,
-        lease_ms: int,
-        exports: bool = False,
+        self, pool: PoolId, pod: str, epoch: int, capacity: int, endpoint: str, lease_ms: int
     ) -> PodRegistration:
         keys = PoolKeys(_check_pool(pool))
         check_name("pod", pod)
@@ -372,9 +431,8 @@ class PlacementStore:
                 keys.draining,
                 keys.residents,
                 keys.lru,
-                keys.suspending,
             ],
-            [pod, epoch, capacity, endpoint, lease_ms, int(bool(exports))],
+            [pod, epoch, capacity, endpoint, lease_ms],
             pool_keys=keys,
             plan=_Plan(),
         )
@@ -493,7 +551,7 @@ class PlacementStore:
             events.append(
                 PodEvent(
                     id=_text(entry_id),
-                    kind=_event_kind(fields.get(b"kind")),
+                    kind="evict" if fields.get(b"kind") == b"evict" else "close",
                     session=_text(fields.get(b"session")),
                     reason=_text(fields.get(b"reason")),
                     epoch=int(fields.get(b"epoch") or 0),
@@ -548,13 +606,6 @@ class PlacementStore:
         `evicted` sessions take free slots only (a victim never evicts in turn); `evicted`/`lost` sessions
         come back with `reset_required`. `placement` is None when nothing fits (the caller decides whether
         the pool grows).
-
-        Issue 12: a victim on a pod that exports becomes `suspending` instead (it keeps its slot until
-        `mark_suspended`) and this session is not placed (`placement=None, victim=..., suspending=True`);
-        while any session of the pool is suspending nobody is evicted. A `suspended` session may evict like a
-        first admission and comes back with `resume_from` (its export) and `reset_required=False`; a `lost`
-        one comes back from the export it had not imported yet, else from its latest snapshot, and with
-        `reset_required` only when it has neither.
         """
         keys = PoolKeys(_check_pool(pool))
         _check_spec(spec)
@@ -567,15 +618,7 @@ class PlacementStore:
         plan = _Plan(list(hint.pods), list(hint.sessions))
         _, reply = await self._run(
             "place",
-            [
-                keys.session(spec.name),
-                keys.open,
-                keys.leases,
-                keys.draining,
-                keys.residents,
-                keys.lru,
-                keys.suspending,
-            ],
+            [keys.session(spec.name), keys.open, keys.leases, keys.draining, keys.residents, keys.lru],
             [
                 *_spec_args(pool, spec),
                 int(bool(may_evict)),
@@ -595,15 +638,12 @@ class PlacementStore:
             )
         if _text(outcome) == "pending":
             return PlaceResult(placement=None)
-        if _text(outcome) == "suspending":
-            return PlaceResult(placement=None, victim=_text(victim), suspending=True)
         placement = Placement(
             session=spec.name,
             pod=_text(pod),
             endpoint=_text(endpoint),
             pod_epoch=int(pod_epoch),
             reset_required=int(reset_required) == 1,
-            resume_from=_text(reply[9]),
         )
         return PlaceResult(
             placement=placement, victim=_text(victim) or None, already_placed=_text(outcome) == "already"
@@ -657,7 +697,7 @@ class PlacementStore:
         _check_text("reason", reason)
         _, reply = await self._run(
             "release",
-            [keys.session(session), keys.open, keys.residents, keys.lru, keys.suspending],
+            [keys.session(session), keys.open, keys.residents, keys.lru],
             [session, reason, self.closed_ttl_ms, self.stream_maxlen],
             pool_keys=keys,
             plan=_Plan(),
@@ -705,7 +745,7 @@ class PlacementStore:
     async def _remove_pods(self, keys: PoolKeys, mode: str, pod: str) -> dict[str, tuple[str, ...]]:
         _, reply = await self._run(
             "remove_pods",
-            [keys.pods, keys.open, keys.leases, keys.draining, keys.residents, keys.lru, keys.suspending],
+            [keys.pods, keys.open, keys.leases, keys.draining, keys.residents, keys.lru],
             [mode, pod],
             pool_keys=keys,
             plan=_Plan(),
@@ -732,111 +772,6 @@ class PlacementStore:
     async def _delete_keys(self, batch: list[str]) -> int:
         _, reply = await self._run("delete_pool", batch, [])
         return int(reply[0])
-
-    # ---- suspension, resume, snapshots (issue 12) ---------------------------------------------------------
-
-    async def mark_suspended(
-        self,
-        pool: PoolId,
-        session: str,
-        *,
-        pod: str,
-        epoch: int,
-        tier: str,
-        location: str,
-        bytes: int,  # the record's field name (docs/contracts.md §2)
-        chunk_index: int,
-    ) -> None:
-        """The worker wrote the export of a `suspending` (or `placed`) session it holds at `epoch`: the
-        session becomes `suspended` (no pod, no slot) with `tier`, `location`, `bytes` and
-        `suspended_chunk=chunk_index`. A demand to resume recorded while it was suspending (migration, or a
-        tick meanwhile) is kept, so the operator places it again at once; otherwise it waits for a tick.
-        `location=""` reports a failed export: the session becomes `evicted` with `reset_required` (the worker
-        drops its KV). Repeating a report of the same location is a no-op.
-
-        Raises `UnknownSession`, `PodFenced`, or `SessionNotHere` (not suspending/placed on this pod)."""
-        keys = PoolKeys(_check_pool(pool))
-        check_name("session", session)
-        check_name("pod", pod)
-        _positive_int("epoch", epoch)
-        check_non_negative_int("bytes", bytes)
-        check_non_negative_int("chunk_index", chunk_index)
-        if not isinstance(location, str):
-            raise InvalidPlacementArgument(f"placement location must be a string, got {location!r}")
-        if location:
-            check_tier(tier)
-        status, reply = await self._run(
-            "mark_suspended",
-            [
-                keys.session(session),
-                keys.pod(pod),
-                keys.open,
-                keys.residents,
-                keys.lru,
-                keys.suspending,
-            ],
-            [session, pod, epoch, tier if location else "", location, bytes if location else 0, chunk_index],
-        )
-        if status is not ScriptStatus.OK:
-            raise await self._refusal(keys, status, reply, session=session, pod=pod, epoch=epoch)
-
-    async def request_resume(self, pool: PoolId, session: str) -> SessionState | None:
-        """A tick reached a `suspended` (or `suspending`) session: record the demand to resume it
-        (`resume_requested_ms`, server time; idempotent: the first demand's time stays). Returns the
-        session's state (None: no record); other states are left alone."""
-        keys = PoolKeys(_check_pool(pool))
-        check_name("session", session)
-        _, reply = await self._run("request_resume", [keys.session(session)], [session])
-        return SessionState(_text(reply[0])) if reply[0] else None
-
-    async def suspend(self, pool: PoolId, session: str, *, reason: str) -> bool:
-        """Operator (migration): a `placed` session on a pod that exports becomes `suspending` (it keeps its
-        slot) and its pod gets a `suspend` event with `reason`. `reason="migrate"` also records the demand to
-        resume it, so it is placed again (elsewhere) as soon as its worker reports the export. True if it is
-        suspending now (also when it already was); False if it is not placed or its pod cannot export."""
-        keys = PoolKeys(_check_pool(pool))
-        check_name("session", session)
-        _check_text("reason", reason)
-        _, reply = await self._run(
-            "suspend",
-            [keys.session(session), keys.lru, keys.suspending],
-            [session, reason, self.stream_maxlen],
-            pool_keys=keys,
-            plan=_Plan(),
-        )
-        return int(reply[0]) == 1
-
-    async def resumed(self, pool: PoolId, session: str, *, pod: str, epoch: int) -> None:
-        """The worker holding the session at `epoch` imported its `resume_from`: clear it.
-
-        Raises `UnknownSession`, `PodFenced`, or `SessionNotHere`."""
-        keys = PoolKeys(_check_pool(pool))
-        check_name("session", session)
-        check_name("pod", pod)
-        _positive_int("epoch", epoch)
-        status, reply = await self._run("resumed", [keys.session(session), keys.pod(pod)], [pod, epoch])
-        if status is not ScriptStatus.OK:
-            raise await self._refusal(keys, status, reply, session=session, pod=pod, epoch=epoch)
-
-    async def note_snapshot(
-        self, pool: PoolId, session: str, *, pod: str, epoch: int, location: str, chunk_index: int
-    ) -> None:
-        """The worker holding the session at `epoch` wrote a periodic snapshot to the shared tier, which
-        continues at `chunk_index`: a later pod loss places the session again from it, without
-        `reset_required`. Raises `UnknownSession`, `PodFenced`, or `SessionNotHere`."""
-        keys = PoolKeys(_check_pool(pool))
-        check_name("session", session)
-        check_name("pod", pod)
-        _positive_int("epoch", epoch)
-        _check_text("location", location)
-        check_non_negative_int("chunk_index", chunk_index)
-        status, reply = await self._run(
-            "note_snapshot",
-            [keys.session(session), keys.pod(pod)],
-            [pod, epoch, location, chunk_index],
-        )
-        if status is not ScriptStatus.OK:
-            raise await self._refusal(keys, status, reply, session=session, pod=pod, epoch=epoch)
 
     # ---- reads -------------------------------------------------------------------------------------------
 
@@ -912,7 +847,6 @@ class _Snapshot:
     open: dict[str, float]
     leases: dict[str, float]
     draining: set[str]
-    suspending: set[str] = field(default_factory=set)
 
     @classmethod
     async def read(cls, client: aioredis.Redis, keys: PoolKeys) -> _Snapshot | None:
@@ -929,18 +863,15 @@ class _Snapshot:
             pipe.zrange(keys.open, 0, -1, withscores=True)
             pipe.zrange(keys.leases, 0, -1, withscores=True)
             pipe.smembers(keys.draining)
-            pipe.zrange(keys.suspending, 0, -1)
             for name in pod_names:
                 pipe.hgetall(keys.pod(name))
             for name in session_names:
                 pipe.hgetall(keys.session(name))
-            pods_now, residents, lru, open_, leases, draining, suspending, *raws = await pipe.execute()
+            pods_now, residents, lru, open_, leases, draining, *raws = await pipe.execute()
         resident_members = _texts(residents)
-        if (
-            sorted(_texts(pods_now)) != pod_names
-            or not {member.split("/", 1)[1] for member in resident_members} <= set(session_names)
-            or not set(_texts(suspending)) <= set(session_names)
-        ):
+        if sorted(_texts(pods_now)) != pod_names or not {
+            member.split("/", 1)[1] for member in resident_members
+        } <= set(session_names):
             return None
         pod_raws, session_raws = raws[: len(pod_names)], raws[len(pod_names) :]
         return cls(
@@ -955,7 +886,6 @@ class _Snapshot:
             open={_text(m): score for m, score in open_},
             leases={_text(m): score for m, score in leases},
             draining=set(_texts(draining)),
-            suspending=set(_texts(suspending)),
         )
 
     def violations(self) -> list[str]:
@@ -965,7 +895,7 @@ class _Snapshot:
             pod, session = member.split("/", 1)
             on_pod.setdefault(pod, []).append(session)
             record = self.sessions.get(session)
-            if record is None or record.state not in _HOLDS_A_SLOT or record.pod != pod:
+            if record is None or record.state is not SessionState.PLACED or record.pod != pod:
                 found.append(f"resident {member} has no matching placed session record")
         for name, pod in self.pods.items():
             placed = len(on_pod[name])
@@ -988,11 +918,7 @@ class _Snapshot:
             found.append(f"index entry for unregistered pod {extra}")
         residents = set(self.residents)
         for name, record in self.sessions.items():
-            if (record.state is SessionState.SUSPENDING) != (name in self.suspending):
-                found.append(f"session {name} is {record.state} but the suspending index disagrees")
-            if record.state is SessionState.SUSPENDED and record.pod:
-                found.append(f"suspended session {name} still names pod {record.pod}")
-            if record.state not in _HOLDS_A_SLOT:
+            if record.state is not SessionState.PLACED:
                 continue
             member = resident(record.pod, name)
             pod = self.pods.get(record.pod)
@@ -1004,10 +930,6 @@ class _Snapshot:
                 )
             if member not in residents:
                 found.append(f"placed session {name} is missing from the resident index")
-            if record.state is SessionState.SUSPENDING:
-                if member in self.lru:
-                    found.append(f"suspending session {name} is still in the LRU index")
-                continue
             expected_lru = record.priority * LRU_PRIORITY_SCALE + record.last_tick_ms
             if record.eviction_policy == "LRU" and self.lru.get(member) != expected_lru:
                 found.append(f"session {name} LRU entry {self.lru.get(member)} != {expected_lru}")
@@ -1018,10 +940,4 @@ class _Snapshot:
         }
         for member in self.lru.keys() - placed_members:
             found.append(f"LRU entry {member} is not a placed session")
-        for name in self.suspending - self.sessions.keys():
-            found.append(f"suspending index entry {name} has no session record")
         return found
-
-
-# States that hold a slot on their pod (counted in its `used`, listed in the resident index).
-_HOLDS_A_SLOT = (SessionState.PLACED, SessionState.SUSPENDING)

@@ -14,7 +14,7 @@ from redis.asyncio.connection import SSLConnection
 from redis.exceptions import AuthenticationError, ResponseError
 
 from ardiff.devcluster.redis_server import RedisSentinel, RedisServer
-from ardiff.kv.errors import InvalidRedisUrl, PodFenced, UnknownSession
+from ardiff.kv.errors import InvalidRedisUrl, NotReplicated, PodFenced, UnknownSession
 from ardiff.kv.placement import PlacementStore, build_redis_client, redact_url
 from ardiff.kv.records import PodRegistration, PoolId, SessionSpec, SessionState
 
@@ -171,7 +171,10 @@ async def test_password_protected_server() -> None:
 async def test_sentinel_url_reaches_the_master() -> None:
     with RedisServer(password="pw") as master, RedisSentinel(master, service_name="placement") as sentinel:
         assert sentinel.url.startswith("redis+sentinel://:pw@127.0.0.1:")
-        async with PlacementStore.from_url(sentinel.url) as store:
+        async with PlacementStore.from_url(sentinel.url) as replicated:  # waits for a replica by default
+            with pytest.raises(NotReplicated):  # there is none: the write is applied, and reported
+                await replicated.register_pod(POOL, "w-a", capacity=1, endpoint="http://w-a:8000", lease_ms=1)
+        async with PlacementStore.from_url(sentinel.url + "?wait_replicas=0") as store:
             reg = await store.register_pod(
                 POOL, "w-a", capacity=1, endpoint="http://w-a:8000", lease_ms=LEASE_MS
             )
