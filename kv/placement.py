@@ -16,7 +16,7 @@ import asyncio
 import importlib.resources
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import redis.asyncio as aioredis
@@ -58,6 +58,7 @@ from ardiff.kv.records import (
     check_name,
     check_non_negative_int,
     check_priority,
+    check_tier,
 )
 
 CONSUMER_GROUP = "worker"
@@ -82,6 +83,12 @@ SCRIPTS = (
     "evict_lru",
     "remove_pods",
     "delete_pool",
+    # issue 12: suspension, resume and snapshots
+    "mark_suspended",
+    "request_resume",
+    "suspend",
+    "resumed",
+    "note_snapshot",
 )
 # A touch never waits for replicas: losing one at a failover costs a stale last_tick_ms and chunk_index,
 # which the next tick rewrites (docs/contracts.md §2 "Failover"); waiting would add a replica round trip
@@ -265,6 +272,14 @@ def _spec_args(pool: PoolId, spec: SessionSpec) -> list[str | int | bytes]:
     ]
 
 
+def _event_kind(kind: bytes | None) -> Literal["close", "evict", "suspend"]:
+    if kind == b"evict":
+        return "evict"
+    if kind == b"suspend":
+        return "suspend"
+    return "close"
+
+
 def _text(value: bytes | str | None) -> str:
     return value.decode() if isinstance(value, bytes) else (value or "")
 
@@ -398,22 +413,42 @@ class PlacementStore:
     # ---- worker side -------------------------------------------------------------------------------------
 
     async def register_pod(
-        self, pool: PoolId, pod: str, *, capacity: int, endpoint: str, lease_ms: int
+        self, pool: PoolId, pod: str, *, capacity: int, endpoint: str, lease_ms: int, exports: bool = False
     ) -> PodRegistration:
         """Register a (re)started worker: a new epoch, max(now_ms, previous + 1); the sessions an earlier
         incarnation held become `lost` and are returned. After Redis lost the previous record only the server
-        clock orders epochs, so two registrations of one pod must be more than a millisecond apart."""
-        return await self._upsert_pod(pool, pod, 0, capacity, endpoint, lease_ms)
+        clock orders epochs, so two registrations of one pod must be more than a millisecond apart.
+        `exports`: the worker can export sessions (issue 12: its runtime supports it, a tier is configured),
+        so eviction and migration suspend its sessions instead of dropping them."""
+        return await self._upsert_pod(pool, pod, 0, capacity, endpoint, lease_ms, exports)
 
     async def heartbeat(
-        self, pool: PoolId, pod: str, *, epoch: int, capacity: int, endpoint: str, lease_ms: int
+        self,
+        pool: PoolId,
+        pod: str,
+        *,
+        epoch: int,
+        capacity: int,
+        endpoint: str,
+        lease_ms: int,
+        exports: bool = False,
     ) -> PodRegistration:
-        """Renew the lease. Raises `PodFenced` if a newer incarnation registered; re-creates the record if it
-        is missing (Redis lost its data) or belongs to an older incarnation (`recreated=True`)."""
-        return await self._upsert_pod(pool, pod, _positive_int("epoch", epoch), capacity, endpoint, lease_ms)
+        """Renew the lease (and `exports`). Raises `PodFenced` if a newer incarnation registered; re-creates
+        the record if it is missing (Redis lost its data) or belongs to an older incarnation
+        (`recreated=True`)."""
+        return await self._upsert_pod(
+            pool, pod, _positive_int("epoch", epoch), capacity, endpoint, lease_ms, exports
+        )
 
     async def _upsert_pod(
-        self, pool: PoolId, pod: str, epoch: int, capacity: int, endpoint: str, lease_ms: int
+        self,
+        pool: PoolId,
+        pod: str,
+        epoch: int,
+        capacity: int,
+        endpoint: str,
+        lease_ms: int,
+        exports: bool = False,
     ) -> PodRegistration:
         keys = PoolKeys(_check_pool(pool))
         check_name("pod", pod)
@@ -431,8 +466,9 @@ class PlacementStore:
                 keys.draining,
                 keys.residents,
                 keys.lru,
+                keys.suspending,
             ],
-            [pod, epoch, capacity, endpoint, lease_ms],
+            [pod, epoch, capacity, endpoint, lease_ms, int(bool(exports))],
             pool_keys=keys,
             plan=_Plan(),
         )
@@ -551,7 +587,7 @@ class PlacementStore:
             events.append(
                 PodEvent(
                     id=_text(entry_id),
-                    kind="evict" if fields.get(b"kind") == b"evict" else "close",
+                    kind=_event_kind(fields.get(b"kind")),
                     session=_text(fields.get(b"session")),
                     reason=_text(fields.get(b"reason")),
                     epoch=int(fields.get(b"epoch") or 0),
@@ -606,6 +642,13 @@ class PlacementStore:
         `evicted` sessions take free slots only (a victim never evicts in turn); `evicted`/`lost` sessions
         come back with `reset_required`. `placement` is None when nothing fits (the caller decides whether
         the pool grows).
+
+        Issue 12: a victim on a pod that exports becomes `suspending` instead (it keeps its slot until
+        `mark_suspended`) and this session is not placed (`placement=None, victim=..., suspending=True`);
+        while any session of the pool is suspending nobody is evicted. A `suspended` session may evict like a
+        first admission and comes back with `resume_from` (its export) and `reset_required=False`; a `lost`
+        one comes back from the export it had not imported yet, else from its latest snapshot, and with
+        `reset_required` only when it has neither.
         """
         keys = PoolKeys(_check_pool(pool))
         _check_spec(spec)
@@ -618,7 +661,15 @@ class PlacementStore:
         plan = _Plan(list(hint.pods), list(hint.sessions))
         _, reply = await self._run(
             "place",
-            [keys.session(spec.name), keys.open, keys.leases, keys.draining, keys.residents, keys.lru],
+            [
+                keys.session(spec.name),
+                keys.open,
+                keys.leases,
+                keys.draining,
+                keys.residents,
+                keys.lru,
+                keys.suspending,
+            ],
             [
                 *_spec_args(pool, spec),
                 int(bool(may_evict)),
@@ -638,12 +689,15 @@ class PlacementStore:
             )
         if _text(outcome) == "pending":
             return PlaceResult(placement=None)
+        if _text(outcome) == "suspending":
+            return PlaceResult(placement=None, victim=_text(victim), suspending=True)
         placement = Placement(
             session=spec.name,
             pod=_text(pod),
             endpoint=_text(endpoint),
             pod_epoch=int(pod_epoch),
             reset_required=int(reset_required) == 1,
+            resume_from=_text(reply[9]),
         )
         return PlaceResult(
             placement=placement, victim=_text(victim) or None, already_placed=_text(outcome) == "already"
@@ -697,7 +751,7 @@ class PlacementStore:
         _check_text("reason", reason)
         _, reply = await self._run(
             "release",
-            [keys.session(session), keys.open, keys.residents, keys.lru],
+            [keys.session(session), keys.open, keys.residents, keys.lru, keys.suspending],
             [session, reason, self.closed_ttl_ms, self.stream_maxlen],
             pool_keys=keys,
             plan=_Plan(),
@@ -745,7 +799,7 @@ class PlacementStore:
     async def _remove_pods(self, keys: PoolKeys, mode: str, pod: str) -> dict[str, tuple[str, ...]]:
         _, reply = await self._run(
             "remove_pods",
-            [keys.pods, keys.open, keys.leases, keys.draining, keys.residents, keys.lru],
+            [keys.pods, keys.open, keys.leases, keys.draining, keys.residents, keys.lru, keys.suspending],
             [mode, pod],
             pool_keys=keys,
             plan=_Plan(),
@@ -772,6 +826,111 @@ class PlacementStore:
     async def _delete_keys(self, batch: list[str]) -> int:
         _, reply = await self._run("delete_pool", batch, [])
         return int(reply[0])
+
+    # ---- suspension, resume, snapshots (issue 12) ---------------------------------------------------------
+
+    async def mark_suspended(
+        self,
+        pool: PoolId,
+        session: str,
+        *,
+        pod: str,
+        epoch: int,
+        tier: str,
+        location: str,
+        bytes: int,  # the record's field name (docs/contracts.md §2)
+        chunk_index: int,
+    ) -> None:
+        """The worker wrote the export of a `suspending` (or `placed`) session it holds at `epoch`: the
+        session becomes `suspended` (no pod, no slot) with `tier`, `location`, `bytes` and
+        `suspended_chunk=chunk_index`. A demand to resume recorded while it was suspending (migration, or a
+        tick meanwhile) is kept, so the operator places it again at once; otherwise it waits for a tick.
+        `location=""` reports a failed export: the session becomes `evicted` with `reset_required` (the worker
+        drops its KV). Repeating a report of the same location is a no-op.
+
+        Raises `UnknownSession`, `PodFenced`, or `SessionNotHere` (not suspending/placed on this pod)."""
+        keys = PoolKeys(_check_pool(pool))
+        check_name("session", session)
+        check_name("pod", pod)
+        _positive_int("epoch", epoch)
+        check_non_negative_int("bytes", bytes)
+        check_non_negative_int("chunk_index", chunk_index)
+        if not isinstance(location, str):
+            raise InvalidPlacementArgument(f"placement location must be a string, got {location!r}")
+        if location:
+            check_tier(tier)
+        status, reply = await self._run(
+            "mark_suspended",
+            [
+                keys.session(session),
+                keys.pod(pod),
+                keys.open,
+                keys.residents,
+                keys.lru,
+                keys.suspending,
+            ],
+            [session, pod, epoch, tier if location else "", location, bytes if location else 0, chunk_index],
+        )
+        if status is not ScriptStatus.OK:
+            raise await self._refusal(keys, status, reply, session=session, pod=pod, epoch=epoch)
+
+    async def request_resume(self, pool: PoolId, session: str) -> SessionState | None:
+        """A tick reached a `suspended` (or `suspending`) session: record the demand to resume it
+        (`resume_requested_ms`, server time; idempotent: the first demand's time stays). Returns the
+        session's state (None: no record); other states are left alone."""
+        keys = PoolKeys(_check_pool(pool))
+        check_name("session", session)
+        _, reply = await self._run("request_resume", [keys.session(session)], [session])
+        return SessionState(_text(reply[0])) if reply[0] else None
+
+    async def suspend(self, pool: PoolId, session: str, *, reason: str) -> bool:
+        """Operator (migration): a `placed` session on a pod that exports becomes `suspending` (it keeps its
+        slot) and its pod gets a `suspend` event with `reason`. `reason="migrate"` also records the demand to
+        resume it, so it is placed again (elsewhere) as soon as its worker reports the export. True if it is
+        suspending now (also when it already was); False if it is not placed or its pod cannot export."""
+        keys = PoolKeys(_check_pool(pool))
+        check_name("session", session)
+        _check_text("reason", reason)
+        _, reply = await self._run(
+            "suspend",
+            [keys.session(session), keys.lru, keys.suspending],
+            [session, reason, self.stream_maxlen],
+            pool_keys=keys,
+            plan=_Plan(),
+        )
+        return int(reply[0]) == 1
+
+    async def resumed(self, pool: PoolId, session: str, *, pod: str, epoch: int) -> None:
+        """The worker holding the session at `epoch` imported its `resume_from`: clear it.
+
+        Raises `UnknownSession`, `PodFenced`, or `SessionNotHere`."""
+        keys = PoolKeys(_check_pool(pool))
+        check_name("session", session)
+        check_name("pod", pod)
+        _positive_int("epoch", epoch)
+        status, reply = await self._run("resumed", [keys.session(session), keys.pod(pod)], [pod, epoch])
+        if status is not ScriptStatus.OK:
+            raise await self._refusal(keys, status, reply, session=session, pod=pod, epoch=epoch)
+
+    async def note_snapshot(
+        self, pool: PoolId, session: str, *, pod: str, epoch: int, location: str, chunk_index: int
+    ) -> None:
+        """The worker holding the session at `epoch` wrote a periodic snapshot to the shared tier, which
+        continues at `chunk_index`: a later pod loss places the session again from it, without
+        `reset_required`. Raises `UnknownSession`, `PodFenced`, or `SessionNotHere`."""
+        keys = PoolKeys(_check_pool(pool))
+        check_name("session", session)
+        check_name("pod", pod)
+        _positive_int("epoch", epoch)
+        _check_text("location", location)
+        check_non_negative_int("chunk_index", chunk_index)
+        status, reply = await self._run(
+            "note_snapshot",
+            [keys.session(session), keys.pod(pod)],
+            [pod, epoch, location, chunk_index],
+        )
+        if status is not ScriptStatus.OK:
+            raise await self._refusal(keys, status, reply, session=session, pod=pod, epoch=epoch)
 
     # ---- reads -------------------------------------------------------------------------------------------
 
@@ -847,6 +1006,7 @@ class _Snapshot:
     open: dict[str, float]
     leases: dict[str, float]
     draining: set[str]
+    suspending: set[str] = field(default_factory=set)
 
     @classmethod
     async def read(cls, client: aioredis.Redis, keys: PoolKeys) -> _Snapshot | None:
@@ -863,15 +1023,18 @@ class _Snapshot:
             pipe.zrange(keys.open, 0, -1, withscores=True)
             pipe.zrange(keys.leases, 0, -1, withscores=True)
             pipe.smembers(keys.draining)
+            pipe.zrange(keys.suspending, 0, -1)
             for name in pod_names:
                 pipe.hgetall(keys.pod(name))
             for name in session_names:
                 pipe.hgetall(keys.session(name))
-            pods_now, residents, lru, open_, leases, draining, *raws = await pipe.execute()
+            pods_now, residents, lru, open_, leases, draining, suspending, *raws = await pipe.execute()
         resident_members = _texts(residents)
-        if sorted(_texts(pods_now)) != pod_names or not {
-            member.split("/", 1)[1] for member in resident_members
-        } <= set(session_names):
+        if (
+            sorted(_texts(pods_now)) != pod_names
+            or not {member.split("/", 1)[1] for member in resident_members} <= set(session_names)
+            or not set(_texts(suspending)) <= set(session_names)
+        ):
             return None
         pod_raws, session_raws = raws[: len(pod_names)], raws[len(pod_names) :]
         return cls(
@@ -886,6 +1049,7 @@ class _Snapshot:
             open={_text(m): score for m, score in open_},
             leases={_text(m): score for m, score in leases},
             draining=set(_texts(draining)),
+            suspending=set(_texts(suspending)),
         )
 
     def violations(self) -> list[str]:
@@ -895,7 +1059,7 @@ class _Snapshot:
             pod, session = member.split("/", 1)
             on_pod.setdefault(pod, []).append(session)
             record = self.sessions.get(session)
-            if record is None or record.state is not SessionState.PLACED or record.pod != pod:
+            if record is None or record.state not in _HOLDS_A_SLOT or record.pod != pod:
                 found.append(f"resident {member} has no matching placed session record")
         for name, pod in self.pods.items():
             placed = len(on_pod[name])
@@ -918,7 +1082,11 @@ class _Snapshot:
             found.append(f"index entry for unregistered pod {extra}")
         residents = set(self.residents)
         for name, record in self.sessions.items():
-            if record.state is not SessionState.PLACED:
+            if (record.state is SessionState.SUSPENDING) != (name in self.suspending):
+                found.append(f"session {name} is {record.state} but the suspending index disagrees")
+            if record.state is SessionState.SUSPENDED and record.pod:
+                found.append(f"suspended session {name} still names pod {record.pod}")
+            if record.state not in _HOLDS_A_SLOT:
                 continue
             member = resident(record.pod, name)
             pod = self.pods.get(record.pod)
@@ -930,6 +1098,10 @@ class _Snapshot:
                 )
             if member not in residents:
                 found.append(f"placed session {name} is missing from the resident index")
+            if record.state is SessionState.SUSPENDING:
+                if member in self.lru:
+                    found.append(f"suspending session {name} is still in the LRU index")
+                continue
             expected_lru = record.priority * LRU_PRIORITY_SCALE + record.last_tick_ms
             if record.eviction_policy == "LRU" and self.lru.get(member) != expected_lru:
                 found.append(f"session {name} LRU entry {self.lru.get(member)} != {expected_lru}")
@@ -940,4 +1112,10 @@ class _Snapshot:
         }
         for member in self.lru.keys() - placed_members:
             found.append(f"LRU entry {member} is not a placed session")
+        for name in self.suspending - self.sessions.keys():
+            found.append(f"suspending index entry {name} has no session record")
         return found
+
+
+# States that hold a slot on their pod (counted in its `used`, listed in the resident index).
+_HOLDS_A_SLOT = (SessionState.PLACED, SessionState.SUSPENDING)
