@@ -40,7 +40,9 @@ WALK = [client.hold("w"), client.camera("w", "wj", "j"), client.camera("d", "d",
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> Iterator[Stack]:
-    pod_env = {"ARDIFF_MODEL_CACHE": str(model_cache)}
+    # Every worker mounts the same shared tier: evicted sessions are suspended there, not dropped.
+    tier = tmp_path_factory.mktemp("shared-tier")
+    pod_env = {"ARDIFF_MODEL_CACHE": str(model_cache), "ARDIFF_SUSPEND_DIR": str(tier)}
     with running_stack(tmp_path_factory.mktemp("e2e-real"), POOL, pod_env) as running:
         wait_until(lambda: running.ready_pods(), timeout=WORKER_START_TIMEOUT, what="the first worker pod")
         yield running
@@ -146,40 +148,50 @@ def test_capacity_reached_scales_up_and_new_sessions_land_on_the_new_pod(stack: 
     assert_consistent(stack, ["filler", "overflow"])
 
 
-def test_full_at_max_evicts_the_least_recently_ticked_session(stack: Stack) -> None:
-    older, newer = stack.session("older"), stack.session("newer")
+def test_full_at_max_suspends_the_least_recently_ticked_session_and_resumes_it_bit_identical(
+    stack: Stack,
+) -> None:
+    """Eviction suspends (issue 12): the victim's state goes to the shared tier instead of being dropped;
+    a later tick resumes it and its frames equal an uninterrupted twin's (same seed, prompt, controls)."""
+    walk = [client.hold("w"), client.camera("w", "wj", "j"), client.hold("d")]
+    twin = stack.session("twin", prompt="a walk by the sea", seed=21)
+    ready(stack, twin)
+    with stack.connect(twin) as twin_client:
+        expected = [twin_client.tick([controls]).frames for controls in walk]
+    stack.sessions.delete(twin, wait=True)
+
+    older = stack.session("older", prompt="a walk by the sea", seed=21)
+    newer = stack.session("newer")
     older_pod, newer_pod = ready(stack, older)["pod"], ready(stack, newer)["pod"]
     assert older_pod != newer_pod
     with stack.connect(older) as older_client, stack.connect(newer) as newer_client:
-        older_client.tick([client.hold("w")])
+        np.testing.assert_array_equal(older_client.tick([walk[0]]).frames, expected[0])
         newer_client.tick([client.hold("w")])  # `older` is now the least recently ticked
 
         stack.session("newcomer")
         assert ready(stack, "newcomer")["pod"] == older_pod
-        evicted = stack.sessions.wait_for(
-            older, lambda s: s.get("phase") == "Evicted", timeout=30, what="Evicted"
+        suspended = stack.sessions.wait_for(
+            older, lambda s: s.get("phase") == "Suspended", timeout=30, what="Suspended"
         )
-        assert evicted["reason"] == "Evicted"
-        assert "newcomer" in evicted["message"]
-        events = stack.api(f"/api/v1/namespaces/{NAMESPACE}/events")["items"]
-        assert any(e["involvedObject"]["name"] == older and e["reason"] == "Evicted" for e in events)
-        with pytest.raises(client.SessionEvicted) as gone:
-            older_client.tick([client.hold("w")])
-        assert gone.value.status == 410
+        assert "newcomer" in suspended["message"]
+        assert (suspended["tier"], suspended["suspendedChunk"]) == ("shared", 1)
+        assert suspended["bytes"] > 0
+        assert not suspended.get("pod")
         assert stack.sessions.status(newer)["phase"] == "Ready"
         assert_frames(newer_client.tick([client.hold("s")]), 1)  # the other session never noticed
 
-        stack.sessions.delete("newcomer", wait=True)  # capacity returns: `older` comes back, without its KV
-        status = ready(stack, older, resetRequired=True)
-        assert status["pod"] == older_pod
-    with stack.connect(older) as older_client:
-        with pytest.raises(client.ResetRequired):
-            older_client.tick([client.hold("w")])
-        older_client.reset()
-        assert_frames(older_client.tick([client.hold("w")]), 0)
-    wait_until(
-        lambda: not stack.sessions.status(older)["resetRequired"], timeout=15, what="resetRequired cleared"
-    )
+        stack.sessions.delete("newcomer", wait=True)  # a slot frees up; `older` waits for a tick to resume
+        assert stack.sessions.status(older)["phase"] == "Suspended"
+        older_client.retry_seconds = 60
+        for index, controls in enumerate(walk[1:], start=1):  # resuming (503) is retried, 421 followed
+            chunk = older_client.tick([controls])
+            assert chunk.metadata.chunk_index == index
+            np.testing.assert_array_equal(chunk.frames, expected[index])  # bit-identical, no reset
+    status = ready(stack, older)
+    assert status["resetRequired"] is False
+    reasons = {event.reason for event in stack.sessions.events(older)}
+    assert {"Suspended", "Resumed"} <= reasons
+    assert "Replaced" not in reasons
     assert_consistent(stack, [older, newer])
 
 
