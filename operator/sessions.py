@@ -62,9 +62,12 @@ async def admit(
     if placed.placement is None:
         ctx.kick(pid)  # the pool may need another pod
     if placed.victim is not None:
-        ctx.notes[(session.namespace, placed.victim)] = f"evicted to make room for session {session.name}"
+        # A victim on a pod that exports is suspended (it keeps its slot until exported; this session is
+        # placed by a later round, once the slot is free); any other is evicted.
+        verb = "suspended" if placed.suspending else "evicted"
+        ctx.notes[(session.namespace, placed.victim)] = f"{verb} to make room for session {session.name}"
         ctx.kick(pid)  # the victim's status changes in the pool's next round
-        logger.info(f"session {session.name} evicted session {placed.victim}")
+        logger.info(f"session {session.name} {verb} session {placed.victim}")
     record = (await ctx.store.get_bindings(pid, [session.name])).get(session.name)
     where = record.pod if record is not None else ""
     ready = any(p.name == where and p.ready for p in pods)

@@ -1,0 +1,71 @@
+"""Issue 12 through the real operator and fake-runtime workers that export into a shared tier (a local
+directory on the dev cluster): eviction at max suspends the victim (it keeps its slot until exported), its
+status shows where the export lies, and a demand (what a tick does) brings it back without a reset."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from ardiff.devcluster.operator_process import OperatorProcess
+from ardiff.kv.placement import PlacementStore
+from ardiff.kv.records import PoolId, SessionState
+from tests.operator.conftest import FAKE_WORKER_ENV, Cluster
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def store(redis_url: str) -> AsyncIterator[PlacementStore]:
+    async with PlacementStore.from_url(redis_url) as placement_store:
+        yield placement_store
+
+
+async def test_eviction_at_max_suspends_and_a_demand_resumes_without_reset(
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tmp_path: Path
+) -> None:
+    pool = PoolId(cluster.namespace, "pool")
+    env = [*FAKE_WORKER_ENV, {"name": "ARDIFF_SUSPEND_DIR", "value": str(tmp_path)}]
+    cluster.create_pool(replicas={"min": 1, "max": 1}, eviction={"minIdleSeconds": 1}, env=env)
+    cluster.create_session("old")
+    cluster.wait_phase("old", "Ready")
+    assert cluster.tick("old", 0).status_code == 200  # a session that never ticked has nothing to export
+    cluster.create_session("pinned", evictionPolicy="Never")
+    cluster.wait_phase("pinned", "Ready")
+    assert all(p.exports for p in await store.list_pods(pool))
+    await asyncio.sleep(1.5)
+
+    cluster.create_session("vip", priority=5)
+    suspended = cluster.wait_phase("old", "Suspended", reason="SuspendedForCapacity")
+    assert (suspended["tier"], suspended["resetRequired"]) == ("shared", False)
+    assert suspended["bytes"] > 0
+    assert suspended["message"] == "suspended to make room for session vip"
+    assert suspended.get("pod") is None
+    cluster.wait_phase("vip", "Ready")
+    event = wait_until(lambda: cluster.events("Suspended"), what="a Suspended event")[0]
+    assert (event["involvedObject"]["name"], event["type"]) == ("old", "Normal")
+    assert "bytes" in event["message"]
+    assert await store.check_invariants(pool) == []
+
+    # A tick for it is a demand (the worker calls request_resume); with no idle victim (vip is not idle for
+    # long, pinned is Never) it waits; once vip goes it resumes from its export, without a reset.
+    assert await store.request_resume(pool, "old") is SessionState.SUSPENDED
+    cluster.wait_phase("old", "Suspended", reason="ResumeRequested")
+    cluster.delete("ardiffusionsessions", "vip")
+    back = cluster.wait_phase("old", "Ready", resetRequired=False)
+    assert back.get("tier") is None
+    record = await store.get_session(pool, "old")
+    assert record is not None
+    assert (record.resume_from, record.chunk_index) == (suspended_location := record.location, 1)
+    assert suspended_location
+    wait_until(lambda: cluster.events("Resumed"), what="a Resumed event")
+    # Its next tick (chunk 1) imports the export and continues: no reset.
+    assert cluster.tick("old", 1).status_code == 200
+    record = await store.get_session(pool, "old")
+    assert record is not None
+    assert (record.resume_from, record.chunk_index) == ("", 2)
+    assert await store.check_invariants(pool) == []
