@@ -5,7 +5,9 @@ status shows where the export lies, and a demand (what a tick does) brings it ba
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,16 +22,25 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
+def tier() -> Iterator[Path]:
+    """The shared tier: a directory every worker process reaches. Not under /tmp: the pod runner gives each
+    pod its own /tmp (an emptyDir), which would make the tier per-pod."""
+    path = Path(tempfile.mkdtemp(prefix="ardiff-tier-", dir="/var/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
 async def store(redis_url: str) -> AsyncIterator[PlacementStore]:
     async with PlacementStore.from_url(redis_url) as placement_store:
         yield placement_store
 
 
 async def test_eviction_at_max_suspends_and_a_demand_resumes_without_reset(
-    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tmp_path: Path
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tier: Path
 ) -> None:
     pool = PoolId(cluster.namespace, "pool")
-    env = [*FAKE_WORKER_ENV, {"name": "ARDIFF_SUSPEND_DIR", "value": str(tmp_path)}]
+    env = [*FAKE_WORKER_ENV, {"name": "ARDIFF_SUSPEND_DIR", "value": str(tier)}]
     cluster.create_pool(replicas={"min": 1, "max": 1}, eviction={"minIdleSeconds": 1}, env=env)
     cluster.create_session("old")
     cluster.wait_phase("old", "Ready")
@@ -68,4 +79,30 @@ async def test_eviction_at_max_suspends_and_a_demand_resumes_without_reset(
     record = await store.get_session(pool, "old")
     assert record is not None
     assert (record.resume_from, record.chunk_index) == ("", 2)
+    assert await store.check_invariants(pool) == []
+
+
+async def test_a_same_identity_roll_migrates_a_live_session_instead_of_waiting(
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tier: Path
+) -> None:
+    """The spec changes something that keeps the sessions' identity (the KV budget): the old pod's session
+    moves to the new pod at a tick boundary (no reset), and the old pod goes while the session lives on."""
+    pool = PoolId(cluster.namespace, "pool")
+    env = [*FAKE_WORKER_ENV, {"name": "ARDIFF_SUSPEND_DIR", "value": str(tier)}]
+    cluster.create_pool(replicas={"min": 1, "max": 2}, env=env)
+    cluster.create_session("live")
+    before = cluster.wait_phase("live", "Ready")
+    assert cluster.tick("live", 0).status_code == 200
+    old_pod = before["pod"]
+
+    cluster.patch_pool_spec({"kv": {"gpuMemoryFraction": 0.5}})
+    moved = cluster.wait_phase("live", "Ready", timeout=60, resetRequired=False)
+    wait_until(lambda: cluster.status("live").get("pod") not in (None, old_pod), timeout=60, what="a new pod")
+    wait_until(lambda: old_pod not in cluster.pod_names(), timeout=60, what=f"{old_pod} deleted")
+    assert moved["phase"] == "Ready"
+    answer = cluster.tick("live", 1)
+    assert answer.status_code == 200, answer.text  # continues where it was: chunk 1, no reset
+    record = await store.get_session(pool, "live")
+    assert record is not None
+    assert (record.state, record.resume_from, record.chunk_index) == (SessionState.PLACED, "", 2)
     assert await store.check_invariants(pool) == []
