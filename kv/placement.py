@@ -995,6 +995,13 @@ class PlacementStore:
         raise PlacementContention(f"placement pool {pool} kept changing while its invariants were read")
 
 
+def _pairs(reply: list[Any]) -> list[tuple[bytes, float]]:
+    """`ZRANGE ... WITHSCORES` as (member, score) pairs, whether redis-py paired them already or not."""
+    if reply and isinstance(reply[0], list | tuple):
+        return [(member, float(score)) for member, score in reply]
+    return [(reply[i], float(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+
 @dataclass(frozen=True)
 class _Snapshot:
     """Everything of one pool, read in one MULTI/EXEC (check_invariants)."""
@@ -1016,19 +1023,30 @@ class _Snapshot:
         session_names = sorted(
             {_text(key)[len(session_prefix) :] async for key in client.scan_iter(match=f"{session_prefix}*")}
         )
+        # Plain commands, scores paired here: redis-py's Cluster transactions hand the `keys=` of its command
+        # methods to response callbacks that do not take it.
         async with client.pipeline(transaction=True) as pipe:
-            pipe.smembers(keys.pods)
-            pipe.zrange(keys.residents, 0, -1)
-            pipe.zrange(keys.lru, 0, -1, withscores=True)
-            pipe.zrange(keys.open, 0, -1, withscores=True)
-            pipe.zrange(keys.leases, 0, -1, withscores=True)
-            pipe.smembers(keys.draining)
-            pipe.zrange(keys.suspending, 0, -1)
+            pipe.execute_command("SMEMBERS", keys.pods)
+            pipe.execute_command("ZRANGE", keys.residents, 0, -1)
+            for scored in (keys.lru, keys.open, keys.leases):
+                pipe.execute_command("ZRANGE", scored, 0, -1, "WITHSCORES")
+            pipe.execute_command("SMEMBERS", keys.draining)
+            pipe.execute_command("ZRANGE", keys.suspending, 0, -1)
             for name in pod_names:
-                pipe.hgetall(keys.pod(name))
+                pipe.execute_command("HGETALL", keys.pod(name))
             for name in session_names:
-                pipe.hgetall(keys.session(name))
-            pods_now, residents, lru, open_, leases, draining, suspending, *raws = await pipe.execute()
+                pipe.execute_command("HGETALL", keys.session(name))
+            (
+                pods_now,
+                residents,
+                lru_flat,
+                open_flat,
+                leases_flat,
+                draining,
+                suspending,
+                *raws,
+            ) = await pipe.execute()
+        lru, open_, leases = _pairs(lru_flat), _pairs(open_flat), _pairs(leases_flat)
         resident_members = _texts(residents)
         if (
             sorted(_texts(pods_now)) != pod_names
