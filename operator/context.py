@@ -66,6 +66,8 @@ class OperatorContext:
     # and since when (monotonic seconds) each pool has had a pod that could be emptied that way.
     scale_down_pods: defaultdict[PoolId, set[str]] = field(default_factory=lambda: defaultdict(set))
     consolidation_since: dict[PoolId, float] = field(default_factory=dict)
+    # The minAvailable last written to each pool's busy-pod PodDisruptionBudget (operator/disruption.py).
+    busy_budgets: dict[PoolId, int] = field(default_factory=dict)
 
     def kick(self, pool: PoolId) -> None:
         self.kicks[pool].set()
@@ -89,6 +91,7 @@ class OperatorContext:
         self.template_refusals.pop(pool, None)
         self.scale_down_pods.pop(pool, None)
         self.consolidation_since.pop(pool, None)
+        self.busy_budgets.pop(pool, None)
         self.forget_pods(pool)
 
     def forget_pods(self, pool: PoolId, *, keep: Collection[str] = ()) -> None:

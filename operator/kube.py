@@ -38,6 +38,7 @@ PODS = ApiResource("v1", "pods")
 SERVICES = ApiResource("v1", "services")
 SECRETS = ApiResource("v1", "secrets")
 CONFIGMAPS = ApiResource("v1", "configmaps")
+PDBS = ApiResource("policy/v1", "poddisruptionbudgets")
 POOLS = ApiResource(API_VERSION, POOL_PLURAL)
 SESSIONS = ApiResource(API_VERSION, SESSION_PLURAL)
 

@@ -25,6 +25,7 @@ from ardiff.kv.errors import UnknownPod
 from ardiff.kv.records import PodRecord, PoolId, SessionBinding, SessionSpec, SessionState
 from ardiff.operator.admission import AdmissionFailure, placement_spec
 from ardiff.operator.context import OperatorContext, SessionKey, TemplateRefusal
+from ardiff.operator.disruption import pool_selector, sync_busy_pods
 from ardiff.operator.kube import PODS, POOLS, SECRETS, SERVICES, SESSIONS, KubeApiError
 from ardiff.operator.pods import (
     REDIS_URL_KEY,
@@ -671,6 +672,7 @@ async def reconcile_pool(
     retired = [name for name in plan.delete if await retire_worker_pod(ctx, pid, name, logger)]
     gone = {*replaced, *retired}
     existing = [p for p in pods if not p.deleting and p.name not in gone]
+    await sync_busy_pods(ctx, pool, existing, live)  # busy label + the pool's PodDisruptionBudget
     ready = {p.name for p in existing if p.ready}
     starting = created + sum(1 for p in slots.values() if not p.registered and p.name not in gone)
     stale = sum(1 for p in slots.values() if p.stale and p.name not in gone)
@@ -695,6 +697,7 @@ async def reconcile_pool(
     status = build_pool_status(
         previous_pool_status, observation, generation=pool.generation, now=now_rfc3339()
     )
+    status["selector"] = pool_selector(pool.name)  # the Scale's status.selector (labelSelectorPath)
     return status_patch(previous_pool_status, status, mirror_due=True)
 
 

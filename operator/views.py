@@ -62,6 +62,7 @@ class PodView:
     identity_hash: str | None = (
         None  # of the session identity its template gives (None: made before issue 12)
     )
+    busy: bool = False  # labelled ardiffusion.dev/busy=true (operator/disruption.py)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> PodView:
@@ -76,6 +77,7 @@ class PodView:
             died_at_ms=died_at_ms(status.get("containerStatuses") or []),
             template_hash=(body["metadata"].get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION),
             identity_hash=(body["metadata"].get("annotations") or {}).get(IDENTITY_HASH_ANNOTATION),
+            busy=(body["metadata"].get("labels") or {}).get("ardiffusion.dev/busy") == "true",
         )
 
 

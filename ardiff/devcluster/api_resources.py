@@ -66,7 +66,10 @@ class ResourceType:
             namespaced=version.namespaced,
             short_names=version.short_names,
             categories=version.categories,
-            subresources=frozenset({"status"} if version.status_subresource else ()),
+            subresources=frozenset(
+                ({"status"} if version.status_subresource else set())
+                | ({"scale"} if version.scale else set())
+            ),
             crd=version,
         )
 
@@ -185,15 +188,16 @@ def build_resource_list(registry: ResourceRegistry, group: str, version: str) ->
             }
         )
         for sub in sorted(rtype.subresources):
-            resources.append(
-                {
-                    "name": f"{rtype.plural}/{sub}",
-                    "singularName": "",
-                    "namespaced": rtype.namespaced,
-                    "kind": rtype.kind,
-                    "verbs": list(SUBRESOURCE_VERBS),
-                }
-            )
+            entry = {
+                "name": f"{rtype.plural}/{sub}",
+                "singularName": "",
+                "namespaced": rtype.namespaced,
+                "kind": rtype.kind,
+                "verbs": list(SUBRESOURCE_VERBS),
+            }
+            if sub == "scale":  # served as autoscaling/v1 Scale (what kubectl scale and HPAs read)
+                entry |= {"group": "autoscaling", "version": "v1", "kind": "Scale"}
+            resources.append(entry)
     group_version = f"{group}/{version}" if group else version
     return {
         "kind": "APIResourceList",

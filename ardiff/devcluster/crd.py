@@ -9,6 +9,7 @@ rules, list types, CEL rules compiled against the schema within the cost budget,
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,20 @@ class PrinterColumn:
 
 
 @dataclass(frozen=True)
+class ScaleSubresource:
+    """A version's `subresources.scale`: where the Scale's `spec.replicas`, `status.replicas` and
+    `status.selector` live in the custom resource (simple JSON paths: `.spec.replicas.min`)."""
+
+    spec_replicas_path: str
+    status_replicas_path: str
+    label_selector_path: str | None = None
+
+    @staticmethod
+    def fields(path: str) -> list[str]:
+        return path.lstrip(".").split(".")
+
+
+@dataclass(frozen=True)
 class CRDVersion:
     """A served version of a CRD: its names, schema, subresources and printer columns."""
 
@@ -61,6 +76,7 @@ class CRDVersion:
     status_subresource: bool
     printer_columns: tuple[PrinterColumn, ...]
     storage: bool
+    scale: ScaleSubresource | None = None
 
     @property
     def api_version(self) -> str:
@@ -113,6 +129,7 @@ class CustomResourceDefinition:
                     for c in v.get("additionalPrinterColumns") or ()
                 ),
                 storage=bool(v.get("storage")),
+                scale=_scale_subresource((v.get("subresources") or {}).get("scale")),
             )
             for v in spec["versions"]
             if v.get("served", True)
@@ -126,6 +143,46 @@ class CustomResourceDefinition:
             if version.version == name:
                 return version
         raise KeyError(f"{self.name} does not serve version {name!r}")
+
+
+def _scale_subresource(scale: Mapping[str, Any] | None) -> ScaleSubresource | None:
+    if scale is None:
+        return None
+    return ScaleSubresource(
+        scale["specReplicasPath"], scale["statusReplicasPath"], scale.get("labelSelectorPath") or None
+    )
+
+
+# validateSimpleJSONPath: `.a.b.c`, no array indexes or other JSONPath syntax.
+_SIMPLE_JSON_PATH = re.compile(r"^(\.[A-Za-z_][-A-Za-z0-9_]*)+$")
+
+
+def _scale_errors(scale: Any, where: str) -> Iterator[FieldError]:
+    """ValidateCustomResourceDefinitionSubresources' scale rules: specReplicasPath under .spec,
+    statusReplicasPath under .status (both required), labelSelectorPath under either."""
+    if not isinstance(scale, Mapping):
+        yield FieldError(where, "FieldValueInvalid", "must be an object", scale)
+        return
+    rules = (
+        ("specReplicasPath", (".spec.",), "should be a json path under .spec", True),
+        ("statusReplicasPath", (".status.",), "should be a json path under .status", True),
+        (
+            "labelSelectorPath",
+            (".spec.", ".status."),
+            "should be a json path under either .spec or .status",
+            False,
+        ),
+    )
+    for key, prefixes, message, required in rules:
+        path = scale.get(key)
+        if not path:
+            if required:
+                yield FieldError(f"{where}.{key}", "FieldValueRequired")
+            continue
+        if not isinstance(path, str) or not _SIMPLE_JSON_PATH.match(path):
+            yield FieldError(f"{where}.{key}", "FieldValueInvalid", "must be a simple json path", path)
+        elif not path.startswith(prefixes):
+            yield FieldError(f"{where}.{key}", "FieldValueInvalid", message, path)
 
 
 def _crd_errors(doc: Mapping[str, Any]) -> Iterator[FieldError]:
@@ -175,6 +232,8 @@ def _crd_errors(doc: Mapping[str, Any]) -> Iterator[FieldError]:
             yield FieldError(f"{where}.schema.openAPIV3Schema", "FieldValueRequired")
             continue
         yield from schema_errors(schema, f"{where}.schema.openAPIV3Schema")
+        if "scale" in (version.get("subresources") or {}):
+            yield from _scale_errors(version["subresources"]["scale"], f"{where}.subresources.scale")
         for col_index, column in enumerate(version.get("additionalPrinterColumns") or ()):
             col_where = f"{where}.additionalPrinterColumns[{col_index}]"
             try:

@@ -234,6 +234,8 @@ class KubeAPI:
     ) -> web.StreamResponse:
         params = request.query
         store = self.store
+        if request.method == "GET" and p.subresource == "scale" and p.name is not None:
+            return _json(store.get_scale(rtype, p.namespace, p.name))
         if request.method == "GET":
             if p.subresource not in (None, "status"):
                 raise ApiError(
@@ -291,7 +293,10 @@ class KubeAPI:
             return _json(store.delete(rtype, p.namespace, p.name, options))
         if p.name is None:
             raise ApiError(405, "MethodNotAllowed", f"{request.method} needs a named {rtype.kind}")
-        if request.method == "PUT":
+        if p.subresource == "scale" and request.method in ("PUT", "PATCH"):
+            content_type = None if request.method == "PUT" else request.content_type
+            result = store.update_scale(rtype, p.namespace, p.name, body, content_type, dry_run=dry_run)
+        elif request.method == "PUT":
             result = store.replace(
                 rtype, p.namespace, p.name, body, subresource=p.subresource, dry_run=dry_run, strict=strict
             )

@@ -37,7 +37,7 @@ from typing import Any
 
 from ardiff.devcluster import core_validation
 from ardiff.devcluster.api_resources import ResourceRegistry, ResourceType
-from ardiff.devcluster.crd import CRD_GROUP, CustomResourceDefinition
+from ardiff.devcluster.crd import CRD_GROUP, CustomResourceDefinition, ScaleSubresource
 from ardiff.devcluster.patches import JSON_PATCH, PatchError, apply_patch
 from ardiff.devcluster.selectors import FieldSelector, LabelSelector
 from ardiff.devcluster.validation import FieldError, InvalidObject
@@ -382,6 +382,72 @@ class ObjectStore:
         if not isinstance(new, dict) or not isinstance(new.get("metadata"), dict):
             raise bad_request("the patched object has no metadata")
         return self._update(rtype, old, new, subresource, dry_run, strict)
+
+    # --- the scale subresource (apiextensions-apiserver: scaleFromCustomResource, scaleUpdatedObjectInfo) -
+
+    def _scale_paths(self, rtype: ResourceType, name: str) -> ScaleSubresource:
+        if rtype.crd is None or rtype.crd.scale is None:
+            raise ApiError(
+                404, "NotFound", f"the server could not find the requested resource ({rtype.qualified}/scale)"
+            )
+        return rtype.crd.scale
+
+    def get_scale(self, rtype: ResourceType, namespace: str | None, name: str) -> Obj:
+        """GET <resource>/scale: the object as an `autoscaling/v1` Scale."""
+        paths = self._scale_paths(rtype, name)
+        return scale_of(self.get(rtype, namespace, name), paths)
+
+    def update_scale(
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        name: str,
+        body: Any,
+        content_type: str | None = None,
+        *,
+        dry_run: bool = False,
+    ) -> WriteResult:
+        """PUT (`content_type` None) or PATCH <resource>/scale: the Scale's `spec.replicas` goes to the
+        specReplicasPath of the object, which is then admitted like any update of it (its schema and CEL
+        rules may refuse it, naming its own field); a resourceVersion in the Scale must be current."""
+        paths = self._scale_paths(rtype, name)
+        old = self.get(rtype, namespace, name)
+        current = scale_of(old, paths)
+        if content_type is None:
+            scale = body
+        else:
+            try:
+                scale = apply_patch(current, body, content_type)
+            except PatchError as exc:
+                raise bad_request(str(exc)) from exc
+        if not isinstance(scale, dict) or not isinstance(scale.get("metadata", {}), dict):
+            raise bad_request("the body of a Scale must be a JSON object")
+        if scale.get("kind", "Scale") != "Scale":
+            raise bad_request(f"the body of a scale subresource must be a Scale, not {scale.get('kind')}")
+        scale_rtype = ResourceType("autoscaling", "v1", "scale", "Scale", "scale", True)
+        if scale.get("metadata", {}).get("name", name) != name:
+            raise bad_request("the name of the Scale does not match the URL's")
+        replicas = (scale.get("spec") or {}).get("replicas", 0)
+        if isinstance(replicas, bool) or not isinstance(replicas, int):
+            raise bad_request(f"spec.replicas of a Scale must be an integer, got {replicas!r}")
+        if replicas < 0:
+            detail = "must be greater than or equal to 0"
+            raise _invalid(
+                scale_rtype, name, FieldError("spec.replicas", "FieldValueInvalid", detail, replicas)
+            )
+        version = scale.get("metadata", {}).get("resourceVersion")
+        if version and str(version) != old["metadata"]["resourceVersion"]:
+            raise conflict(rtype, name)
+        new = copy.deepcopy(old)
+        target = new
+        *parents, leaf = ScaleSubresource.fields(paths.spec_replicas_path)
+        for key in parents:
+            if not isinstance(target.get(key), dict):
+                target[key] = {}
+            target = target[key]
+        target[leaf] = replicas
+        result = self._update(rtype, old, new, None, dry_run, strict=False)
+        return WriteResult(scale_of(result.obj, paths), result.warnings)
 
     def bind_pod(self, namespace: str, name: str, node: str) -> Obj:
         """POST pods/<name>/binding: the scheduler's way of setting `spec.nodeName`."""
@@ -749,6 +815,37 @@ class ObjectStore:
         """End every open watch (the server is stopping): each gets a final CLOSED marker."""
         for watch in self._watches:
             watch.queue.put_nowait((CLOSED, {}))
+
+
+def _nested(obj: Obj, path: str) -> Any:
+    value: Any = obj
+    for key in ScaleSubresource.fields(path):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
+def scale_of(obj: Obj, paths: ScaleSubresource) -> Obj:
+    """A custom resource as an `autoscaling/v1` Scale (absent replicas read as 0, no selector as none)."""
+    spec_replicas = _nested(obj, paths.spec_replicas_path)
+    status_replicas = _nested(obj, paths.status_replicas_path)
+    selector = _nested(obj, paths.label_selector_path) if paths.label_selector_path else None
+    meta = obj["metadata"]
+    return {
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            key: meta[key]
+            for key in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+            if key in meta
+        },
+        "spec": {"replicas": spec_replicas if isinstance(spec_replicas, int) else 0},
+        "status": {
+            "replicas": status_replicas if isinstance(status_replicas, int) else 0,
+            **({"selector": selector} if isinstance(selector, str) and selector else {}),
+        },
+    }
 
 
 def _fold_string_data(secret: Obj) -> None:

@@ -1,0 +1,62 @@
+"""A drain over a pool run by the real operator (issue 11 item 1): the pool's Scale and `status.selector`,
+the busy label on the pod that holds a session, the pool's `<pool>-workers-busy` budget, and what the
+disruption controller and the eviction API (ported: `ardiff.devcluster.disruption`) would let a drain do."""
+
+from __future__ import annotations
+
+import pytest
+
+from ardiff.devcluster.disruption import evict, pdb_status
+from ardiff.devcluster.operator_process import OperatorProcess
+from ardiff.operator.disruption import BUSY_LABEL
+from tests.operator.conftest import GROUP_PATH, Cluster
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_drain_evicts_the_empty_worker_and_waits_for_the_busy_one(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    cluster.create_pool(replicas={"min": 2, "max": 2})
+    cluster.wait_pods(2)
+    cluster.create_session("walk")
+    busy_pod = cluster.wait_phase("walk", "Ready")["pod"]
+    budget_path = f"/apis/policy/v1/namespaces/{cluster.namespace}/poddisruptionbudgets"
+
+    def labelled() -> dict | None:
+        pods = {p["metadata"]["name"]: p for p in cluster.pods()}
+        budget = cluster.http.get(f"{budget_path}/pool-workers-busy")
+        if budget.status_code != 200 or budget.json()["spec"]["minAvailable"] != 1:
+            return None
+        busy = {n for n, p in pods.items() if p["metadata"]["labels"].get(BUSY_LABEL) == "true"}
+        return {"pods": list(pods.values()), "budget": budget.json()} if busy == {busy_pod} else None
+
+    seen = wait_until(labelled, what="the busy label and the pool's budget")
+    scale_url = f"{GROUP_PATH.format(ns=cluster.namespace)}/ardiffusionworkerpools/pool/scale"
+    scale = cluster.http.get(scale_url).json()
+    assert scale["spec"]["replicas"] == 2
+    selector = "app.kubernetes.io/component=worker,app.kubernetes.io/name=ardiff,ardiffusion.dev/pool=pool"
+    assert scale["status"] == {"replicas": 2, "selector": selector}
+
+    def scale_of(ref: dict, namespace: str) -> dict:
+        assert (ref["kind"], ref["name"], namespace) == ("ARDiffusionWorkerPool", "pool", cluster.namespace)
+        return cluster.http.get(scale_url).json()
+
+    budget = seen["budget"]
+    assert budget["spec"]["selector"]["matchLabels"][BUSY_LABEL] == "true"
+    assert budget["metadata"]["ownerReferences"][0]["kind"] == "ARDiffusionWorkerPool"
+    budget["status"] = pdb_status(budget, seen["pods"], scale_of).as_status(budget["metadata"]["generation"])
+    assert budget["status"]["disruptionsAllowed"] == 0
+    verdicts = {p["metadata"]["name"]: evict(p, [budget]).code for p in seen["pods"]}
+    assert verdicts == {name: 429 if name == busy_pod else 201 for name in verdicts}
+
+    # The session ends: the pod is empty again, loses its label, and the budget protects nothing.
+    cluster.delete("ardiffusionsessions", "walk")
+
+    def released() -> bool:
+        budget = cluster.http.get(f"{budget_path}/pool-workers-busy").json()
+        labels = [p["metadata"]["labels"].get(BUSY_LABEL) for p in cluster.pods()]
+        return budget["spec"]["minAvailable"] == 0 and labels == [None, None]
+
+    wait_until(released, what="the busy label and budget released")
