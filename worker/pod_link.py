@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from ardiff.kv.errors import PodFenced
@@ -36,8 +35,6 @@ class PodLink:
         self.capacity = 0
         self.exports = False  # the runtime can export and a shared tier is mounted: evictions suspend
         self.epoch: int | None = None
-        self.store_recovery_seconds = settings.store_recovery_seconds
-        self._store_lost_at: float | None = None  # monotonic time this worker last saw the store lose data
 
     @classmethod
     def connect(cls, settings: WorkerSettings) -> PodLink:
@@ -75,7 +72,7 @@ class PodLink:
         while True:
             await asyncio.sleep(self.heartbeat_seconds)
             try:
-                renewed = await self.store.heartbeat(
+                await self.store.heartbeat(
                     self.pool,
                     self.pod,
                     epoch=self.epoch,
@@ -84,8 +81,6 @@ class PodLink:
                     lease_ms=self.lease_ms,
                     exports=self.exports,
                 )
-                if renewed.recreated:
-                    self._note_store_lost("the heartbeat found this pod's record missing")
             except PodFenced:
                 log.error("pod %s epoch %s was fenced by a newer incarnation; stopping", self.pod, self.epoch)
                 on_fenced()
@@ -126,26 +121,10 @@ class PodLink:
             if len(handled) < len(events):
                 await asyncio.sleep(RETRY_SECONDS)
 
-    def _note_store_lost(self, how: str) -> None:
-        if not self.store_recovering:
-            log.warning("the placement store lost its data (%s); bindings are being rebuilt", how)
-        self._store_lost_at = time.monotonic()
-
-    @property
-    def store_recovering(self) -> bool:
-        """Whether the store lost its data recently, so that a missing record may still be rebuilt."""
-        lost_at = self._store_lost_at
-        return lost_at is not None and time.monotonic() - lost_at < self.store_recovery_seconds
-
     async def store_lost_data(self) -> bool:
-        """Whether the store lost its data, now or recently: this pod's own record is missing (only a data
-        loss removes the record of a registered, unfenced pod until its heartbeat re-creates it)."""
-        if self.store_recovering:
-            return True
-        if await self.store.get_pod(self.pool, self.pod) is None:
-            self._note_store_lost("this pod's record is missing")
-            return True
-        return False
+        """Whether the store lost its data and has not healed yet: this pod's own record is missing (only a
+        data loss removes the record of a registered, unfenced pod, until its heartbeat re-creates it)."""
+        return await self.store.get_pod(self.pool, self.pod) is None
 
     def is_here(self, record: SessionRecord | SessionBinding) -> bool:
         """Placed on this pod by this incarnation (a session of an earlier epoch lost its state)."""

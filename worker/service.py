@@ -25,9 +25,8 @@ from typing import Any, NoReturn, TypeVar
 
 from ardiff.errors import ArdiffError
 from ardiff.kv.records import SessionRecord, SessionState, check_name, token_sha256
-from ardiff.worker import tick_rules
 from ardiff.worker.conditioning import Conditioning
-from ardiff.worker.encoding import RAW, MediaType, encode_frames
+from ardiff.worker.encoding import RAW, MediaType
 from ardiff.worker.errors import (
     AtCapacity,
     ChunkOutOfOrder,
@@ -120,6 +119,16 @@ async def cancel_and_wait(
         )
 
 
+def settings_family(settings: WorkerSettings) -> Any:
+    """The model family of this worker's pipeline (LingBot-World for the fake runtime's, the default)."""
+    from ardiff.worker.families import family_for, family_named
+
+    try:
+        return family_for(settings.pipeline)
+    except ValueError:
+        return family_named("lingbot")  # the runtime's load reports the unknown pipeline
+
+
 def _timing_header(stages_ms: dict[str, float]) -> str:
     return ", ".join(f"{name};dur={ms:.2f}" for name, ms in stages_ms.items())
 
@@ -134,6 +143,7 @@ class WorkerService:
         metrics: WorkerMetrics | None = None,
     ) -> None:
         self.settings = settings
+        self.family = settings_family(settings)
         self.link = link
         self.metrics = metrics or WorkerMetrics()
         self.tier = (
@@ -312,9 +322,9 @@ class WorkerService:
 
         A session this worker holds is alive (its KV is here) whatever the store says: Redis lost its data and
         the operator rebuilds the binding from the session's status within a round. Its token is checked
-        against the hash the worker admitted it with. Any id is "not rebuilt yet" rather than unknown for a
-        while after the worker saw the store lose data (its own pod record was missing). Only an id that the
-        worker never held and that the store does not know, outside that window, is 404 (contracts §4).
+        against the hash the worker admitted it with. Any other id is "not rebuilt yet" while this pod's own
+        record is missing too (the store visibly lost its data and has not healed); otherwise it is 404: an id
+        the worker never held and the store does not know (contracts §4).
         """
         assert self.link is not None
         book = self._books.get(session_id)
@@ -350,7 +360,7 @@ class WorkerService:
         arrived = time.perf_counter()
         runtime = self.require_ready()
         record = await self._placed_record(session_id, authorization)
-        tick = tick_rules.parse_tick(session_id, body)
+        tick = self.family.parse_tick(session_id, body)
         with self._exclusive(session_id):
             book = self._books.get(session_id)
             resumed = (
@@ -396,7 +406,9 @@ class WorkerService:
                     failure: Exception | None = exc
                 else:
                     failure = None
-                    chunk = CachedChunk(tick.request_id, tick.chunk_index, output.frames, output.metadata)
+                    chunk = CachedChunk(
+                        tick.request_id, tick.chunk_index, output.frames, output.metadata, output.actions
+                    )
                     self._books[session_id] = book.advanced(chunk, closed=tick.close_session)
             if failure is not None:
                 await self._mark_reset_required(session_id)
@@ -457,22 +469,22 @@ class WorkerService:
                 max_chunks=record.max_chunks,
             )
 
-    @staticmethod
-    async def respond(outcome: TickOutcome, media_type: MediaType) -> TickResponse:
-        """The HTTP answer of a tick: the frames as `media_type`, the metadata and timings in headers."""
+    async def respond(self, outcome: TickOutcome, media_type: MediaType | str) -> TickResponse:
+        """The HTTP answer of a tick as `media_type` (the family's encoding: frames, actions), the metadata
+        and timings in headers."""
         chunk = outcome.chunk
         started = time.perf_counter()
-        if media_type == RAW:  # a copy of a few hundred KB: not worth a thread hop
-            body = encode_frames(chunk.frames, media_type)
+        if media_type == RAW or chunk.actions is not None:  # a copy or small JSON: not worth a thread hop
+            body, shapes = self.family.encode(chunk, media_type)
         else:
-            body = await asyncio.to_thread(encode_frames, chunk.frames, media_type)
+            body, shapes = await asyncio.to_thread(self.family.encode, chunk, media_type)
         encode = time.perf_counter() - started
         headers = {
             "ardiff-chunk-metadata": json.dumps(chunk.metadata, ensure_ascii=True, separators=(",", ":")),
-            "ardiff-frame-shape": ",".join(str(n) for n in chunk.frames.shape),
+            **shapes,
             "server-timing": _timing_header(outcome.timing(encode=encode)),
         }
-        return TickResponse(body, media_type, headers)
+        return TickResponse(body, media_type, headers)  # type: ignore[arg-type]
 
     # ---------------------------------------------------------------- continuity (issue 12, contracts §2/§9)
 

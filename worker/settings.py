@@ -50,9 +50,6 @@ class WorkerSettings:
     endpoint: str | None = None  # None: http://<pod_ip>:<port>
     lease_seconds: float = 10.0
     heartbeat_seconds: float = 2.0
-    # After the worker saw the store lose its data, how long a missing record is "not rebuilt yet" (503)
-    # rather than "unknown" (404): the operator rebuilds bindings within a round, or once it is back.
-    store_recovery_seconds: float = 60.0
     # The shared tier (issue 12): a directory every pod of the pool mounts; None = sessions are not exported
     # (evicted ones lose their KV, as before).
     suspend_dir: str | None = None
@@ -73,7 +70,6 @@ class WorkerSettings:
             "fake_capacity": self.fake_capacity,
             "lease_seconds": self.lease_seconds,
             "heartbeat_seconds": self.heartbeat_seconds,
-            "store_recovery_seconds": self.store_recovery_seconds,
         }
         if self.session_capacity is not None:
             positive["session_capacity"] = self.session_capacity
@@ -144,7 +140,6 @@ _HELP = {
     "cpu_free_memory_bytes": "'free device memory' on CPU (sizes the KV pool)",
     "redis_url": "placement store; none = standalone (no auth, sessions created on first tick)",
     "endpoint": "what clients are told (default http://<pod ip>:<port>)",
-    "store_recovery_seconds": "after the store lost its data: how long an unknown session gets 503, not 404",
     "suspend_dir": "the shared tier: a directory all pods of the pool mount (suspended sessions, snapshots)",
     "snapshot_every_chunks": "a snapshot of each session to the shared tier every N chunks (0: none)",
     "runtime": "vllm (vllm-omni's paged-KV runner) or fake (no torch; control-plane tests)",

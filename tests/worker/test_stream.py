@@ -34,7 +34,6 @@ FAST_POOL = PoolId("default", f"wk-stream-fast-{uuid.uuid4().hex[:6]}")
 FAST_POD = "stream-worker-fast"
 TOKEN = "stream-token"
 FAKE_TICK_SECONDS = 0.3  # two ticks of one session overlap
-STORE_RECOVERY_SECONDS = 2
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +48,6 @@ def worker(launch_worker, redis_url):
         fake_tick_seconds=FAKE_TICK_SECONDS,
         lease_seconds=5,
         heartbeat_seconds=0.5,
-        store_recovery_seconds=STORE_RECOVERY_SECONDS,
         test_faults=1,
     )
     yield process
@@ -319,7 +317,6 @@ async def test_while_the_store_recovers_the_stream_is_told_to_retry(worker, stor
         )
         await ws.send(tick_message(1))
         assert (await chunk(ws))[0]["metadata"]["chunk_index"] == 1
-    await asyncio.sleep(STORE_RECOVERY_SECONDS)
 
 
 # ------------------------------------------------------------------------------ errors that end the stream
