@@ -42,6 +42,12 @@ WORKER_HOME = "/home/ardiff"
 WORKER_MODEL_CACHE = "/var/cache/ardiff/models"
 WORKER_VOLUMES = {"tmp": "/tmp", "home": WORKER_HOME, "model-cache": WORKER_MODEL_CACHE}
 _SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
+# Requests a worker gets for what the pool's `resources` leave unset (neither a request nor a limit): a
+# worker with only a GPU limit would be BestEffort, first to go under node memory pressure.
+DEFAULT_REQUESTS = {"cpu": "1", "memory": "2Gi"}
+STARTUP_PROBE_PERIOD_SECONDS = 5
+# A GPU-loaded worker may answer slowly: the probes wait longer than the 1 s default.
+PROBE_TIMEOUT_SECONDS = {"startup": 5, "liveness": 5, "readiness": 3}
 
 
 def pool_labels(pool: str) -> dict[str, str]:
@@ -156,6 +162,23 @@ def worker_template_hash(namespace: str, pool: str, spec: WorkerPoolSpec) -> str
     return template_hash(build_worker_pod_template(namespace, pool, spec))
 
 
+def worker_resources(resources: dict[str, Any]) -> dict[str, Any]:
+    """The pool's `resources`, with DEFAULT_REQUESTS for cpu and memory where it sets neither a request nor a
+    limit (a limit alone makes the apiserver default the request to it)."""
+    merged = copy.deepcopy(resources)
+    requests, limits = merged.get("requests") or {}, merged.get("limits") or {}
+    defaults = {k: v for k, v in DEFAULT_REQUESTS.items() if k not in requests and k not in limits}
+    if defaults:
+        merged["requests"] = {**requests, **defaults}
+    return merged
+
+
+def startup_failure_threshold(startup_timeout_seconds: int) -> int:
+    """Startup probe failures allowed so that the kubelet waits `spec.startupTimeoutSeconds` (rounded up to a
+    probe period) before it restarts a worker still loading its model."""
+    return max(1, -(-startup_timeout_seconds // STARTUP_PROBE_PERIOD_SECONDS))
+
+
 def build_worker_pod_template(namespace: str, pool: str, spec: WorkerPoolSpec) -> dict[str, Any]:
     """Everything of a worker Pod that does not depend on its name."""
     probe_port = {"port": WORKER_PORT_NAME}
@@ -167,6 +190,7 @@ def build_worker_pod_template(namespace: str, pool: str, spec: WorkerPoolSpec) -
             "subdomain": pool_service_name(pool),
             "restartPolicy": "Always",
             "enableServiceLinks": False,
+            "automountServiceAccountToken": False,  # workers never call the Kubernetes API
             "terminationGracePeriodSeconds": 30,
             "securityContext": {
                 "runAsNonRoot": True,
@@ -187,20 +211,23 @@ def build_worker_pod_template(namespace: str, pool: str, spec: WorkerPoolSpec) -
                     # Loading a real checkpoint takes minutes: the startup probe holds liveness off till then.
                     "startupProbe": {
                         "httpGet": {"path": "/healthz", **probe_port},
-                        "periodSeconds": 5,
-                        "failureThreshold": 120,
+                        "periodSeconds": STARTUP_PROBE_PERIOD_SECONDS,
+                        "timeoutSeconds": PROBE_TIMEOUT_SECONDS["startup"],
+                        "failureThreshold": startup_failure_threshold(spec.startup_timeout_seconds),
                     },
                     "livenessProbe": {
                         "httpGet": {"path": "/healthz", **probe_port},
                         "periodSeconds": 10,
+                        "timeoutSeconds": PROBE_TIMEOUT_SECONDS["liveness"],
                         "failureThreshold": 3,
                     },
                     "readinessProbe": {
                         "httpGet": {"path": "/readyz", **probe_port},
                         "periodSeconds": 2,
+                        "timeoutSeconds": PROBE_TIMEOUT_SECONDS["readiness"],
                         "failureThreshold": 2,
                     },
-                    "resources": copy.deepcopy(spec.resources),
+                    "resources": worker_resources(spec.resources),
                     "securityContext": {
                         "allowPrivilegeEscalation": False,
                         "readOnlyRootFilesystem": True,

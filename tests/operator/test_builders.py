@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 
 import kubernetes_validate
 import pytest
@@ -60,7 +61,7 @@ def test_worker_pod_is_exactly_what_contracts_describe() -> None:
             # Of everything below but the name: any change to how Pods are rendered changes it, and rolls the
             # pools' pods when the operator is upgraded (safely: only pods that hold no session go).
             "annotations": {
-                "ardiffusion.dev/template-hash": "e578297f2d06768c",
+                "ardiffusion.dev/template-hash": "03076ada74bdd607",
                 # Of what an exported session must match (model, pipeline, size, dtype, runtime): issue 12.
                 "ardiffusion.dev/identity-hash": "6fee671b8c80e317",
             },
@@ -70,6 +71,7 @@ def test_worker_pod_is_exactly_what_contracts_describe() -> None:
             "subdomain": "tiny-workers",
             "restartPolicy": "Always",
             "enableServiceLinks": False,
+            "automountServiceAccountToken": False,
             "terminationGracePeriodSeconds": 30,
             "securityContext": {
                 "runAsNonRoot": True,
@@ -112,22 +114,27 @@ def test_worker_pod_is_exactly_what_contracts_describe() -> None:
                         {"name": "ARDIFF_PORT", "value": "9000"},
                     ],
                     "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
+                    # Waits spec.startupTimeoutSeconds (default 600) for the model to load.
                     "startupProbe": {
                         "httpGet": {"path": "/healthz", **probe},
                         "periodSeconds": 5,
+                        "timeoutSeconds": 5,
                         "failureThreshold": 120,
                     },
                     "livenessProbe": {
                         "httpGet": {"path": "/healthz", **probe},
                         "periodSeconds": 10,
+                        "timeoutSeconds": 5,
                         "failureThreshold": 3,
                     },
                     "readinessProbe": {
                         "httpGet": {"path": "/readyz", **probe},
                         "periodSeconds": 2,
+                        "timeoutSeconds": 3,
                         "failureThreshold": 2,
                     },
-                    "resources": {"limits": {"nvidia.com/gpu": 1}},
+                    # cpu and memory requested by default: not BestEffort.
+                    "resources": {"limits": {"nvidia.com/gpu": 1}, "requests": {"cpu": "1", "memory": "2Gi"}},
                     "securityContext": {
                         "allowPrivilegeEscalation": False,
                         "readOnlyRootFilesystem": True,
@@ -370,3 +377,35 @@ def test_session_spec_parsing() -> None:
 def test_bad_session_specs_name_the_field(spec: dict, message: str) -> None:
     with pytest.raises(InvalidSpec, match=message.replace(".", r"\.")):
         SessionResourceSpec.from_resource(spec)
+
+
+@pytest.mark.parametrize(("timeout", "threshold"), [(600, 120), (61, 13), (1, 1), (86400, 17280)])
+def test_the_startup_probe_waits_the_pools_startup_timeout(timeout: int, threshold: int) -> None:
+    spec = WorkerPoolSpec.from_resource({**POOL_SPEC, "startupTimeoutSeconds": timeout})
+    [container] = build_worker_pod("worlds", "tiny", spec, pod_name="tiny-ab12c")["spec"]["containers"]
+    probe = container["startupProbe"]
+    assert (probe["periodSeconds"], probe["failureThreshold"]) == (5, threshold)
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= timeout
+
+
+@pytest.mark.parametrize(
+    ("resources", "expected"),
+    [
+        ({}, {"requests": {"cpu": "1", "memory": "2Gi"}}),
+        # A limit alone: the apiserver defaults the request to it, no default request may exceed it.
+        (
+            {"limits": {"memory": "1Gi", "nvidia.com/gpu": 1}},
+            {"limits": {"memory": "1Gi", "nvidia.com/gpu": 1}, "requests": {"cpu": "1"}},
+        ),
+        (
+            {"requests": {"cpu": "8", "memory": "64Gi"}},
+            {"requests": {"cpu": "8", "memory": "64Gi"}},
+        ),
+    ],
+)
+def test_cpu_and_memory_are_requested_unless_the_pool_says(resources: dict, expected: dict) -> None:
+    spec = WorkerPoolSpec.from_resource({**POOL_SPEC, "resources": resources})
+    before = json.dumps(spec.resources, sort_keys=True)
+    [container] = build_worker_pod("worlds", "tiny", spec, pod_name="tiny-ab12c")["spec"]["containers"]
+    assert container["resources"] == expected
+    assert json.dumps(spec.resources, sort_keys=True) == before  # the pool's spec is not mutated
