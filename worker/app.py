@@ -20,9 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ardiff import __version__
-from ardiff.worker.encoding import MP4, RAW, choose_media_type
+from ardiff.worker.encoding import MP4, RAW
 from ardiff.worker.errors import BodyTooLarge, InvalidTick, WorkerError
-from ardiff.worker.messages import TickBody
 from ardiff.worker.service import WorkerService
 from ardiff.worker.stream import SessionStream, SessionStreams
 
@@ -95,6 +94,21 @@ _TICK_RESPONSES: dict[int | str, dict[str, Any]] = {
             MP4: {"schema": {"type": "string", "format": "binary"}},
         },
         "headers": _FRAME_HEADERS,
+    },
+    **_errors(400, 401, 404, 409, 410, 413, 421, 429, 500, 503),
+}
+_ROBOT_TICK_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "the action chunk: JSON {actions, action_shape}, or raw little-endian float32 actions "
+        "followed by the uint8 predicted frames (shapes in the headers)",
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            RAW: {"schema": {"type": "string", "format": "binary"}},
+        },
+        "headers": {
+            **_FRAME_HEADERS,
+            "ardiff-action-shape": {"description": "N,D (float32)", "schema": {"type": "string"}},
+        },
     },
     **_errors(400, 401, 404, 409, 410, 413, 421, 429, 500, 503),
 }
@@ -188,7 +202,8 @@ def create_app(service: WorkerService) -> FastAPI:
         description="Ticks of the AR-diffusion sessions resident on this pod (vllm-omni paged-KV runner).",
         lifespan=lifespan,
     )
-    app.add_middleware(BodySizeLimit, limit=MAX_BODY_BYTES)
+    family = service.family
+    app.add_middleware(BodySizeLimit, limit=max(MAX_BODY_BYTES, family.max_body_bytes))
 
     # -------------------------------------------------------------- the one exception -> status mapping
     def count(error: WorkerError) -> JSONResponse:
@@ -221,27 +236,36 @@ def create_app(service: WorkerService) -> FastAPI:
     def authorization(credentials: HTTPAuthorizationCredentials | None) -> str | None:
         return None if credentials is None else f"{credentials.scheme} {credentials.credentials}"
 
-    @app.post(
-        "/v1/sessions/{session_id}/ticks",
-        response_class=Response,
-        responses=_TICK_RESPONSES,
-        summary="Generate the session's next chunk",
-    )
     async def post_tick(
         session_id: SessionId,
-        body: TickBody,
+        body: Any,  # the family's tick body (LingBot: camera controls; DreamZero: an observation), set below
         credentials: Credentials = None,
         accept: Annotated[str | None, Header()] = None,
         fault: Annotated[str | None, Header(alias=FAULT_HEADER, include_in_schema=False)] = None,
     ) -> Response:
+        media_type = family.choose_media_type(accept)
+        values = body.model_dump(by_alias=True)
+        if values.get("return_frames") and media_type != RAW:
+            raise InvalidTick(
+                "predicted frames come in the raw answer (Accept: application/octet-stream)",
+                param="return_frames",
+            )
         outcome = await service.tick(
             session_id,
-            body.model_dump(by_alias=True),
+            values,
             authorization=authorization(credentials),
             inject_fault=service.settings.test_faults and fault == "forward",
         )
-        result = await service.respond(outcome, choose_media_type(accept))
+        result = await service.respond(outcome, media_type)
         return Response(result.body, media_type=result.media_type, headers=result.headers)
+
+    post_tick.__annotations__["body"] = family.tick_body
+    app.post(
+        "/v1/sessions/{session_id}/ticks",
+        response_class=Response,
+        responses=_TICK_RESPONSES if family.name == "lingbot" else _ROBOT_TICK_RESPONSES,
+        summary="Generate the session's next chunk",
+    )(post_tick)
 
     streams = SessionStreams()
 

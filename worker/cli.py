@@ -21,9 +21,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.set_defaults(func=_serve)
 
     tiny = commands.add_parser(
-        "make-tiny-model", help="write a tiny random LingBot-World checkpoint (a few MB)"
+        "make-tiny-model", help="write a tiny random checkpoint (LingBot-World: a few MB; DreamZero: ~20 MB)"
     )
     tiny.add_argument("directory", help="where to write it (created; must be empty or absent)")
+    tiny.add_argument(
+        "--family", default="lingbot", choices=("lingbot", "dreamzero"), help="the model family (pipeline)"
+    )
     tiny.add_argument("--seed", type=int, default=0, help="weights are a pure function of the seed")
     tiny.set_defaults(func=_make_tiny_model)
 
@@ -43,11 +46,13 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
+    from ardiff.worker.families import family_named
     from ardiff.worker.settings import DEFAULT_CPU_FREE_MEMORY_BYTES
-    from ardiff.worker.tiny_model import write_tiny_model
     from ardiff.worker.vllm_runtime import prepare_vllm_omni
 
+    family = family_named(args.family)
     prepare_vllm_omni(cpu_free_memory_bytes=DEFAULT_CPU_FREE_MEMORY_BYTES)
-    path = write_tiny_model(args.directory, seed=args.seed)
-    print(f"wrote a tiny LingBot-World checkpoint to {path}")
+    path = family.write_tiny_model(args.directory, seed=args.seed)
+    label = {"lingbot": "LingBot-World", "dreamzero": "DreamZero"}[family.name]
+    print(f"wrote a tiny {label} checkpoint to {path}")
     return 0

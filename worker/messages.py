@@ -61,3 +61,49 @@ class StreamAuth(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["auth"]
     token: str = Field(min_length=1, max_length=4096)
+
+
+# ------------------------------------------------------------------------------------ robot ticks (DreamZero)
+
+CAMERAS = ("exterior_image_0_left", "exterior_image_1_left", "wrist_image_left")
+
+
+class CameraImage(BaseModel):
+    """One camera's picture: a PNG/JPEG file, or raw uint8 pixels `[H, W, 3]` (or `[T, H, W, 3]`), base64."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    encoding: Literal["png", "jpeg", "raw"]
+    data: str = Field(min_length=1, description="base64 of the file or of the raw pixels")
+    shape: list[Annotated[int, Field(ge=1, le=4096)]] | None = Field(
+        default=None, min_length=3, max_length=4, description="raw only: [H, W, 3] or [T, H, W, 3]"
+    )
+    dtype: Literal["uint8"] = "uint8"
+
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class RobotObservation(BaseModel):
+    """What DreamZero's DROID/RoboArena transform reads: three cameras and the arm's state."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    images: dict[Literal[CAMERAS], CameraImage] = Field(  # type: ignore[valid-type]
+        description="exterior_image_0_left, exterior_image_1_left, wrist_image_left (all three)"
+    )
+    joint_position: list[FiniteFloat] = Field(min_length=7, max_length=7)
+    cartesian_position: list[FiniteFloat] = Field(min_length=6, max_length=6)
+    gripper_position: list[FiniteFloat] = Field(min_length=1, max_length=1)
+
+
+class RobotTickBody(BaseModel):
+    """A DreamZero tick: vllm-omni's tick fields (no controls) and the robot's observation."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    request_id: str = Field(min_length=1, description="correlation id; a retry with the same id replays it")
+    chunk_index: int = Field(ge=0, description="the session's next chunk (0 after a reset)")
+    applied_event_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    prompt: str | None = Field(default=None, description="overrides the session's prompt for this tick")
+    observation: RobotObservation
+    return_frames: bool = Field(default=False, description="also answer the chunk's predicted frames")
+    reset: bool = False
+    close_session: bool = False

@@ -42,11 +42,16 @@ class ChunkOutput:
     forward_s: float
     decode_s: float
     latents: Any = None  # model-space latents where the runtime has them (tests compare them bit for bit)
+    actions: np.ndarray | None = None  # a robot policy's action chunk (DreamZero: float32 horizon x dims)
 
     def __post_init__(self) -> None:
         if self.frames.dtype != np.uint8 or self.frames.ndim != 4 or self.frames.shape[-1] != 3:
             raise ValueError(
                 f"chunk frames must be uint8 FxHxWx3, got {self.frames.dtype} {self.frames.shape}"
+            )
+        if self.actions is not None and (self.actions.dtype != np.float32 or self.actions.ndim != 2):
+            raise ValueError(
+                f"chunk actions must be float32 N x D, got {self.actions.dtype} {self.actions.shape}"
             )
 
 

@@ -30,20 +30,28 @@ class CachedChunk:
     chunk_index: int
     frames: np.ndarray
     metadata: dict[str, Any]
+    actions: np.ndarray | None = None  # a robot policy's action chunk (float32)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        value = {
             "request_id": self.request_id,
             "chunk_index": self.chunk_index,
             "frames": self.frames.tobytes(),
             "frame_shape": list(self.frames.shape),
             "metadata": self.metadata,
         }
+        if self.actions is not None:
+            value["actions"] = self.actions.astype("<f4").tobytes()
+            value["action_shape"] = list(self.actions.shape)
+        return value
 
     @classmethod
     def from_dict(cls, value: dict[str, Any]) -> CachedChunk:
         frames = np.frombuffer(value["frames"], dtype=np.uint8).reshape(value["frame_shape"])
-        return cls(value["request_id"], value["chunk_index"], frames, dict(value["metadata"]))
+        actions = None
+        if value.get("actions") is not None:
+            actions = np.frombuffer(value["actions"], dtype="<f4").reshape(value["action_shape"])
+        return cls(value["request_id"], value["chunk_index"], frames, dict(value["metadata"]), actions)
 
 
 @dataclass(frozen=True)

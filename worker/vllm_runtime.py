@@ -22,36 +22,47 @@ ENGINE_BACKEND = "vllm_omni.experimental.ar_diffusion.engine.ARDiffusionEngine"
 def prepare_vllm_omni(*, cpu_free_memory_bytes: int) -> bool:
     """Make vllm-omni usable in this process; True when an accelerator is present.
 
-    Without one, the CPU shims go in first (they must precede the first import of LingBot's pipeline). The
-    tiny-checkpoint factory goes in on every device.
+    Without one, the CPU shims go in first (they must precede the first import of LingBot's pipeline). A
+    family's tiny-checkpoint factories go in while its pipeline is built (`family.loading`), on every device.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every model directory is local
     cpu_platform.skip_cuda_background_builds()  # before vllm (imported by the platform check) imports humming
     on_cpu = cpu_platform.apply_if_needed(free_memory_bytes=cpu_free_memory_bytes)
-    from ardiff.worker.tiny_model import install_tiny_transformer_factory
-
-    install_tiny_transformer_factory()
     return not on_cpu
 
 
-def checked_model_dir(model: str) -> Path:
-    """A model directory given by `--model`; `ModelUnavailable` unless it holds a model_index.json."""
+def model_family(settings: WorkerSettings) -> Any:
+    """The family module serving `settings.pipeline`; `ModelUnavailable` for a pipeline no family serves."""
+    from ardiff.worker.families import family_for
+
+    try:
+        return family_for(settings.pipeline)
+    except ValueError as exc:
+        raise ModelUnavailable(str(exc)) from None
+
+
+def checked_model_dir(model: str, family: Any = None) -> Path:
+    """A model directory given by `--model`; `ModelUnavailable` unless it has the family's layout."""
+    family = family or model_family(WorkerSettings())
     model_dir = Path(model).expanduser()
-    if not (model_dir / "model_index.json").is_file():
+    if not family.checkpoint_ok(model_dir):
+        layout = "no model_index.json" if family.name == "lingbot" else f"not a {family.name} checkpoint"
         raise ModelUnavailable(
-            f"model {model!r} is neither {EMBEDDED_TINY_MODEL!r} nor a model directory (no model_index.json)"
+            f"model {model!r} is neither {family.embedded_model!r} nor a model directory ({layout})"
         )
     return model_dir
 
 
 def build_od_config_kwargs(
-    settings: WorkerSettings, model_dir: Path, *, accelerator: bool, master_port: int
+    settings: WorkerSettings, model_dir: Path, *, accelerator: bool, master_port: int, family: Any = None
 ) -> dict[str, Any]:
     """The `OmniDiffusionConfig` of this worker (dtype as a name; the caller converts it to torch's)."""
+    family = family or model_family(settings)
+    default_dtype = family.default_dtype or ("bfloat16" if accelerator else "float32")
     kwargs: dict[str, Any] = {
         "model": str(model_dir),
         "model_class_name": settings.pipeline,
-        "dtype": settings.dtype or ("bfloat16" if accelerator else "float32"),
+        "dtype": settings.dtype or default_dtype,
         "engine_backend": ENGINE_BACKEND,  # -> DiffusionWorker builds ARDiffusionModelRunner
         "model_config": {
             "ar_diffusion_height": settings.height,
@@ -61,6 +72,9 @@ def build_od_config_kwargs(
         "num_gpus": 1,
         "master_port": master_port,
     }
+    extras = family.od_config_extras(settings, model_dir)
+    kwargs["model_config"].update(extras.pop("model_config", {}))
+    kwargs.update(extras)
     if not accelerator:
         # No torch.compile, no fused Triton VAE path and no weight-loading threads on CPU.
         kwargs.update(enforce_eager=True, vae_fast_path="off", enable_multithread_weight_load=False)
@@ -68,13 +82,17 @@ def build_od_config_kwargs(
 
 
 def load_vllm_runtime(settings: WorkerSettings):
-    embedded = settings.model == EMBEDDED_TINY_MODEL
-    model_dir = None if embedded else checked_model_dir(settings.model)  # fail before the slow imports
+    family = model_family(settings)
+    embedded = settings.model in (EMBEDDED_TINY_MODEL, family.embedded_model)
+    if embedded and settings.model != family.embedded_model:  # another family's embedded model
+        raise ModelUnavailable(
+            f"model {settings.model!r} is another family's; {settings.pipeline} serves "
+            f"{family.embedded_model!r} or a {family.name} checkpoint"
+        )
+    model_dir = None if embedded else checked_model_dir(settings.model, family)  # before the slow imports
     accelerator = prepare_vllm_omni(cpu_free_memory_bytes=settings.cpu_free_memory_bytes)
     if model_dir is None:
-        from ardiff.worker.tiny_model import ensure_tiny_model
-
-        model_dir = ensure_tiny_model(settings.model_cache)  # generated once, under a file lock
+        model_dir = family.ensure_tiny_model(settings.model_cache)  # generated once, under a file lock
     import torch
     from vllm_omni.diffusion.data import OmniDiffusionConfig
     from vllm_omni.diffusion.worker.diffusion_worker import DiffusionWorker
@@ -84,7 +102,9 @@ def load_vllm_runtime(settings: WorkerSettings):
     # Every worker process takes its own rendezvous port; the env var wins over the config in vllm-omni.
     master_port = free_port()
     os.environ["MASTER_PORT"] = str(master_port)
-    kwargs = build_od_config_kwargs(settings, model_dir, accelerator=accelerator, master_port=master_port)
+    kwargs = build_od_config_kwargs(
+        settings, model_dir, accelerator=accelerator, master_port=master_port, family=family
+    )
     kwargs["dtype"] = getattr(torch, kwargs["dtype"])
     od_config = OmniDiffusionConfig(**kwargs)
     log.info(
@@ -95,7 +115,8 @@ def load_vllm_runtime(settings: WorkerSettings):
         "accelerator" if accelerator else "CPU",
     )
     try:
-        worker = DiffusionWorker(local_rank=0, rank=0, od_config=od_config)
+        with family.loading(model_dir):
+            worker = DiffusionWorker(local_rank=0, rank=0, od_config=od_config)
     except (OSError, ValueError, TypeError) as exc:
         raise ModelUnavailable(f"could not load {model_dir}: {exc}") from exc
-    return ARDiffusionSessionAdapter(worker, od_config)
+    return ARDiffusionSessionAdapter(worker, od_config, family)

@@ -1,0 +1,275 @@
+"""DreamZero, the second model family: the real `DreamZeroPipeline`/`CausalWanModel` with tiny random
+weights, loaded by the real loader, on CPU (bfloat16), in this process, behind the session adapter and the worker's HTTP
+tick (`create_app` over a `WorkerService` whose runtime is this module's adapter: one load for the module).
+
+Capacity equals the planner's; both KV branches are allocated per session and freed; two interleaved sessions
+give bit-identical actions and latents to one alone; the robot tick validates every observation field with a
+400 naming it, answers actions as JSON or raw float32 (+ predicted frames), replays a retried request id and
+keeps the chunk order.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import numpy as np
+import PIL.Image
+import pytest
+from fastapi.testclient import TestClient
+
+from ardiff.worker.conditioning import Conditioning
+from ardiff.worker.settings import WorkerSettings
+
+pytestmark = pytest.mark.slow
+
+FREE_BYTES = 2 << 30  # at fraction 0.7: two sessions of 603 MiB model-owned state fit, not three
+FRACTION = 0.7
+PIPELINE = "DreamZeroPipeline"
+
+
+def camera_images(seed: int, frames: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    shape = (180, 320, 3) if frames == 0 else (frames, 180, 320, 3)
+    names = ("exterior_image_0_left", "exterior_image_1_left", "wrist_image_left")
+    return {name: rng.integers(0, 255, shape, dtype=np.uint8) for name in names}
+
+
+def observation(seed: int, chunk: int, *, encoding: str = "raw") -> dict:
+    images = {}
+    for name, pixels in camera_images(seed * 100 + chunk, 0 if chunk == 0 else 4).items():
+        if encoding == "raw":
+            images[name] = {
+                "encoding": "raw",
+                "shape": list(pixels.shape),
+                "data": base64.b64encode(pixels.tobytes()).decode(),
+            }
+        else:
+            buffer = io.BytesIO()
+            PIL.Image.fromarray(pixels if pixels.ndim == 3 else pixels[-1]).save(buffer, format="PNG")
+            images[name] = {"encoding": "png", "data": base64.b64encode(buffer.getvalue()).decode()}
+    rng = np.random.default_rng(seed + chunk)
+    return {
+        "images": images,
+        "joint_position": rng.uniform(-1, 1, 7).round(3).tolist(),
+        "cartesian_position": rng.uniform(-1, 1, 6).round(3).tolist(),
+        "gripper_position": [0.5],
+    }
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_model_cache):
+    from ardiff.worker.vllm_runtime import load_vllm_runtime
+
+    runtime = load_vllm_runtime(
+        WorkerSettings(
+            model="tiny-dreamzero",
+            pipeline=PIPELINE,
+            model_cache=str(tiny_model_cache),
+            cpu_free_memory_bytes=FREE_BYTES,
+            kv_memory_fraction=FRACTION,
+        )
+    )
+    yield runtime
+    runtime.shutdown()
+
+
+def run_tick(adapter, session: str, chunk: int, seed: int, *, reset: bool = False):
+    from ardiff.worker.families import dreamzero
+
+    body = {"request_id": f"{session}-{chunk}", "chunk_index": chunk, "reset": reset}
+    tick = dreamzero.parse_tick(session, {**body, "observation": observation(seed, chunk)})
+    prepared = adapter.prepare(tick, Conditioning(seed=seed, prompt="pick up the red cup"))
+    return adapter.forward(prepared)
+
+
+def test_capacity_is_the_planners(adapter):
+    from ardiff.kv.capacity import KVCacheSpec, plan_capacity
+
+    spec = adapter._runner._ar_diffusion_kv_cache_spec
+    plan = plan_capacity(
+        KVCacheSpec.from_vllm_omni(spec),
+        dtype="bfloat16",
+        available_bytes=FREE_BYTES,
+        gpu_memory_fraction=FRACTION,
+    )
+    assert [b.name for b in spec.kv_branches] == ["positive", "negative"]
+    assert spec.model_owned_state_bytes_per_session == 603 << 20
+    assert adapter.capacity == plan.capacity == 2
+    kv = adapter._runner.kv_cache
+    assert (kv.num_blocks, kv.cross_attention_reserved_bytes) == (
+        plan.managed_blocks,
+        plan.capacity * plan.footprint.cross_attention_bytes_per_session,
+    )
+
+
+def test_two_branches_per_session_freed_on_reset_and_close(adapter):
+    total = adapter.kv_blocks().total
+    free_before = adapter.kv_blocks().free
+    first = run_tick(adapter, "branches", 0, seed=7, reset=True)
+    assert first.actions.shape == (24, 8)
+    assert first.actions.dtype == np.float32
+    assert np.isfinite(first.actions).all()
+    blocks = adapter.branch_blocks("branches")
+    assert set(blocks) == {"positive", "negative"}
+    assert blocks["positive"] == blocks["negative"] > 0
+    assert free_before - adapter.kv_blocks().free == 2 * blocks["positive"]
+    run_tick(adapter, "branches", 1, seed=7)
+    grown = adapter.branch_blocks("branches")
+    assert grown["positive"] == grown["negative"] > blocks["positive"]
+    assert free_before - adapter.kv_blocks().free == 2 * grown["positive"]
+    adapter.reset("branches")
+    assert adapter.branch_blocks("branches") == {}
+    assert adapter.kv_blocks().free == free_before
+    run_tick(adapter, "branches", 0, seed=7, reset=True)
+    assert adapter.kv_blocks().free < free_before
+    adapter.close("branches")
+    assert adapter.kv_blocks() == type(adapter.kv_blocks())(free=free_before, total=total)
+    assert "branches" not in adapter.resident_sessions()
+    assert not adapter.supports_export
+
+
+def test_two_branch_isolation_is_bit_exact(adapter):
+    alone = [run_tick(adapter, "solo", k, seed=11, reset=k == 0) for k in range(2)]
+    adapter.close("solo")
+    mixed = []
+    for k in range(2):
+        mixed.append(run_tick(adapter, "a", k, seed=11, reset=k == 0))
+        run_tick(adapter, "b", k, seed=29, reset=k == 0)
+    for one, other in zip(alone, mixed, strict=True):
+        assert np.array_equal(one.actions, other.actions)
+        assert one.latents.dtype == other.latents.dtype
+        assert np.array_equal(one.latents.float().numpy(), other.latents.float().numpy())
+    assert not np.array_equal(mixed[1].actions, run_tick(adapter, "b", 2, seed=29).actions)
+    adapter.close("a")
+    adapter.close("b")
+
+
+# ------------------------------------------------------------------------------------------ HTTP
+
+
+class SharedRuntime:
+    """The module's adapter as a worker's runtime; the worker's stop leaves it loaded."""
+
+    def __init__(self, adapter) -> None:
+        self._adapter = adapter
+
+    def __getattr__(self, name: str):
+        return getattr(self._adapter, name)
+
+    @property
+    def capacity(self) -> int:
+        return self._adapter.capacity
+
+    @property
+    def frame_size(self) -> tuple[int, int]:
+        return self._adapter.frame_size
+
+    @property
+    def supports_export(self) -> bool:
+        return False
+
+    def shutdown(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def http(adapter):
+    from ardiff.worker.app import create_app
+    from ardiff.worker.service import WorkerService
+
+    settings = WorkerSettings(pipeline=PIPELINE, model="tiny-dreamzero")
+    service = WorkerService(settings, lambda: SharedRuntime(adapter))
+    with TestClient(create_app(service)) as client:
+        for _ in range(200):
+            if client.get("/readyz").status_code == 200:
+                break
+            import time
+
+            time.sleep(0.05)
+        yield client
+
+
+def post(http, session: str, chunk: int, *, accept: str | None = None, **body):
+    payload = {"request_id": f"{session}-{chunk}", "chunk_index": chunk, **body}
+    payload.setdefault("observation", observation(3, chunk))
+    payload.setdefault("prompt", "put the block in the bowl")
+    headers = {"accept": accept} if accept else {}
+    return http.post(f"/v1/sessions/{session}/ticks", json=payload, headers=headers)
+
+
+def error(response) -> tuple[int, str, str]:
+    envelope = response.json()["error"]
+    return response.status_code, envelope["code"], envelope["param"]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "param"),
+    [
+        (lambda o: o["images"].pop("wrist_image_left"), "observation.images.wrist_image_left"),
+        (
+            lambda o: o["images"]["wrist_image_left"].update(shape=[180, 320, 4]),
+            "observation.images.wrist_image_left.shape",
+        ),
+        (
+            lambda o: o["images"]["exterior_image_0_left"].update(shape=[90, 320, 3]),
+            "observation.images.exterior_image_0_left.shape",
+        ),
+        (
+            lambda o: o["images"]["exterior_image_1_left"].update(dtype="float32"),
+            "observation.images.exterior_image_1_left.dtype",
+        ),
+        (
+            lambda o: o["images"]["wrist_image_left"].update(data="not base64!"),
+            "observation.images.wrist_image_left.data",
+        ),
+        (
+            lambda o: o["images"]["wrist_image_left"].update(encoding="png"),
+            "observation.images.wrist_image_left.shape",
+        ),
+        (lambda o: o.update(joint_position=[0.0] * 6), "observation.joint_position"),
+        (lambda o: o.update(gripper_position=["x"]), "observation.gripper_position.0"),
+        (lambda o: o.pop("cartesian_position"), "observation.cartesian_position"),
+    ],
+)
+def test_a_bad_observation_is_400_naming_the_field(http, mutate, param):
+    body = observation(5, 0)
+    mutate(body)
+    response = post(http, "bad-obs", 0, observation=body)
+    assert error(response) == (400, "invalid_tick", param), response.json()
+    assert http.get("/v1/sessions").json()["admitted"] == 0  # nothing reached the runner
+
+
+def test_robot_tick_json_raw_retry_and_order(http):
+    first = post(http, "robot", 0, reset=True)
+    assert first.status_code == 200, first.text
+    assert first.headers["content-type"] == "application/json"
+    body = first.json()
+    assert body["action_shape"] == [24, 8]
+    assert np.isfinite(body["actions"]).all()
+    assert json.loads(first.headers["ardiff-chunk-metadata"]) == {
+        "session_id": "robot",
+        "request_id": "robot-0",
+        "chunk_index": 0,
+        "applied_event_ids": [],
+    }
+    retried = post(http, "robot", 0, reset=True)
+    assert retried.json() == body  # the same request id replays the chunk without advancing
+    assert error(post(http, "robot", 5)) == (409, "chunk_out_of_order", "chunk_index")
+    raw = post(http, "robot", 1, accept="application/octet-stream", return_frames=True)
+    assert raw.status_code == 200
+    assert raw.headers["ardiff-action-shape"] == "24,8"
+    frame_shape = [int(n) for n in raw.headers["ardiff-frame-shape"].split(",")]
+    assert frame_shape[1:] == [352, 640, 3]
+    assert frame_shape[0] >= 1
+    actions = np.frombuffer(raw.content[: 24 * 8 * 4], dtype="<f4").reshape(24, 8)
+    frames = np.frombuffer(raw.content[24 * 8 * 4 :], dtype=np.uint8).reshape(frame_shape)
+    assert np.isfinite(actions).all()
+    assert frames.std() > 0
+    assert error(post(http, "robot", 2, return_frames=True)) == (400, "invalid_tick", "return_frames")
+    png = post(http, "robot", 2, observation=observation(3, 2, encoding="png"))
+    assert png.status_code == 200
+    assert png.json()["action_shape"] == [24, 8]
+    assert http.delete("/v1/sessions/robot").status_code == 200
+    assert "robot" not in http.get("/v1/sessions").json()["sessions"]

@@ -1,0 +1,102 @@
+"""Model families: what differs between the pipelines the worker serves, one module per family.
+
+The worker serves any pipeline with vllm-omni's AR-diffusion capability (`SupportsARDiffusionPipeline`);
+the runner, the paged KV, admission, order, idempotence, auth and placement are the same for all of them
+(`WorkerService`). A family module says what differs: the tick body and how it is validated, how a tick
+becomes the runner's request (pre-processing), what a chunk gives back (frames, actions), how the answer is
+encoded, the per-session state the session adapter may export, the checkpoint layout and its tiny config.
+A third family is one more module here and one line in `FAMILIES`.
+
+Family modules are light: the HTTP layer imports them (for the tick body) before any torch import; whatever
+needs torch or vllm-omni is imported inside the function that needs it. Only the session adapter touches
+private runner or pipeline state; a family calls the adapter's methods for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from ardiff.worker.conditioning import Conditioning
+    from ardiff.worker.runtime import ChunkOutput, PreparedTick
+    from ardiff.worker.session_book import CachedChunk
+    from ardiff.worker.settings import WorkerSettings
+
+
+@runtime_checkable
+class ModelFamily(Protocol):
+    """What one model family module provides (module-level names; checked once by `family_for`)."""
+
+    name: str  # "lingbot", "dreamzero": the session's and the pool's `family`
+    pipelines: tuple[str, ...]  # vllm-omni pipeline class names of this family
+    embedded_model: str  # the name of its tiny model (`ARDIFF_MODEL`)
+    supports_export: bool  # sessions can be exported (contracts §9); False keeps reset-on-evict
+    tick_body: type[BaseModel]  # the HTTP tick's body
+    max_body_bytes: int  # the largest tick body the worker reads
+    default_dtype: str | None  # None: bfloat16 on an accelerator, float32 on CPU
+
+    def checkpoint_ok(self, model_dir: Path) -> bool: ...
+
+    def ensure_tiny_model(self, cache_dir: str | Path, *, seed: int = 0) -> Path: ...
+
+    def write_tiny_model(self, directory: str | Path, *, seed: int = 0) -> Path: ...
+
+    def od_config_extras(self, settings: WorkerSettings, model_dir: Path) -> dict[str, Any]: ...
+
+    def loading(self, model_dir: Path) -> AbstractContextManager[None]: ...
+
+    def parse_tick(self, session_id: str, body: dict[str, Any]) -> Any: ...
+
+    def prepare(self, adapter: Any, tick: Any, conditioning: Conditioning) -> PreparedTick: ...
+
+    def chunk_output(
+        self, adapter: Any, session_id: str, output: Any, started: float, prepared: PreparedTick
+    ) -> ChunkOutput: ...
+
+    def request_of(self, prepared: PreparedTick) -> Any: ...
+
+    def close_after(self, prepared: PreparedTick) -> bool: ...
+
+    def choose_media_type(self, accept: str | None) -> str: ...
+
+    def encode(self, chunk: CachedChunk, media_type: str) -> tuple[bytes, dict[str, str]]: ...
+
+
+def _families() -> dict[str, ModuleType]:
+    from ardiff.worker.families import dreamzero, lingbot
+
+    return {module.name: module for module in (lingbot, dreamzero)}
+
+
+def family_names() -> tuple[str, ...]:
+    return tuple(_families())
+
+
+def family_named(name: str) -> Any:
+    families = _families()
+    if name not in families:
+        raise ValueError(f"model family must be one of {sorted(families)}, got {name!r}")
+    return families[name]
+
+
+def family_for(pipeline: str) -> Any:
+    """The family module serving the pipeline class `pipeline`; ValueError names the known ones."""
+    for module in _families().values():
+        if pipeline in module.pipelines:
+            missing = [name for name in ModelFamily.__annotations__ if not hasattr(module, name)]
+            missing += [
+                name
+                for name, value in vars(ModelFamily).items()
+                if isinstance(value, Callable) and not name.startswith("_") and not hasattr(module, name)
+            ]
+            if missing:
+                raise TypeError(f"model family {module.name} lacks {sorted(missing)}")
+            return module
+    known = sorted(p for module in _families().values() for p in module.pipelines)
+    raise ValueError(f"worker pipeline must be one of {known} (a model family serves it), got {pipeline!r}")

@@ -1,0 +1,177 @@
+"""LingBot-World (`LingBotWorldCausalDMDPipeline`): camera controls in, frames out; one KV branch.
+
+A tick is vllm-omni's `ARDiffusionTickRequest` (controls: one `camera` track); the conditioning image and the
+seed come from the session record; the chunk's latents are decoded by the session's own streaming VAE decoder
+into uint8 `F x H x W x 3` frames, answered raw or as MP4. Its sessions export (contracts §9).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ardiff.worker import tick_rules
+from ardiff.worker.conditioning import Conditioning, conditioning_image
+from ardiff.worker.encoding import RAW, encode_frames
+from ardiff.worker.encoding import choose_media_type as _choose_media_type
+from ardiff.worker.errors import InvalidTick
+from ardiff.worker.messages import TickBody
+from ardiff.worker.runtime import ChunkOutput, PreparedTick
+from ardiff.worker.session_book import CachedChunk
+
+name = "lingbot"
+pipelines = ("LingBotWorldCausalDMDPipeline",)
+embedded_model = "tiny-lingbot-world"
+supports_export = True
+tick_body = TickBody
+max_body_bytes = 1 << 20  # a tick is a few hundred bytes (a camera trajectory a few KB)
+default_dtype = None
+
+
+def checkpoint_ok(model_dir: Path) -> bool:
+    """A diffusers-style directory (`model_index.json`, `transformer/`, `vae/`, ...)."""
+    return (model_dir / "model_index.json").is_file()
+
+
+def ensure_tiny_model(cache_dir: str | Path, *, seed: int = 0) -> Path:
+    from ardiff.worker.tiny_model import ensure_tiny_model as ensure
+
+    return ensure(cache_dir, seed=seed)
+
+
+def write_tiny_model(directory: str | Path, *, seed: int = 0) -> Path:
+    from ardiff.worker.tiny_model import write_tiny_model as write
+
+    return write(directory, seed=seed)
+
+
+def od_config_extras(settings: Any, model_dir: Path) -> dict[str, Any]:
+    return {}
+
+
+@contextlib.contextmanager
+def loading(model_dir: Path) -> Iterator[None]:
+    """While the pipeline is built: a checkpoint marked tiny is built by the real DiT class (any device)."""
+    from ardiff.worker.tiny_model import install_tiny_transformer_factory
+
+    install_tiny_transformer_factory()
+    yield
+
+
+def parse_tick(session_id: str, body: dict[str, Any]) -> Any:
+    return tick_rules.parse_tick(session_id, body)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunnerTick:
+    """What `forward` runs: the pre-processed engine request, and whether to close the session after it.
+
+    `close_session` is taken off the runner's tick and applied after the frames are decoded: the runner would
+    close (and drop the streaming decoder) before the adapter decodes.
+    """
+
+    request: Any
+    close_after: bool
+
+
+def prepare(adapter: Any, tick: Any, conditioning: Conditioning) -> PreparedTick:
+    """The engine request of a tick, through LingBot's own pre-process; `InvalidTick` names the field."""
+    from vllm_omni.diffusion.request import OmniDiffusionRequest
+    from vllm_omni.inputs.data import OmniDiffusionSamplingParams
+
+    height, width = adapter.frame_size
+    image = conditioning_image(conditioning.image, conditioning.seed, height, width)
+    runner_tick = dataclasses.replace(tick, prompt=conditioning.prompt, close_session=False)
+    sampling = OmniDiffusionSamplingParams(
+        height=height,
+        width=width,
+        num_frames=adapter.frames_per_tick,
+        output_type="latent",  # the tick path returns latents; decoded by the session's decoder
+        seed=conditioning.seed,
+        extra_args=runner_tick.to_extra_args(),
+    )
+    import PIL.Image
+
+    request = OmniDiffusionRequest(
+        prompt={"prompt": conditioning.prompt, "multi_modal_data": {"image": PIL.Image.fromarray(image)}},
+        sampling_params=sampling,
+        request_id=tick.request_id,
+    )
+    try:
+        request = adapter.pre_process(request)
+        _check_camera_geometry(adapter, request)
+    except ValueError as exc:
+        raise InvalidTick(str(exc), param=tick_rules.param_for(str(exc), "controls")) from None
+    return PreparedTick(tick.session_id, RunnerTick(request, close_after=tick.close_session))
+
+
+def _check_camera_geometry(adapter: Any, request: Any) -> None:
+    """What LingBot checks only inside its forward: a trajectory covers the tick's frames and yields a valid
+    camera embedding. Run here with the pipeline's own camera functions, so a malformed control is a 400 and
+    never fails a forward (which would close the session)."""
+    import torch
+    from vllm_omni.diffusion.models.lingbot_world.camera import (
+        CameraTrajectory,
+        build_plucker_embedding,
+        interpolate_camera_trajectory,
+    )
+
+    trajectory = adapter.lingbot_camera_trajectory(request)
+    if trajectory is None:
+        return
+    frames, needed = int(trajectory.poses.shape[0]), adapter.frames_per_tick
+    if frames < needed:
+        raise ValueError(f"camera trajectory needs at least {needed} frames per tick, got {frames}.")
+    clipped = CameraTrajectory(poses=trajectory.poses[:needed], intrinsics=trajectory.intrinsics[:needed])
+    height, width = adapter.frame_size
+    build_plucker_embedding(
+        interpolate_camera_trajectory(clipped, adapter.latent_frames_per_tick),
+        height=height,
+        width=width,
+        target_height=height,
+        target_width=width,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    )
+
+
+def chunk_output(
+    adapter: Any, session_id: str, output: Any, started: float, prepared: PreparedTick
+) -> ChunkOutput:
+    """The chunk's latents decoded by the session's streaming decoder (on the forward thread)."""
+    latents = output.output["payload"]["latents"]
+    metadata = dict(output.output["metadata"]["ar_diffusion"])
+    forwarded = time.perf_counter()
+    frames = adapter.decode_streaming_chunk(latents, session_id)
+    decoded = time.perf_counter()
+    return ChunkOutput(
+        frames=np.ascontiguousarray(frames),
+        metadata={**metadata, "applied_event_ids": list(metadata["applied_event_ids"])},
+        forward_s=forwarded - started,
+        decode_s=decoded - forwarded,
+        latents=latents,
+    )
+
+
+def close_after(prepared: PreparedTick) -> bool:
+    return prepared.request.close_after
+
+
+def request_of(prepared: PreparedTick) -> Any:
+    return prepared.request.request
+
+
+def choose_media_type(accept: str | None) -> str:
+    return _choose_media_type(accept)
+
+
+def encode(chunk: CachedChunk, media_type: str) -> tuple[bytes, dict[str, str]]:
+    """Frames raw (uint8 F,H,W,3) or as MP4, the shape in `ardiff-frame-shape`."""
+    body = encode_frames(chunk.frames, media_type if media_type != RAW else RAW)  # type: ignore[arg-type]
+    return body, {"ardiff-frame-shape": ",".join(str(n) for n in chunk.frames.shape)}
