@@ -29,6 +29,9 @@ class OperatorConfig:
     reconcile_seconds: float = 2.0  # a pool's level-triggered reconcile period
     mirror_seconds: float = 5.0  # throttle of the chunkIndex/lastTickTime status mirror
     cancellation_polling_seconds: float = 2.0  # how often kopf re-checks a stopping daemon
+    # How long a silent peer (a killed active operator) blocks a standby; kopf's default is 60 s. Keepalives
+    # go out every max(1, lifetime - 5..10) s, so a few seconds cost about one PATCH per second per operator.
+    peering_lifetime_seconds: float = 5.0
     status_write_concurrency: int = 16
 
     def __post_init__(self) -> None:
@@ -45,6 +48,7 @@ class OperatorConfig:
             "reconcile_seconds": self.reconcile_seconds,
             "mirror_seconds": self.mirror_seconds,
             "cancellation_polling_seconds": self.cancellation_polling_seconds,
+            "peering_lifetime_seconds": self.peering_lifetime_seconds,
             "status_write_concurrency": self.status_write_concurrency,
         }
         for name, value in positive.items():
@@ -56,6 +60,7 @@ ENV_SECONDS = {
     "reconcile_seconds": "ARDIFF_OPERATOR_RECONCILE_SECONDS",
     "mirror_seconds": "ARDIFF_OPERATOR_MIRROR_SECONDS",
     "cancellation_polling_seconds": "ARDIFF_OPERATOR_CANCELLATION_POLLING_SECONDS",
+    "peering_lifetime_seconds": "ARDIFF_OPERATOR_PEERING_LIFETIME_SECONDS",
 }
 
 

@@ -66,7 +66,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     # Namespaced mode runs without cluster-scoped rights: no namespace or CRD scanning.
     settings.scanning.disabled = not config.all_namespaces
     settings.watching.label_selectors["pods"] = f"{POOL_LABEL},{COMPONENT_LABEL}={WORKER_COMPONENT}"
-    # Peering (standalone / name / priority) comes from `kopf.run`'s arguments (operator/cli.py).
+    # Peering (standalone / name / priority) comes from `kopf.run`'s arguments (operator/cli.py); the lifetime
+    # decides how soon a standby takes over from a killed active (kopf reads it whole seconds, at least 1).
+    settings.peering.lifetime = max(1, round(config.peering_lifetime_seconds))
 
     def login() -> kopf.ConnectionInfo:
         """The same credentials kopf logs in with (in-cluster service account, else kubeconfig)."""
