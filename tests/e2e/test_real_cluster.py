@@ -42,7 +42,11 @@ WALK = [client.hold("w"), client.camera("w", "wj", "j"), client.camera("d", "d",
 def stack(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> Iterator[Stack]:
     # Every worker mounts the same shared tier: evicted sessions are suspended there, not dropped.
     tier = tmp_path_factory.mktemp("shared-tier")
-    pod_env = {"ARDIFF_MODEL_CACHE": str(model_cache), "ARDIFF_SUSPEND_DIR": str(tier)}
+    pod_env = {
+        "ARDIFF_MODEL_CACHE": str(model_cache),
+        "ARDIFF_SUSPEND_DIR": str(tier),
+        "ARDIFF_SNAPSHOT_EVERY_CHUNKS": "2",  # a session whose pod dies resumes from its last snapshot
+    }
     with running_stack(tmp_path_factory.mktemp("e2e-real"), POOL, pod_env) as running:
         wait_until(lambda: running.ready_pods(), timeout=WORKER_START_TIMEOUT, what="the first worker pod")
         yield running
@@ -218,9 +222,20 @@ def test_deleting_a_session_closes_it_on_its_worker_and_frees_its_kv_blocks(stac
     assert stack.invariants() == []
 
 
-def test_killing_a_worker_mid_session_loses_and_replaces_its_sessions(stack: Stack) -> None:
-    doomed, bystander = stack.session("doomed"), stack.session("bystander")
-    killed_pod, other_pod = ready(stack, doomed)["pod"], ready(stack, bystander)["pod"]
+def test_killing_a_worker_mid_session_resumes_its_session_from_a_snapshot_bit_identical(stack: Stack) -> None:
+    """kill -9 of a worker while its session ticks: the session is placed again (on the restarted worker,
+    the only free slot) and resumes from its last snapshot (every 2 chunks here) instead of starting over;
+    the client is told `rewound` to the snapshot's chunk and its frames from there equal a twin's."""
+    twin = stack.session("doomed-twin", prompt="a harbour at night", seed=31)
+    ready(stack, twin)
+    with stack.connect(twin) as twin_client:
+        expected = [twin_client.tick([client.hold("w")]).frames for _ in range(6)]
+    stack.sessions.delete(twin, wait=True)
+
+    doomed = stack.session("doomed", prompt="a harbour at night", seed=31)
+    bystander = stack.session("bystander")
+    before = ready(stack, doomed)
+    killed_pod, other_pod = before["pod"], ready(stack, bystander)["pod"]
     assert killed_pod != other_pod
     info = stack.cluster.runner.info(killed_pod, NAMESPACE)
     assert info is not None
@@ -237,45 +252,43 @@ def test_killing_a_worker_mid_session_loses_and_replaces_its_sessions(stack: Sta
         bystander_client.tick([client.hold("d")])
         ticking = threading.Thread(target=keep_ticking, args=(doomed_client,))
         ticking.start()
-        wait_until(lambda: doomed_client.next_chunk_index >= 2, timeout=60, what="a few ticks")
+        wait_until(lambda: doomed_client.next_chunk_index >= 3, timeout=60, what="a snapshot or two")
         stack.cluster.runner.kill(killed_pod, signal.SIGKILL, NAMESPACE)
         killed_at = time.monotonic()
         ticking.join(60)
         assert [type(f) for f in failures] == [client.WorkerUnreachable]
-
-        phases = []
+        reached = doomed_client.next_chunk_index
 
         def replaced() -> dict[str, Any] | None:
             status = stack.sessions.status(doomed)
-            phases.append(status.get("phase"))
-            return status if status.get("phase") == "Ready" and status.get("resetRequired") else None
+            placed_again = status.get("phase") == "Ready" and status.get("podEpoch") != before["podEpoch"]
+            return status if placed_again else None
 
-        status = wait_until(
-            replaced, timeout=WORKER_START_TIMEOUT, what="the lost session re-placed", poll=0.1
-        )
-        recovery = time.monotonic() - killed_at
-        print(f"kill -9 -> re-placed and Ready: {recovery:.1f}s (phases seen: {sorted(set(phases))})")
-
-        # `Lost` may last a single reconcile round in the status, too short for a poll; its Event stays.
-        def news() -> dict[str, client.SessionEvent] | None:
-            events = {event.reason: event for event in stack.sessions.events(doomed)}
-            return events if {"Lost", "Replaced"} <= events.keys() else None
-
-        events = wait_until(news, timeout=30, what="the Lost and Replaced events")
-        assert events["Lost"].type == "Warning"
-        assert "lost" in events["Lost"].message
-        assert events["Replaced"].message.startswith(f"on {killed_pod}:")
+        status = wait_until(replaced, timeout=WORKER_START_TIMEOUT, what="the lost session placed again")
+        print(f"kill -9 -> placed again and Ready: {time.monotonic() - killed_at:.1f}s")
         assert status["pod"] == killed_pod  # the only free slot: the restarted worker's, with a new epoch
-        restarted = stack.cluster.runner.info(killed_pod, NAMESPACE)
-        assert restarted is not None
-        assert restarted.restart_count == info.restart_count + 1
-        assert restarted.pid != info.pid
+        assert status["resetRequired"] is False  # it has a snapshot
+        assert "Lost" in {event.reason for event in stack.sessions.events(doomed)}
 
-        with pytest.raises(client.ResetRequired):
-            doomed_client.tick([client.hold("w")])
-        doomed_client.reset()
-        assert_frames(doomed_client.tick([client.hold("w")]), 0)
+        resumed_at = None
+        try:
+            chunk = doomed_client.tick([client.hold("w")])
+        except client.Rewound as rewound:  # chunks past the snapshot died with the pod
+            resumed_at = rewound.expected_chunk_index
+            assert resumed_at < reached
+            assert doomed_client.next_chunk_index == resumed_at
+            chunk = doomed_client.tick([client.hold("w")])
+        while True:
+            index = chunk.metadata.chunk_index
+            np.testing.assert_array_equal(chunk.frames, expected[index])  # bit-identical to the twin
+            if index == len(expected) - 1:
+                break
+            chunk = doomed_client.tick([client.hold("w")])
+        print(f"resumed at chunk {resumed_at if resumed_at is not None else reached} (had reached {reached})")
         assert_frames(bystander_client.tick([client.hold("d")]), 1)  # the other pod's session kept its KV
+    restarted = stack.cluster.runner.info(killed_pod, NAMESPACE)
+    assert restarted is not None
+    assert restarted.restart_count == info.restart_count + 1
     assert_consistent(stack, [doomed, bystander])
 
 
