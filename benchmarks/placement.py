@@ -6,6 +6,14 @@ with p50/p99 latency, operations per second, script calls and Redis-side script 
 Redis' own command statistics) and the ratios to PING; the target is place and touch p99 <= 3x PING p99.
 
     .venv/bin/python benchmarks/placement.py [--pods 100] [--sessions 10000] [--evictions 2000]
+
+With `--clients N --pools M` it measures throughput under concurrency instead: N clients (half place new
+sessions, half tick placed ones) over M pools, flat out for the peak aggregate place+touch ops/s; then
+`redis-benchmark` runs the same EVALSHA calls (the argv our store sends, captured) at the same concurrency;
+then the clients again, paced at ~70% of the peak, for latency against PING. Script time per call comes from
+`INFO commandstats`; one pool's ceiling is one node's thread running its scripts.
+
+    .venv/bin/python benchmarks/placement.py --clients 32 --pools 8 [--procs 2] [--duration 5]
 """
 
 from __future__ import annotations
@@ -13,13 +21,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import multiprocessing
+import os
 import random
 import statistics
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ardiff.devcluster.redis_server import RedisServer
+from ardiff.kv.keys import PoolKeys
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import MAX_PRIORITY, PoolId, SessionSpec
 
@@ -170,6 +183,252 @@ def report(results: list[Measured], pods: int, sessions: int) -> bool:
     return all(verdicts.values())
 
 
+# ---- throughput under concurrency (--clients N --pools M) ------------------------------------------------
+
+BIG_CAPACITY = 10_000_000  # the pool never fills: every place takes the free-slot path
+TOUCHED_PER_POOL = 64
+
+
+@dataclass(frozen=True)
+class Shape:
+    url: str
+    pools: list[PoolId]
+    epochs: dict[PoolId, int]  # pool -> epoch of its one pod "w-0"
+    touched: list[str]  # sessions the workers tick, placed in every pool
+
+
+@dataclass
+class ClientStats:
+    places: list[float]  # latencies, s
+    touches: list[float]
+    pings: list[float]
+    wall_s: float
+    cpu_s: float = 0.0  # CPU time of the client processes
+
+
+def pool_of(index: int) -> PoolId:
+    return PoolId("bench", f"pool-{index}")
+
+
+async def setup_pools(url: str, pools: int) -> Shape:
+    """M pools of one pod each (capacity without limit: the free-slot path), TOUCHED_PER_POOL sessions placed
+    in each for the workers to tick."""
+    ids = [pool_of(i) for i in range(pools)]
+    touched = [f"t-{i:03d}" for i in range(TOUCHED_PER_POOL)]
+    epochs = {}
+    async with PlacementStore.from_url(url) as store:
+        for pool in [*ids, RB_POOL]:
+            await store.delete_pool(pool)
+            registration = await store.register_pod(
+                pool, "w-0", capacity=BIG_CAPACITY, endpoint="http://w-0:8000", lease_ms=3_600_000
+            )
+            epochs[pool] = registration.epoch
+            for name in touched:
+                await store.place(pool, spec(name))
+    return Shape(url, ids, epochs, touched)
+
+
+async def run_clients(
+    shape: Shape, proc: int, tasks: int, duration_s: float, rate: float | None
+) -> ClientStats:
+    """`tasks` clients on one store: even ones place new sessions, odd ones tick placed ones, round-robin
+    over the pools; `rate` (ops/s per client) paces them, None runs flat out. Process 0 also times PING."""
+    stats = ClientStats([], [], [], 0.0)
+    async with PlacementStore.from_url(shape.url) as store:
+        deadline = time.perf_counter() + duration_s
+
+        async def client(index: int) -> None:
+            rng = random.Random(proc * 1000 + index)
+            n = 0
+            next_at = time.perf_counter()
+            while (now := time.perf_counter()) < deadline:
+                if rate:
+                    next_at += 1 / rate
+                    if next_at > now:
+                        await asyncio.sleep(next_at - now)
+                pool = shape.pools[(index + n) % len(shape.pools)]
+                start = time.perf_counter()
+                if index % 2 == 0:
+                    await store.place(pool, spec(f"p{proc}-{index}-{n}"))
+                    stats.places.append(time.perf_counter() - start)
+                else:
+                    name = rng.choice(shape.touched)
+                    await store.touch(pool, name, pod="w-0", epoch=shape.epochs[pool], chunk_index=n)
+                    stats.touches.append(time.perf_counter() - start)
+                n += 1
+
+        async def pinger() -> None:
+            while time.perf_counter() < deadline:
+                start = time.perf_counter()
+                await store.client.ping()
+                stats.pings.append(time.perf_counter() - start)
+                await asyncio.sleep(0.005)
+
+        began, cpu = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(client(i) for i in range(tasks)), *([pinger()] if proc == 0 else []))
+        stats.wall_s, stats.cpu_s = time.perf_counter() - began, time.process_time() - cpu
+    return stats
+
+
+def _client_process(
+    shape: Shape, proc: int, tasks: int, duration_s: float, rate: float | None, out: Any
+) -> None:
+    out.put(asyncio.run(run_clients(shape, proc, tasks, duration_s, rate)))
+
+
+def run_phase(shape: Shape, clients: int, procs: int, duration_s: float, rate: float | None) -> ClientStats:
+    """`clients` concurrent clients over `procs` processes (one Python process cannot keep Redis busy)."""
+    queue: multiprocessing.Queue[ClientStats] = multiprocessing.Queue()
+    per_proc = [clients // procs + (1 if p < clients % procs else 0) for p in range(procs)]
+    workers = [
+        multiprocessing.Process(target=_client_process, args=(shape, p, n, duration_s, rate, queue))
+        for p, n in enumerate(per_proc)
+        if n
+    ]
+    for worker in workers:
+        worker.start()
+    results = [queue.get() for _ in workers]
+    for worker in workers:
+        worker.join()
+    return ClientStats(
+        places=[x for r in results for x in r.places],
+        touches=[x for r in results for x in r.touches],
+        pings=[x for r in results for x in r.pings],
+        wall_s=max(r.wall_s for r in results),
+        cpu_s=sum(r.cpu_s for r in results),
+    )
+
+
+RB_POOL = PoolId("bench", "redis-benchmark")
+
+
+async def captured_calls(url: str, epoch: int) -> dict[str, list[str]]:
+    """The EVALSHA argv our store sends for a steady-state place and a touch (in RB_POOL), the place's session
+    key and name made random per request (`__rand_int__`), for redis-benchmark."""
+    calls: dict[str, list[str]] = {}
+    async with PlacementStore.from_url(url) as store:
+        original = store._call
+
+        async def recording(name: str, keys: list[str], args: list[Any]) -> list[Any]:
+            calls[name] = [
+                "EVALSHA",
+                store._scripts[name].sha,
+                str(len(keys)),
+                *keys,
+                *(a.decode() if isinstance(a, bytes) else str(a) for a in args),
+            ]
+            return await original(name, keys, args)
+
+        store._call = recording  # type: ignore[method-assign]
+        await store.place(RB_POOL, spec("rb-warm-0"))
+        await store.place(RB_POOL, spec("rb-warm-1"))  # the pod is now in the hint: one round trip
+        await store.touch(RB_POOL, "t-000", pod="w-0", epoch=epoch, chunk_index=1)
+    place = calls["place"]
+    session_key = PoolKeys(RB_POOL).session("rb-warm-1")
+    place[place.index(session_key)] = PoolKeys(RB_POOL).session("rb-__rand_int__")
+    place[place.index("rb-warm-1")] = "rb-__rand_int__"
+    return {"place": place, "touch": calls["touch"]}
+
+
+def redis_benchmark(port: int, argv: list[str], clients: int, requests: int) -> float:
+    """redis-benchmark's requests per second for one command at `clients` connections."""
+    out = subprocess.run(
+        [
+            "redis-benchmark",
+            "-p",
+            str(port),
+            "-c",
+            str(clients),
+            "-n",
+            str(requests),
+            "-r",
+            "100000000",
+            "--csv",
+            *argv,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    row = [line for line in out.splitlines() if line.startswith('"') and not line.startswith('"test"')][-1]
+    return float(row.split(",")[1].strip('"'))
+
+
+async def commandstats(url: str) -> dict[str, tuple[int, float]]:
+    """{command: (calls, usec)} from INFO commandstats."""
+    async with PlacementStore.from_url(url) as store:
+        stats = await store.client.info("commandstats")
+    return {k.removeprefix("cmdstat_"): (int(v["calls"]), float(v["usec"])) for k, v in stats.items()}
+
+
+def us(values: list[float], q: int) -> float:
+    return Measured.percentile(values, q) * 1e6 if values else float("nan")
+
+
+def throughput(url: str, port: int, clients: int, pools: int, procs: int, duration_s: float) -> bool:
+    shape = asyncio.run(setup_pools(url, pools))
+    before = asyncio.run(commandstats(url))
+    peak = run_phase(shape, clients, procs, duration_s, rate=None)
+    after = asyncio.run(commandstats(url))
+    ops = len(peak.places) + len(peak.touches)
+    peak_rate = ops / peak.wall_s
+    calls = after["evalsha"][0] - before.get("evalsha", (0, 0.0))[0]
+    script_us = (after["evalsha"][1] - before.get("evalsha", (0, 0.0))[1]) / max(calls, 1)
+
+    argv = asyncio.run(captured_calls(url, shape.epochs[RB_POOL]))
+    requests = max(20_000, int(peak_rate * duration_s))
+    rb_before = asyncio.run(commandstats(url))
+    rb_touch = redis_benchmark(port, argv["touch"], clients, requests)
+    rb_mid = asyncio.run(commandstats(url))
+    rb_place = redis_benchmark(port, argv["place"], clients, requests)
+    rb_after = asyncio.run(commandstats(url))
+    touch_us = (rb_mid["evalsha"][1] - rb_before["evalsha"][1]) / (
+        rb_mid["evalsha"][0] - rb_before["evalsha"][0]
+    )
+    place_us = (rb_after["evalsha"][1] - rb_mid["evalsha"][1]) / (
+        rb_after["evalsha"][0] - rb_mid["evalsha"][0]
+    )
+    share = len(peak.places) / ops  # the same mix of places and touches, at redis-benchmark's rates
+    rb_mix = 1 / (share / rb_place + (1 - share) / rb_touch)
+
+    paced = run_phase(shape, clients, procs, duration_s, rate=0.7 * peak_rate / clients)
+    paced_rate = (len(paced.places) + len(paced.touches)) / paced.wall_s
+    load = os.getloadavg()
+    print(
+        f"placement store under concurrency: {clients} clients ({procs} processes), {pools} pools, "
+        f"{duration_s:g} s per phase; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
+        f"{os.cpu_count()} CPUs"
+    )
+    print(f"{'':<28} {'place/s':>9} {'touch/s':>9} {'place+touch/s':>13}")
+    print(
+        f"{'ardiff (peak)':<28} {len(peak.places) / peak.wall_s:>9.0f} "
+        f"{len(peak.touches) / peak.wall_s:>9.0f} {peak_rate:>13.0f}"
+    )
+    print(f"{'redis-benchmark (EVALSHA)':<28} {rb_place:>9.0f} {rb_touch:>9.0f} {rb_mix:>13.0f}  (same mix)")
+    ratio = peak_rate / rb_mix
+    print(
+        f"client CPU per operation: {peak.cpu_s / ops * 1e6:.0f} µs (Python, {procs} processes) against "
+        f"{script_us:.0f} µs of script in Redis"
+    )
+    print(f"ardiff / redis-benchmark: {ratio:.2f} (target >= 0.80: {'met' if ratio >= 0.8 else 'MISSED'})")
+    print(
+        f"script time in Redis: {script_us:.1f} µs per call in our run; "
+        f"redis-benchmark: place {place_us:.1f} µs, touch {touch_us:.1f} µs"
+    )
+    print(
+        f"one pool's ceiling (one hash slot: one node, one thread): ~{1e6 / place_us:.0f} places/s or "
+        f"~{1e6 / touch_us:.0f} touches/s of script time alone"
+    )
+    ping99 = us(paced.pings, 99)
+    print(f"at ~70% of the peak ({paced_rate:.0f} ops/s, target {0.7 * peak_rate:.0f}):")
+    print(f"{'':<8} {'p50 µs':>8} {'p99 µs':>8} {'p99/PING p99':>13}")
+    for name, values in (("place", paced.places), ("touch", paced.touches), ("PING", paced.pings)):
+        print(f"{name:<8} {us(values, 50):>8.0f} {us(values, 99):>8.0f} {us(values, 99) / ping99:>13.2f}")
+    met = max(us(paced.places, 99), us(paced.touches, 99)) / ping99 <= TARGET_P99_RATIO
+    print(f"target p99 <= {TARGET_P99_RATIO:g}x PING p99 at 70% load: {'met' if met else 'MISSED'}")
+    return met and ratio >= 0.8
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=100)
@@ -178,7 +437,15 @@ def main() -> None:
     parser.add_argument(
         "--redis-url", help="an existing Redis (default: a fresh redis-server on a free port)"
     )
+    parser.add_argument("--clients", type=int, help="throughput mode: this many concurrent clients")
+    parser.add_argument("--pools", type=int, default=8, help="throughput mode: pools the clients spread over")
+    parser.add_argument("--procs", type=int, default=os.cpu_count() or 1, help="client processes")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per throughput phase")
     args = parser.parse_args()
+    if args.clients:
+        with RedisServer() as server:
+            throughput(server.url, server.port, args.clients, args.pools, args.procs, args.duration)
+        return
     if args.redis_url:
         results = asyncio.run(run(args.redis_url, args.pods, args.sessions, args.evictions))
     else:
