@@ -276,6 +276,15 @@ def create_app(service: WorkerService) -> FastAPI:
         stream = SessionStream(websocket, service, streams, session_id, inject_fault=fault)
         await stream.run(websocket.query_params.get("format"))
 
+    if family.name == "dreamzero":
+
+        @app.websocket("/v1/sessions/{session_id}/openpi")
+        async def openpi_session(websocket: WebSocket, session_id: str) -> None:
+            """An openpi policy client's WebSocket (msgpack-numpy observations in, action chunks out)."""
+            from ardiff.worker.openpi import OpenPIConnection
+
+            await OpenPIConnection(websocket, service, streams, session_id).run()
+
     @app.delete("/v1/sessions/{session_id}", response_model=SessionView, responses=_SESSION_ERRORS)
     async def delete_session(session_id: SessionId, credentials: Credentials = None) -> dict[str, Any]:
         return await service.close(session_id, authorization(credentials))

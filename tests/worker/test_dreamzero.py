@@ -1,6 +1,7 @@
 """DreamZero, the second model family: the real `DreamZeroPipeline`/`CausalWanModel` with tiny random
-weights, loaded by the real loader, on CPU (bfloat16), in this process, behind the session adapter and the worker's HTTP
-tick (`create_app` over a `WorkerService` whose runtime is this module's adapter: one load for the module).
+weights, loaded by the real loader, on CPU (bfloat16), in this process, behind the session adapter and the
+worker's HTTP tick (`create_app` over a `WorkerService` whose runtime is this module's adapter: one load
+for the module).
 
 Capacity equals the planner's; both KV branches are allocated per session and freed; two interleaved sessions
 give bit-identical actions and latents to one alone; the robot tick validates every observation field with a
@@ -273,3 +274,76 @@ def test_robot_tick_json_raw_retry_and_order(http):
     assert png.json()["action_shape"] == [24, 8]
     assert http.delete("/v1/sessions/robot").status_code == 200
     assert "robot" not in http.get("/v1/sessions").json()["sessions"]
+
+
+# ------------------------------------------------------------------------------------------ openpi
+
+
+def pack_array(value):
+    """openpi-client's msgpack_numpy encoding (its published wire format), written here from the protocol:
+    the package itself pins numpy < 2 and cannot join this environment."""
+    if isinstance(value, np.ndarray | np.generic) and value.dtype.kind in "VOc":
+        raise ValueError(f"unsupported dtype {value.dtype}")
+    if isinstance(value, np.ndarray):
+        return {
+            b"__ndarray__": True,
+            b"data": value.tobytes(),
+            b"dtype": value.dtype.str,
+            b"shape": value.shape,
+        }
+    if isinstance(value, np.generic):
+        return {b"__npgeneric__": True, b"data": value.item(), b"dtype": value.dtype.str}
+    return value
+
+
+def unpack_array(value):
+    if b"__ndarray__" in value:
+        return np.ndarray(buffer=value[b"data"], dtype=np.dtype(value[b"dtype"]), shape=value[b"shape"])
+    if b"__npgeneric__" in value:
+        return np.dtype(value[b"dtype"]).type(value[b"data"])
+    return value
+
+
+def openpi_observation(seed: int, frames: int) -> dict:
+    rng = np.random.default_rng(seed)
+    return {
+        **{f"observation/{name}": pixels for name, pixels in camera_images(seed, frames).items()},
+        "observation/joint_position": rng.uniform(-1, 1, 7),
+        "observation/cartesian_position": rng.uniform(-1, 1, 6),
+        "observation/gripper_position": np.array([0.2]),
+        "prompt": "pick up the red cup",
+    }
+
+
+def test_an_openpi_client_drives_a_session(http):
+    import msgpack
+
+    packb = lambda value: msgpack.packb(value, default=pack_array)  # noqa: E731
+    unpackb = lambda data: msgpack.unpackb(data, object_hook=unpack_array)  # noqa: E731
+    headers = {"authorization": "Api-Key any-token"}  # openpi's scheme (standalone: not checked)
+    with http.websocket_connect("/v1/sessions/policy/openpi", headers=headers) as ws:
+        metadata = unpackb(ws.receive_bytes())
+        assert metadata["image_resolution"] == [180, 320]
+        assert metadata["needs_wrist_camera"] is True
+        ws.send_bytes(packb(openpi_observation(1, 0)))
+        first = unpackb(ws.receive_bytes())
+        assert first.shape == (24, 8)
+        assert first.dtype == np.float32
+        ws.send_bytes(packb(openpi_observation(2, 4)))
+        second = unpackb(ws.receive_bytes())
+        assert second.shape == (24, 8)
+        view = http.get("/v1/sessions/policy").json()
+        assert view["next_chunk_index"] == 2
+        assert view["last_request_id"].startswith("openpi-")
+        bad = openpi_observation(3, 4)
+        del bad["observation/wrist_image_left"]
+        ws.send_bytes(packb(bad))
+        error = json.loads(ws.receive_text())["error"]
+        assert (error["code"], error["param"]) == ("invalid_tick", "observation/wrist_image_left")
+        ws.send_bytes(packb({"endpoint": "reset"}))
+        assert unpackb(ws.receive_bytes()) == {"status": "reset successful"}
+        ws.send_bytes(packb(openpi_observation(1, 0)))
+        again = unpackb(ws.receive_bytes())
+        assert np.array_equal(again, first)  # chunk 0 again after the reset: the same actions
+        assert http.get("/v1/sessions/policy").json()["next_chunk_index"] == 1
+    assert http.delete("/v1/sessions/policy").status_code == 200

@@ -146,8 +146,13 @@ def parse_tick(session_id: str, body: dict[str, Any]) -> RobotTick:
 
 
 def decode_image(camera: str, image: dict[str, Any]) -> np.ndarray:
-    """A camera's uint8 `(H, W, 3)` or `(T, H, W, 3)` pixels; `InvalidTick` names what is wrong."""
+    """A camera's uint8 `(H, W, 3)` or `(T, H, W, 3)` pixels; `InvalidTick` names what is wrong. An array
+    (the openpi WebSocket's msgpack-numpy) is checked like raw pixels."""
     param = f"observation.images.{camera}"
+    if isinstance(image, np.ndarray):
+        if image.dtype != np.uint8:
+            raise InvalidTick(f"{param} must be uint8, got {image.dtype}", param=f"{param}.dtype")
+        return _checked_pixels(param, image)
     try:
         data = base64.b64decode(image.get("data", ""), validate=True)
     except (binascii.Error, ValueError):
@@ -182,6 +187,10 @@ def decode_image(camera: str, image: dict[str, Any]) -> np.ndarray:
             raise InvalidTick(
                 f"{param}.data is not a readable {encoding.upper()}", param=f"{param}.data"
             ) from None
+    return _checked_pixels(param, array)
+
+
+def _checked_pixels(param: str, array: np.ndarray) -> np.ndarray:
     if array.ndim not in (3, 4) or array.shape[-1] != 3:
         raise InvalidTick(
             f"{param} must be [H, W, 3] or [T, H, W, 3], got {list(array.shape)}", param=f"{param}.shape"
@@ -200,7 +209,12 @@ def decode_image(camera: str, image: dict[str, Any]) -> np.ndarray:
 
 def vector(value: Any, field: str, size: int) -> np.ndarray:
     param = f"observation.{field}"
-    array = np.asarray(value if isinstance(value, list) else [], dtype=np.float64)
+    try:
+        array = np.asarray(value if isinstance(value, list | np.ndarray) else [], dtype=np.float64).reshape(
+            -1
+        )
+    except (TypeError, ValueError):
+        array = np.zeros(0)
     if array.shape != (size,) or not np.all(np.isfinite(array)):
         raise InvalidTick(f"{param} must be {size} finite numbers", param=param)
     return array.astype(np.float32)
