@@ -1,11 +1,17 @@
-"""Session continuity, part 1 (issue 12 item 7): export and import time against the export's size.
+"""Session continuity (issue 12 item 7): export, import and shared-tier transfer time against the export's
+size, and the first tick after a resume against the first tick after a reset.
 
 For each resolution a child process loads the tiny LingBot-World model (the real vllm-omni runner, paged KV,
 streaming decoder), ticks one session until its KV window is full (9 chunks), then exports it at that tick
 boundary into memory `--repeats` times (read-only: every export is the same bytes) and imports it as often
 (each import closed again, the close not timed). The export carries the worker's book with its cached chunk.
-Sizes are split by what they hold (docs/contracts.md §9). Not yet here: the transfer path, the migration stall
-in ticks, the first tick after a resume, the extrapolation to LingBot 480x832 bf16.
+Sizes are split by what they hold (docs/contracts.md §9). Then the transfer path the worker uses: the
+export written into the shared tier (`SharedTier.write`: a `.part` file, fsync, rename), read back and
+imported from it, as bytes/s; and, in the same process, the tick that continues the resumed session (chunk 9)
+against a reset session's first tick (chunk 0: prompt and image encoded again, the KV empty). Last, the
+extrapolation to a LingBot-World 480x832 bf16 session: its self-attention KV from the capacity planner
+(`lingbot-world-480x832`, pages per session x page bytes) divided by the self-KV share of the measured
+export, moved at the measured tier bytes/s and at 100 Gb/s.
 
     .venv/bin/python benchmarks/continuity.py [--resolutions 64 128] [--repeats 20] [--threads 1]
 """
@@ -41,14 +47,19 @@ def measure(size: int, repeats: int, model_cache: str) -> dict[str, Any]:
     from ardiff.worker.session_book import CachedChunk, SessionBook
     from ardiff.worker.session_export import ITEM_SIZES, ExportReader
     from ardiff.worker.settings import WorkerSettings
+    from ardiff.worker.shared_tier import SharedTier
     from ardiff.worker.vllm_runtime import load_vllm_runtime
 
     runtime = load_vllm_runtime(WorkerSettings(height=size, width=size, model_cache=model_cache))
     conditioning = Conditioning(seed=1234, prompt="camera moving forward through a forest")
+
+    def tick(session: str, chunk: int) -> Any:
+        body = {"request_id": f"{session}-{chunk}", "chunk_index": chunk, "controls": [CAMERA]}
+        return runtime.forward(runtime.prepare(tick_rules.parse_tick(session, body), conditioning))
+
     book = SessionBook("a")
     for chunk in range(CHUNKS):
-        body = {"request_id": f"a-{chunk}", "chunk_index": chunk, "controls": [CAMERA]}
-        output = runtime.forward(runtime.prepare(tick_rules.parse_tick("a", body), conditioning))
+        output = tick("a", chunk)
         book = book.advanced(CachedChunk(f"a-{chunk}", chunk, output.frames, output.metadata))
     runtime.export_session("a", io.BytesIO(), book=book)  # the weights fingerprint is computed once, here
     exports, blob = [], b""
@@ -65,6 +76,32 @@ def measure(size: int, repeats: int, model_cache: str) -> dict[str, Any]:
         runtime.import_session(io.BytesIO(blob))
         imports.append(time.perf_counter() - started)
         runtime.close("a")
+    # The worker's transfer path: into the shared tier (fsync, rename) and back.
+    runtime.import_session(io.BytesIO(blob))
+    writes, reads, resumed_ticks, reset_ticks = [], [], [], []
+    with tempfile.TemporaryDirectory(prefix="ardiff-tier-") as root:
+        tier = SharedTier(root, "bench", "pool")
+        for _ in range(repeats):
+            started = time.perf_counter()
+            location, _ = tier.write("a", "suspend", lambda out: runtime.export_session("a", out, book=book))
+            writes.append(time.perf_counter() - started)
+            runtime.close("a")
+            started = time.perf_counter()
+            with tier.open(location) as source:
+                runtime.import_session(source)
+            reads.append(time.perf_counter() - started)
+            tier.remove(location)
+            # The first tick after a resume continues at chunk 9; after a reset it is chunk 0 of a new world.
+            started = time.perf_counter()
+            tick("a", CHUNKS)
+            resumed_ticks.append(time.perf_counter() - started)
+            runtime.close("a")
+            started = time.perf_counter()  # alone, as the runner holds one session at this budget
+            tick("fresh", 0)
+            reset_ticks.append(time.perf_counter() - started)
+            runtime.close("fresh")
+            runtime.import_session(io.BytesIO(blob))
+    runtime.close("a")
     groups: dict[str, int] = {}
     for name, (dtype, shape) in ExportReader(io.BytesIO(blob)).tensor_shapes().items():
         group = next(label for prefix, label in GROUPS.items() if name.startswith(prefix))
@@ -76,6 +113,10 @@ def measure(size: int, repeats: int, model_cache: str) -> dict[str, Any]:
         "groups": groups,
         "export_ms": 1000 * statistics.median(exports),
         "import_ms": 1000 * statistics.median(imports),
+        "tier_write_ms": 1000 * statistics.median(writes),
+        "tier_read_import_ms": 1000 * statistics.median(reads),
+        "first_tick_after_resume_ms": 1000 * statistics.median(resumed_ticks),
+        "first_tick_after_reset_ms": 1000 * statistics.median(reset_ticks),
         "repeats": repeats,
     }
 
@@ -103,6 +144,47 @@ def print_table(results: list[dict[str, Any]], threads: int) -> None:
     for r in results:
         split = " ".join(f"{r['groups'].get(label, 0):>10}" for label in labels)
         print(f"{r['size']:>4}^2  {r['bytes']:>11} {r['export_ms']:>10.2f} {r['import_ms']:>10.2f} {split}")
+    print("\nthrough the shared tier (a local directory here: write + fsync + rename; read + import)")
+    header = (
+        f"{'size':>7} {'tier write ms':>14} {'write MB/s':>11} {'read+import ms':>15} {'read MB/s':>10} "
+        f"{'tick after resume ms':>21} {'tick after reset ms':>20} {'ratio':>6}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        mb = r["bytes"] / 1e6
+        ratio = r["first_tick_after_resume_ms"] / r["first_tick_after_reset_ms"]
+        print(
+            f"{r['size']:>4}^2  {r['tier_write_ms']:>14.2f} {mb / r['tier_write_ms'] * 1000:>11.0f} "
+            f"{r['tier_read_import_ms']:>15.2f} {mb / r['tier_read_import_ms'] * 1000:>10.0f} "
+            f"{r['first_tick_after_resume_ms']:>21.1f} {r['first_tick_after_reset_ms']:>20.1f} {ratio:>6.2f}"
+        )
+
+
+def print_extrapolation(results: list[dict[str, Any]]) -> None:
+    """A LingBot-World 480x832 bf16 session: the state the planner counts per session (KV pages, cross-
+    attention, model-owned state), moved at the measured tier rates and at 100 Gb/s."""
+    from ardiff.kv.capacity import plan_for_pool
+    from ardiff.kv.presets import get_preset
+
+    plan = plan_for_pool(
+        get_preset("lingbot-world-480x832"),
+        device_memory_bytes=141 << 30,
+        gpu_memory_fraction=0.9,
+        pool_session_capacity=None,
+    )
+    footprint = plan.kv.footprint
+    total = footprint.bytes_per_session
+    self_kv = footprint.pages_per_session * footprint.page_bytes
+    largest = max(results, key=lambda r: r["size"])
+    write = largest["bytes"] / largest["tier_write_ms"] * 1000
+    read = largest["bytes"] / largest["tier_read_import_ms"] * 1000
+    print(
+        f"\nLingBot-World 480x832 bf16: {total / 1e9:.1f} GB per session (planner: self KV "
+        f"{self_kv / 1e9:.1f} GB, {self_kv / total:.0%}); at the {largest['size']}^2 tier rates "
+        f"{total / write:.0f} s to write and {total / read:.0f} s to read+import; "
+        f"{total * 8 / 100e9:.1f} s over 100 Gb/s"
+    )
 
 
 def main() -> None:
@@ -119,7 +201,9 @@ def main() -> None:
         print(RESULT_MARKER + json.dumps(measure(args.child, args.repeats, args.model_cache)), flush=True)
         return
     model_cache = args.model_cache or str(Path(tempfile.gettempdir()) / "ardiff-bench-models")
-    print_table([run_child(size, args, model_cache) for size in args.resolutions], args.threads)
+    results = [run_child(size, args, model_cache) for size in args.resolutions]
+    print_table(results, args.threads)
+    print_extrapolation(results)
 
 
 if __name__ == "__main__":
