@@ -14,7 +14,7 @@ import secrets
 import string
 from typing import Any
 
-from ardiff.operator.specs import WorkerPoolSpec
+from ardiff.operator.specs import MODEL_VOLUME_MOUNT, ModelDownload, WorkerPoolSpec
 
 POOL_LABEL = "ardiffusion.dev/pool"
 COMPONENT_LABEL = "app.kubernetes.io/component"
@@ -41,6 +41,13 @@ REDIS_URL_KEY = "url"
 WORKER_HOME = "/home/ardiff"
 WORKER_MODEL_CACHE = "/var/cache/ardiff/models"
 WORKER_VOLUMES = {"tmp": "/tmp", "home": WORKER_HOME, "model-cache": WORKER_MODEL_CACHE}
+SHM_VOLUME = "dshm"  # spec.shmSize: a memory-backed emptyDir at /dev/shm (NCCL, torch's shared tensors)
+MODEL_VOLUME = "model"  # spec.modelDownload's PVC or emptyDir, at /models
+DOWNLOAD_CONTAINER = "model-download"
+DOWNLOAD_TOKEN_ENV = "ARDIFF_DOWNLOAD_TOKEN"
+# Names and paths the operator's own volumes use; the pool CRD refuses them in spec.volumes/volumeMounts.
+RESERVED_VOLUMES = (*WORKER_VOLUMES, SHM_VOLUME, MODEL_VOLUME, "redis-ca")
+RESERVED_MOUNT_PATHS = (*WORKER_VOLUMES.values(), "/dev/shm", MODEL_VOLUME_MOUNT)
 _SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
 # Requests a worker gets for what the pool's `resources` leave unset (neither a request nor a limit): a
 # worker with only a GPU limit would be BestEffort, first to go under node memory pressure.
@@ -131,7 +138,11 @@ def build_worker_pod(namespace: str, pool: str, spec: WorkerPoolSpec, *, pod_nam
     identity = session_identity_hash(namespace, pool, spec)
     pod["metadata"] |= {
         "name": pod_name,
-        "annotations": {TEMPLATE_HASH_ANNOTATION: digest, IDENTITY_HASH_ANNOTATION: identity},
+        "annotations": {
+            **pod["metadata"].get("annotations", {}),
+            TEMPLATE_HASH_ANNOTATION: digest,
+            IDENTITY_HASH_ANNOTATION: identity,
+        },
     }
     pod["spec"]["hostname"] = pod_name  # stable DNS `<pod>.<pool>-workers` through the headless Service
     return pod
@@ -179,68 +190,150 @@ def startup_failure_threshold(startup_timeout_seconds: int) -> int:
     return max(1, -(-startup_timeout_seconds // STARTUP_PROBE_PERIOD_SECONDS))
 
 
+DEFAULT_POD_SECURITY_CONTEXT = {
+    "runAsNonRoot": True,
+    "runAsUser": WORKER_USER_ID,
+    "runAsGroup": WORKER_USER_ID,
+    "fsGroup": WORKER_USER_ID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
 def build_worker_pod_template(namespace: str, pool: str, spec: WorkerPoolSpec) -> dict[str, Any]:
-    """Everything of a worker Pod that does not depend on its name."""
+    """Everything of a worker Pod that does not depend on its name. Knobs the pool leaves unset are left out,
+    so such a pool's Pods (and their template hash) are what they were before the knobs existed."""
     probe_port = {"port": WORKER_PORT_NAME}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"namespace": namespace, "labels": pool_labels(pool)},
-        "spec": {
-            "subdomain": pool_service_name(pool),
-            "restartPolicy": "Always",
-            "enableServiceLinks": False,
-            "automountServiceAccountToken": False,  # workers never call the Kubernetes API
-            "terminationGracePeriodSeconds": 30,
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": WORKER_USER_ID,
-                "runAsGroup": WORKER_USER_ID,
-                "fsGroup": WORKER_USER_ID,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
-            "nodeSelector": copy.deepcopy(spec.node_selector),
-            "tolerations": copy.deepcopy(spec.tolerations),
-            "containers": [
-                {
-                    "name": WORKER_CONTAINER,
-                    "image": spec.image,
-                    "command": ["ardiff", "worker", "serve"],
-                    "env": build_worker_env(namespace, pool, spec),
-                    "ports": [{"name": WORKER_PORT_NAME, "containerPort": WORKER_PORT, "protocol": "TCP"}],
-                    # Loading a real checkpoint takes minutes: the startup probe holds liveness off till then.
-                    "startupProbe": {
-                        "httpGet": {"path": "/healthz", **probe_port},
-                        "periodSeconds": STARTUP_PROBE_PERIOD_SECONDS,
-                        "timeoutSeconds": PROBE_TIMEOUT_SECONDS["startup"],
-                        "failureThreshold": startup_failure_threshold(spec.startup_timeout_seconds),
-                    },
-                    "livenessProbe": {
-                        "httpGet": {"path": "/healthz", **probe_port},
-                        "periodSeconds": 10,
-                        "timeoutSeconds": PROBE_TIMEOUT_SECONDS["liveness"],
-                        "failureThreshold": 3,
-                    },
-                    "readinessProbe": {
-                        "httpGet": {"path": "/readyz", **probe_port},
-                        "periodSeconds": 2,
-                        "timeoutSeconds": PROBE_TIMEOUT_SECONDS["readiness"],
-                        "failureThreshold": 2,
-                    },
-                    "resources": worker_resources(spec.resources),
-                    "securityContext": {
-                        "allowPrivilegeEscalation": False,
-                        "readOnlyRootFilesystem": True,
-                        "capabilities": {"drop": ["ALL"]},
-                    },
-                    "volumeMounts": [
-                        {"name": name, "mountPath": path} for name, path in WORKER_VOLUMES.items()
-                    ],
-                }
-            ],
-            "volumes": [{"name": name, "emptyDir": {}} for name in WORKER_VOLUMES],
+    options = spec.pod
+    container: dict[str, Any] = {
+        "name": WORKER_CONTAINER,
+        "image": spec.image,
+        **({"imagePullPolicy": options.image_pull_policy} if options.image_pull_policy else {}),
+        "command": ["ardiff", "worker", "serve"],
+        "env": build_worker_env(namespace, pool, spec),
+        "ports": [{"name": WORKER_PORT_NAME, "containerPort": WORKER_PORT, "protocol": "TCP"}],
+        # Loading a real checkpoint takes minutes: the startup probe holds liveness off till then.
+        "startupProbe": {
+            "httpGet": {"path": "/healthz", **probe_port},
+            "periodSeconds": STARTUP_PROBE_PERIOD_SECONDS,
+            "timeoutSeconds": PROBE_TIMEOUT_SECONDS["startup"],
+            "failureThreshold": startup_failure_threshold(spec.startup_timeout_seconds),
         },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", **probe_port},
+            "periodSeconds": 10,
+            "timeoutSeconds": PROBE_TIMEOUT_SECONDS["liveness"],
+            "failureThreshold": 3,
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", **probe_port},
+            "periodSeconds": 2,
+            "timeoutSeconds": PROBE_TIMEOUT_SECONDS["readiness"],
+            "failureThreshold": 2,
+        },
+        "resources": worker_resources(spec.resources),
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
+        "volumeMounts": [{"name": name, "mountPath": path} for name, path in WORKER_VOLUMES.items()],
     }
+    volumes: list[dict[str, Any]] = [{"name": name, "emptyDir": {}} for name in WORKER_VOLUMES]
+    if options.shm_size is not None:
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}})
+        container["volumeMounts"].append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    init_containers = []
+    if spec.model_download is not None:
+        volumes.append(model_volume(spec.model_download))
+        container["volumeMounts"].append(
+            {"name": MODEL_VOLUME, "mountPath": MODEL_VOLUME_MOUNT, "readOnly": True}
+        )
+        init_containers.append(build_download_container(spec))
+    volumes += copy.deepcopy(options.volumes)
+    container["volumeMounts"] += copy.deepcopy(options.volume_mounts)
+    pod_spec: dict[str, Any] = {
+        "subdomain": pool_service_name(pool),
+        "restartPolicy": "Always",
+        "enableServiceLinks": False,
+        # Workers never call the Kubernetes API: no token unless the pool asks for one.
+        "automountServiceAccountToken": options.automount_service_account_token,
+        "terminationGracePeriodSeconds": 30,
+        "securityContext": copy.deepcopy(
+            DEFAULT_POD_SECURITY_CONTEXT if options.security_context is None else options.security_context
+        ),
+        "nodeSelector": copy.deepcopy(spec.node_selector),
+        "tolerations": copy.deepcopy(spec.tolerations),
+    }
+    optional = {
+        "serviceAccountName": options.service_account_name,
+        "runtimeClassName": options.runtime_class_name,
+        "priorityClassName": options.priority_class_name,
+        "schedulerName": options.scheduler_name,
+        "affinity": copy.deepcopy(options.affinity),
+        "topologySpreadConstraints": [
+            {"labelSelector": {"matchLabels": pool_labels(pool)}, **copy.deepcopy(constraint)}
+            for constraint in options.topology_spread_constraints
+        ],
+        "imagePullSecrets": copy.deepcopy(options.image_pull_secrets),
+        "initContainers": init_containers,
+    }
+    pod_spec |= {key: value for key, value in optional.items() if value}
+    pod_spec |= {"containers": [container], "volumes": volumes}
+    metadata: dict[str, Any] = {"namespace": namespace, "labels": {**options.labels, **pool_labels(pool)}}
+    if options.annotations:
+        metadata["annotations"] = copy.deepcopy(options.annotations)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def model_volume(download: ModelDownload) -> dict[str, Any]:
+    """The volume a model download writes into: the pool's PVC, else an emptyDir (per Pod)."""
+    if download.claim_name is not None:
+        return {"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": download.claim_name}}
+    size = {} if download.size_limit is None else {"sizeLimit": download.size_limit}
+    return {"name": MODEL_VOLUME, "emptyDir": size}
+
+
+def download_command(download: ModelDownload) -> list[str]:
+    """`ardiff worker download-model` for the pool's source (worker/download.py), into `$(ARDIFF_MODEL)` (the
+    container's env says where: a kubelet expands the reference, and the dev cluster's pod runner maps a path
+    under a mount to its local directory only in env values)."""
+    command = ["ardiff", "worker", "download-model", "--dest", "$(ARDIFF_MODEL)"]
+    if download.url is not None:
+        return [*command, "--url", download.url]
+    assert download.hugging_face_repo is not None
+    revision = (
+        [] if download.hugging_face_revision is None else ["--revision", download.hugging_face_revision]
+    )
+    return [*command, "--hf-repo", download.hugging_face_repo, *revision]
+
+
+def build_download_container(spec: WorkerPoolSpec) -> dict[str, Any]:
+    """The init container that fetches `spec.modelDownload` into the model volume before the worker starts
+    (a complete earlier download in a PVC is kept: the command returns at once)."""
+    download = spec.model_download
+    assert download is not None
+    env: list[dict[str, Any]] = [
+        {"name": "ARDIFF_MODEL", "value": download.destination},
+        {"name": "HOME", "value": WORKER_HOME},
+    ]
+    if download.token_secret is not None:
+        env.append({"name": DOWNLOAD_TOKEN_ENV, "valueFrom": {"secretKeyRef": dict(download.token_secret)}})
+    container: dict[str, Any] = {
+        "name": DOWNLOAD_CONTAINER,
+        "image": download.image or spec.image,
+        **({"imagePullPolicy": spec.pod.image_pull_policy} if spec.pod.image_pull_policy else {}),
+        "command": download_command(download),
+        "env": env,
+        "resources": {"requests": dict(DEFAULT_REQUESTS)},
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "home", "mountPath": WORKER_HOME},
+            {"name": MODEL_VOLUME, "mountPath": MODEL_VOLUME_MOUNT},
+        ],
+    }
+    return container
 
 
 def build_pool_service(namespace: str, pool: str) -> dict[str, Any]:

@@ -107,6 +107,113 @@ class ModelSpec:
         )
 
 
+MODEL_VOLUME_MOUNT = "/models"  # where a model download's volume is mounted (init and worker containers)
+
+
+@dataclass(frozen=True)
+class ModelDownload:
+    """`spec.modelDownload`: an init container fetches the model into `model.path` (under /models) before
+    the worker starts; a PVC keeps it across Pods (the step is skipped when it is already complete there)."""
+
+    destination: str  # spec.model.path
+    hugging_face_repo: str | None = None
+    hugging_face_revision: str | None = None
+    url: str | None = None
+    token_secret: dict[str, str] | None = (
+        None  # {name, key}: the Hugging Face token or the URL's bearer token
+    )
+    claim_name: str | None = None  # a PersistentVolumeClaim, else an emptyDir
+    size_limit: str | int | None = None  # the emptyDir's sizeLimit
+    image: str | None = None  # None: the worker's image
+
+    def __post_init__(self) -> None:
+        if (self.hugging_face_repo is None) == (self.url is None):
+            raise InvalidSpec("spec.modelDownload must set exactly one of huggingFace and url")
+        if not self.destination.startswith(MODEL_VOLUME_MOUNT + "/"):
+            raise InvalidSpec(
+                f"spec.model.path must be under {MODEL_VOLUME_MOUNT}/ with a modelDownload, "
+                f"got {self.destination!r}"
+            )
+
+    @classmethod
+    def from_resource(cls, spec: Mapping[str, Any]) -> ModelDownload | None:
+        if _get(spec, "modelDownload", None) is None:
+            return None
+        if _get(spec, "model.path", None) is None:
+            raise InvalidSpec("spec.modelDownload needs spec.model.path (where the model is written)")
+        token = _get(spec, "modelDownload.tokenSecretRef", None)
+        size = _get(spec, "modelDownload.emptyDir.sizeLimit", None)
+        return cls(
+            destination=_str(spec, "model.path"),
+            hugging_face_repo=None
+            if _get(spec, "modelDownload.huggingFace", None) is None
+            else _str(spec, "modelDownload.huggingFace.repo"),
+            hugging_face_revision=_get(spec, "modelDownload.huggingFace.revision", None),
+            url=_get(spec, "modelDownload.url", None),
+            token_secret=None
+            if token is None
+            else {
+                "name": _str(spec, "modelDownload.tokenSecretRef.name"),
+                "key": _str(spec, "modelDownload.tokenSecretRef.key"),
+            },
+            claim_name=None
+            if _get(spec, "modelDownload.persistentVolumeClaim", None) is None
+            else _str(spec, "modelDownload.persistentVolumeClaim.claimName"),
+            size_limit=size,
+            image=_get(spec, "modelDownload.image", None),
+        )
+
+
+@dataclass(frozen=True)
+class PodOptions:
+    """The pool's Pod template knobs (`spec.volumes`, `spec.affinity`, ...), deep-copied from the spec; the
+    builder leaves out what is unset, so a pool that sets none makes the same Pods as before."""
+
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    volume_mounts: list[dict[str, Any]] = field(default_factory=list)
+    shm_size: str | int | None = None
+    affinity: dict[str, Any] = field(default_factory=dict)
+    topology_spread_constraints: list[dict[str, Any]] = field(default_factory=list)
+    runtime_class_name: str | None = None
+    priority_class_name: str | None = None
+    scheduler_name: str | None = None
+    image_pull_secrets: list[dict[str, Any]] = field(default_factory=list)
+    image_pull_policy: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    service_account_name: str | None = None
+    automount_service_account_token: bool = False
+    security_context: dict[str, Any] | None = None  # None: the operator's (runAsUser 1000, ...)
+
+    @classmethod
+    def from_resource(cls, spec: Mapping[str, Any]) -> PodOptions:
+        automount = _get(spec, "automountServiceAccountToken", False)
+        if not isinstance(automount, bool):
+            raise InvalidSpec(f"spec.automountServiceAccountToken must be a boolean, got {automount!r}")
+        security = _get(spec, "securityContext", None)
+        return cls(
+            volumes=_list(spec, "volumes"),
+            volume_mounts=_list(spec, "volumeMounts"),
+            shm_size=_get(spec, "shmSize", None),
+            affinity=_mapping(spec, "affinity"),
+            topology_spread_constraints=_list(spec, "topologySpreadConstraints"),
+            runtime_class_name=_optional_str(spec, "runtimeClassName"),
+            priority_class_name=_optional_str(spec, "priorityClassName"),
+            scheduler_name=_optional_str(spec, "schedulerName"),
+            image_pull_secrets=_list(spec, "imagePullSecrets"),
+            image_pull_policy=_optional_str(spec, "imagePullPolicy"),
+            labels=_mapping(spec, "podLabels"),
+            annotations=_mapping(spec, "podAnnotations"),
+            service_account_name=_optional_str(spec, "serviceAccountName"),
+            automount_service_account_token=automount,
+            security_context=None if security is None else _mapping(spec, "securityContext"),
+        )
+
+
+def _optional_str(spec: Mapping[str, Any], path: str) -> str | None:
+    return None if _get(spec, path, None) is None else _str(spec, path)
+
+
 @dataclass(frozen=True)
 class WorkerPoolSpec:
     """`ARDiffusionWorkerPool.spec`: what one worker pod runs and how many of them may exist."""
@@ -125,6 +232,8 @@ class WorkerPoolSpec:
     scale_down_delay_seconds: int = DEFAULT_SCALE_DOWN_DELAY_SECONDS
     min_idle_seconds: int = DEFAULT_MIN_IDLE_SECONDS
     startup_timeout_seconds: int = DEFAULT_STARTUP_TIMEOUT_SECONDS
+    pod: PodOptions = field(default_factory=PodOptions)
+    model_download: ModelDownload | None = None
 
     def __post_init__(self) -> None:
         if self.max_replicas < max(1, self.min_replicas):
@@ -169,6 +278,8 @@ class WorkerPoolSpec:
             startup_timeout_seconds=_int(
                 spec, "startupTimeoutSeconds", DEFAULT_STARTUP_TIMEOUT_SECONDS, minimum=1
             ),
+            pod=PodOptions.from_resource(spec),
+            model_download=ModelDownload.from_resource(spec),
         )
 
 

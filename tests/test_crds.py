@@ -109,6 +109,17 @@ def test_examples_pool_shape() -> None:
     assert {"name": "ARDIFF_RUNTIME", "value": "fake"} in fake["spec"]["env"]
 
 
+def test_a_pool_setting_every_pod_template_knob_is_admitted_as_written(
+    crds: dict[str, CustomResourceDefinition],
+) -> None:
+    """Embedded Kubernetes schemas (a volume's source, affinity) are kept as written, not pruned."""
+    pool = example("pool-all-knobs.yaml", "knobs", TEST_MANIFESTS)
+    admitted = crds[POOLS].version("v1alpha1").admit(pool)
+    assert admitted.pruned == ()
+    assert _contains(admitted.obj, pool)
+    assert admitted.obj["spec"]["volumes"][1]["ephemeral"] == pool["spec"]["volumes"][1]["ephemeral"]
+
+
 def test_defaults_are_applied(crds: dict[str, CustomResourceDefinition]) -> None:
     pool = example("pool.yaml", "tiny-world")
     pool["spec"] = {"model": {"name": "tiny-lingbot-world"}, "image": "worker:1"}
@@ -206,6 +217,66 @@ BAD_POOLS = [
         '{f}[1]: Duplicate value: {{"name":"A"}}',
     ),
     ("metadata.name", "a" * 56, "{f}: Too long: may not be longer than 55"),
+    # Pod template knobs (issue 11 item 3): what the Pod's admission would refuse, refused up front.
+    (
+        "spec.volumes",
+        [{"name": "tmp", "emptyDir": {}}],
+        '{f}[0].name: Invalid value: "tmp": volume names tmp, home, model-cache, dshm, model and redis-ca',
+    ),
+    (
+        "spec.volumeMounts",
+        [{"name": "data", "mountPath": "/data"}],
+        '{f}: Invalid value: "array": every volumeMounts entry must name one of spec.volumes',
+    ),
+    (
+        "spec.volumeMounts",
+        [{"name": "data", "mountPath": "/dev/shm"}],
+        '{f}[0].mountPath: Invalid value: "/dev/shm": mount paths /tmp, /home/ardiff',
+    ),
+    ("spec.shmSize", "lots", '{f}: Invalid value: "lots": {f} in body should match'),
+    (
+        "spec.podLabels",
+        {"ardiffusion.dev/busy": "true"},
+        '{f}: Invalid value: "object": label keys under ardiffusion.dev/ and app.kubernetes.io/ are the',
+    ),
+    ("spec.podLabels", {"a b": "c"}, '{f}: Invalid value: "object": label keys must be qualified names'),
+    ("spec.podLabels", {"queue": "a b"}, '{f}.queue: Invalid value: "a b": {f}.queue in body should match'),
+    (
+        "spec.podAnnotations",
+        {"ardiffusion.dev/template-hash": "x"},
+        '{f}: Invalid value: "object": annotation keys under ardiffusion.dev/ are the operator',
+    ),
+    ("spec.runtimeClassName", "NVIDIA", '{f}: Invalid value: "NVIDIA": {f} in body should match'),
+    (
+        "spec.imagePullPolicy",
+        "Sometimes",
+        '{f}: Unsupported value: "Sometimes": supported values: "Always", "IfNotPresent", "Never"',
+    ),
+    (
+        "spec.topologySpreadConstraints",
+        [{"maxSkew": 0, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}],
+        "{f}[0].maxSkew: Invalid value: 0: {f}[0].maxSkew in body should be greater than or equal to 1",
+    ),
+    (
+        "spec.securityContext",
+        {"seccompProfile": {"type": "Localhost"}},
+        '{f}.seccompProfile: Invalid value: "object": localhostProfile must be set when type is Localhost',
+    ),
+    (
+        "spec.modelDownload",
+        {"url": "https://models.example/lingbot.tgz"},
+        "{p}.model.path: Invalid value: a modelDownload writes into model.path",
+    ),
+    (
+        "spec.modelDownload",
+        {"persistentVolumeClaim": {"claimName": "m"}},
+        '{f}: Invalid value: "object": exactly one of modelDownload.huggingFace and modelDownload.url',
+    ),
+    (
+        "spec.modelDownload",
+        {"url": "ftp://m/x"},
+        '{f}.url: Invalid value: "ftp://m/x": {f}.url in body should',
+    ),
     ("metadata.name", "a.b", '{f}: Invalid value: "a.b": pool name must be a DNS-1035 label'),
 ]
 
@@ -219,7 +290,7 @@ def test_bad_pools_are_rejected_naming_the_field(
     pool = example("pool.yaml", "tiny-world")
     _set(pool, path, value)
     error = rejected(crds[POOLS], pool)
-    expected = expected.format(f=path)
+    expected = expected.format(f=path, p=path.rpartition(".")[0])
     assert any(str(e).startswith(expected) for e in error.errors), [str(e) for e in error.errors]
     assert expected.split(":")[0] in error.message
     assert error.as_status()["code"] == 422
@@ -512,7 +583,7 @@ def test_every_cel_rule_compiles(crds: dict[str, CustomResourceDefinition]) -> N
     rules = [
         rule for name in (POOLS, SESSIONS) for rule in _all_rules(dict(crds[name].version("v1alpha1").schema))
     ]
-    assert len(rules) == 14
+    assert len(rules) == 25  # 14 before the Pod template knobs (issue 11 item 3)
     for entry in rules:
         compiled = ValidationRule.from_schema(entry)
         assert compiled.message, entry  # every rule explains itself

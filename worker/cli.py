@@ -1,4 +1,4 @@
-"""`ardiff worker serve` and `ardiff worker make-tiny-model` (light: heavy imports happen in the commands)."""
+"""`ardiff worker serve`, `make-tiny-model` and `download-model` (light: heavy imports happen later)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tiny.add_argument("--seed", type=int, default=0, help="weights are a pure function of the seed")
     tiny.set_defaults(func=_make_tiny_model)
 
+    download = commands.add_parser(
+        "download-model",
+        help="fetch a model (Hugging Face repo or URL) into a directory: the pool's modelDownload step",
+    )
+    source = download.add_mutually_exclusive_group(required=True)
+    source.add_argument("--hf-repo", help="a Hugging Face model repo id (owner/name)")
+    source.add_argument("--url", help="an http(s) URL of one file or a .tar/.tar.gz/.tgz (unpacked)")
+    download.add_argument("--revision", help="the repo's branch, tag or commit (default main)")
+    download.add_argument("--dest", required=True, help="the model directory (kept when already complete)")
+    download.set_defaults(func=_download_model)
+
 
 def _serve(args: argparse.Namespace) -> int:
     from ardiff.worker.server import serve
@@ -55,4 +66,11 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     path = family.write_tiny_model(args.directory, seed=args.seed)
     label = {"lingbot": "LingBot-World", "dreamzero": "DreamZero"}[family.name]
     print(f"wrote a tiny {label} checkpoint to {path}")
+    return 0
+
+
+def _download_model(args: argparse.Namespace) -> int:
+    from ardiff.worker.download import main
+
+    print(main(args.url, args.hf_repo, args.revision, args.dest), flush=True)
     return 0

@@ -7,9 +7,13 @@ Pods are left alone):
   container's `command` + `args`, `ardiff`/`python` resolved to this virtualenv) and the container's env
   (`valueFrom` fieldRef/secretKeyRef/configMapKeyRef resolved) plus the local overrides
   `ARDIFF_HOST=127.0.0.1`, `ARDIFF_POD_IP=127.0.0.1`, `ARDIFF_PORT=<a free port>`, `OMP_NUM_THREADS=1`;
+- runs the Pod's `initContainers` first, in order, each to completion (their `command` + `args` and env, as
+  for the main container; a failed one is retried with backoff unless restartPolicy is Never), once per Pod;
 - gives each `emptyDir` volume the container mounts a local directory of its own (`<volumes_dir>/<namespace>_
   <pod>_<uid prefix>/<volume>`; default `volumes_dir`: `<logs_dir>/volumes`), kept across restarts and
-  removed with the Pod. A local process cannot see the container's
+  removed with the Pod; a `persistentVolumeClaim` volume is the claim's directory (`<volumes_dir>/pvc/
+  <namespace>/<claim>`), shared by the Pods that mount it and kept after them. A local process cannot see the
+  container's
   mount paths, so env values under a mount path (e.g. `HOME=/home/ardiff`) are rewritten to that directory,
   and a volume mounted at `/tmp` becomes `TMPDIR`;
 - writes the Pod's status: phase Running, `podIP` 127.0.0.1, `containerStatuses` (state, restartCount),
@@ -125,6 +129,20 @@ def empty_dir_mounts(pod: Mapping[str, Any], container: Mapping[str, Any]) -> di
     }
 
 
+def claim_mounts(pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, str]:
+    """{mount path: claim name} of the container's `persistentVolumeClaim` volume mounts."""
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in (pod.get("spec") or {}).get("volumes") or []
+        if "persistentVolumeClaim" in v
+    }
+    return {
+        m["mountPath"].rstrip("/") or "/": claims[m["name"]]
+        for m in container.get("volumeMounts") or []
+        if m["name"] in claims
+    }
+
+
 def local_path(value: str, mounts: Mapping[str, str]) -> str:
     """`value` with a leading container mount path replaced by its local directory (`mounts`: container path
     -> local path); other values are returned as they are."""
@@ -208,8 +226,10 @@ def build_pod_status(
     container_id: str = "",
     reason: str | None = None,
     message: str | None = None,
+    initialized: bool = True,
+    init_container_statuses: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The Pod `status` the kubelet reports for a single-container Pod."""
+    """The Pod `status` the kubelet reports for a single-container Pod (and its init containers)."""
 
     def condition(kind: str, value: bool) -> dict[str, str]:
         return {"type": kind, "status": "True" if value else "False", "lastTransitionTime": _now()}
@@ -222,7 +242,7 @@ def build_pod_status(
         "startTime": started,
         "conditions": [
             condition("PodScheduled", True),
-            condition("Initialized", True),
+            condition("Initialized", initialized),
             condition("ContainersReady", ready),
             condition("Ready", ready),
         ],
@@ -240,6 +260,8 @@ def build_pod_status(
             }
         ],
     }
+    if init_container_statuses:
+        status["initContainerStatuses"] = [dict(s) for s in init_container_statuses]
     if reason is not None:
         status["reason"] = reason
     if message is not None:
@@ -277,16 +299,29 @@ class _Supervisor:
     last_state: dict[str, Any] = field(default_factory=dict)
     container_id: str = ""
     volumes_dir: Path | None = None  # the Pod's emptyDir volumes, one directory each
+    claims_dir: Path | None = None  # <volumes_dir>/pvc/<namespace>: a directory per PersistentVolumeClaim
+    initialized: bool = False
+    init_statuses: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def mounts(self) -> dict[str, str]:
         """Container mount path -> the local directory of its emptyDir volume."""
-        if self.volumes_dir is None:
-            return {}
-        return {
-            path: str(self.volumes_dir / volume)
-            for path, volume in empty_dir_mounts(self.pod, self.container).items()
-        }
+        return self.mounts_of(self.container)
+
+    def mounts_of(self, container: Mapping[str, Any]) -> dict[str, str]:
+        """Container mount path -> the local directory of its emptyDir or PersistentVolumeClaim volume."""
+        mounts: dict[str, str] = {}
+        if self.volumes_dir is not None:
+            mounts |= {
+                path: str(self.volumes_dir / volume)
+                for path, volume in empty_dir_mounts(self.pod, container).items()
+            }
+        if self.claims_dir is not None:
+            mounts |= {
+                path: str(self.claims_dir / claim)
+                for path, claim in claim_mounts(self.pod, container).items()
+            }
+        return mounts
 
     @property
     def container(self) -> Mapping[str, Any]:
@@ -303,6 +338,8 @@ class _Supervisor:
             last_state=self.last_state,
             phase=self.phase,
             container_id=self.container_id,
+            initialized=self.initialized,
+            init_container_statuses=self.init_statuses,
             **extra,
         )
 
@@ -500,9 +537,13 @@ class PodRunner:
         log_path = self.logs_dir / f"{meta['namespace']}_{meta['name']}.log"
         info = PodInfo(meta["namespace"], meta["name"], meta["uid"], free_port(), None, 0, False, log_path)
         volumes = self.volumes_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
-        supervisor = _Supervisor(info=info, pod=pod, volumes_dir=volumes)
-        for local in supervisor.mounts.values():
-            Path(local).mkdir(parents=True, exist_ok=True)
+        supervisor = _Supervisor(
+            info=info, pod=pod, volumes_dir=volumes, claims_dir=self.volumes_dir / "pvc" / meta["namespace"]
+        )
+        supervisor.initialized = not (pod.get("spec") or {}).get("initContainers")
+        for container in [*pod["spec"].get("initContainers", []), supervisor.container]:
+            for local in supervisor.mounts_of(container).values():
+                Path(local).mkdir(parents=True, exist_ok=True)
         with self._lock:
             self._supervisors[meta["uid"]] = supervisor
         supervisor.task = asyncio.create_task(self._supervise(supervisor))
@@ -543,6 +584,9 @@ class PodRunner:
     async def _supervise(self, supervisor: _Supervisor) -> None:
         """Run the container until the Pod is deleted, restarting it as its restartPolicy says."""
         restart_policy = supervisor.pod["spec"].get("restartPolicy", "Always")
+        if not await self._initialize(supervisor, restart_policy):
+            await self._terminate(supervisor)
+            return
         backoff = self.restart_backoff
         while not supervisor.terminating.is_set():
             exit_code = await self._run_once(supervisor)
@@ -568,6 +612,108 @@ class PodRunner:
             if exit_code is not None:
                 self._update_info(supervisor, restart_count=supervisor.info.restart_count + 1)
         await self._terminate(supervisor)
+
+    async def _initialize(self, supervisor: _Supervisor, restart_policy: str) -> bool:
+        """Run the init containers in order, each until it succeeds (retried with backoff; with restartPolicy
+        Never a failure fails the Pod). False when the Pod went (or failed) before they all succeeded."""
+        containers = supervisor.pod["spec"].get("initContainers") or []
+        supervisor.init_statuses = [
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "ready": False,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": "PodInitializing"}},
+            }
+            for c in containers
+        ]
+        if containers:
+            supervisor.state = {"waiting": {"reason": "PodInitializing"}}
+        for index, container in enumerate(containers):
+            backoff = self.restart_backoff
+            while True:
+                if supervisor.terminating.is_set():
+                    return False
+                code = await self._run_init_container(supervisor, index, container)
+                if code == 0:
+                    break
+                if code is not None and restart_policy == "Never":
+                    supervisor.phase = "Failed"
+                    await self._report(supervisor)
+                    await supervisor.terminating.wait()
+                    return False
+                supervisor.init_statuses[index]["restartCount"] += 1
+                await self._sleep_unless_terminating(supervisor, backoff)
+                backoff = min(backoff * 2, self.max_restart_backoff)
+        supervisor.initialized = True
+        return not supervisor.terminating.is_set()
+
+    async def _run_init_container(
+        self, supervisor: _Supervisor, index: int, container: Mapping[str, Any]
+    ) -> int | None:
+        """One run of an init container to its end: its exit code, or None when it could not start."""
+        status = supervisor.init_statuses[index]
+        pod = supervisor.pod
+        try:
+            secret_data, config_map_data = await self._fetch_refs(supervisor.info.namespace, container)
+            local = {**pod, "status": {**(pod.get("status") or {}), "podIP": LOCAL_IP, "hostIP": LOCAL_IP}}
+            env = build_env(
+                local,
+                container,
+                base={**os.environ, **self.extra_env},
+                secret_data=secret_data,
+                config_map_data=config_map_data,
+                mounts=supervisor.mounts_of(container),
+                overrides={"OMP_NUM_THREADS": "1"},
+            )
+            argv = container_command(PodContext(pod, container, env, supervisor.info.port))
+        except ValueError as exc:
+            status["state"] = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
+            await self._report(supervisor)
+            await self._sleep_unless_terminating(supervisor, self.restart_backoff)
+            return None
+        with supervisor.info.log_path.open("ab") as pod_log:
+            pod_log.write(f"--- {_now()} init container {container['name']}: {' '.join(argv)}\n".encode())
+            pod_log.flush()
+            try:
+                process = await asyncio.create_subprocess_exec(
+                    *argv,
+                    env=env,
+                    stdout=pod_log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                status["state"] = {"waiting": {"reason": "RunContainerError", "message": str(exc)}}
+                await self._report(supervisor)
+                return 1
+        supervisor.process = process  # so that deleting the Pod stops it
+        started = _now()
+        status["state"] = {"running": {"startedAt": started}}
+        await self._report(supervisor)
+        exited = asyncio.ensure_future(process.wait())
+        terminating = asyncio.ensure_future(supervisor.terminating.wait())
+        await asyncio.wait([exited, terminating], return_when=asyncio.FIRST_COMPLETED)
+        terminating.cancel()
+        if not exited.done():
+            exited.cancel()
+            return None  # the Pod goes: _terminate stops the process
+        supervisor.process = None
+        code = process.returncode
+        assert code is not None
+        exit_code = code if code >= 0 else 128 - code
+        status["state"] = {
+            "terminated": {
+                "exitCode": exit_code,
+                "reason": "Completed" if code == 0 else "Error",
+                "startedAt": started,
+                "finishedAt": _now(),
+            }
+        }
+        status["ready"] = code == 0
+        await self._report(supervisor)
+        return exit_code
 
     async def _run_once(self, supervisor: _Supervisor) -> int | None:
         """Start the process and supervise it until it exits (its exit code) or the Pod goes (None)."""

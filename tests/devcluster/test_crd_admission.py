@@ -128,6 +128,10 @@ SELECTOR_KEYS = (
     "self.all(k, k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     "[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$'))"
 )
+MOUNTS_NAME_VOLUMES = (
+    "!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes) "
+    "&& self.volumes.exists(v, v.name == m.name))"
+)
 COSTS = [
     (POOL, "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')", 1, 164),
     (POOL, "has(self.name) != has(self.path)", 1, 5),
@@ -145,6 +149,26 @@ COSTS = [
     (POOL, "!(has(self.value) && has(self.valueFrom))", 256, 5 * 256),
     (POOL, "self != '.' && !self.startsWith('..')", 256, 5 * 256),
     (POOL, "self.max >= self.min", 1, 5),
+    # Pod template knobs (issue 11 item 3); podLabels/podAnnotations keys reuse SELECTOR_KEYS.
+    (
+        POOL,
+        "!has(self.modelDownload) || has(self.model.path) && self.model.path.startsWith('/models/')",
+        1,
+        10,
+    ),
+    (POOL, MOUNTS_NAME_VOLUMES, 1, 139782),  # 64 mounts x 64 volumes, names of 63 characters
+    (POOL, "!(self.name in ['tmp', 'home', 'model-cache', 'dshm', 'model', 'redis-ca'])", 64, 19 * 64),
+    (
+        POOL,
+        "!(self.mountPath in ['/tmp', '/home/ardiff', '/var/cache/ardiff/models', '/dev/shm', '/models'])",
+        64,
+        18 * 64,
+    ),
+    (POOL, "self.all(k, !k.startsWith('ardiffusion.dev/') && !k.startsWith('app.kubernetes.io/'))", 1, 706),
+    (POOL, "self.all(k, !k.startsWith('ardiffusion.dev/'))", 1, 450),
+    (POOL, "self.type == 'Localhost' ? has(self.localhostProfile) : !has(self.localhostProfile)", 1, 6),
+    (POOL, "has(self.huggingFace) != has(self.url)", 1, 5),
+    (POOL, "!(has(self.persistentVolumeClaim) && has(self.emptyDir))", 1, 5),
     ("ardiffusionsessions.yaml", "self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')", 1, 211),
     ("ardiffusionsessions.yaml", "self == oldSelf", 1, 24),
     ("ardiffusionsessions.yaml", "has(self.configMapKeyRef) != has(self.secretKeyRef)", 1, 5),

@@ -406,3 +406,90 @@ def test_fake_runtime_worker_registers_a_new_epoch_after_kill_9(
         wait_until(lambda: client.get(f"/api/v1/namespaces/{ns}/pods/w1").status_code == 404, timeout=40)
     log = (tmp_path / f"{ns}_w1.log").read_text()
     assert log.count("start #") == 2
+
+
+def test_init_containers_run_first_and_a_claim_is_a_directory_shared_by_pods(
+    runner: PodRunner, client: httpx.Client, kube_namespace: str
+) -> None:
+    """The pool's model download step (issue 11 item 3): the real `ardiff worker download-model` as an init
+    container fetches from a local file server (token from a Secret) into a PersistentVolumeClaim; the main
+    container sees the model under its mount path; a second Pod on the claim finds it complete."""
+    from tests.file_server import serve_files, tar_gz
+
+    ns = kube_namespace
+    secret = {"metadata": {"name": "hf-token"}, "stringData": {"token": "s3cret"}}
+    client.post(f"/api/v1/namespaces/{ns}/secrets", json=secret).raise_for_status()
+    with serve_files({"/m.tgz": tar_gz({"config.json": b"{}"})}, token="s3cret") as server:
+        download = {
+            "name": "model-download",
+            "image": "ghcr.io/ardiff/ardiff-worker:test",
+            "command": [
+                "ardiff",
+                "worker",
+                "download-model",
+                "--dest",
+                "$(ARDIFF_MODEL)",  # as the operator builds it: an env value is mapped to the claim
+                "--url",
+                f"{server.url}/m.tgz",
+            ],
+            "env": [
+                {"name": "ARDIFF_MODEL", "value": "/models/m"},
+                {
+                    "name": "ARDIFF_DOWNLOAD_TOKEN",
+                    "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
+                }
+            ],
+            "volumeMounts": [{"name": "model", "mountPath": "/models"}],
+        }
+        for name in ("w1", "w2"):
+            body = pod_body(
+                name,
+                initContainers=[download],
+                volumes=[{"name": "model", "persistentVolumeClaim": {"claimName": "models"}}],
+            )
+            container = body["spec"]["containers"][0]
+            container["volumeMounts"] = [{"name": "model", "mountPath": "/models", "readOnly": True}]
+            container["env"].append({"name": "MODEL", "value": "/models/m"})
+            client.post(f"/api/v1/namespaces/{ns}/pods", json=body).raise_for_status()
+            info = runner.wait_for(lambda i: i.ready, name, ns)
+            claim = runner.volumes_dir / "pvc" / ns / "models"
+            env = httpx.get(f"http://127.0.0.1:{info.port}/env").json()
+            assert env["MODEL"] == str(claim / "m")
+            assert (claim / "m" / "config.json").read_bytes() == b"{}"
+            status = wait_for_pod(client, ns, name, lambda p: ready_condition(p) == "True")["status"]
+            [init] = status["initContainerStatuses"]
+            assert (init["name"], init["state"]["terminated"]["exitCode"], init["ready"]) == (
+                "model-download",
+                0,
+                True,
+            )
+            assert {c["type"]: c["status"] for c in status["conditions"]}["Initialized"] == "True"
+        assert server.authorizations == ["Bearer s3cret"]  # the second Pod found it complete
+        assert "already holds" in info.log_path.read_text()
+    for name in ("w1", "w2"):
+        client.delete(f"/api/v1/namespaces/{ns}/pods/{name}")
+    wait_until(lambda: client.get(f"/api/v1/namespaces/{ns}/pods/w2").status_code == 404)
+    assert (claim / "m" / "config.json").exists()  # a claim outlives its Pods
+
+
+def test_a_failing_init_container_keeps_the_pod_initializing(
+    runner: PodRunner, client: httpx.Client, kube_namespace: str
+) -> None:
+    ns = kube_namespace
+    failing = {"name": "fail", "image": "x", "command": ["python", "-c", "raise SystemExit(3)"]}
+    client.post(
+        f"/api/v1/namespaces/{ns}/pods", json=pod_body("w1", initContainers=[failing])
+    ).raise_for_status()
+    pod = wait_for_pod(
+        client,
+        ns,
+        "w1",
+        lambda p: (
+            ((p.get("status") or {}).get("initContainerStatuses") or [{}])[0].get("restartCount", 0) >= 1
+        ),
+    )
+    assert runner.info("w1", ns).pid is None  # the main container never started
+    assert pod["status"]["containerStatuses"][0]["state"] == {"waiting": {"reason": "PodInitializing"}}
+    assert {c["type"]: c["status"] for c in pod["status"]["conditions"]}["Initialized"] == "False"
+    client.delete(f"/api/v1/namespaces/{ns}/pods/w1")
+    wait_until(lambda: client.get(f"/api/v1/namespaces/{ns}/pods/w1").status_code == 404)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -409,3 +410,166 @@ def test_cpu_and_memory_are_requested_unless_the_pool_says(resources: dict, expe
     [container] = build_worker_pod("worlds", "tiny", spec, pod_name="tiny-ab12c")["spec"]["containers"]
     assert container["resources"] == expected
     assert json.dumps(spec.resources, sort_keys=True) == before  # the pool's spec is not mutated
+
+
+def _knobs_pool() -> dict:
+    from ardiff.devcluster.crd import load_crds, load_manifests
+
+    (doc,) = load_manifests(Path(__file__).resolve().parents[1] / "manifests" / "pool-all-knobs.yaml")
+    crd = load_crds()["ardiffusionworkerpools.ardiffusion.dev"].version("v1alpha1")
+    return crd.admit(doc).obj  # with the CRD's defaults, as the operator sees it
+
+
+def test_pod_template_knobs_reach_the_worker_pod() -> None:
+    """Issue 11 item 3: every knob of the pool spec lands in the Pod, the operator's own parts kept."""
+    spec = WorkerPoolSpec.from_resource(_knobs_pool()["spec"])
+    pod = build_worker_pod("worlds", "knobs", spec, pod_name="knobs-ab12c")
+    assert pod["metadata"]["labels"] == {
+        "kueue.x-k8s.io/queue-name": "gpu-queue",
+        "team": "worlds",
+        "app.kubernetes.io/name": "ardiff",
+        "app.kubernetes.io/component": "worker",
+        "ardiffusion.dev/pool": "knobs",
+    }
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert set(annotations) == {
+        "prometheus.io/scrape",
+        "ardiffusion.dev/template-hash",
+        "ardiffusion.dev/identity-hash",
+    }
+    pod_spec = pod["spec"]
+    assert {k: pod_spec[k] for k in ("runtimeClassName", "priorityClassName", "schedulerName")} == {
+        "runtimeClassName": "nvidia",
+        "priorityClassName": "inference-high",
+        "schedulerName": "volcano",
+    }
+    assert pod_spec["serviceAccountName"] == "worlds-worker"
+    assert pod_spec["automountServiceAccountToken"] is False
+    assert pod_spec["imagePullSecrets"] == [{"name": "ghcr-pull"}]
+    assert pod_spec["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ] == [
+        {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H200"]}]}
+    ]
+    # A constraint without a selector spreads the pool's own workers.
+    assert pod_spec["topologySpreadConstraints"] == [
+        {
+            "labelSelector": {"matchLabels": LABELS | {"ardiffusion.dev/pool": "knobs"}},
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+        }
+    ]
+    assert pod_spec["volumes"] == [
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "home", "emptyDir": {}},
+        {"name": "model-cache", "emptyDir": {}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+        {"name": "model", "persistentVolumeClaim": {"claimName": "models"}},
+        {"name": "prompts", "configMap": {"name": "prompts", "defaultMode": 420}},
+        {
+            "name": "scratch",
+            "ephemeral": {
+                "volumeClaimTemplate": {
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "resources": {"requests": {"storage": "100Gi"}},
+                    }
+                }
+            },
+        },
+    ]
+    (worker,) = pod_spec["containers"]
+    assert worker["imagePullPolicy"] == "IfNotPresent"
+    assert worker["volumeMounts"] == [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "home", "mountPath": "/home/ardiff"},
+        {"name": "model-cache", "mountPath": "/var/cache/ardiff/models"},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "model", "mountPath": "/models", "readOnly": True},
+        {"name": "prompts", "mountPath": "/etc/prompts", "readOnly": True},
+        {"name": "scratch", "mountPath": "/scratch"},
+    ]
+    assert {"name": "ARDIFF_MODEL", "value": "/models/lingbot-world"} in worker["env"]
+    # The memory limit alone: cpu requested by the pool, memory defaulted to its limit by the apiserver.
+    assert worker["resources"] == {
+        "limits": {"nvidia.com/gpu": 1, "memory": "200Gi"},
+        "requests": {"cpu": "8"},
+    }
+    assert pod_spec["initContainers"] == [
+        {
+            "name": "model-download",
+            "image": "ghcr.io/ardiff/ardiff-worker:0.1.0",
+            "imagePullPolicy": "IfNotPresent",
+            "command": [
+                "ardiff",
+                "worker",
+                "download-model",
+                "--dest",
+                "$(ARDIFF_MODEL)",
+                "--hf-repo",
+                "robbyant/lingbot-world-base-cam",
+                "--revision",
+                "main",
+            ],
+            "env": [
+                {"name": "ARDIFF_MODEL", "value": "/models/lingbot-world"},
+                {"name": "HOME", "value": "/home/ardiff"},
+                {
+                    "name": "ARDIFF_DOWNLOAD_TOKEN",
+                    "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
+                },
+            ],
+            "resources": {"requests": {"cpu": "1", "memory": "2Gi"}},
+            "securityContext": {
+                "allowPrivilegeEscalation": False,
+                "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"]},
+            },
+            "volumeMounts": [
+                {"name": "tmp", "mountPath": "/tmp"},
+                {"name": "home", "mountPath": "/home/ardiff"},
+                {"name": "model", "mountPath": "/models"},
+            ],
+        }
+    ]
+
+
+@pytest.mark.parametrize("kubernetes_version", ["1.28.0", kubernetes_validate.latest_version()])
+def test_a_pod_with_every_knob_passes_kubernetes_validate_and_pod_admission(kubernetes_version: str) -> None:
+    from ardiff.devcluster.core_validation import validate
+
+    spec = WorkerPoolSpec.from_resource(_knobs_pool()["spec"])
+    pod = build_worker_pod("worlds", "knobs", spec, pod_name="knobs-ab12c")
+    kubernetes_validate.validate(pod, kubernetes_version, strict=True)
+    assert validate("pods", pod) == []
+    emptydir = WorkerPoolSpec.from_resource(
+        {
+            "image": "w:1",
+            "model": {"path": "/models/m"},
+            "modelDownload": {"url": "https://files.example/m.tgz", "emptyDir": {"sizeLimit": "50Gi"}},
+            "securityContext": {},
+        }
+    )
+    pod = build_worker_pod("worlds", "p", emptydir, pod_name="p-ab12c")
+    assert {"name": "model", "emptyDir": {"sizeLimit": "50Gi"}} in pod["spec"]["volumes"]
+    assert pod["spec"]["initContainers"][0]["command"][3:] == [
+        "--dest",
+        "$(ARDIFF_MODEL)",
+        "--url",
+        "https://files.example/m.tgz",
+    ]
+    assert pod["spec"]["securityContext"] == {}  # OpenShift: the platform picks the UID
+    kubernetes_validate.validate(pod, kubernetes_version, strict=True)
+    assert validate("pods", pod) == []
+
+
+def test_a_model_download_needs_a_model_path_under_models() -> None:
+    with pytest.raises(InvalidSpec, match=r"spec\.modelDownload needs spec\.model\.path"):
+        WorkerPoolSpec.from_resource({"image": "w:1", "modelDownload": {"url": "https://x/m"}})
+    with pytest.raises(InvalidSpec, match=r"spec\.model\.path must be under /models/"):
+        WorkerPoolSpec.from_resource(
+            {"image": "w:1", "model": {"path": "/opt/m"}, "modelDownload": {"url": "https://x/m"}}
+        )
