@@ -32,6 +32,26 @@ def http_url(host: str, port: int) -> str:
     return f"http://{url_host(host)}:{port}"
 
 
+ANY_HOST = "0.0.0.0"  # the worker's default host: every address, IPv6 too where the host has it
+
+
+def listen_socket(host: str, port: int) -> socket.socket | None:
+    """For `host` == ANY_HOST on a host with IPv6: a socket bound to `[::]:port` that serves IPv4 too
+    (dual-stack, IPV6_V6ONLY off whatever the sysctl default), so a worker on an IPv6 or dual-stack cluster
+    answers on its pod IP of either family. None otherwise: the server binds `host` itself."""
+    if host != ANY_HOST or not ipv6_available():
+        return None
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("::", port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def ipv6_available() -> bool:
     """Whether this host can bind an IPv6 socket (a dual-stack `::` listener then serves IPv4 too)."""
     if not socket.has_ipv6:

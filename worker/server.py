@@ -13,6 +13,7 @@ import uvicorn
 
 from ardiff.worker.app import create_app
 from ardiff.worker.errors import ModelUnavailable
+from ardiff.worker.net import listen_socket
 from ardiff.worker.runtime import SessionRuntime
 from ardiff.worker.service import WorkerService
 from ardiff.worker.settings import WorkerSettings
@@ -93,7 +94,10 @@ def serve(settings: WorkerSettings) -> None:
         settings.host,
         settings.port,
     )
-    DrainingServer(config, service).run()
+    sock = listen_socket(settings.host, settings.port)
+    if sock is not None:
+        log.info("listening on [::]:%d (dual-stack: IPv6 and IPv4)", settings.port)
+    DrainingServer(config, service).run(sockets=None if sock is None else [sock])
     if service.loading:
         # Stopped while the model loads (a pod deleted while it starts): the load cannot be interrupted, and
         # the interpreter would wait for its thread at exit (a real model takes minutes).

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from ardiff.kv.records import check_name
+from ardiff.worker.net import ANY_HOST, http_url
 
 EMBEDDED_TINY_MODEL = "tiny-lingbot-world"
 DEFAULT_PIPELINE = "LingBotWorldCausalDMDPipeline"
@@ -45,7 +46,7 @@ class WorkerSettings:
     pool: str = "default"
     pod_name: str = field(default_factory=socket.gethostname)
     pod_ip: str = "127.0.0.1"
-    host: str = "0.0.0.0"
+    host: str = ANY_HOST  # listens on [::] dual-stack where the host has IPv6 (worker/net.py listen_socket)
     port: int = 8000
     endpoint: str | None = None  # None: http://<pod_ip>:<port>
     lease_seconds: float = 10.0
@@ -108,7 +109,7 @@ class WorkerSettings:
     @property
     def advertised_endpoint(self) -> str:
         """What clients are told to call (the Redis pod record's `endpoint`)."""
-        return self.endpoint or f"http://{self.pod_ip}:{self.port}"
+        return self.endpoint or http_url(self.pod_ip, self.port)  # an IPv6 pod IP bracketed
 
     @property
     def standalone(self) -> bool:
@@ -139,7 +140,7 @@ _HELP = {
     "session_capacity": "optional cap below the runner's resident capacity",
     "cpu_free_memory_bytes": "'free device memory' on CPU (sizes the KV pool)",
     "redis_url": "placement store; none = standalone (no auth, sessions created on first tick)",
-    "endpoint": "what clients are told (default http://<pod ip>:<port>)",
+    "endpoint": "what clients are told (default http://<pod ip>:<port>, an IPv6 pod ip bracketed)",
     "suspend_dir": "the shared tier: a directory all pods of the pool mount (suspended sessions, snapshots)",
     "snapshot_every_chunks": "a snapshot of each session to the shared tier every N chunks (0: none)",
     "runtime": "vllm (vllm-omni's paged-KV runner) or fake (no torch; control-plane tests)",
