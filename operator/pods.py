@@ -12,6 +12,8 @@ import hashlib
 import json
 import secrets
 import string
+import urllib.parse
+from pathlib import Path
 from typing import Any
 
 from ardiff.operator.specs import MODEL_VOLUME_MOUNT, ModelDownload, WorkerPoolSpec
@@ -36,6 +38,12 @@ WORKER_PORT_NAME = "http"
 WORKER_CONTAINER = "worker"
 WORKER_USER_ID = 1000
 REDIS_URL_KEY = "url"
+# TLS Redis behind a private CA (issue 11 item 5): the operator copies the CA its worker URL names
+# (`?ssl_ca_certs=<path>`, a file in the operator's Pod) into the pool's Secret; every worker Pod mounts that
+# key (optional: absent without TLS) here, and the URL it reads names this path.
+REDIS_CA_KEY = "ca.crt"
+WORKER_REDIS_CA_DIR = "/etc/ardiff/redis-tls"
+REDIS_CA_VOLUME = "redis-ca"
 # The root filesystem is read-only: everything the worker writes goes to one of these emptyDir volumes
 # (Python's and vllm's scratch files, HOME's caches, the embedded tiny model it generates).
 WORKER_HOME = "/home/ardiff"
@@ -47,7 +55,7 @@ DOWNLOAD_CONTAINER = "model-download"
 DOWNLOAD_TOKEN_ENV = "ARDIFF_DOWNLOAD_TOKEN"
 # Names and paths the operator's own volumes use; the pool CRD refuses them in spec.volumes/volumeMounts.
 RESERVED_VOLUMES = (*WORKER_VOLUMES, SHM_VOLUME, MODEL_VOLUME, "redis-ca")
-RESERVED_MOUNT_PATHS = (*WORKER_VOLUMES.values(), "/dev/shm", MODEL_VOLUME_MOUNT)
+RESERVED_MOUNT_PATHS = (*WORKER_VOLUMES.values(), "/dev/shm", MODEL_VOLUME_MOUNT, "/etc/ardiff/redis-tls")
 _SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
 # Requests a worker gets for what the pool's `resources` leave unset (neither a request nor a limit): a
 # worker with only a GPU limit would be BestEffort, first to go under node memory pressure.
@@ -82,10 +90,31 @@ def worker_redis_secret_name(pool: str) -> str:
     return f"{pool}-workers-redis"
 
 
-def build_worker_redis_secret(namespace: str, pool: str, url: str) -> dict[str, Any]:
+def redis_ca_path(url: str) -> str | None:
+    """The CA bundle a Redis URL names (`ssl_ca_certs`), if any."""
+    values = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query).get("ssl_ca_certs")
+    return values[-1] if values else None
+
+
+def read_redis_ca(url: str) -> bytes | None:
+    """The CA bundle the operator's worker URL names, read from the operator's own filesystem (the chart
+    mounts `redis.external.tls.caSecret` there); None without one. Raises OSError when it cannot be read."""
+    path = redis_ca_path(url)
+    return None if path is None else Path(path).read_bytes()
+
+
+def build_worker_redis_secret(namespace: str, pool: str, url: str, ca: bytes | None = None) -> dict[str, Any]:
     """The Secret the pool's workers read their Redis URL from (key `url`), so that its password is in no
     Pod spec; it lives in the pool's namespace, where the workers can read it (not adopted yet: the handler
-    adopts it)."""
+    adopts it). With `ca` (a private TLS CA), key `ca.crt` holds it and the URL's `ssl_ca_certs` names where
+    worker Pods mount it."""
+    data = {}
+    if ca is not None:
+        parts = urllib.parse.urlsplit(url)
+        query = [(k, v) for k, v in urllib.parse.parse_qsl(parts.query) if k != "ssl_ca_certs"]
+        query.append(("ssl_ca_certs", f"{WORKER_REDIS_CA_DIR}/{REDIS_CA_KEY}"))
+        url = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query, safe="/")))
+        data[REDIS_CA_KEY] = base64.b64encode(ca).decode()
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -95,7 +124,7 @@ def build_worker_redis_secret(namespace: str, pool: str, url: str) -> dict[str, 
             "namespace": namespace,
             "labels": {"app.kubernetes.io/name": "ardiff", POOL_LABEL: pool},
         },
-        "data": {REDIS_URL_KEY: base64.b64encode(url.encode()).decode()},
+        "data": {REDIS_URL_KEY: base64.b64encode(url.encode()).decode(), **data},
     }
 
 
@@ -240,6 +269,20 @@ def build_worker_pod_template(namespace: str, pool: str, spec: WorkerPoolSpec) -
         "volumeMounts": [{"name": name, "mountPath": path} for name, path in WORKER_VOLUMES.items()],
     }
     volumes: list[dict[str, Any]] = [{"name": name, "emptyDir": {}} for name in WORKER_VOLUMES]
+    # The Redis CA, when the pool's Secret holds one (TLS Redis behind a private CA); nothing is mounted else.
+    volumes.append(
+        {
+            "name": REDIS_CA_VOLUME,
+            "secret": {
+                "secretName": worker_redis_secret_name(pool),
+                "items": [{"key": REDIS_CA_KEY, "path": REDIS_CA_KEY}],
+                "optional": True,
+            },
+        }
+    )
+    container["volumeMounts"].append(
+        {"name": REDIS_CA_VOLUME, "mountPath": WORKER_REDIS_CA_DIR, "readOnly": True}
+    )
     if options.shm_size is not None:
         volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}})
         container["volumeMounts"].append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})

@@ -28,11 +28,13 @@ from ardiff.operator.context import OperatorContext, SessionKey, TemplateRefusal
 from ardiff.operator.disruption import pool_selector, sync_busy_pods
 from ardiff.operator.kube import PODS, POOLS, SECRETS, SERVICES, SESSIONS, KubeApiError
 from ardiff.operator.pods import (
+    REDIS_CA_KEY,
     REDIS_URL_KEY,
     build_pool_service,
     build_worker_pod,
     build_worker_redis_secret,
     pool_service_name,
+    read_redis_ca,
     worker_pod_name,
 )
 from ardiff.operator.scaling import PodSlots, may_grow, plan_migrations, plan_scaling
@@ -451,7 +453,8 @@ async def ensure_worker_redis_secret(ctx: OperatorContext, pool: PoolView) -> bo
     """Create the pool's `<pool>-workers-redis` Secret, or bring its URL up to date (the operator's worker
     URL may have changed since it was written). False when a Secret of that name exists that the pool does
     not own: it is left alone (reported once), and no worker Pod may be created."""
-    secret = build_worker_redis_secret(pool.namespace, pool.name, ctx.config.worker_redis_url)
+    url = ctx.config.worker_redis_url
+    secret = build_worker_redis_secret(pool.namespace, pool.name, url, read_redis_ca(url))
     kopf.adopt(secret, owner=pool.reference)
     key, name = PoolId(pool.namespace, pool.name), secret["metadata"]["name"]
     stored = await ctx.kube.create_or_get(SECRETS, secret)
@@ -464,8 +467,10 @@ async def ensure_worker_redis_secret(ctx: OperatorContext, pool: PoolView) -> bo
             message = f"Secret {name} exists and is not owned by this pool: rename or delete it"
             kopf.event(pool.reference, type="Warning", reason="SecretConflict", message=message)
         return False
-    if (stored.get("data") or {}).get(REDIS_URL_KEY) != secret["data"][REDIS_URL_KEY]:
-        await ctx.kube.patch(SECRETS, pool.namespace, name, {"data": secret["data"]})
+    stored_data = stored.get("data") or {}
+    if any(stored_data.get(k) != secret["data"].get(k) for k in (REDIS_URL_KEY, REDIS_CA_KEY)):
+        data = {REDIS_CA_KEY: None} | secret["data"]  # a CA no longer named is removed
+        await ctx.kube.patch(SECRETS, pool.namespace, name, {"data": data})
     ctx.secret_conflicts.discard(key)
     return True
 

@@ -160,9 +160,10 @@ COSTS = [
     (POOL, "!(self.name in ['tmp', 'home', 'model-cache', 'dshm', 'model', 'redis-ca'])", 64, 19 * 64),
     (
         POOL,
-        "!(self.mountPath in ['/tmp', '/home/ardiff', '/var/cache/ardiff/models', '/dev/shm', '/models'])",
+        "!(self.mountPath in ['/tmp', '/home/ardiff', '/var/cache/ardiff/models', '/dev/shm', '/models', "
+        "'/etc/ardiff/redis-tls'])",
         64,
-        18 * 64,
+        19 * 64,
     ),
     (POOL, "self.all(k, !k.startsWith('ardiffusion.dev/') && !k.startsWith('app.kubernetes.io/'))", 1, 706),
     (POOL, "self.all(k, !k.startsWith('ardiffusion.dev/'))", 1, 450),

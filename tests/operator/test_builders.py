@@ -16,6 +16,7 @@ from ardiff.operator.pods import (
     build_worker_env,
     build_worker_pod,
     build_worker_redis_secret,
+    read_redis_ca,
     session_identity_hash,
     worker_pod_name,
     worker_template_hash,
@@ -41,6 +42,14 @@ POOL_SPEC = {
     "eviction": {"minIdleSeconds": 0},
 }
 
+REDIS_CA_VOLUME = {
+    "name": "redis-ca",
+    "secret": {
+        "secretName": "tiny-workers-redis",
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+        "optional": True,
+    },
+}
 LABELS = {
     "app.kubernetes.io/name": "ardiff",
     "app.kubernetes.io/component": "worker",
@@ -62,7 +71,7 @@ def test_worker_pod_is_exactly_what_contracts_describe() -> None:
             # Of everything below but the name: any change to how Pods are rendered changes it, and rolls the
             # pools' pods when the operator is upgraded (safely: only pods that hold no session go).
             "annotations": {
-                "ardiffusion.dev/template-hash": "03076ada74bdd607",
+                "ardiffusion.dev/template-hash": "956b74544ec03ed8",
                 # Of what an exported session must match (model, pipeline, size, dtype, runtime): issue 12.
                 "ardiffusion.dev/identity-hash": "6fee671b8c80e317",
             },
@@ -145,6 +154,8 @@ def test_worker_pod_is_exactly_what_contracts_describe() -> None:
                         {"name": "tmp", "mountPath": "/tmp"},
                         {"name": "home", "mountPath": "/home/ardiff"},
                         {"name": "model-cache", "mountPath": "/var/cache/ardiff/models"},
+                        # The Redis CA, where the URL's ssl_ca_certs points (TLS Redis; else no file).
+                        {"name": "redis-ca", "mountPath": "/etc/ardiff/redis-tls", "readOnly": True},
                     ],
                 }
             ],
@@ -152,6 +163,7 @@ def test_worker_pod_is_exactly_what_contracts_describe() -> None:
                 {"name": "tmp", "emptyDir": {}},
                 {"name": "home", "emptyDir": {}},
                 {"name": "model-cache", "emptyDir": {}},
+                REDIS_CA_VOLUME,
             ],
         },
     }
@@ -466,6 +478,7 @@ def test_pod_template_knobs_reach_the_worker_pod() -> None:
         {"name": "tmp", "emptyDir": {}},
         {"name": "home", "emptyDir": {}},
         {"name": "model-cache", "emptyDir": {}},
+        {**REDIS_CA_VOLUME, "secret": {**REDIS_CA_VOLUME["secret"], "secretName": "knobs-workers-redis"}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
         {"name": "model", "persistentVolumeClaim": {"claimName": "models"}},
         {"name": "prompts", "configMap": {"name": "prompts", "defaultMode": 420}},
@@ -487,6 +500,7 @@ def test_pod_template_knobs_reach_the_worker_pod() -> None:
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "home", "mountPath": "/home/ardiff"},
         {"name": "model-cache", "mountPath": "/var/cache/ardiff/models"},
+        {"name": "redis-ca", "mountPath": "/etc/ardiff/redis-tls", "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "model", "mountPath": "/models", "readOnly": True},
         {"name": "prompts", "mountPath": "/etc/prompts", "readOnly": True},
@@ -573,3 +587,23 @@ def test_a_model_download_needs_a_model_path_under_models() -> None:
         WorkerPoolSpec.from_resource(
             {"image": "w:1", "model": {"path": "/opt/m"}, "modelDownload": {"url": "https://x/m"}}
         )
+
+
+def test_a_private_redis_ca_is_copied_into_the_pools_secret_and_the_url_points_at_the_mount(
+    tmp_path: Path,
+) -> None:
+    """Issue 11 item 5: the workers got `ssl_ca_certs=<the operator's path>` and no file there."""
+    ca_file = tmp_path / "ca.crt"
+    ca_file.write_bytes(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    url = f"rediss://:pw@redis.example:6380/0?ssl_ca_certs={ca_file}&ssl_cert_reqs=required"
+    assert read_redis_ca("redis://redis:6379/0") is None
+    secret = build_worker_redis_secret("worlds", "tiny", url, read_redis_ca(url))
+    assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == {
+        "url": "rediss://:pw@redis.example:6380/0?ssl_cert_reqs=required&ssl_ca_certs=/etc/ardiff/redis-tls/ca.crt",
+        "ca.crt": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+    }
+    pod = build_worker_pod("worlds", "tiny", WorkerPoolSpec.from_resource(POOL_SPEC), pod_name="tiny-ab12c")
+    assert REDIS_CA_VOLUME in pod["spec"]["volumes"]
+    mounts = {m["mountPath"]: m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["/etc/ardiff/redis-tls"] == "redis-ca"
+    kubernetes_validate.validate(secret, "1.28.0", strict=True)
