@@ -56,6 +56,15 @@ def pod_b(launch_worker, redis_url, tier):
     worker.stop()
 
 
+async def place_avoiding(store, spec, pod: str):
+    """Place as the operator does, with `pod` drained for the moment: the other pod takes it."""
+    await store.set_draining(POOL, pod, draining=True)
+    try:
+        return await store.place(POOL, spec)
+    finally:
+        await store.set_draining(POOL, pod, draining=False)
+
+
 @pytest.fixture
 async def on_a(pod_a, pod_b, store, session_spec):
     """Place fresh sessions on pod A (B is drained meanwhile); released after the test."""
@@ -63,11 +72,7 @@ async def on_a(pod_a, pod_b, store, session_spec):
 
     async def place(**spec) -> str:
         name = f"s-{uuid.uuid4().hex[:8]}"
-        await store.set_draining(POOL, "cont-b", draining=True)
-        try:
-            placed = await store.place(POOL, session_spec(name, TOKEN, **spec))
-        finally:
-            await store.set_draining(POOL, "cont-b", draining=False)
+        placed = await place_avoiding(store, session_spec(name, TOKEN, **spec), "cont-b")
         assert placed.placement is not None
         assert placed.placement.pod == "cont-a"
         names.append(name)
@@ -120,11 +125,7 @@ async def test_suspend_exports_to_the_tier_frees_the_slot_and_a_tick_demands_the
     error_of(pod_a.tick(session, 3, token="not-the-token"), 401, "unauthorized")
 
     # The operator places it on B (A drained): B imports the export before its first tick.
-    await store.set_draining(POOL, "cont-a", draining=True)
-    try:
-        placed = await store.place(POOL, record.spec())
-    finally:
-        await store.set_draining(POOL, "cont-a", draining=False)
+    placed = await place_avoiding(store, record.spec(), "cont-a")
     assert placed.placement.pod == "cont-b"
     assert (await store.get_session(POOL, session)).resume_from == record.location
     misdirected = error_of(pod_a.tick(session, 3, token=TOKEN), 421, "misdirected")
@@ -146,11 +147,7 @@ async def test_an_export_that_cannot_be_read_needs_a_reset(pod_a, pod_b, store, 
     record = await suspend(store, pod_a, session)
     (tier / record.location).write_bytes(b"ARDSESS\x00 not really")
     await store.request_resume(POOL, session)
-    await store.set_draining(POOL, "cont-b", draining=True)
-    try:
-        placed = await store.place(POOL, record.spec())
-    finally:
-        await store.set_draining(POOL, "cont-b", draining=False)
+    placed = await place_avoiding(store, record.spec(), "cont-b")
     assert placed.placement.pod == "cont-a"
     error = error_of(pod_a.tick(session, 1, token=TOKEN), 409, "reset_required")
     assert "could not be resumed (export_corrupt)" in error["message"]
@@ -165,11 +162,7 @@ async def test_a_corrupt_suspension_falls_back_to_the_snapshot(pod_a, pod_b, sto
     assert (record.suspended_chunk, record.snapshot_chunk) == (3, 2)
     (tier / record.location).write_bytes((tier / record.location).read_bytes()[:-1])  # truncated
     await store.request_resume(POOL, session)
-    await store.set_draining(POOL, "cont-b", draining=True)
-    try:
-        assert (await store.place(POOL, record.spec())).placement.pod == "cont-a"
-    finally:
-        await store.set_draining(POOL, "cont-b", draining=False)
+    assert (await place_avoiding(store, record.spec(), "cont-b")).placement.pod == "cont-a"
     error = error_of(pod_a.tick(session, 3, token=TOKEN), 409, "rewound")  # nothing lost but chunk 2
     assert error["expected_chunk_index"] == 2
     np.testing.assert_array_equal(frames_of(pod_a.tick(session, 2, token=TOKEN)), twin[2])

@@ -36,14 +36,24 @@ TOKEN = "stream-token"
 FAKE_TICK_SECONDS = 0.3  # two ticks of one session overlap
 
 
-@pytest.fixture(scope="module")
-def worker(launch_worker, redis_url):
-    process = launch_worker(
+def launch_fake(launch_worker, redis_url, pool: PoolId, pod: str, **settings):
+    return launch_worker(
         runtime="fake",
         redis_url=redis_url,
-        namespace=POOL.namespace,
-        pool=POOL.name,
-        pod_name=POD,
+        namespace=pool.namespace,
+        pool=pool.name,
+        pod_name=pod,
+        **settings,
+    )
+
+
+@pytest.fixture(scope="module")
+def worker(launch_worker, redis_url):
+    process = launch_fake(
+        launch_worker,
+        redis_url,
+        POOL,
+        POD,
         fake_capacity=4,
         fake_tick_seconds=FAKE_TICK_SECONDS,
         lease_seconds=5,
@@ -57,15 +67,8 @@ def worker(launch_worker, redis_url):
 @pytest.fixture(scope="module")
 def fast_worker(launch_worker, redis_url):
     """Forwards that take no time: a client can ask for chunks faster than it reads them."""
-    process = launch_worker(
-        runtime="fake",
-        redis_url=redis_url,
-        namespace=FAST_POOL.namespace,
-        pool=FAST_POOL.name,
-        pod_name=FAST_POD,
-        fake_capacity=2,
-        width=256,
-        height=256,
+    process = launch_fake(
+        launch_worker, redis_url, FAST_POOL, FAST_POD, fake_capacity=2, width=256, height=256
     )
     yield process
     process.stop()
