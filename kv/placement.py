@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.resources
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -83,6 +84,7 @@ SCRIPTS = (
     "evict_lru",
     "remove_pods",
     "delete_pool",
+    "read_bindings",
     # issue 12: suspension, resume and snapshots
     "mark_suspended",
     "request_resume",
@@ -90,10 +92,11 @@ SCRIPTS = (
     "resumed",
     "note_snapshot",
 )
-# A touch never waits for replicas: losing one at a failover costs a stale last_tick_ms and chunk_index,
-# which the next tick rewrites (docs/contracts.md §2 "Failover"); waiting would add a replica round trip
-# to every tick.
-UNREPLICATED_SCRIPTS = frozenset({"touch"})
+# Scripts that never wait for replicas: a read, and a touch (losing one at a failover costs a stale
+# last_tick_ms and chunk_index, which the next tick rewrites, docs/contracts.md §2 "Failover"; waiting would
+# add a replica round trip to every tick).
+UNREPLICATED_SCRIPTS = frozenset({"touch", "read_bindings"})
+BINDINGS_BATCH = 1_000  # sessions per read_bindings call: a few ms of Redis time each
 
 
 def load_script(name: str) -> str:
@@ -951,21 +954,22 @@ class PlacementStore:
 
     async def get_bindings(self, pool: PoolId, names: Iterable[str]) -> dict[str, SessionBinding]:
         """The bindings of `names` that have a record: state, pod, pod_epoch, reset_required, chunk_index and
-        last_tick_ms, never the prompt or the image (one pipelined round trip of HMGETs)."""
+        last_tick_ms, never the prompt or the image (`read_bindings`: one script call and one JSON document
+        per `BINDINGS_BATCH` sessions)."""
         keys = PoolKeys(_check_pool(pool))
         names = [check_name("session", name) for name in names]
-        async with self.client.pipeline(transaction=False) as pipe:
-            for name in names:
-                pipe.hmget(keys.session(name), SessionBinding.FIELDS)
-            replies = await pipe.execute()
-        return {
-            name: SessionBinding.from_hash(
-                name,
-                {field.encode(): value for field, value in zip(SessionBinding.FIELDS, reply, strict=True)},
+        fields = [field.encode() for field in SessionBinding.FIELDS]
+        bindings: dict[str, SessionBinding] = {}
+        for start in range(0, len(names), BINDINGS_BATCH):
+            batch = names[start : start + BINDINGS_BATCH]
+            _, reply = await self._run(
+                "read_bindings", [keys.session(name) for name in batch], list(SessionBinding.FIELDS)
             )
-            for name, reply in zip(names, replies, strict=True)
-            if reply[0] is not None  # no state: no record
-        }
+            for name, values in zip(batch, json.loads(reply[0]), strict=True):
+                if values:  # false: no record
+                    raw = {f: v.encode() for f, v in zip(fields, values, strict=True) if v is not False}
+                    bindings[name] = SessionBinding.from_hash(name, raw)
+        return bindings
 
     async def get_pod(self, pool: PoolId, pod: str) -> PodRecord | None:
         keys = PoolKeys(_check_pool(pool))

@@ -174,6 +174,8 @@ end
 -- How many victims a repeated call considers: every concurrent placer wants the same few victims, so a call that
 -- answered STALE_PLAN takes the first declared one among this many best rather than insisting on the very best.
 local VICTIM_CANDIDATES = 8
+-- Likewise for pods: a repeated call whose declared pods all filled up meanwhile declares this many open ones.
+local POD_CANDIDATES = 16
 
 -- The first candidate {pod, session} whose keys the call declared; else nil, with every candidate in `missing`.
 local function first_declared(plan, missing, candidates)

@@ -72,6 +72,29 @@ local function preferred_pod()
   end
 end
 
+-- Up to `limit` live pods of `open_key`, in policy order.
+local function open_pods(limit)
+  local found, start = {}, 0
+  while #found < limit do
+    local batch
+    if pack then
+      batch = redis.call('ZRANGE', open_key, start, start + SCAN_BATCH - 1, 'REV')
+    else
+      batch = redis.call('ZRANGE', open_key, start, start + SCAN_BATCH - 1)
+    end
+    for i = 1, #batch do
+      if #found < limit and lease_live(leases_key, batch[i], now) then
+        table.insert(found, batch[i])
+      end
+    end
+    if #batch < SCAN_BATCH then
+      return found
+    end
+    start = start + SCAN_BATCH
+  end
+  return found
+end
+
 local function preferred_load(a, b)
   if pack then
     return a > b
@@ -96,6 +119,13 @@ local function choose_pod()
       if plan.retry and (fallback == nil or preferred_load(tonumber(score), fallback_load)) then
         fallback, fallback_load = pod, tonumber(score)
       end
+    end
+  end
+  if fallback == nil and plan.retry then
+    -- Every declared pod filled up meanwhile: concurrent placers herd to the same least-loaded pods of a nearly
+    -- full pool. Declare several open pods at once, so that the next attempt can take whichever is left.
+    for _, pod in ipairs(open_pods(POD_CANDIDATES)) do
+      need_pod(plan, missing, pod)
     end
   end
   return fallback or best
