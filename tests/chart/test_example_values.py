@@ -1,0 +1,134 @@
+"""charts/ardiff/examples/: the worked values files render with real helm into objects a cluster accepts."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from ardiff.devcluster.core_validation import validate as core_validate
+from ardiff.devcluster.crd import CustomResourceDefinition, load_manifests, served_version
+from ardiff.kv.capacity import plan_for_pool
+from ardiff.kv.presets import get_preset
+from ardiff.operator.pods import build_worker_pod
+from ardiff.operator.specs import WorkerPoolSpec
+
+from .test_chart import CUSTOM_KINDS, KUBERNETES_VERSIONS, one
+from .test_crds import OUR_KINDS
+
+H200 = "values-lingbot-h200.yaml"
+
+
+def render_example(chart, file: str) -> list[dict[str, Any]]:
+    result = chart.helm(
+        "template",
+        chart.release,
+        chart.path,
+        "--namespace",
+        chart.namespace,
+        "--values",
+        chart.path / "examples" / file,
+    )
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.fixture(scope="module")
+def h200(chart) -> list[dict[str, Any]]:
+    return render_example(chart, H200)
+
+
+def test_every_example_lints_strict(chart):
+    files = sorted(path.name for path in (chart.path / "examples").glob("*.yaml"))
+    assert H200 in files
+    for file in files:
+        result = chart.helm(
+            "lint",
+            "--strict",
+            chart.path,
+            "--namespace",
+            chart.namespace,
+            "--values",
+            chart.path / "examples" / file,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("kubernetes_version", KUBERNETES_VERSIONS)
+def test_h200_objects_pass_kubernetes_validate_strict(h200, kubernetes_version):
+    builtin = [obj for obj in h200 if obj["kind"] not in CUSTOM_KINDS]
+    assert len(builtin) >= 7
+    for obj in builtin:
+        kubernetes_validate.validate(obj, kubernetes_version, strict=True)
+
+
+def _admitted_pool(chart, h200) -> dict[str, Any]:
+    """The default pool as the apiserver stores it: pruned, defaulted, CEL-checked against the chart's CRDs
+    (those of the kinds rendered here: the pool's and the peering's)."""
+    files = [chart.path / "crds" / name for name in ("ardiffusionworkerpools.yaml", "kopfpeerings.yaml")]
+    crds = {crd.name: crd for crd in map(CustomResourceDefinition.from_manifest, load_manifests(files))}
+    for obj in h200:
+        if obj["kind"] in OUR_KINDS:
+            admitted = served_version(crds, obj["apiVersion"], obj["kind"]).admit(obj)
+            assert admitted.pruned == (), obj["kind"]  # nothing the file says is silently dropped
+    pool = one(h200, "ARDiffusionWorkerPool")
+    return served_version(crds, pool["apiVersion"], pool["kind"]).admit(pool).obj
+
+
+def test_h200_pool_is_lingbot_world_480x832_bf16_on_one_h200_from_a_claim(chart, h200):
+    pool = _admitted_pool(chart, h200)
+    spec = pool["spec"]
+    assert spec["model"] == {
+        "path": "/weights/lingbot-world-base-cam",  # the chart's default model.name is dropped, not merged
+        "pipeline": "LingBotWorldCausalDMDPipeline",
+        "height": 480,
+        "width": 832,
+        "dtype": "bfloat16",
+    }
+    assert (
+        spec["resources"]["requests"]["nvidia.com/gpu"] == spec["resources"]["limits"]["nvidia.com/gpu"] == 1
+    )
+    assert spec["runtimeClassName"] == "nvidia"
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    [volume] = spec["volumes"]
+    assert volume["persistentVolumeClaim"]["claimName"] == "lingbot-world-weights"
+    [mount] = spec["volumeMounts"]
+    assert spec["model"]["path"].startswith(mount["mountPath"] + "/")
+    assert spec["shmSize"] == "16Gi"
+
+
+def test_h200_capacity_is_the_planners_and_the_comment_cites_it(chart, h200):
+    spec = _admitted_pool(chart, h200)["spec"]
+    plan = plan_for_pool(
+        get_preset("lingbot-world-480x832"),
+        device_memory_bytes=141 << 30,
+        gpu_memory_fraction=spec["kv"]["gpuMemoryFraction"],
+    )
+    assert plan.sessions == spec["kv"]["sessionCapacity"] == 2
+    assert plan.binding_limit == "pipeline_session_capacity"
+    text = (chart.path / "examples" / H200).read_text()
+    assert "ardiff kv plan --preset lingbot-world-480x832 --gpu-memory-gib 141" in text
+    assert re.search(r"-> 2 sessions per pod \(binding limit: pipeline_session_capacity\)", text)
+
+
+@pytest.mark.parametrize("kubernetes_version", KUBERNETES_VERSIONS)
+def test_h200_worker_pod_passes_kubernetes_validate_and_pod_admission(chart, h200, kubernetes_version):
+    pool = _admitted_pool(chart, h200)
+    spec = WorkerPoolSpec.from_resource(pool["spec"])
+    pod = build_worker_pod(
+        pool["metadata"]["namespace"], pool["metadata"]["name"], spec, pod_name="lingbot-world-ab12c"
+    )
+    kubernetes_validate.validate(pod, kubernetes_version, strict=True)
+    assert core_validate("pods", pod) == []
+    podspec = pod["spec"]
+    assert podspec["runtimeClassName"] == "nvidia"
+    [worker] = podspec["containers"]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert {"name": "ARDIFF_MODEL", "value": "/weights/lingbot-world-base-cam"} in worker["env"]
+    assert {"name": "ARDIFF_SESSION_CAPACITY", "value": "2"} in worker["env"]
+    assert {"name": "weights", "mountPath": "/weights", "readOnly": True} in worker["volumeMounts"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in podspec["volumes"]
