@@ -273,8 +273,11 @@ def create_app(service: WorkerService) -> FastAPI:
     async def stream_session(websocket: WebSocket, session_id: str) -> None:
         """Ticks over a WebSocket (docs/contracts.md §4): tick messages in, chunk messages and frames out."""
         fault = service.settings.test_faults and websocket.headers.get(FAULT_HEADER) == "forward"
-        stream = SessionStream(websocket, service, streams, session_id, inject_fault=fault)
-        await stream.run(websocket.query_params.get("format"))
+        frame_format = websocket.query_params.get("format")
+        stream = SessionStream(
+            websocket, service, streams, session_id, frame_format=frame_format, inject_fault=fault
+        )
+        await stream.run()
 
     if family.name == "dreamzero":
 

@@ -16,19 +16,17 @@ connection can do (401, 404, 410, 421, superseded) close it with `4000 + status`
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import uuid
 from typing import Any
 
 import msgspec
 import numpy as np
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from starlette.websockets import WebSocket
 
 from ardiff.worker.errors import InvalidTick, WorkerError
 from ardiff.worker.service import WorkerService
-from ardiff.worker.stream import _FINAL_STATUSES, CLOSE_NORMAL, SessionStreams, close_code
+from ardiff.worker.stream import _FINAL_STATUSES, SessionSocket, SessionStreams
 
 log = logging.getLogger(__name__)
 
@@ -110,46 +108,14 @@ def authorization_of(header: str | None) -> str | None:
     return header
 
 
-class OpenPIConnection:
+class OpenPIConnection(SessionSocket):
+    """The OpenPI protocol over one session's WebSocket (msgpack-numpy observations in, actions out)."""
+
     def __init__(
         self, websocket: WebSocket, service: WorkerService, streams: SessionStreams, session_id: str
     ) -> None:
-        self.websocket = websocket
-        self.service = service
-        self.streams = streams
-        self.session_id = session_id
+        super().__init__(websocket, service, streams, session_id)
         self.connection = uuid.uuid4().hex[:8]
-        self._closed = False
-
-    async def send_error(self, error: WorkerError) -> None:
-        self.service.metrics.errors.labels(error.code).inc()
-        await self.websocket.send_text(json.dumps({"type": "error", **error.envelope()}))
-
-    async def close(self, code: int, reason: str) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self.service.metrics.stream_closes.labels(str(code)).inc()
-        if self.websocket.application_state is not WebSocketState.DISCONNECTED:
-            with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-                await self.websocket.close(code=code, reason=reason[:123])
-
-    async def fail(self, error: WorkerError) -> None:  # SessionStreams supersedes with it
-        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-            await self.send_error(error)
-        await self.close(close_code(error), error.code)
-
-    async def run(self) -> None:
-        await self.websocket.accept()
-        self.service.metrics.streams_open.inc()
-        try:
-            await self._serve()
-        except WebSocketDisconnect:
-            pass
-        finally:
-            self.streams.release(self)  # type: ignore[arg-type]
-            self.service.metrics.streams_open.dec()
-            await self.close(CLOSE_NORMAL, "bye")
 
     async def _serve(self) -> None:
         authorization = authorization_of(self.websocket.headers.get("authorization"))
@@ -158,8 +124,8 @@ class OpenPIConnection:
         except WorkerError as error:
             await self.fail(error)
             return
-        await self.streams.claim(self)  # type: ignore[arg-type]
-        await self.websocket.send_bytes(pack(dict(self.service.family.POLICY_SERVER_CONFIG)))
+        await self.streams.claim(self)
+        await self._send(pack(dict(self.service.family.POLICY_SERVER_CONFIG)))
         next_index = 0 if view["state"] == "reset_required" else int(view["next_chunk_index"])
         reset = view["state"] == "reset_required" or next_index == 0
         while True:
@@ -183,7 +149,7 @@ class OpenPIConnection:
                 if request.get("endpoint") == "reset":
                     await self.service.reset(self.session_id, authorization)
                     next_index, reset = 0, True
-                    await self.websocket.send_bytes(pack({"status": "reset successful"}))
+                    await self._send(pack({"status": "reset successful"}))
                     continue
                 body = {
                     "request_id": f"openpi-{self.connection}-{next_index}",
@@ -202,4 +168,4 @@ class OpenPIConnection:
                 await self.send_error(error)
                 continue
             next_index, reset = outcome.chunk.chunk_index + 1, False
-            await self.websocket.send_bytes(pack(outcome.chunk.actions))
+            await self._send(pack(outcome.chunk.actions))

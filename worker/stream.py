@@ -15,6 +15,7 @@ that stops reading stops its ticks; the worker buffers at most one chunk per con
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import json
@@ -55,43 +56,36 @@ class SessionStreams:
     """The open stream of each session; a newer connection supersedes the older one."""
 
     def __init__(self) -> None:
-        self._open: dict[str, SessionStream] = {}
+        self._open: dict[str, SessionSocket] = {}
 
     def __len__(self) -> int:
         return len(self._open)
 
-    async def claim(self, stream: SessionStream) -> None:
+    async def claim(self, stream: SessionSocket) -> None:
         previous = self._open.get(stream.session_id)
         self._open[stream.session_id] = stream
         if previous is not None:
             await previous.fail(Superseded("a newer connection to this session took over the stream"))
 
-    def release(self, stream: SessionStream) -> None:
+    def release(self, stream: SessionSocket) -> None:
         if self._open.get(stream.session_id) is stream:
             del self._open[stream.session_id]
 
 
-class SessionStream:
-    """One WebSocket connection to one session."""
+class SessionSocket(abc.ABC):
+    """One WebSocket connection to one session: sending (serialised: a superseding connection may close this
+    one mid-send), errors as messages, the closes, and the connection's lifetime. Each protocol (the frame
+    stream here, OpenPI for robot sessions) serves its messages in `_serve`."""
 
     def __init__(
-        self,
-        websocket: WebSocket,
-        service: WorkerService,
-        streams: SessionStreams,
-        session_id: str,
-        *,
-        inject_fault: bool = False,
+        self, websocket: WebSocket, service: WorkerService, streams: SessionStreams, session_id: str
     ) -> None:
         self.websocket = websocket
-        self.inject_fault = inject_fault  # test-only (ARDIFF_TEST_FAULTS): every forward of this stream fails
         self.service = service
         self.streams = streams
         self.session_id = session_id
-        self._send_lock = asyncio.Lock()  # a superseding connection may close this one mid-send
+        self._send_lock = asyncio.Lock()
         self._closed = False
-
-    # ------------------------------------------------------------------------------------ sending
 
     async def _send(self, message: str | bytes) -> None:
         async with self._send_lock:
@@ -128,13 +122,11 @@ class SessionStream:
             await self.send_error(error)
         await self.close(close_code(error), error.code)
 
-    # ------------------------------------------------------------------------------------ the connection
-
-    async def run(self, frame_format: str | None) -> None:
+    async def run(self) -> None:
         await self.websocket.accept()
         self.service.metrics.streams_open.inc()
         try:
-            await self._serve(frame_format)
+            await self._serve()
         except WebSocketDisconnect:
             pass
         finally:
@@ -142,8 +134,30 @@ class SessionStream:
             self.service.metrics.streams_open.dec()
             await self.close(CLOSE_NORMAL, "bye")
 
-    async def _serve(self, requested_format: str | None) -> None:
-        frame_format = cast(FrameFormat, requested_format or "jpeg")
+    @abc.abstractmethod
+    async def _serve(self) -> None:
+        """Serve the connection's messages until it ends."""
+
+
+class SessionStream(SessionSocket):
+    """The frame stream: tick messages in, a chunk message and one image per frame out."""
+
+    def __init__(
+        self,
+        websocket: WebSocket,
+        service: WorkerService,
+        streams: SessionStreams,
+        session_id: str,
+        *,
+        frame_format: str | None = None,
+        inject_fault: bool = False,
+    ) -> None:
+        super().__init__(websocket, service, streams, session_id)
+        self.frame_format = frame_format
+        self.inject_fault = inject_fault  # test-only (ARDIFF_TEST_FAULTS): every forward of this stream fails
+
+    async def _serve(self) -> None:
+        frame_format = cast(FrameFormat, self.frame_format or "jpeg")
         if frame_format not in FRAME_FORMATS:
             formats = ", ".join(FRAME_FORMATS)
             await self.fail(
