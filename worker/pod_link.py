@@ -127,10 +127,10 @@ class PodLink:
         return await self.store.get_pod(self.pool, self.pod) is None
 
     def is_here(self, record: SessionRecord | SessionBinding) -> bool:
-        """Placed on this pod by this incarnation (a session of an earlier epoch lost its state)."""
-        return (
-            record.state is SessionState.PLACED and record.pod == self.pod and record.pod_epoch == self.epoch
-        )
+        """Placed on this pod by this incarnation (a session of an earlier epoch lost its state), or being
+        suspended from it (its state is still here until the export is written)."""
+        bound = record.state in (SessionState.PLACED, SessionState.SUSPENDING)
+        return bound and record.pod == self.pod and record.pod_epoch == self.epoch
 
     async def session(self, session: str) -> SessionRecord | None:
         return await self.store.get_session(self.pool, session)

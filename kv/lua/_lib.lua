@@ -235,7 +235,9 @@ local function check_bound(session_key, pod_key, pod, epoch, extra)
   if s[2] == pod and epoch < session_epoch then
     return {POD_FENCED, int_text(session_epoch)}
   end
-  if s[1] ~= 'placed' or s[2] ~= pod or session_epoch ~= epoch then
+  -- A suspending session is still bound: the tick it had in flight when its suspension began finishes (and
+  -- touches it) before its worker writes the export.
+  if (s[1] ~= 'placed' and s[1] ~= 'suspending') or s[2] ~= pod or session_epoch ~= epoch then
     return {SESSION_NOT_HERE, s[1], s[2], int_text(session_epoch)}
   end
   return nil, s

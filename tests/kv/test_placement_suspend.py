@@ -431,3 +431,22 @@ async def test_the_invariant_check_knows_the_new_states(store: PlacementStore, p
     await export(store, pool, "idle")
     await store.client.hset(f"{pool.tag}:session:idle", "pod", "w-a")
     assert "suspended session idle still names pod w-a" in await store.check_invariants(pool)
+
+
+async def test_the_tick_in_flight_when_a_suspension_begins_still_touches_and_snapshots(store, pool):
+    """A migration may suspend a session mid-tick: that tick finishes on its pod (touch, snapshot) before the
+    worker writes the export; only a newer tick is refused (the worker answers 503 resuming)."""
+    reg = await register(store, pool, "w-a", capacity=2)
+    await store.place(pool, spec("busy"))
+    assert await store.suspend(pool, "busy", reason="migrate")
+    assert (await record(store, pool, "busy")).state is SessionState.SUSPENDING
+    await store.touch(pool, "busy", pod="w-a", epoch=reg.epoch, chunk_index=5, reset_done=False)
+    await store.note_snapshot(
+        pool, "busy", pod="w-a", epoch=reg.epoch, location="/tier/s.ards", chunk_index=5
+    )
+    held = await record(store, pool, "busy")
+    assert (held.state, held.chunk_index, held.snapshot_chunk) == (SessionState.SUSPENDING, 5, 5)
+    await export(store, pool, "busy", location="/tier/busy.ards", chunk=5)
+    assert (await record(store, pool, "busy")).state is SessionState.SUSPENDED
+    with pytest.raises(SessionNotHere):  # once suspended, the pod holds it no more
+        await store.touch(pool, "busy", pod="w-a", epoch=reg.epoch, chunk_index=6, reset_done=False)
