@@ -30,6 +30,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "external-redis-url": {
         "redis": {"mode": "external", "external": {"url": "rediss://:s3cret@redis.example.com:6380/2"}}
     },
+    "redis-auth-secret": {
+        "imagePullSecrets": [{"name": "ghcr-pull"}],
+        "redis": {"bundled": {"auth": {"existingSecret": "team-redis-auth"}}},
+        "defaultPool": {"enabled": True},
+    },
     "cluster-wide": {"clusterWide": True, "operator": {"replicas": 2}},
     "monitoring": {"monitoring": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
     "default-pool": {"defaultPool": {"enabled": True, "spec": {"replicas": {"max": 3}}}},

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import os
 import re
 import shutil
+import subprocess
+import time
 from typing import Any
 
 import kubernetes_validate
 import pytest
 
 from ardiff.operator.pods import WORKER_PORT, WORKER_PORT_NAME, pool_labels
+from ardiff.worker.net import free_port
 
 # Kinds kubernetes-validate has no schema for. The first three are checked against our CRDs instead
 # (test_crds.py); ServiceMonitor belongs to the Prometheus Operator and is checked field by field below.
@@ -109,6 +114,11 @@ def test_defaults_render_the_documented_objects(chart):
             "podDisruptionBudget: Additional property workers is not allowed",
         ),
         ({"monitoring": {"serviceMonitor": {"interval": "often"}}}, "interval: Does not match pattern"),
+        ({"imagePullSecrets": [{"name": "Bad_Name"}]}, "imagePullSecrets.0.name: Does not match pattern"),
+        (
+            {"redis": {"bundled": {"auth": {"existingSecret": "a", "existingSecretPasswordKey": "a/b"}}}},
+            "existingSecretPasswordKey: Does not match pattern",
+        ),
         # Cross-field rules that JSON schema would word badly fail in the templates instead.
         (
             {"clusterWide": True, "operator": {"watchNamespaces": ["team-a"]}},
@@ -117,6 +127,10 @@ def test_defaults_render_the_documented_objects(chart):
         (
             {"operator": {"serviceAccount": {"create": False}}},
             "operator.serviceAccount.name is required when operator.serviceAccount.create is false",
+        ),
+        (
+            {"redis": {"bundled": {"password": "x" * 20, "auth": {"existingSecret": "team-redis-auth"}}}},
+            "redis.bundled.password and redis.bundled.auth.existingSecret are exclusive",
         ),
     ],
 )
@@ -294,6 +308,115 @@ def test_bundled_redis_password_is_generated_when_not_given(chart):
     assert secrets[0]["password"] != secrets[1]["password"]
 
 
+AUTH_SECRET = {
+    "redis": {"bundled": {"auth": {"existingSecret": "team-redis-auth", "existingSecretPasswordKey": "pw"}}}
+}
+
+
+def test_bundled_redis_password_from_an_existing_secret_is_never_rendered(chart):
+    """GitOps: with auth.existingSecret every render is the same (no `lookup`, no random password), so no
+    sync restarts Redis or the operator; the password is read from the user's Secret by the Pods."""
+    renders = [chart.helm_with_values("template", AUTH_SECRET) for _ in range(2)]
+    assert [result.returncode for result in renders] == [0, 0], renders[0].stderr
+    assert renders[0].stdout == renders[1].stdout
+    objects = chart.render(AUTH_SECRET)
+    redis = f"{chart.fullname}-redis"
+    secret = one(objects, "Secret", redis)["stringData"]
+    assert set(secret) == {"redis.conf"}  # no password, no URL
+    config = secret["redis.conf"].splitlines()
+    assert "include /run/redis-auth/auth.conf" in config
+    assert not [line for line in config if line.startswith("requirepass")]
+    password_ref = {"secretKeyRef": {"name": "team-redis-auth", "key": "pw"}}
+    pod = one(objects, "StatefulSet", redis)["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert env_of(container)["REDISCLI_AUTH"]["valueFrom"] == password_ref
+    assert container["command"][:2] == ["sh", "-c"]
+    assert {"name": "auth", "mountPath": "/run/redis-auth"} in container["volumeMounts"]
+    assert {"name": "auth", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}} in pod["volumes"]
+    operator = one(objects, "StatefulSet", f"{chart.fullname}-operator")["spec"]["template"]["spec"]
+    env = env_of(operator["containers"][0])
+    assert env["ARDIFF_REDIS_PASSWORD"]["valueFrom"] == password_ref
+    url = f"redis://:$(ARDIFF_REDIS_PASSWORD)@{redis}.{chart.namespace}.svc:6379/0"
+    assert env["ARDIFF_REDIS_URL"] == {"name": "ARDIFF_REDIS_URL", "value": url}
+    assert env["ARDIFF_WORKER_REDIS_URL"] == {"name": "ARDIFF_WORKER_REDIS_URL", "value": url}
+    # The kubelet expands $(VAR) only from variables defined earlier in the list.
+    names = [entry["name"] for entry in operator["containers"][0]["env"]]
+    assert names.index("ARDIFF_REDIS_PASSWORD") < names.index("ARDIFF_REDIS_URL")
+
+
+def _start_redis_as_the_chart_does(chart, tmp_path, password: str) -> subprocess.Popen[bytes]:
+    """The bundled Redis container's command and config with the container's paths mapped under tmp_path."""
+    objects = chart.render(AUTH_SECRET)
+    [container] = one(objects, "StatefulSet", f"{chart.fullname}-redis")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    port = free_port()
+    auth_dir = tmp_path / "auth"
+    auth_dir.mkdir(parents=True, exist_ok=True)
+    config = one(objects, "Secret")["stringData"]["redis.conf"]
+    config = config.replace("/run/redis-auth", str(auth_dir)).replace("dir /data", f"dir {tmp_path}")
+    config = config.replace("port 6379", f"port {port}").replace("bind * -::*", "bind 127.0.0.1")
+    (tmp_path / "redis.conf").write_text(config)
+    script = container["command"][2].replace("/run/redis-auth", str(auth_dir))
+    script = script.replace("/etc/redis/redis.conf", str(tmp_path / "redis.conf"))
+    process = subprocess.Popen(
+        ["sh", "-c", script],
+        env={"PATH": os.environ["PATH"], "REDISCLI_AUTH": password},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    process.port = port  # type: ignore[attr-defined]
+    return process
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+def test_bundled_redis_requires_the_password_from_the_existing_secret(chart, tmp_path):
+    import redis as redis_client
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    password = "k3y-from.a~secret_0123"
+    process = _start_redis_as_the_chart_does(chart, tmp_path, password)
+    client = functools.partial(redis_client.Redis, port=process.port, retry=Retry(NoBackoff(), 0))
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert client(password=password).ping()
+                break
+            except redis_client.ConnectionError:
+                assert process.poll() is None, process.stderr.read() if process.stderr else ""
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        with pytest.raises(redis_client.AuthenticationError):
+            client().set("k", "v")
+        assert oct((tmp_path / "auth" / "auth.conf").stat().st_mode & 0o777) == "0o600"
+    finally:
+        process.terminate()
+        process.wait(10)
+    for bad, message in (("short-1234", "at least 16"), ("has spaces in it 0123", "only letters")):
+        failed = _start_redis_as_the_chart_does(chart, tmp_path / bad.replace(" ", "_"), bad)
+        assert failed.wait(10) == 1
+        assert message in failed.stderr.read().decode()
+
+
+def test_image_pull_secrets_reach_the_operator_redis_and_the_default_pool(chart):
+    values = {
+        "imagePullSecrets": [{"name": "ghcr-pull"}],
+        "operator": {"imagePullSecrets": [{"name": "operator-pull"}, {"name": "ghcr-pull"}]},
+        "defaultPool": {"enabled": True, "spec": {"imagePullSecrets": [{"name": "pool-pull"}]}},
+    }
+    objects = chart.render(values)
+    operator = one(objects, "StatefulSet", f"{chart.fullname}-operator")["spec"]["template"]["spec"]
+    assert operator["imagePullSecrets"] == [{"name": "operator-pull"}, {"name": "ghcr-pull"}]
+    redis = one(objects, "StatefulSet", f"{chart.fullname}-redis")["spec"]["template"]["spec"]
+    assert redis["imagePullSecrets"] == [{"name": "ghcr-pull"}]
+    pool = one(objects, "ARDiffusionWorkerPool")["spec"]
+    assert pool["imagePullSecrets"] == [{"name": "pool-pull"}, {"name": "ghcr-pull"}]
+    defaults = chart.render({"defaultPool": {"enabled": True}})
+    assert not [obj for obj in defaults if "imagePullSecrets" in json.dumps(obj)]
+
+
 def test_redis_persistence_claims_a_volume(chart):
     objects = chart.render({"redis": {"bundled": {"persistence": {"enabled": True, "size": "5Gi"}}}})
     statefulset = one(objects, "StatefulSet", f"{chart.fullname}-redis")
@@ -462,6 +585,10 @@ def test_notes_show_how_to_create_a_pool_and_a_session_and_tick_it(chart, tmp_pa
     assert "--for=jsonpath='{.status.phase}'=Ready" in notes
     assert "/v1/sessions/my-world/ticks" in notes
     assert "Authorization: Bearer $TOKEN" in notes
+    assert f"its URL is in Secret {chart.fullname}-redis (key url)" in notes
+    auth = render_notes(chart, tmp_path / "auth", AUTH_SECRET)
+    assert "its password is in your Secret team-redis-auth (key pw)" in auth
+    assert f"rollout restart statefulset/{chart.fullname}-redis statefulset/{chart.fullname}-operator" in auth
     with_pool = render_notes(chart, tmp_path / "pool", {"defaultPool": {"enabled": True, "name": "gpus"}})
     assert "kind: ARDiffusionWorkerPool" not in with_pool
     assert f"kubectl -n {chart.namespace} get ardiffusionworkerpools gpus" in with_pool

@@ -99,6 +99,15 @@ def test_h200_pool_is_lingbot_world_480x832_bf16_on_one_h200_from_a_claim(chart,
     [mount] = spec["volumeMounts"]
     assert spec["model"]["path"].startswith(mount["mountPath"] + "/")
     assert spec["shmSize"] == "16Gi"
+    assert spec["imagePullSecrets"] == [{"name": "ghcr-pull"}]  # the chart-wide value
+
+
+def test_h200_renders_are_repeatable_and_hold_no_password(chart, h200):
+    """The Redis password is the user's Secret: a GitOps sync renders the same objects every time."""
+    again = render_example(chart, H200)
+    assert again == h200
+    redis = one(h200, "Secret")
+    assert set(redis["stringData"]) == {"redis.conf"}
 
 
 def test_h200_capacity_is_the_planners_and_the_comment_cites_it(chart, h200):

@@ -83,6 +83,65 @@ url
 {{- end -}}
 {{- end -}}
 
+{{/*
+The user's Secret holding the bundled Redis password (redis.bundled.auth.existingSecret), or "" when the chart
+keeps it. With one, nothing renders the password: repeatable renders, no `lookup`, no random value.
+*/}}
+{{- define "ardiff.redisAuthSecret" -}}
+{{- if and (eq .Values.redis.mode "bundled") .Values.redis.bundled.auth.existingSecret -}}
+{{- if .Values.redis.bundled.password -}}
+{{- fail "redis.bundled.password and redis.bundled.auth.existingSecret are exclusive: keep the password in the Secret" -}}
+{{- end -}}
+{{- .Values.redis.bundled.auth.existingSecret -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret and key the bundled Redis password is read from (the user's, else this release's). */}}
+{{- define "ardiff.redisPasswordSecretRef" -}}
+{{- $existing := include "ardiff.redisAuthSecret" . -}}
+name: {{ default (include "ardiff.redisName" .) $existing }}
+key: {{ ternary .Values.redis.bundled.auth.existingSecretPasswordKey "password" (ne $existing "") }}
+{{- end -}}
+
+{{/*
+ARDIFF_REDIS_URL and ARDIFF_WORKER_REDIS_URL of the operator: from the URL Secret, or, when the bundled Redis
+password is in the user's Secret, composed by the kubelet from it ($(VAR) expansion: no password in the spec).
+*/}}
+{{- define "ardiff.redisUrlEnv" -}}
+{{- if include "ardiff.redisAuthSecret" . }}
+- name: ARDIFF_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      {{- include "ardiff.redisPasswordSecretRef" . | nindent 6 }}
+{{- $url := printf "redis://:$(ARDIFF_REDIS_PASSWORD)@%s.%s.svc:6379/0" (include "ardiff.redisName" .) .Release.Namespace }}
+- name: ARDIFF_REDIS_URL
+  value: {{ $url | quote }}
+- name: ARDIFF_WORKER_REDIS_URL
+  value: {{ $url | quote }}
+{{- else }}
+{{- range $name := list "ARDIFF_REDIS_URL" "ARDIFF_WORKER_REDIS_URL" }}
+- name: {{ $name }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "ardiff.redisUrlSecretName" $ }}
+      key: {{ include "ardiff.redisUrlSecretKey" $ }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* A Pod's pull Secrets: the lists given (the component's own, then the chart-wide ones), without repeats. */}}
+{{- define "ardiff.imagePullSecrets" -}}
+{{- $secrets := list -}}
+{{- range . }}
+{{- $secrets = concat $secrets (default list .) -}}
+{{- end }}
+{{- $secrets = uniq $secrets -}}
+{{- with $secrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
 {{/* The bundled Redis password: the value, else the one already in the cluster, else a new random one. */}}
 {{- define "ardiff.redisPassword" -}}
 {{- if .Values.redis.bundled.password -}}
