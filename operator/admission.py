@@ -17,7 +17,7 @@ from ardiff.operator.kube import CONFIGMAPS, SECRETS
 from ardiff.operator.specs import ImageRef, SessionResourceSpec
 from ardiff.operator.status import Reason
 from ardiff.operator.tokens import build_token_secret, new_token, read_token, token_secret_name
-from ardiff.operator.views import SessionView
+from ardiff.operator.views import PoolView, SessionView
 
 
 class AdmissionFailure(Exception):
@@ -25,6 +25,24 @@ class AdmissionFailure(Exception):
         super().__init__(message)
         self.reason = reason
         self.message = message
+
+
+def check_family(session: SessionView, pool: PoolView) -> None:
+    """`AdmissionFailure(FamilyMismatch)` when the session's `spec.family` is not its pool's: the family
+    serving the pool's `model.pipeline` (`ardiff.worker.pipelines`; CEL sees one object only, so the CRD
+    cannot compare them). A pool whose pipeline no family serves has no family to compare with: its workers
+    refuse to load, which its own status shows."""
+    if session.spec is None or pool.spec is None:
+        return
+    pool_family = pool.spec.model.family
+    if pool_family is None or pool_family == session.spec.family:
+        return
+    raise AdmissionFailure(
+        Reason.FAMILY_MISMATCH,
+        f"session family {session.spec.family!r} differs from pool {pool.name}'s family {pool_family!r} "
+        f"(its model.pipeline {pool.spec.model.pipeline}); create the session with "
+        f"spec.family: {pool_family} or on a {session.spec.family} pool",
+    )
 
 
 async def ensure_token_sha256(ctx: OperatorContext, session: SessionView) -> str:

@@ -23,7 +23,7 @@ import kopf
 
 from ardiff.kv.errors import UnknownPod
 from ardiff.kv.records import PodRecord, PoolId, SessionBinding, SessionSpec, SessionState
-from ardiff.operator.admission import AdmissionFailure, placement_spec
+from ardiff.operator.admission import AdmissionFailure, check_family, placement_spec
 from ardiff.operator.context import OperatorContext, SessionKey, TemplateRefusal
 from ardiff.operator.disruption import pool_selector, sync_busy_pods
 from ardiff.operator.kube import PODS, POOLS, SECRETS, SERVICES, SESSIONS, KubeApiError
@@ -236,6 +236,7 @@ async def place_sessions(
         rebind = None
         try:
             if record is None:
+                check_family(session, pool)  # one admitted before its pool existed meets it here
                 rebind = await rebind_from_status(ctx, pid, session, live, slots, logger)
             elif record.state is SessionState.SUSPENDED:
                 if not record.resume_requested_ms:
@@ -369,8 +370,12 @@ def post_transition_event(
             reason="Resumed",
             message=f"on {status.get('pod')}, from its {'export' if before != Phase.LOST else 'snapshot'}",
         )
-    elif phase != before and phase in EVENTS_ON_ENTERING:
+    elif phase in EVENTS_ON_ENTERING and (
+        phase != before or (phase == Phase.FAILED and status.get("reason") != previous.get("reason"))
+    ):  # a session Failed as UnknownPool fails again once its pool exists (e.g. FamilyMismatch)
         kind, reason = EVENTS_ON_ENTERING[Phase(phase)]
+        if phase == Phase.FAILED:  # as the create handler words it: the cause first
+            message = f"{status.get('reason')}: {message}"
         kopf.event(session.reference, type=kind, reason=reason, message=message)
     elif status.get("reason") == Reason.RESET_REQUIRED and previous.get("reason") != Reason.RESET_REQUIRED:
         kopf.event(

@@ -12,7 +12,7 @@ from typing import Any
 import kopf
 
 from ardiff.kv.records import PoolId
-from ardiff.operator.admission import AdmissionFailure, placement_spec
+from ardiff.operator.admission import AdmissionFailure, check_family, placement_spec
 from ardiff.operator.context import OperatorContext
 from ardiff.operator.reconcile import live_pods, now_rfc3339, pod_slots
 from ardiff.operator.scaling import may_grow
@@ -52,6 +52,10 @@ async def admit(
         return failed_status(session, Reason.UNKNOWN_POOL, message, logger)
     if pool.deleting:
         return failed_status(session, Reason.POOL_DELETED, f"pool {pool.name} is being deleted", logger)
+    try:
+        check_family(session, pool)
+    except AdmissionFailure as exc:
+        return failed_status(session, exc.reason, exc.message, logger)
     pid = PoolId(pool.namespace, pool.name)
     async with ctx.locks[pid]:
         live = await live_pods(ctx, pid)

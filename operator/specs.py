@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ardiff.kv.records import MAX_PRIORITY, EvictionPolicy, check_name
+from ardiff.worker.pipelines import DEFAULT_FAMILY, FAMILY_NAMES, family_of
 
 GROUP = "ardiffusion.dev"
 VERSION = "v1alpha1"
@@ -88,6 +89,11 @@ class ModelSpec:
         for name, value in {"height": self.height, "width": self.width}.items():
             if value <= 0:
                 raise InvalidSpec(f"spec.model.{name} must be positive, got {value}")
+
+    @property
+    def family(self) -> str | None:
+        """The model family serving the pipeline (`ardiff.worker.pipelines`), None when none does."""
+        return family_of(self.pipeline)
 
     @classmethod
     def from_resource(cls, spec: Mapping[str, Any]) -> ModelSpec:
@@ -304,6 +310,7 @@ class SessionResourceSpec:
     idle_timeout_seconds: int = DEFAULT_IDLE_TIMEOUT_SECONDS  # 0: never expires
     max_chunks: int = 0  # 0: unlimited (the CRD leaves it unset)
     image: ImageRef | None = None
+    family: str = DEFAULT_FAMILY  # the model family it speaks; must be its pool's
 
     def __post_init__(self) -> None:
         try:
@@ -314,6 +321,8 @@ class SessionResourceSpec:
             raise InvalidSpec(f"spec.priority must be <= {MAX_PRIORITY}, got {self.priority}")
         if self.eviction_policy not in ("LRU", "Never"):
             raise InvalidSpec(f"spec.evictionPolicy must be 'LRU' or 'Never', got {self.eviction_policy!r}")
+        if self.family not in FAMILY_NAMES:
+            raise InvalidSpec(f"spec.family must be one of {list(FAMILY_NAMES)}, got {self.family!r}")
 
     @classmethod
     def from_resource(cls, spec: Mapping[str, Any]) -> SessionResourceSpec:
@@ -329,6 +338,7 @@ class SessionResourceSpec:
             idle_timeout_seconds=_int(spec, "idleTimeoutSeconds", DEFAULT_IDLE_TIMEOUT_SECONDS),
             max_chunks=_int(spec, "maxChunks", 0),
             image=_image_ref(spec),
+            family=_get(spec, "family", DEFAULT_FAMILY),
         )
 
 

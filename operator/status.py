@@ -45,6 +45,7 @@ class Reason(StrEnum):
     INVALID_SPEC = "InvalidSpec"
     IMAGE_NOT_FOUND = "ImageNotFound"
     POOL_DELETED = "PoolDeleted"
+    FAMILY_MISMATCH = "FamilyMismatch"  # its spec.family is not its pool's (the pool's model.pipeline says)
     SUSPENDED_FOR_CAPACITY = "SuspendedForCapacity"  # evicted for idleness, its KV kept in the tier
     MIGRATING = "Migrating"  # moved off its pod (scale-down, roll): placed again as soon as it is exported
     RESUME_REQUESTED = "ResumeRequested"  # suspended, a tick asked for it: waiting for a slot

@@ -146,6 +146,7 @@ def test_defaults_are_applied(crds: dict[str, CustomResourceDefinition]) -> None
         "priority": 0,
         "evictionPolicy": "LRU",
         "idleTimeoutSeconds": 0,
+        "family": "lingbot",
     }
 
 
@@ -569,6 +570,26 @@ def test_pool_ref_is_immutable_but_other_fields_may_change(crds: dict[str, Custo
     assert version.admit(moved).obj["spec"]["poolRef"] == "other-pool"
 
 
+def test_family_is_an_enum_defaulted_to_lingbot_and_immutable(
+    crds: dict[str, CustomResourceDefinition],
+) -> None:
+    """The session names its model family (CEL sees one object: the operator compares it with the pool's)."""
+    version = crds[SESSIONS].version("v1alpha1")
+    robot = example("sessions.yaml", "forest-walk")
+    robot["spec"]["family"] = "dreamzero"
+    old = version.admit(robot).obj
+    assert old["spec"]["family"] == "dreamzero"
+    robot["spec"]["family"] = "sora"
+    error = rejected(crds[SESSIONS], robot)
+    assert [str(e) for e in error.errors] == [
+        'spec.family: Unsupported value: "sora": supported values: "lingbot", "dreamzero"'
+    ]
+    switched = copy.deepcopy(old)
+    switched["spec"]["family"] = "lingbot"
+    error = rejected(crds[SESSIONS], switched, old=old)
+    assert [str(e) for e in error.errors] == ['spec.family: Invalid value: "lingbot": family is immutable']
+
+
 def _all_rules(schema: dict[str, Any]) -> list[dict[str, Any]]:
     rules = list(schema.get("x-kubernetes-validations") or [])
     for child in (schema.get("properties") or {}).values():
@@ -583,7 +604,7 @@ def test_every_cel_rule_compiles(crds: dict[str, CustomResourceDefinition]) -> N
     rules = [
         rule for name in (POOLS, SESSIONS) for rule in _all_rules(dict(crds[name].version("v1alpha1").schema))
     ]
-    assert len(rules) == 25  # 14 before the Pod template knobs (issue 11 item 3)
+    assert len(rules) == 26  # 14 before the Pod template knobs (issue 11 item 3); + spec.family (issue 15)
     for entry in rules:
         compiled = ValidationRule.from_schema(entry)
         assert compiled.message, entry  # every rule explains itself

@@ -7,6 +7,11 @@ recompute them. It exports and imports its sessions (their next chunk, and the w
 export format (docs/contracts.md §9), so control-plane tests can suspend and move them. Unlike the real
 runner, a fake that is full refuses a new session instead of evicting one: the worker must never let that
 happen, and a loud failure shows it if it does.
+
+Its DreamZero mode (`family="dreamzero"`: a pool whose `model.pipeline` is `DreamZeroPipeline`) answers robot
+ticks like DreamZero where the control plane sees it: an action chunk (`ACTION_HORIZON x ACTION_DIMS` float32,
+a pure function of the seed, prompt, chunk index and observation) and frames only on `return_frames`, two KV
+branches per session (twice the blocks), and no export (reset-on-evict, contracts §9).
 """
 
 from __future__ import annotations
@@ -22,7 +27,13 @@ import numpy as np
 
 from ardiff.worker import tick_rules
 from ardiff.worker.conditioning import Conditioning, conditioning_image
-from ardiff.worker.errors import ExportCorrupt, ExportDuplicateSession, ExportNoCapacity, ExportNotIdle
+from ardiff.worker.errors import (
+    ExportCorrupt,
+    ExportDuplicateSession,
+    ExportNoCapacity,
+    ExportNotIdle,
+    ExportUnsupported,
+)
 from ardiff.worker.runtime import ChunkOutput, KVBlocks, PreparedTick
 from ardiff.worker.session_book import SessionBook
 from ardiff.worker.session_export import ExportReader, Readable, Writable, check_identity, write_export
@@ -31,6 +42,8 @@ FIRST_CHUNK_FRAMES = 9
 CHUNK_FRAMES = 12
 BLOCKS_PER_CHUNK = 3
 MAX_BLOCKS_PER_SESSION = 9  # sink + window, as the real cache slides
+ACTION_HORIZON, ACTION_DIMS = 24, 8  # DreamZero's chunk: 24 steps of 7 joints + the gripper
+FAMILIES = ("lingbot", "dreamzero")
 
 
 @dataclass(frozen=True)
@@ -60,10 +73,26 @@ def fake_frames(conditioning: Conditioning, image: np.ndarray, tick: Any) -> np.
     return np.clip(frames, 0, 255).astype(np.uint8).reshape(count, height, width, 3)
 
 
+def fake_actions(conditioning: Conditioning, tick: Any) -> np.ndarray:
+    """A robot tick's action chunk: deterministic in (seed, prompt, chunk index, every observation array)."""
+    key = {"seed": conditioning.seed, "prompt": conditioning.prompt, "chunk": tick.chunk_index}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode())
+    for key in sorted(tick.robot_obs):
+        digest.update(key.encode() + np.ascontiguousarray(tick.robot_obs[key]).tobytes())
+    rng = np.random.default_rng(int.from_bytes(digest.digest()[:8], "little"))
+    return rng.uniform(-1, 1, size=(ACTION_HORIZON, ACTION_DIMS)).astype(np.float32)
+
+
 class FakeRuntime:
-    def __init__(self, *, height: int, width: int, capacity: int, tick_seconds: float = 0.0) -> None:
+    def __init__(
+        self, *, height: int, width: int, capacity: int, tick_seconds: float = 0.0, family: str = "lingbot"
+    ) -> None:
         if capacity <= 0:
             raise ValueError(f"fake runtime capacity must be positive, got {capacity}")
+        if family not in FAMILIES:
+            raise ValueError(f"fake runtime family must be one of {list(FAMILIES)}, got {family!r}")
+        self._family = family
+        self._branches = 2 if family == "dreamzero" else 1  # positive and negative (CFG)
         self._height, self._width = height, width
         self._capacity = capacity
         self._tick_seconds = tick_seconds
@@ -103,7 +132,13 @@ class FakeRuntime:
                 time.sleep(self._tick_seconds)
             if inject_fault:
                 raise RuntimeError("injected forward fault (ARDIFF_TEST_FAULTS)")
-            frames = fake_frames(request.conditioning, request.image, tick)
+            actions = None
+            if self._family == "dreamzero":
+                actions = fake_actions(request.conditioning, tick)
+                frames = fake_frames(request.conditioning, request.image, tick)
+                frames = frames if tick.return_frames else frames[:0]
+            else:
+                frames = fake_frames(request.conditioning, request.image, tick)
         except Exception:
             self.close(session_id)  # fail closed, like the runner's bound session
             raise
@@ -116,6 +151,7 @@ class FakeRuntime:
             metadata=tick_rules.metadata_of(tick),
             forward_s=time.perf_counter() - started,
             decode_s=0.0,
+            actions=actions,
         )
 
     def reset(self, session_id: str) -> None:
@@ -130,20 +166,27 @@ class FakeRuntime:
             return tuple(self._next_chunk)
 
     def kv_blocks(self) -> KVBlocks:
-        total = self._capacity * MAX_BLOCKS_PER_SESSION
+        total = self._capacity * MAX_BLOCKS_PER_SESSION * self._branches
         with self._lock:
-            used = sum(min(n * BLOCKS_PER_CHUNK, MAX_BLOCKS_PER_SESSION) for n in self._next_chunk.values())
+            used = self._branches * sum(
+                min(n * BLOCKS_PER_CHUNK, MAX_BLOCKS_PER_SESSION) for n in self._next_chunk.values()
+            )
         return KVBlocks(free=total - used, total=total)
 
     @property
     def identity(self) -> dict[str, Any]:
-        return {"runtime": "fake", "height": self._height, "width": self._width}
+        identity: dict[str, Any] = {"runtime": "fake", "height": self._height, "width": self._width}
+        if self._family != "lingbot":
+            identity["family"] = self._family
+        return identity
 
     @property
     def supports_export(self) -> bool:
-        return True
+        return self._family == "lingbot"  # DreamZero keeps reset-on-evict
 
     def export_session(self, session_id: str, out: Writable, *, book: SessionBook) -> int:
+        if not self.supports_export:
+            raise ExportUnsupported(f"the fake runtime's {self._family} sessions cannot be exported")
         with self._lock:
             next_chunk = self._next_chunk.get(session_id)
         if next_chunk is None:

@@ -26,12 +26,14 @@ def load_runtime(settings: WorkerSettings) -> SessionRuntime:
     """The runtime `settings` asks for. The vllm path imports torch and vllm-omni; the fake one never."""
     if settings.runtime == "fake":
         from ardiff.worker.fake_runtime import FakeRuntime
+        from ardiff.worker.pipelines import DEFAULT_FAMILY, family_of
 
         return FakeRuntime(
             height=settings.height,
             width=settings.width,
             capacity=settings.fake_capacity,
             tick_seconds=settings.fake_tick_seconds,
+            family=family_of(settings.pipeline) or DEFAULT_FAMILY,  # DreamZeroPipeline: its robot mode
         )
     from ardiff.worker.vllm_runtime import load_vllm_runtime
 

@@ -5,7 +5,8 @@ the runner, the paged KV, admission, order, idempotence, auth and placement are 
 (`WorkerService`). A family module says what differs: the tick body and how it is validated, how a tick
 becomes the runner's request (pre-processing), what a chunk gives back (frames, actions), how the answer is
 encoded, the per-session state the session adapter may export, the checkpoint layout and its tiny config.
-A third family is one more module here and one line in `FAMILIES`.
+A third family is one more module here, one line in `_families` and its pipelines in
+`ardiff.worker.pipelines` (the pipeline -> family map the operator reads without torch).
 
 Family modules are light: the HTTP layer imports them (for the tick body) before any torch import; whatever
 needs torch or vllm-omni is imported inside the function that needs it. Only the session adapter touches

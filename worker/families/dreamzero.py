@@ -29,11 +29,12 @@ from ardiff.worker import tick_rules
 from ardiff.worker.conditioning import Conditioning
 from ardiff.worker.errors import InvalidTick
 from ardiff.worker.messages import CAMERAS, RobotTickBody
+from ardiff.worker.pipelines import pipelines_of
 from ardiff.worker.runtime import ChunkOutput, PreparedTick
 from ardiff.worker.session_book import CachedChunk
 
 name = "dreamzero"
-pipelines = ("DreamZeroPipeline",)
+pipelines = pipelines_of(name)  # worker/pipelines.py: the operator reads it too
 embedded_model = "tiny-dreamzero"
 supports_export = False
 tick_body = RobotTickBody

@@ -22,11 +22,12 @@ from ardiff.worker.encoding import RAW, encode_frames
 from ardiff.worker.encoding import choose_media_type as _choose_media_type
 from ardiff.worker.errors import InvalidTick
 from ardiff.worker.messages import TickBody
+from ardiff.worker.pipelines import pipelines_of
 from ardiff.worker.runtime import ChunkOutput, PreparedTick
 from ardiff.worker.session_book import CachedChunk
 
 name = "lingbot"
-pipelines = ("LingBotWorldCausalDMDPipeline",)
+pipelines = pipelines_of(name)  # worker/pipelines.py: the operator reads it too
 embedded_model = "tiny-lingbot-world"
 supports_export = True
 tick_body = TickBody
