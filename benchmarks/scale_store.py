@@ -31,6 +31,7 @@ TOKEN = hashlib.sha256(b"scale").hexdigest()
 BURST = 1_000
 CONCURRENCY = 32  # seeding and touching
 BURST_PLACERS = 8
+INVARIANTS_UP_TO = 20_000
 T = TypeVar("T")
 
 
@@ -120,11 +121,13 @@ async def measure(url: str, pods: int, sessions: int) -> SizeResult:
         done = time.perf_counter()
         round_reads_ms, bindings_ms = (done - start) * 1e3, (done - bindings_start) * 1e3
 
-        start = time.perf_counter()
-        problems = await store.check_invariants(POOL)
-        invariants_ms = (time.perf_counter() - start) * 1e3
-        if problems:
-            raise SystemExit(f"invariants violated at {pods}x{sessions}: {problems[:3]}")
+        invariants_ms = float("nan")  # a test's tool: one MULTI of every record, too big past ~20k sessions
+        if sessions <= INVARIANTS_UP_TO:
+            start = time.perf_counter()
+            problems = await store.check_invariants(POOL)
+            invariants_ms = (time.perf_counter() - start) * 1e3
+            if problems:
+                raise SystemExit(f"invariants violated at {pods}x{sessions}: {problems[:3]}")
 
         touches = []
         for name in rng.sample(names, min(2_000, sessions)):
