@@ -425,6 +425,17 @@ def write_strip(path: str | Path, frames: np.ndarray | Sequence[np.ndarray], cou
 # ----------------------------------------------------------------------------------- the tick part (HTTP)
 
 
+@dataclass(frozen=True)
+class RobotChunk:
+    """One robot tick's output (a DreamZero session): its action chunk (float32, steps x 8: 7 joints and the
+    gripper), the metadata echo, the worker's timings (ms) and the round trip (s)."""
+
+    actions: np.ndarray
+    metadata: ChunkMetadata
+    server_timing: Mapping[str, float]
+    latency_s: float
+
+
 @dataclass
 class SessionClient:
     """Ticks one session on its worker; needs only the endpoint and the session's token."""
@@ -532,6 +543,29 @@ class SessionClient:
         )
         self.next_chunk_index = metadata.chunk_index + 1
         return chunk
+
+    def robot_tick(
+        self, observation: Mapping[str, Any], *, prompt: str | None = None, request_id: str | None = None
+    ) -> RobotChunk:
+        """A DreamZero session's next chunk: `observation` as the robot tick's body says (three cameras and
+        the joint/cartesian/gripper vectors, docs/contracts.md §4); the action chunk comes back as float32."""
+        body: dict[str, Any] = {
+            "request_id": request_id or f"{self.session_id}-{self.next_chunk_index}-{uuid.uuid4().hex[:8]}",
+            "chunk_index": self.next_chunk_index,
+            "observation": dict(observation),
+        }
+        if prompt is not None:
+            body["prompt"] = prompt
+        started = time.perf_counter()
+        response = self._request("POST", "/ticks", json_body=body, headers={"Accept": "application/json"})
+        latency = time.perf_counter() - started
+        answer = response.json()
+        metadata = ChunkMetadata.from_header(response.headers["ardiff-chunk-metadata"])
+        actions = np.asarray(answer["actions"], dtype=np.float32).reshape(answer["action_shape"])
+        self.next_chunk_index = metadata.chunk_index + 1
+        return RobotChunk(
+            actions, metadata, parse_server_timing(response.headers.get("server-timing", "")), latency
+        )
 
     def reset(self) -> dict[str, Any]:
         """Start the session over (its KV is dropped); the next tick is chunk 0."""

@@ -87,7 +87,7 @@ def test_printer_columns(crds: dict[str, CustomResourceDefinition]) -> None:
 def test_every_example_validates_unpruned(crds: dict[str, CustomResourceDefinition]) -> None:
     docs = load_manifests(EXAMPLES)
     assert {d["kind"] for d in docs} == {"ARDiffusionWorkerPool", "ARDiffusionSession"}
-    assert len([d for d in docs if d["kind"] == "ARDiffusionSession"]) == 3
+    assert len([d for d in docs if d["kind"] == "ARDiffusionSession"]) == 4  # 3 LingBot, 1 robot (DreamZero)
     for doc in docs:
         admitted = served_version(crds, doc["apiVersion"], doc["kind"]).admit(doc)
         assert admitted.pruned == (), doc["metadata"]["name"]

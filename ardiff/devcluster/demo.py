@@ -12,6 +12,7 @@ the end, on an error, on Ctrl-C and on SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import signal
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
+import numpy as np
 
 from ardiff.client import CAMERA_TOUR, TERMINAL_PHASES, KubeSessions, is_ready, write_mp4, write_strip
 from ardiff.devcluster.cluster import INTERACTIVE_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster
@@ -93,6 +95,68 @@ def session_names(examples: Path) -> list[str]:
     if not names:
         raise DemoError(f"{examples} holds no ARDiffusionSession")
     return names
+
+
+ROBOT_CHUNKS = 2  # a robot session's chunks (DreamZero ticks ~2 s on CPU)
+ROBOT_CAMERAS = ("exterior_image_0_left", "exterior_image_1_left", "wrist_image_left")
+ROBOT_CAMERA_SIZE = (64, 64)
+
+
+def robot_session_names(examples: Path) -> list[str]:
+    """The DreamZero sessions (`spec.family: dreamzero`): ticked with observations, they answer actions."""
+    return [
+        d["metadata"]["name"]
+        for d in load_manifests(examples)
+        if d.get("kind") == "ARDiffusionSession" and (d.get("spec") or {}).get("family") == "dreamzero"
+    ]
+
+
+def robot_observation(seed: int, chunk: int) -> dict[str, Any]:
+    """A deterministic observation: three small raw cameras and the arm's joint/cartesian/gripper state."""
+    rng = np.random.default_rng([seed, chunk])
+    height, width = ROBOT_CAMERA_SIZE
+    images = {}
+    for camera_name in ROBOT_CAMERAS:
+        pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        data = base64.b64encode(pixels.tobytes()).decode()
+        images[camera_name] = {"encoding": "raw", "shape": [height, width, 3], "data": data}
+    return {
+        "images": images,
+        "joint_position": rng.uniform(-1, 1, 7).round(3).tolist(),
+        "cartesian_position": rng.uniform(-1, 1, 6).round(3).tolist(),
+        "gripper_position": [round(float(rng.uniform(0, 1)), 3)],
+    }
+
+
+@dataclass(frozen=True)
+class RobotResult:
+    name: str
+    pod: str
+    action_shapes: tuple[tuple[int, ...], ...]
+    tick_seconds: tuple[float, ...]
+
+    @property
+    def mean_tick_ms(self) -> float:
+        return 1000 * sum(self.tick_seconds) / len(self.tick_seconds)
+
+
+def tick_robot_session(sessions: KubeSessions, name: str, chunks: int, out: TextIO) -> RobotResult:
+    """Tick a robot session `chunks` times with observations; print each chunk's action shape and values."""
+    with sessions.connect(name) as client:
+        pod = sessions.status(name).get("pod", "?")
+        shapes, latencies = [], []
+        for i in range(chunks):
+            chunk = client.robot_tick(robot_observation(7, i))
+            shapes.append(chunk.actions.shape)
+            latencies.append(chunk.latency_s)
+            first = ", ".join(f"{v:+.3f}" for v in chunk.actions[0][:4])
+            print(
+                f"  {name} chunk {chunk.metadata.chunk_index}: actions {list(chunk.actions.shape)} in "
+                f"{chunk.latency_s * 1000:.0f} ms; step 0: [{first}, ...]",
+                file=out,
+                flush=True,
+            )
+    return RobotResult(name, pod, tuple(shapes), tuple(latencies))
 
 
 def pool_manifests(examples: Path) -> list[dict[str, Any]]:
@@ -327,19 +391,39 @@ def run_demo(settings: DemoSettings, out: TextIO = sys.stdout) -> list[SessionRe
                 file=out,
                 flush=True,
             )
-        print(f"all {len(names)} sessions Ready; ticking {settings.chunks} chunks each", file=out, flush=True)
+        robots = robot_session_names(settings.examples)
+        robot_chunks = min(settings.chunks, ROBOT_CHUNKS)
+        print(
+            f"all {len(names)} sessions Ready; ticking {settings.chunks} chunks each"
+            + (f" ({robot_chunks} for the robot sessions: {', '.join(robots)})" if robots else ""),
+            file=out,
+            flush=True,
+        )
         settings.out_dir.mkdir(parents=True, exist_ok=True)
         executor = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="demo-tick")
         try:
             futures = [
                 executor.submit(tick_session, sessions, name, settings.chunks, settings.out_dir, out)
                 for name in names
+                if name not in robots
+            ]
+            robot_futures = [
+                executor.submit(tick_robot_session, sessions, name, robot_chunks, out) for name in robots
             ]
             results = [future.result() for future in futures]
+            robot_results = [future.result() for future in robot_futures]
         finally:  # on Ctrl-C, do not wait for the other sessions' ticks: the teardown ends them
             executor.shutdown(wait=False, cancel_futures=True)
-        wait_for_mirror(sessions, names, settings.chunks)
+        wait_for_mirror(sessions, [r.name for r in results], settings.chunks)
+        wait_for_mirror(sessions, robots, robot_chunks)
         print("", format_table(results), "", sep="\n", file=out)
+        for robot in robot_results:
+            print(
+                f"robot session {robot.name} on {robot.pod}: {len(robot.action_shapes)} action chunks of "
+                f"{list(robot.action_shapes[0])}, mean tick {robot.mean_tick_ms:.0f} ms",
+                file=out,
+                flush=True,
+            )
         print("$ kubectl get ardiffusionsessions", file=out)
         print(kubectl(cluster, "get", "ardiffusionsessions"), file=out, end="")
         print("$ kubectl get ardiffusionworkerpools", file=out)

@@ -1,7 +1,8 @@
 """`ardiff demo` (what `make demo` runs) end to end, as a user runs it: from another directory, with the
 repository's examples/, two chunks per session to keep it short. It must print the pool's capacity plan,
 bring the three sessions to Ready on two Pods, show each pod's registered capacity next to the plan, write one
-playable MP4 per session, print the table and kubectl's columns, and leave no process."""
+playable MP4 per session, print the table and kubectl's columns, and leave no process. The robot session
+(examples/robot-*.yaml, the tiny DreamZero) is ticked twice beside them and its actions printed."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.slow
 
 SESSIONS = ("forest-walk", "desert-drive", "harbor-flight")
-DEMO_TIMEOUT = 420  # the demo's own target is ~3 min after setup on two cores
+DEMO_TIMEOUT = 480  # the demo's own target is ~3 min after setup on two cores (+ the robot session)
 
 
 def processes_with(marker: str) -> list[int]:
@@ -80,7 +81,7 @@ def test_demo_runs_the_examples_and_writes_a_video_per_session(tmp_path: Path, m
     assert "  sessions per pod: 2 (binding limit: pipeline_session_capacity)" in plan
     # Once the pods are up: each pod's registered capacity next to the planned one, and its KV blocks.
     capacities = applied.split("capacity per pod, registered vs planned\n", 1)[1]
-    capacities = capacities.split("all 3 sessions", 1)[0]
+    capacities = capacities.split("all 4 sessions", 1)[0]
     rows = re.findall(r"^(tiny-world-\w{5})\s+(\d+)\s+(\d+)\s+(\d+)/(\d+)$", capacities, re.MULTILINE)
     assert len(rows) == 2, capacities
     for _, registered, planned_sessions, free, total in rows:
@@ -89,7 +90,19 @@ def test_demo_runs_the_examples_and_writes_a_video_per_session(tmp_path: Path, m
 
     assert re.search(r"^\[\s*\d+\.\d+s\] forest-walk: Pending", out, flags=re.MULTILINE)
     assert "pool tiny-world: 2/2 pods ready" in out  # the third session made the pool grow
-    assert "all 3 sessions Ready; ticking 2 chunks each" in out
+    assert "all 4 sessions Ready; ticking 2 chunks each (2 for the robot sessions: robot-arm)" in out
+    # The robot session (examples/robot-*.yaml: the tiny DreamZero) beside them: its action chunks.
+    robot = re.findall(
+        r"^  robot-arm chunk (\d): actions \[24, 8\] in \d+ ms; step 0: \[([-+]\d+\.\d{3}, ){4}\.\.\.\]$",
+        out,
+        re.MULTILINE,
+    )
+    assert [chunk for chunk, _ in robot] == ["0", "1"], out
+    assert re.search(
+        r"^robot session robot-arm on tiny-robot-\w{5}: 2 action chunks of \[24, 8\], mean tick \d+ ms$",
+        out,
+        re.MULTILINE,
+    )
     table = out.split("\nsession ", 1)[1].split("$ kubectl", 1)[0]  # the results table
     pods = set()
     for name in SESSIONS:
@@ -112,7 +125,8 @@ def test_demo_runs_the_examples_and_writes_a_video_per_session(tmp_path: Path, m
     listing = out.split("$ kubectl get ardiffusionsessions\n", 1)[1].split("$ kubectl", 1)[0].splitlines()
     assert listing[0].split() == ["NAME", "PHASE", "POOL", "POD", "CHUNK", "AGE"]
     assert sorted(line.split()[:3] + line.split()[4:5] for line in listing[1:]) == sorted(
-        [name, "Ready", "tiny-world", "2"] for name in SESSIONS
+        [[name, "Ready", "tiny-world", "2"] for name in SESSIONS]
+        + [["robot-arm", "Ready", "tiny-robot", "2"]]
     )
     assert "done in" in out
     assert (tmp_path / ".ardiff-dev" / "demo" / "logs" / "operator.log").exists()
