@@ -8,9 +8,10 @@ in kmock's bundled K3s catalogue and of custom resources once their CRD is creat
 with a `Warning` header), label/field selectors, server-side printing (`Accept: ...;as=Table`, so
 `kubectl get adsession` shows the CRD's printer columns), and Status errors like the apiserver's (422
 `Invalid` naming the field). `/openapi/v3` is just enough for kubectl's default `--validate=strict` to
-hand validation to the server. Not emulated: authentication, RBAC, admission webhooks, server-side apply,
-protobuf (so kubectl's typed generators such as `kubectl create namespace|secret` get a 415: use
-`kubectl apply -f`).
+hand validation to the server. `KubeAPI.request_log` records the resource requests of chosen clients (by
+bearer token) as RBAC verbs, for deriving a Role. Not emulated: authentication, RBAC, admission webhooks,
+server-side apply, protobuf (so kubectl's typed generators such as `kubectl create namespace|secret` get a
+415: use `kubectl apply -f`).
 
 Design note: kmock 0.8's `KubernetesEmulator` keeps every request and object version in memory, patches
 aiohttp's resolver process-wide and has no resourceVersion/generation/status/selector/watch-resume
@@ -59,6 +60,7 @@ from ardiff.devcluster.kube_store import (
     bad_request,
 )
 from ardiff.devcluster.patches import APPLY_PATCH
+from ardiff.devcluster.request_log import ApiRequest, RequestLog, rbac_verb
 from ardiff.devcluster.selectors import FieldSelector, LabelSelector, SelectorError
 from ardiff.devcluster.tables import build_table
 
@@ -128,6 +130,8 @@ class KubeAPI:
 
     def __init__(self, store: ObjectStore | None = None) -> None:
         self.store = store or ObjectStore()
+        # The resource requests of followed clients, as RBAC authorizes them (request_log.py).
+        self.request_log = RequestLog()
         namespaces = self.store.resource("", "v1", "namespaces")
         for name in DEFAULT_NAMESPACES:
             self.store.create(namespaces, None, {"metadata": {"name": name}})
@@ -234,6 +238,8 @@ class KubeAPI:
     ) -> web.StreamResponse:
         params = request.query
         store = self.store
+        if request.method == "GET":
+            self._log(request, rtype, p)
         if request.method == "GET" and p.subresource == "scale" and p.name is not None:
             return _json(store.get_scale(rtype, p.namespace, p.name))
         if request.method == "GET":
@@ -257,6 +263,7 @@ class KubeAPI:
             )
 
         body = await self._body(request)
+        self._log(request, rtype, p, body)
         dry_run = params.get("dryRun") == "All"
         strict = params.get("fieldValidation") == "Strict"
         result: WriteResult
@@ -314,6 +321,16 @@ class KubeAPI:
         else:
             raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported")
         return _json(result.obj, 200, result.warnings)
+
+    def _log(self, request: web.BaseRequest, rtype: ResourceType, p: ApiPath, body: Any = None) -> None:
+        verb = rbac_verb(request.method, named=p.name is not None, watch=_flag(request.query, "watch"))
+        entry = ApiRequest(verb, rtype.group, rtype.plural, p.subresource, p.namespace, p.name)
+
+        def resolve_kind(api_version: str, kind: str) -> tuple[str, str] | None:
+            owner = self.store.registry.by_kind(api_version, kind)
+            return None if owner is None else (owner.group, owner.plural)
+
+        self.request_log.record(request.headers, entry, body, resolve_kind)
 
     def _selectors(self, params: Mapping[str, str]) -> tuple[LabelSelector, FieldSelector]:
         try:
@@ -409,22 +426,28 @@ class KubeAPI:
         return response
 
 
-def build_kubeconfig(server: str, namespace: str = "default", name: str = "ardiff-dev") -> dict[str, Any]:
-    """A kubeconfig for the emulated API (plain HTTP, a dummy token: the dev cluster has no auth)."""
+DEV_TOKEN = "ardiff-dev-token"
+
+
+def build_kubeconfig(
+    server: str, namespace: str = "default", name: str = "ardiff-dev", token: str = DEV_TOKEN
+) -> dict[str, Any]:
+    """A kubeconfig for the emulated API (plain HTTP, a dummy token: the dev cluster has no auth; a distinct
+    token names a client for `KubeAPI.request_log`)."""
     return {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": name, "cluster": {"server": server}}],
-        "users": [{"name": name, "user": {"token": "ardiff-dev-token"}}],
+        "users": [{"name": name, "user": {"token": token}}],
         "contexts": [{"name": name, "context": {"cluster": name, "user": name, "namespace": namespace}}],
         "current-context": name,
         "preferences": {},
     }
 
 
-def write_kubeconfig(path: Path, server: str, namespace: str = "default") -> Path:
+def write_kubeconfig(path: Path, server: str, namespace: str = "default", token: str = DEV_TOKEN) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(build_kubeconfig(server, namespace), sort_keys=False))
+    path.write_text(yaml.safe_dump(build_kubeconfig(server, namespace, token=token), sort_keys=False))
     return path
 
 
@@ -478,6 +501,12 @@ class KubeAPIThread:
     def url(self) -> str:
         assert self._server is not None, "KubeAPIThread is not started"
         return self._server.url
+
+    @property
+    def api(self) -> KubeAPI:
+        """The request handler (its `store`, its `request_log`); touch it only through thread-safe parts."""
+        assert self._server is not None, "KubeAPIThread is not started"
+        return self._server.api
 
     def start(self, timeout: float = 10) -> Self:
         started: Future[None] = Future()

@@ -153,19 +153,26 @@ def _rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
 
 
 def _expected_rules(peering: str) -> dict[tuple[str, str], set[str]]:
-    crs = {"get", "list", "watch", "patch"}
+    """What tests/operator/test_rbac.py sees the operator use (namespaced; cluster-wide adds CRD scanning)."""
+    crs = {"list", "watch", "patch"}
     return {
         ("ardiffusion.dev", "ardiffusionworkerpools"): crs,
         ("ardiffusion.dev", "ardiffusionsessions"): crs,
-        ("ardiffusion.dev", "ardiffusionworkerpools/status"): {"get", "patch"},
-        ("ardiffusion.dev", "ardiffusionsessions/status"): {"get", "patch"},
-        ("", "pods"): {"create", "delete", "get", "list", "watch", "patch"},
-        ("", "services"): {"create", "delete", "get", "list", "watch", "patch"},
-        ("", "secrets"): {"create", "delete", "get", "list", "watch", "patch"},
-        ("", "configmaps"): {"get", "list", "watch"},
-        ("", "events"): {"create", "patch"},
+        ("ardiffusion.dev", "ardiffusionworkerpools/status"): {"patch"},
+        ("ardiffusion.dev", "ardiffusionsessions/status"): {"patch"},
+        ("ardiffusion.dev", "ardiffusionworkerpools/finalizers"): {"update"},
+        ("ardiffusion.dev", "ardiffusionsessions/finalizers"): {"update"},
+        ("", "pods"): {"create", "delete", "list", "watch", "patch"},
+        ("", "services"): {"create", "delete"},
+        ("", "secrets"): {
+            "create",
+            "get",
+            "patch",
+        },  # never list/watch: no bulk read of the namespace's Secrets
+        ("", "configmaps"): {"get"},
+        ("", "events"): {"create"},
         ("policy", "poddisruptionbudgets"): {"create", "get", "patch"},
-        ("kopf.dev", peering): {"get", "list", "watch", "patch"},
+        ("kopf.dev", peering): {"list", "watch", "patch"},
     }
 
 

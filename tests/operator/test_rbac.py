@@ -1,0 +1,154 @@
+"""The chart's Role is derived from the code: the real operator runs a scenario against the dev cluster, which
+records every API call it makes (`KubeAPI.request_log`, by the operator's own token), and the Role that
+`helm template` renders must grant exactly those: nothing missing, nothing extra.
+
+The scenario reaches every call the operator has: a pool with a Pod and its Service, Secret and budget; a
+session placed (token Secret, busy label, budget raised), ticked, deleted; a session whose image ConfigMap is
+missing (ConfigMap read, a Failed Event); an operator restart under a busy pod with a changed workers' Redis
+URL (the budget and the Secret exist: read, then patched); the pool deleted (Pods and Service deleted). kopf
+adds its watches, finalizer and progress patches and its peering keepalives.
+"""
+
+from __future__ import annotations
+
+import base64
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from ardiff.devcluster.kube_api import write_kubeconfig
+from ardiff.devcluster.operator_process import OperatorProcess
+from ardiff.devcluster.request_log import OWNER_REFERENCES_PERMISSION_ENFORCEMENT, ApiRequest
+from ardiff.operator.pods import worker_redis_secret_name
+from tests.chart.conftest import Chart
+from tests.operator.conftest import OPERATOR_ENV, POOL_FINALIZE_SECONDS, Cluster
+from tests.waiting import wait_until
+
+Grants = dict[tuple[str, str], set[str]]  # (apiGroup, resource[/subresource]) -> verbs
+
+
+def role_grants(rules: Iterable[dict]) -> Grants:
+    grants: Grants = {}
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                grants.setdefault((group, resource), set()).update(rule["verbs"])
+    return grants
+
+
+def used_grants(requests: Iterable[ApiRequest]) -> Grants:
+    used: Grants = {}
+    for request in requests:
+        used.setdefault((request.group, request.rbac_resource), set()).add(request.verb)
+    return used
+
+
+def chart_role(namespace: str) -> list[dict]:
+    """The rules of the Role `helm template` renders for a namespaced install watching `namespace`."""
+    objects = Chart(namespace=namespace).render()
+    [role] = [obj for obj in objects if obj["kind"] == "Role"]
+    return role["rules"]
+
+
+def test_the_chart_role_grants_exactly_the_calls_the_operator_makes(
+    cluster: Cluster, redis_url: str, tmp_path: Path
+) -> None:
+    ns = cluster.namespace
+    token = f"operator-{ns}"  # the dev cluster has no authentication: the token names the client
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", cluster.api.url, token=token)
+    # As the chart runs it: peering on a namespaced KopfPeering (the chart creates it).
+    peering = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "ardiff"}}
+    assert (
+        cluster.http.post(f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings", json=peering).status_code == 201
+    )
+    log = cluster.api.api.request_log
+    log.follow(token)
+    process = OperatorProcess(
+        ("ardiff", "operator", "run", "--peering", "ardiff", "--priority", "0"),
+        kubeconfig=kubeconfig,
+        redis_url=redis_url,
+        namespace=ns,
+        log_path=tmp_path / "operator.log",
+        env=OPERATOR_ENV,
+    ).start()
+    try:
+        process.wait_ready()
+        cluster.create_pool()
+        cluster.create_session("s")
+        cluster.wait_phase("s", "Ready")
+        assert cluster.tick("s", 0).status_code == 200
+        cluster.create_session("pic", image={"configMapKeyRef": {"name": "missing", "key": "png"}})
+        cluster.wait_phase("pic", "Failed", reason="ImageNotFound")
+
+        # A restart under a busy pod, with the workers' URL changed (an equivalent one).
+        process.stop()
+        worker_url = redis_url + "?health_check_interval=30"
+        process.env = {**OPERATOR_ENV, "ARDIFF_WORKER_REDIS_URL": worker_url}
+        process.start().wait_ready()
+        secret = worker_redis_secret_name("pool")
+        wait_until(
+            lambda: cluster.get("secrets", secret, core=True)["data"]["url"] == _b64(worker_url),
+            what="the workers' Redis Secret to follow the new URL",
+        )
+        wait_until(
+            lambda: any(
+                r.verb == "get" and r.resource == "poddisruptionbudgets" for r in log.requests(token)
+            ),
+            what="the restarted operator to read the existing budget",
+        )
+        assert cluster.tick("s", 1).status_code == 200
+
+        for session in ("s", "pic"):
+            cluster.delete("ardiffusionsessions", session)
+            cluster.wait_gone("ardiffusionsessions", session)
+        cluster.delete("ardiffusionworkerpools", "pool")
+        cluster.wait_gone("ardiffusionworkerpools", "pool", timeout=POOL_FINALIZE_SECONDS)
+    finally:
+        process.stop()
+        requests = log.forget(token)
+        sys.stdout.write(f"\n----- operator log -----\n{process.log()[-20000:]}\n")
+
+    # Namespaced mode needs nothing cluster-scoped and nothing outside the namespace it watches.
+    assert {request.namespace for request in requests} == {ns}
+    used = used_grants(requests)
+    granted = role_grants(chart_role(ns))
+    missing = {key: verbs - granted.get(key, set()) for key, verbs in used.items()}
+    extra = {key: verbs - used.get(key, set()) for key, verbs in granted.items()}
+    assert {key: verbs for key, verbs in missing.items() if verbs} == {}, "calls the Role does not grant"
+    assert {key: verbs for key, verbs in extra.items() if verbs} == {}, "grants no call of the scenario uses"
+    # The finalizers rule comes from admission, not from a call: children are adopted with blockOwnerDeletion.
+    implied = {
+        (r.group, r.rbac_resource)
+        for r in requests
+        if r.implied_by == OWNER_REFERENCES_PERMISSION_ENFORCEMENT
+    }
+    assert implied == {
+        ("ardiffusion.dev", "ardiffusionworkerpools/finalizers"),  # Pods, Service, Secret, budget
+        ("ardiffusion.dev", "ardiffusionsessions/finalizers"),  # token Secret
+    }
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+# Granted in cluster-wide mode beyond what the namespaced scenario above uses, and why it cannot reach them:
+# an operator for every namespace would act on every other test's objects in the shared dev cluster.
+CLUSTER_WIDE_ONLY: dict[tuple[str, str], tuple[set[str], str]] = {
+    ("apiextensions.k8s.io", "customresourcedefinitions"): (
+        {"list", "watch"},
+        "kopf's resource scanning, on in cluster-wide mode (it notices our CRDs being reinstalled)",
+    ),
+    ("kopf.dev", "clusterkopfpeerings"): (
+        {"list", "watch", "patch"},
+        "the peering kind of cluster-wide mode",
+    ),
+}
+
+
+def test_the_cluster_role_is_the_role_plus_what_cluster_wide_mode_needs() -> None:
+    namespaced = role_grants(chart_role("worlds"))
+    [cluster_role] = [obj for obj in Chart().render({"clusterWide": True}) if obj["kind"] == "ClusterRole"]
+    expected = {key: verbs for key, verbs in namespaced.items() if key != ("kopf.dev", "kopfpeerings")}
+    expected |= {key: verbs for key, (verbs, _reason) in CLUSTER_WIDE_ONLY.items()}
+    assert role_grants(cluster_role["rules"]) == expected
