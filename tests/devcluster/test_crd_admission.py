@@ -190,8 +190,8 @@ def _rule_nodes(
 
 
 def test_cost_of_our_rules() -> None:
-    """Every node's (cardinality, total) is a row of COSTS for its rule, and every row is some node's (one rule
-    text may sit on several nodes: the same cost is listed once, different costs once each)."""
+    """Every node's (cardinality, total) is a row of COSTS for its rule, and every row is some node's (one
+    rule text may sit on several nodes: the same cost is listed once, different costs once each)."""
     seen = set()
     for file in (POOL, "ardiffusionsessions.yaml"):
         for rule, node, above, root in _rule_nodes(schema_of(crd(file))):
