@@ -19,6 +19,8 @@ import numpy as np
 import PIL.Image
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ardiff.worker.conditioning import Conditioning
 from ardiff.worker.settings import WorkerSettings
@@ -347,3 +349,50 @@ def test_an_openpi_client_drives_a_session(http):
         assert np.array_equal(again, first)  # chunk 0 again after the reset: the same actions
         assert http.get("/v1/sessions/policy").json()["next_chunk_index"] == 1
     assert http.delete("/v1/sessions/policy").status_code == 200
+
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=10,
+)
+CAMERAS = ("exterior_image_0_left", "exterior_image_1_left", "wrist_image_left")
+OBSERVATION_PATHS = st.sampled_from(
+    [
+        ("images",),
+        ("joint_position",),
+        ("cartesian_position",),
+        ("gripper_position",),
+        ("surprise",),
+        *[
+            ("images", camera, field)
+            for camera in CAMERAS
+            for field in ("encoding", "shape", "data", "dtype")
+        ],
+    ]
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(path=OBSERVATION_PATHS, value=JSON_VALUES, chunk=st.integers(-1, 2) | st.text(max_size=3))
+def test_fuzzed_robot_ticks_get_4xx_never_5xx_and_never_reach_the_runner(http, path, value, chunk):
+    body = observation(5, 0)
+    target = body
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    response = http.post(
+        "/v1/sessions/fuzzed/ticks",
+        json={"request_id": "fuzz", "chunk_index": chunk, "observation": body, "prompt": "stack the cups"},
+    )
+    assert response.status_code < 500, response.text
+    if response.status_code != 200:
+        assert 400 <= response.status_code < 500
+        assert response.json()["error"]["code"] in {"invalid_tick", "chunk_out_of_order", "body_too_large"}
+        assert "fuzzed" not in {s["session_id"] for s in http.get("/v1/sessions").json()["sessions"]}
+    else:  # the mutation happened to be valid: the session ticked; start it over for the next example
+        assert http.delete("/v1/sessions/fuzzed").status_code == 200
