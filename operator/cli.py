@@ -52,6 +52,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a pool's reconcile period (env ARDIFF_OPERATOR_RECONCILE_SECONDS, default 2)",
     )
     run.set_defaults(func=run_operator)
+    uninstall = commands.add_parser(
+        "uninstall",
+        help="delete every session and pool and wait until the operator finalized them (a pre-delete hook)",
+        description="Delete the sessions, then the pools, of the namespaces and wait until none of them and "
+        "none of their worker Pods is left; the operator must still run. Exit 1 when some are left at the "
+        "timeout.",
+    )
+    scope = uninstall.add_mutually_exclusive_group(required=True)
+    scope.add_argument(
+        "-n", "--namespace", dest="namespaces", action="append", metavar="NS", help="namespace (repeatable)"
+    )
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace holding one")
+    uninstall.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
+    uninstall.set_defaults(func=run_uninstall)
+
+
+def run_uninstall(args: argparse.Namespace) -> int:
+    from ardiff.operator.uninstall import uninstall
+
+    left = uninstall(args.namespaces, all_namespaces=args.all_namespaces, timeout_seconds=args.timeout)
+    return 1 if left else 0
 
 
 def run_operator(args: argparse.Namespace) -> int:

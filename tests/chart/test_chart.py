@@ -76,6 +76,11 @@ def test_defaults_render_the_documented_objects(chart):
             "NetworkPolicy",  # workers
             "NetworkPolicy",  # Redis
             "PodDisruptionBudget",  # operator (the workers' budgets are the operator's, one per pool)
+            # The pre-delete hook (clean uninstall): its ServiceAccount, rules and Job.
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "Job",
         ]
     )
 
@@ -191,11 +196,11 @@ def test_namespaced_mode_is_least_privilege_and_nothing_cluster_scoped(chart):
     assert not [obj["kind"] for obj in objects if obj["kind"] in CLUSTER_SCOPED_KINDS]
     assert all(obj["metadata"].get("namespace") for obj in objects)
     operator = f"{chart.fullname}-operator"
-    roles = by_kind(objects, "Role")
+    roles = [role for role in by_kind(objects, "Role") if role["metadata"]["name"] == operator]
     assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
     for role in roles:
         assert _rules(role) == _expected_rules("kopfpeerings")
-    for binding in by_kind(objects, "RoleBinding"):
+    for binding in [b for b in by_kind(objects, "RoleBinding") if b["metadata"]["name"] == operator]:
         assert binding["roleRef"] == {
             "apiGroup": "rbac.authorization.k8s.io",
             "kind": "Role",
@@ -547,6 +552,65 @@ def test_pod_disruption_budgets(chart):
     } in rules
     off = {"podDisruptionBudget": {"operator": {"enabled": False}}}
     assert not by_kind(chart.render(off), "PodDisruptionBudget")
+
+
+HOOK = {"helm.sh/hook": "pre-delete", "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded"}
+
+
+def test_uninstall_hook_deletes_the_custom_resources_before_the_operator_goes(chart):
+    name = f"{chart.fullname}-uninstall"
+    objects = chart.render(
+        {"operator": {"watchNamespaces": ["a", "b"]}, "uninstall": {"timeoutSeconds": 300}}
+    )
+    hooks = [obj for obj in objects if obj["metadata"]["name"] == name]
+    assert sorted(obj["kind"] for obj in hooks) == [
+        "Job",
+        "Role",
+        "Role",
+        "RoleBinding",
+        "RoleBinding",
+        "ServiceAccount",
+    ]
+    for obj in hooks:
+        annotations = obj["metadata"]["annotations"]
+        # Its ServiceAccount and rules exist before the Job starts (lower weight) and go with it.
+        assert annotations == (HOOK if obj["kind"] == "Job" else {**HOOK, "helm.sh/hook-weight": "-10"})
+    assert sorted(role["metadata"]["namespace"] for role in by_kind(hooks, "Role")) == ["a", "b"]
+    for role in by_kind(
+        hooks, "Role"
+    ):  # what `ardiff operator uninstall` calls (tests/operator/test_uninstall.py)
+        assert _rules(role) == {
+            ("ardiffusion.dev", "ardiffusionsessions"): {"list", "delete"},
+            ("ardiffusion.dev", "ardiffusionworkerpools"): {"list", "delete"},
+            ("", "pods"): {"list"},
+        }
+    job = one(hooks, "Job")
+    assert job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["activeDeadlineSeconds"] == 420
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == name
+    [container] = pod["containers"]
+    assert container["image"] == "ghcr.io/ardiff/ardiff-operator:0.1.0"
+    assert [*container["command"], *container["args"]] == [
+        "ardiff",
+        "operator",
+        "uninstall",
+        "--namespace=a",
+        "--namespace=b",
+        "--timeout=300",
+    ]
+    cluster_wide = [obj for obj in chart.render({"clusterWide": True}) if obj["metadata"]["name"] == name]
+    assert sorted(obj["kind"] for obj in cluster_wide) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Job",
+        "ServiceAccount",
+    ]
+    assert (
+        one(cluster_wide, "Job")["spec"]["template"]["spec"]["containers"][0]["args"][2] == "--all-namespaces"
+    )
+    off = chart.render({"uninstall": {"deleteCustomResources": False}})
+    assert not [obj for obj in off if obj["metadata"]["name"] == name]
 
 
 def test_default_pool_runs_the_worker_image_and_merges_the_users_spec(chart):

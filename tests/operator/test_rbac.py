@@ -45,8 +45,13 @@ def used_grants(requests: Iterable[ApiRequest]) -> Grants:
 
 def chart_role(namespace: str) -> list[dict]:
     """The rules of the Role `helm template` renders for a namespaced install watching `namespace`."""
-    objects = Chart(namespace=namespace).render()
-    [role] = [obj for obj in objects if obj["kind"] == "Role"]
+    chart = Chart(namespace=namespace)
+    objects = chart.render()
+    [role] = [
+        obj
+        for obj in objects
+        if obj["kind"] == "Role" and obj["metadata"]["name"] == f"{chart.fullname}-operator"
+    ]
     return role["rules"]
 
 
@@ -148,7 +153,12 @@ CLUSTER_WIDE_ONLY: dict[tuple[str, str], tuple[set[str], str]] = {
 
 def test_the_cluster_role_is_the_role_plus_what_cluster_wide_mode_needs() -> None:
     namespaced = role_grants(chart_role("worlds"))
-    [cluster_role] = [obj for obj in Chart().render({"clusterWide": True}) if obj["kind"] == "ClusterRole"]
+    chart = Chart()
+    [cluster_role] = [
+        obj
+        for obj in chart.render({"clusterWide": True})
+        if obj["kind"] == "ClusterRole" and obj["metadata"]["name"] == f"{chart.fullname}-operator"
+    ]
     expected = {key: verbs for key, verbs in namespaced.items() if key != ("kopf.dev", "kopfpeerings")}
     expected |= {key: verbs for key, (verbs, _reason) in CLUSTER_WIDE_ONLY.items()}
     assert role_grants(cluster_role["rules"]) == expected
