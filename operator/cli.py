@@ -16,6 +16,7 @@ CONFIG_FLAGS = (
     "peering",
     "priority",
     "liveness",
+    "metrics",
     "reconcile_seconds",
 )
 
@@ -45,6 +46,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--priority", type=int, help="peering priority; the highest one is active")
     run.add_argument(
         "--liveness", metavar="URL", help="serve kopf's health probe, e.g. http://0.0.0.0:8080/healthz"
+    )
+    run.add_argument(
+        "--metrics",
+        metavar="URL",
+        help="serve Prometheus metrics (operator/metrics.py), e.g. http://0.0.0.0:9090/metrics",
     )
     run.add_argument(
         "--reconcile-seconds",

@@ -26,6 +26,7 @@ class OperatorConfig:
     peering: str | None = None
     priority: int = 0
     liveness: str | None = None
+    metrics: str | None = None  # http://HOST:PORT/metrics: Prometheus metrics on their own port
     reconcile_seconds: float = 2.0  # a pool's level-triggered reconcile period
     mirror_seconds: float = 5.0  # throttle of the chunkIndex/lastTickTime status mirror
     cancellation_polling_seconds: float = 2.0  # how often kopf re-checks a stopping daemon
@@ -44,6 +45,10 @@ class OperatorConfig:
             )
         if self.standalone and self.peering:
             raise OperatorConfigError("operator standalone and peering are mutually exclusive")
+        if self.metrics is not None:
+            from ardiff.operator.metrics import parse_metrics_address
+
+            parse_metrics_address(self.metrics)  # MetricsAddressError naming the value
         positive = {
             "reconcile_seconds": self.reconcile_seconds,
             "mirror_seconds": self.mirror_seconds,

@@ -17,6 +17,7 @@ from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
 from ardiff.operator.config import OperatorConfig
 from ardiff.operator.kube import KubeApi
+from ardiff.operator.metrics import OperatorMetrics, PoolSample
 
 SessionKey = tuple[str, str]  # (namespace, session name)
 
@@ -68,6 +69,14 @@ class OperatorContext:
     consolidation_since: dict[PoolId, float] = field(default_factory=dict)
     # The minAvailable last written to each pool's busy-pod PodDisruptionBudget (operator/disruption.py).
     busy_budgets: dict[PoolId, int] = field(default_factory=dict)
+    # Issue 14: how long the pool's last pod took from creation (or first sight) to registering, seconds;
+    # mirrored into the pool's status.lastPodStartupSeconds.
+    pod_startup_seconds: dict[PoolId, float] = field(default_factory=dict)
+    # The Prometheus metrics (operator/metrics.py), each pool's last round's sample for them, and when each
+    # session was admitted (monotonic seconds) until its first Ready status (the placement histogram).
+    metrics: OperatorMetrics | None = None
+    pool_samples: dict[PoolId, PoolSample] = field(default_factory=dict)
+    admitted_at: dict[SessionKey, float] = field(default_factory=dict)
 
     def kick(self, pool: PoolId) -> None:
         self.kicks[pool].set()
@@ -80,7 +89,7 @@ class OperatorContext:
         self.mirrored_at[key] = time.monotonic()
 
     def forget_session(self, key: SessionKey) -> None:
-        for cache in (self.written_status, self.mirrored_at, self.token_hashes, self.notes):
+        for cache in (self.written_status, self.mirrored_at, self.token_hashes, self.notes, self.admitted_at):
             cache.pop(key, None)
 
     def forget_pool(self, pool: PoolId) -> None:
@@ -92,6 +101,10 @@ class OperatorContext:
         self.scale_down_pods.pop(pool, None)
         self.consolidation_since.pop(pool, None)
         self.busy_budgets.pop(pool, None)
+        self.pod_startup_seconds.pop(pool, None)
+        self.pool_samples.pop(pool, None)
+        if self.metrics is not None:
+            self.metrics.forget_pool(pool)
         self.forget_pods(pool)
 
     def forget_pods(self, pool: PoolId, *, keep: Collection[str] = ()) -> None:

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -20,12 +21,14 @@ from ardiff.kv.records import PoolId
 from ardiff.operator.config import OperatorConfig
 from ardiff.operator.context import OperatorContext
 from ardiff.operator.kube import KubeApi
+from ardiff.operator.metrics import OperatorMetrics, PoolSample
 from ardiff.operator.pods import COMPONENT_LABEL, POOL_LABEL, WORKER_COMPONENT
 from ardiff.operator.reconcile import (
     delete_pool,
     ensure_service,
     ensure_worker_redis_secret,
     now_rfc3339,
+    previous_status,
     reconcile_pool,
     write_pool_status,
 )
@@ -80,6 +83,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     memo.ctx = OperatorContext(
         config=config, store=PlacementStore.from_url(config.redis_url), kube=KubeApi(login)
     )
+    if config.metrics is not None:
+        memo.ctx.metrics = OperatorMetrics()
+        memo.ctx.metrics.serve(config.metrics)
+        logger.info(f"serving Prometheus metrics at {config.metrics}")
     logger.info(
         f"operator started: namespaces={config.namespaces or 'all'}, redis={redact_url(config.redis_url)}, "
         f"workers' redis={redact_url(config.worker_redis_url)}"
@@ -166,9 +173,12 @@ async def admit_session(
     ctx: OperatorContext = memo.ctx
     session = SessionView.from_body(body)
     pool_key = (session.namespace, session.spec.pool_ref if session.spec else "")
+    key = (session.namespace, session.name)
+    ctx.admitted_at.setdefault(key, time.monotonic())  # kept across retries: the placement histogram's start
     status = await admit(ctx, session, _first(pools, pool_key), _values(worker_pods, pool_key), logger)
     patch.status.update(status)
-    ctx.remember_status((session.namespace, session.name), status)
+    ctx.remember_status(key, status)
+    observe_placements(ctx, PoolId(*pool_key), [session])
 
 
 @kopf.on.delete(GROUP, VERSION, SESSION_PLURAL, backoff=2)
@@ -234,9 +244,44 @@ async def pool_round(
             )
         return
     sessions, pods = pool_members(pool, sessions_by_pool, worker_pods)
+    started = time.perf_counter()
     patch = await reconcile_pool(ctx, pool, sessions, pods, status, logger)
     if patch is not None:
         await write_pool_status(ctx, pool, patch)
+    pid = PoolId(pool.namespace, pool.name)
+    if ctx.metrics is not None:
+        ctx.metrics.observe_round(pid, time.perf_counter() - started)
+        observe_placements(ctx, pid, sessions)
+        if (sample := ctx.pool_samples.get(pid)) is not None:
+            ctx.metrics.observe_pool(pid, pool_sample(ctx, sample, sessions))
+
+
+def observe_placements(ctx: OperatorContext, pool: PoolId, sessions: list[SessionView]) -> None:
+    """The placement histogram: admitted sessions seen Ready for the first time (admission → Ready); one
+    that ends otherwise (Failed, deleted) is not counted."""
+    for session in sessions:
+        key = (session.namespace, session.name)
+        if key not in ctx.admitted_at:
+            continue
+        phase = previous_status(ctx, session).get("phase")
+        if phase == "Ready":
+            admitted = ctx.admitted_at.pop(key)
+            if ctx.metrics is not None:
+                ctx.metrics.observe_placement(pool, time.monotonic() - admitted)
+        elif phase not in (None, "Pending"):
+            del ctx.admitted_at[key]
+
+
+def pool_sample(ctx: OperatorContext, sample: PoolSample, sessions: list[SessionView]) -> PoolSample:
+    """The round's sample with its sessions counted by phase (their status as last written or seen; one not
+    admitted yet counts as Pending)."""
+    phases: dict[str, int] = {}
+    for session in sessions:
+        if session.deleting:
+            continue
+        phase = previous_status(ctx, session).get("phase") or "Pending"
+        phases[phase] = phases.get(phase, 0) + 1
+    return dataclasses.replace(sample, phases=phases)
 
 
 async def wait_for_kick(

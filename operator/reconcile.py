@@ -27,6 +27,7 @@ from ardiff.operator.admission import AdmissionFailure, check_family, placement_
 from ardiff.operator.context import OperatorContext, SessionKey, TemplateRefusal
 from ardiff.operator.disruption import pool_selector, sync_busy_pods
 from ardiff.operator.kube import PODS, POOLS, SECRETS, SERVICES, SESSIONS, KubeApiError
+from ardiff.operator.metrics import PoolSample
 from ardiff.operator.pods import (
     REDIS_CA_KEY,
     REDIS_URL_KEY,
@@ -107,8 +108,8 @@ def pod_slots(
         if record is None:
             since = ctx.unregistered_since.setdefault(key, expected.get(name, now))
             stuck = now - since >= pool.spec.startup_timeout_seconds
-        else:
-            ctx.unregistered_since.pop(key, None)
+        elif (since := ctx.unregistered_since.pop(key, None)) is not None:
+            ctx.pod_startup_seconds[pid] = now - since  # it registered: status.lastPodStartupSeconds
         slots[name] = PodSlots(
             name=name,
             registered=record is not None,
@@ -423,6 +424,9 @@ async def write_session_statuses(
     live: Mapping[str, PodRecord],
     pods: Mapping[str, PodView],
     now_ms: int,
+    *,
+    starting_pods: int = 0,
+    last_startup_seconds: float | None = None,
 ) -> int:
     now = now_rfc3339()
     limit = asyncio.Semaphore(ctx.config.status_write_concurrency)
@@ -432,7 +436,14 @@ async def write_session_statuses(
         record = records.get(session.name)
         pod = live.get(record.pod) if record is not None else None
         view = pods.get(record.pod) if record is not None else None
-        obs = SessionObservation(record=record, pod=pod, pod_ready=bool(view and view.ready), now_ms=now_ms)
+        obs = SessionObservation(
+            record=record,
+            pod=pod,
+            pod_ready=bool(view and view.ready),
+            now_ms=now_ms,
+            starting_pods=starting_pods,
+            last_startup_seconds=last_startup_seconds,
+        )
         previous = previous_status(ctx, session)
         desired = build_session_status(
             previous,
@@ -656,7 +667,19 @@ async def reconcile_pool(
             records = await ctx.store.get_bindings(pid, names)
             live = await live_pods(ctx, pid)
         unsettled = [s for s in active if s.name not in result.settled]
-        await write_session_statuses(ctx, unsettled, records, live, by_name, now_ms)
+        # Waiting sessions say so while pods start (from zero: how long the pool's last pod took).
+        booting = sum(1 for p in slots.values() if not p.registered and not p.stuck)
+        last_startup = ctx.pod_startup_seconds.get(pid, previous_pool_status.get("lastPodStartupSeconds"))
+        await write_session_statuses(
+            ctx,
+            unsettled,
+            records,
+            live,
+            by_name,
+            now_ms,
+            starting_pods=booting,
+            last_startup_seconds=last_startup,
+        )
     slots = pod_slots(ctx, pool, pods, live)
     plan = plan_scaling(
         slots,
@@ -708,6 +731,22 @@ async def reconcile_pool(
         previous_pool_status, observation, generation=pool.generation, now=now_rfc3339()
     )
     status["selector"] = pool_selector(pool.name)  # the Scale's status.selector (labelSelectorPath)
+    if (startup := ctx.pod_startup_seconds.get(pid)) is not None:
+        status["lastPodStartupSeconds"] = round(startup, 2)
+    free_slots = sum(r.free for name, r in live.items() if name in ready and not r.draining)
+    ctx.pool_samples[pid] = PoolSample(
+        phases={},  # counted by the caller from the sessions' statuses
+        pending=observation.pending,
+        free_slots=free_slots,
+        capacity=observation.capacity,
+        replicas=observation.replicas,
+        ready=observation.ready_replicas,
+        starting=observation.starting,
+        stale=observation.stale,
+        min_replicas=observation.min_replicas,
+        max_replicas=observation.max_replicas,
+        last_pod_startup_seconds=status.get("lastPodStartupSeconds", last_startup),
+    )
     return status_patch(previous_pool_status, status, mirror_due=True)
 
 

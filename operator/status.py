@@ -35,6 +35,7 @@ class Reason(StrEnum):
     """`status.reason`: one stable word per cause."""
 
     WAITING_FOR_CAPACITY = "WaitingForCapacity"
+    POD_STARTING = "PodStarting"  # waiting for a slot while the pool's worker pods start (e.g. from zero)
     POD_NOT_READY = "PodNotReady"
     PLACED = "Placed"
     RESET_REQUIRED = "ResetRequired"  # placed again after its KV was lost or evicted
@@ -146,12 +147,26 @@ class SessionObservation:
     pod: PodRecord | None  # the Redis record of the pod the session is placed on
     pod_ready: bool  # that pod's Kubernetes Ready condition
     now_ms: int  # Redis server time
+    # Issue 14: the pool's worker pods not registered yet, and how long its last pod took to register.
+    starting_pods: int = 0
+    last_startup_seconds: float | None = None
+
+
+def starting_message(starting: int, last_startup_seconds: float | None) -> str:
+    """A waiting session's message while pods start: how many, and how long the pool's last one took."""
+    pods = "1 worker pod is" if starting == 1 else f"{starting} worker pods are"
+    last = (
+        f"; pods of this pool took {last_startup_seconds:.1f} s to start last time"
+        if last_startup_seconds is not None
+        else "; no pod of this pool has started yet"
+    )
+    return f"waiting for a slot: {pods} starting{last}"
 
 
 def derive_session_phase(obs: SessionObservation) -> tuple[Phase, Reason]:
     record = obs.record
     if record is None:
-        return Phase.PENDING, Reason.WAITING_FOR_CAPACITY
+        return Phase.PENDING, Reason.POD_STARTING if obs.starting_pods else Reason.WAITING_FOR_CAPACITY
     if record.state is SessionState.LOST:
         return Phase.LOST, Reason.POD_LOST
     if record.state is SessionState.EVICTED:
@@ -186,6 +201,8 @@ def build_session_status(
 ) -> dict[str, Any]:
     """The whole desired status of a session that is not Failed (fields set to None are removed)."""
     phase, reason = derive_session_phase(obs)
+    if message is None and reason is Reason.POD_STARTING:
+        message = starting_message(obs.starting_pods, obs.last_startup_seconds)
     if message is None:
         same_reason = previous.get("reason") == reason and previous.get("message")
         message = previous["message"] if same_reason else DEFAULT_MESSAGES[reason]

@@ -257,6 +257,12 @@ def test_operator_runs_the_contract_command_line(chart):
         f"--peering={chart.fullname}",
         "--priority=$(ARDIFF_OPERATOR_PRIORITY)",
         "--liveness=http://0.0.0.0:8080/healthz",
+        "--metrics=http://0.0.0.0:9090/metrics",
+    ]
+    service_ports = one(chart.render({}), "Service", operator)["spec"]["ports"]
+    assert [(p["name"], p["port"], p["targetPort"]) for p in service_ports] == [
+        ("health", 8080, "health"),
+        ("metrics", 9090, "metrics"),
     ]
     env = env_of(container)
     # Every replica gets a distinct peering priority (kopf pauses all operators that share the highest one).
@@ -268,7 +274,10 @@ def test_operator_runs_the_contract_command_line(chart):
     assert env["ARDIFF_WORKER_REDIS_URL"]["valueFrom"] == secret_ref
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert container["ports"] == [{"name": "health", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["ports"] == [
+        {"name": "health", "containerPort": 8080, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
+    ]
 
 
 def test_every_pod_is_non_root_read_only_and_capability_free(chart, variant):
@@ -478,7 +487,9 @@ def test_worker_selectors_match_the_pods_the_operator_creates(chart):
     worker_labels = pool_labels("any-pool")
     workers = [obj for obj in objects if obj["metadata"]["name"] == f"{chart.fullname}-workers"]
     selectors = [obj["spec"]["podSelector"]["matchLabels"] for obj in by_kind(workers, "NetworkPolicy")]
-    selectors.append(one(objects, "ServiceMonitor")["spec"]["selector"]["matchLabels"])
+    selectors.append(
+        one(objects, "ServiceMonitor", f"{chart.fullname}-workers")["spec"]["selector"]["matchLabels"]
+    )
     assert len(selectors) == 3
     for selector in selectors:
         assert selector.items() <= worker_labels.items()
@@ -526,13 +537,26 @@ def test_service_monitor_scrapes_worker_metrics_in_the_watched_namespaces(chart)
     values = {
         "monitoring": {"serviceMonitor": {"enabled": True, "interval": "30s", "labels": {"release": "prom"}}}
     }
-    monitor = one(chart.render(values), "ServiceMonitor")
+    objects = chart.render(values)
+    monitor = one(objects, "ServiceMonitor", f"{chart.fullname}-workers")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "prom"
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [chart.namespace]}
     assert monitor["spec"]["endpoints"] == [{"port": WORKER_PORT_NAME, "path": "/metrics", "interval": "30s"}]
-    cluster_wide = one(chart.render({**values, "clusterWide": True}), "ServiceMonitor")
+    cluster_wide = one(
+        chart.render({**values, "clusterWide": True}), "ServiceMonitor", f"{chart.fullname}-workers"
+    )
     assert cluster_wide["spec"]["namespaceSelector"] == {"any": True}
+    # The operator's own metrics (the autoscaling signals): its Service's `metrics` port, in its namespace.
+    name = f"{chart.fullname}-operator"
+    operator = one(objects, "ServiceMonitor", name)
+    assert operator["metadata"]["labels"]["release"] == "prom"
+    assert operator["spec"]["namespaceSelector"] == {"matchNames": [chart.namespace]}
+    assert operator["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+    service = one(objects, "Service", name)
+    assert operator["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert "metrics" in {p["name"] for p in service["spec"]["ports"]}
+    assert not by_kind(chart.render({}), "ServiceMonitor")  # off by default
 
 
 def test_pod_disruption_budgets(chart):

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from ardiff.devcluster.cluster import DevCluster
 from ardiff.devcluster.operator_process import OperatorProcess
@@ -82,7 +83,11 @@ def secret_data(api: str, namespace: str, name: str) -> dict[str, str]:
 def test_rendered_chart_applies_and_its_operator_brings_a_session_to_ready(chart, dev_cluster):
     cluster = dev_cluster
     liveness_port = free_port()
-    values = {"operator": {"livenessPort": liveness_port}, "defaultPool": FAKE_POOL}
+    metrics_port = free_port()
+    values = {
+        "operator": {"livenessPort": liveness_port, "metricsPort": metrics_port},
+        "defaultPool": FAKE_POOL,
+    }
     rendered = chart.render(values, "--include-crds")
     crds = [obj for obj in rendered if obj["kind"] == "CustomResourceDefinition"]
     objects = [obj for obj in rendered if obj["kind"] != "CustomResourceDefinition"]
@@ -126,13 +131,14 @@ def test_rendered_chart_applies_and_its_operator_brings_a_session_to_ready(chart
     )
     assert container_env["ARDIFF_OPERATOR_PRIORITY"] == "0"
     argv = container_command(PodContext(pod, container, container_env, liveness_port))
-    assert argv[-6:] == [
+    assert argv[-7:] == [
         "operator",
         "run",
         f"--namespace={chart.namespace}",
         f"--peering={chart.fullname}",
         "--priority=0",
         f"--liveness=http://0.0.0.0:{liveness_port}/healthz",
+        f"--metrics=http://0.0.0.0:{metrics_port}/metrics",
     ]
     # The dev cluster stops it with the rest of its parts.
     operator = cluster.operator = OperatorProcess(
@@ -169,3 +175,15 @@ def test_rendered_chart_applies_and_its_operator_brings_a_session_to_ready(chart
         timeout=10,
     ).json()
     assert [peer["priority"] for peer in peering["status"].values()] == [0]
+    # Its metrics port serves the pool's autoscaling signals.
+    ready_sessions = (
+        "ardiff_pool_sessions",
+        {"namespace": chart.namespace, "pool": "fake-pool", "phase": "Ready"},
+    )
+
+    def ready_metric() -> bool:
+        text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+        samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+        return any((s.name, s.labels) == ready_sessions and s.value == 1 for s in samples)
+
+    wait_until(ready_metric, what="the operator's metrics: one Ready session in its pool")

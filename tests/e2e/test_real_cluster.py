@@ -141,7 +141,10 @@ def test_capacity_reached_scales_up_and_new_sessions_land_on_the_new_pod(stack: 
     assert ready(stack, "filler")["pod"] in before
     stack.session("overflow")
     waiting = stack.sessions.wait_for(
-        "overflow", lambda s: s.get("reason") == "WaitingForCapacity", timeout=30, what="waiting for capacity"
+        "overflow",
+        lambda s: s.get("reason") in ("WaitingForCapacity", "PodStarting"),  # a second pod starts for it
+        timeout=30,
+        what="waiting for capacity",
     )
     assert waiting["phase"] == "Pending"
     status = ready(stack, "overflow")

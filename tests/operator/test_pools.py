@@ -237,7 +237,7 @@ async def test_a_pod_that_never_registers_is_reported_and_replaced(
     assert progressing["reason"] == "StartupTimeout"
     assert "did not register within 3 s" in progressing["message"]
     cluster.create_session("waiting")
-    cluster.wait_phase("waiting", "Pending", reason="WaitingForCapacity")
+    cluster.wait_phase("waiting", "Pending", reason="PodStarting")  # the successor is starting
 
     # Fixed (and a longer deadline, for a loaded machine): a pod made from the new spec registers, the
     # condition recovers and the session is placed.
