@@ -30,9 +30,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 setup: $(STAMP)
-	@# Debian packages: Redis for the placement store, Chromium and its driver for the viewer's browser test.
-	@command -v redis-server >/dev/null && command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
-		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server chromium chromium-driver; }
+	@# Debian packages: Redis for the placement store, Chromium and its driver for the viewer's browser test,
+	@# PostgreSQL for helm's release storage on the dev cluster (tests/chart/test_helm_release.py).
+	@command -v redis-server >/dev/null && command -v chromium >/dev/null && command -v chromedriver >/dev/null && \
+		ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server chromium chromium-driver postgresql; }
 	$(BIN)/python -m ardiff.devcluster.binaries --bin-dir $(BIN)
 ifneq ($(HAS_GPU),1)
 	@# Last step on CPU: PyPI's torchvision/torchaudio/torchcodec cannot load beside the CPU torch build

@@ -9,6 +9,7 @@ release is deleted, this leaves the operator the time to finalize them (docs/con
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -89,12 +90,14 @@ def uninstall(
         def items(plural: str) -> list[dict]:
             return custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural)["items"]  # type: ignore[attr-defined]
 
-        pods = core.list_namespaced_pod(namespace, label_selector=WORKER_SELECTOR).items  # type: ignore[attr-defined]
+        # Names only, read as JSON: no typed models to validate (quantities and all).
+        reply = core.list_namespaced_pod(namespace, label_selector=WORKER_SELECTOR, _preload_content=False)  # type: ignore[attr-defined]
+        pods = [pod["metadata"]["name"] for pod in json.loads(reply.data)["items"]]
         return Leftovers(
             namespace,
             _names(items(SESSION_PLURAL)),
             _names(items(POOL_PLURAL)),
-            tuple(sorted(pod.metadata.name for pod in pods)),
+            tuple(sorted(pods)),
         )
 
     # Sessions first: their finalizer frees their slots while their pools still exist.
