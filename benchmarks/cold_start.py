@@ -1,0 +1,187 @@
+"""Scale to zero and back on the dev cluster (issue 14 item 2): the cold start a session of an empty pool
+waits for, with real workers.
+
+One dev cluster (emulated API, real Redis, the real operator with its Prometheus metrics) and a pool with
+`replicas.min: 0`, `max: 1`: the tiny LingBot-World at 64x64 on CPU (vllm-omni's paged-KV runner, one torch
+thread), two slots per pod, `scaleDownDelaySeconds` 3. Each run starts from zero pods:
+
+1. a session is created (`KubeSessions.create`); timed from there: its status `Pending` with reason
+   `PodStarting` (the message the user sees), the worker Pod created, the Pod Ready, the session `Ready` (the
+   client does nothing but wait), its first tick (reset, chunk 0) returning frames;
+2. with that pod up, a second session: created → `Ready` (the warm path, the same pool);
+3. both deleted: timed from their deletion's end (finalized) until the pool has no pod again (the delay,
+   then the worker's graceful exit and the Pod's final delete).
+
+The pool's `status.lastPodStartupSeconds` (creation → registration, what the next cold session's message
+quotes) and the operator's `ardiff_session_placement_seconds` histogram are printed beside them.
+
+    .venv/bin/python benchmarks/cold_start.py [--runs 2] [--model-cache DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from ardiff.client import CAMERA_TOUR
+from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster
+from ardiff.devcluster.redis_server import free_port
+
+T = TypeVar("T")
+NAMESPACE = "bench"
+SCALE_DOWN_DELAY = 3
+POOL = {
+    "apiVersion": "ardiffusion.dev/v1alpha1",
+    "kind": "ARDiffusionWorkerPool",
+    "metadata": {"name": "world"},
+    "spec": {
+        "model": {"name": "tiny-lingbot-world", "height": 64, "width": 64},
+        "image": "ghcr.io/ardiff/ardiff-worker:0.1.0",
+        "kv": {"sessionCapacity": 2, "cpuFreeMemoryBytes": 1 << 30},
+        "replicas": {"min": 0, "max": 1},
+        "scaleDownDelaySeconds": SCALE_DOWN_DELAY,
+        "eviction": {"minIdleSeconds": 0},
+    },
+}
+OPERATOR_ENV = {"ARDIFF_OPERATOR_RECONCILE_SECONDS": "0.5", "ARDIFF_OPERATOR_MIRROR_SECONDS": "1"}
+TIMEOUT = 600.0
+
+
+def wait_until(predicate: Callable[[], T | None], what: str, poll: float = 0.05) -> T:
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise TimeoutError(f"timed out after {TIMEOUT}s waiting for {what}")
+
+
+def pods(cluster: DevCluster) -> list[dict[str, Any]]:
+    url = f"{cluster.api_url}/api/v1/namespaces/{NAMESPACE}/pods"
+    return [
+        p for p in httpx.get(url, timeout=10).json()["items"] if not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def any_pod(cluster: DevCluster) -> bool:
+    url = f"{cluster.api_url}/api/v1/namespaces/{NAMESPACE}/pods"
+    return bool(httpx.get(url, timeout=10).json()["items"])
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def pool_status(cluster: DevCluster) -> dict[str, Any]:
+    group = f"{cluster.api_url}/apis/ardiffusion.dev/v1alpha1/namespaces/{NAMESPACE}"
+    url = f"{group}/ardiffusionworkerpools/world"
+    return httpx.get(url, timeout=10).json().get("status") or {}
+
+
+def placement_histogram(metrics_url: str) -> tuple[float, float]:
+    """(count, sum) of the operator's placement histogram for the pool."""
+    found = {}
+    for family in text_string_to_metric_families(httpx.get(metrics_url, timeout=5).text):
+        for s in family.samples:
+            if s.labels.get("pool") == "world" and s.name.startswith("ardiff_session_placement_seconds_"):
+                found[s.name.rsplit("_", 1)[1]] = s.value
+    return found.get("count", 0.0), found.get("sum", 0.0)
+
+
+def one_run(cluster: DevCluster, run: int) -> dict[str, Any]:
+    sessions = cluster.sessions()
+    wait_until(lambda: not any_pod(cluster), "an empty pool")
+    cold, warm = f"cold-{run}", f"warm-{run}"
+    times: dict[str, float] = {}
+    message = ""
+    started = time.monotonic()
+    sessions.create(cold, pool="world", prompt="a walk through a quiet village")
+
+    def progress() -> bool:
+        nonlocal message
+        status = sessions.status(cold)
+        listed = pods(cluster)
+        now = time.monotonic() - started  # stamped after both reads: an upper bound within ~50 ms
+        if status.get("reason") == "PodStarting" and "pending PodStarting" not in times:
+            times["pending PodStarting"] = now
+            message = status.get("message", "")
+        if listed and "pod created" not in times:
+            times["pod created"] = now
+        if listed and pod_ready(listed[0]) and "pod Ready" not in times:
+            times["pod Ready"] = now
+        if status.get("phase") == "Ready":
+            times["session Ready"] = now
+            return True
+        return False
+
+    wait_until(progress, f"session {cold} Ready")
+    with sessions.connect(cold, timeout=TIMEOUT) as client:
+        client.reset()
+        chunk = client.tick([CAMERA_TOUR[0]])
+        times["first chunk"] = time.monotonic() - started
+        assert chunk.frames.shape[0] > 0
+    warm_started = time.monotonic()
+    sessions.create(warm, pool="world", prompt="a walk along a river")
+    sessions.wait_for(warm, lambda s: s.get("phase") == "Ready", timeout=TIMEOUT, poll=0.05)
+    times["warm session Ready"] = time.monotonic() - warm_started
+    startup = pool_status(cluster).get("lastPodStartupSeconds")
+    sessions.delete(cold, wait=True)
+    sessions.delete(warm, wait=True)
+    deleted = time.monotonic()
+    wait_until(lambda: not any_pod(cluster), "the pool back at zero pods", poll=0.1)
+    times["back to zero pods"] = time.monotonic() - deleted
+    return {"times": times, "startup": startup, "message": message}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--model-cache", type=Path, help="where workers find/generate the tiny model")
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    workdir = Path(tempfile.mkdtemp(prefix="ardiff-bench-cold-"))
+    metrics_url = f"http://127.0.0.1:{free_port()}/metrics"
+    cluster = DevCluster(
+        workdir,
+        operator_command=(*OPERATOR_COMMAND, "--metrics", metrics_url),
+        namespace=NAMESPACE,
+        operator_env=OPERATOR_ENV,
+        pod_env={"ARDIFF_MODEL_CACHE": str(args.model_cache)} if args.model_cache else {},
+    )
+    print(f"dev cluster in {workdir}; loadavg at start {os.getloadavg()[0]:.1f}", flush=True)
+    results = []
+    with cluster:
+        cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(POOL))
+        for run in range(args.runs):
+            result = one_run(cluster, run)
+            results.append(result)
+            line = ", ".join(f"{k} {v:.2f}s" for k, v in result["times"].items())
+            print(f"run {run}: {line}; status.lastPodStartupSeconds {result['startup']}", flush=True)
+            print(f"  the cold session's message: {result['message']!r}", flush=True)
+        count, total = placement_histogram(metrics_url)
+    print(f"\nscale from zero, {len(results)} runs (seconds after the session was created)")
+    header = f"{'event':<24} {'min':>6} {'median':>7} {'max':>6}"
+    print(header)
+    print("-" * len(header))
+    for event in results[0]["times"]:
+        values = [r["times"][event] for r in results]
+        print(f"{event:<24} {min(values):6.2f} {statistics.median(values):7.2f} {max(values):6.2f}")
+    print(f"operator placement histogram: {count:.0f} sessions, mean {total / max(count, 1):.2f}s")
+    print(f"loadavg at end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
