@@ -1,4 +1,4 @@
-"""The real `helm install` and `helm uninstall` on the dev cluster: uninstall leaves nothing of ours behind.
+"""The real `helm install`, `upgrade` and `uninstall` on the dev cluster: uninstall leaves nothing of ours.
 
 helm keeps its release in PostgreSQL (`HELM_DRIVER=sql`, `ardiff.devcluster.postgres_server`), since the
 emulated API cannot store helm's protobuf Secrets; everything else is helm talking to the emulated API.
@@ -123,7 +123,7 @@ def ours(api: str, namespace: str) -> dict[str, list[str]]:
     return {kind: [item["metadata"]["name"] for item in items] for kind, items in found.items() if items}
 
 
-def test_helm_install_then_uninstall_leaves_nothing_behind(chart, postgres, tmp_path: Path) -> None:
+def test_helm_install_upgrade_then_uninstall_leaves_nothing_behind(chart, postgres, tmp_path: Path) -> None:
     with DevCluster(tmp_path / "cluster", namespace=chart.namespace, install_crds=False) as cluster:
         values = tmp_path / "values.yaml"
         values.write_text(yaml.safe_dump({"defaultPool": FAKE_POOL, "uninstall": {"timeoutSeconds": 60}}))
@@ -154,6 +154,20 @@ def test_helm_install_then_uninstall_leaves_nothing_behind(chart, postgres, tmp_
             timeout=60,
             what="session s Ready",
         )
+        # helm upgrade: the pool follows the new values; the generated Redis password is kept (`lookup`).
+        redis = f"{cluster.api_url}/api/v1/namespaces/{chart.namespace}/secrets/{chart.fullname}-redis"
+        password = httpx.get(redis, timeout=10).json()["data"]["password"]
+        pool = {**FAKE_POOL, "spec": {**FAKE_POOL["spec"], "replicas": {"min": 1, "max": 2}}}
+        values.write_text(yaml.safe_dump({"defaultPool": pool, "uninstall": {"timeoutSeconds": 60}}))
+        upgraded = helm(
+            chart, postgres, cluster, "upgrade", chart.release, str(chart.path), "-f", str(values)
+        )
+        assert upgraded.returncode == 0, upgraded.stderr
+        assert "REVISION: 2" in upgraded.stdout
+        pools = cluster.api_url + GROUP.format(ns=chart.namespace) + "/ardiffusionworkerpools"
+        assert httpx.get(f"{pools}/fake-pool", timeout=10).json()["spec"]["replicas"] == {"min": 1, "max": 2}
+        assert httpx.get(redis, timeout=10).json()["data"]["password"] == password
+
         before = ours(cluster.api_url, chart.namespace)
         assert {
             "pods",
