@@ -437,7 +437,7 @@ def test_init_containers_run_first_and_a_claim_is_a_directory_shared_by_pods(
                 {
                     "name": "ARDIFF_DOWNLOAD_TOKEN",
                     "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
-                }
+                },
             ],
             "volumeMounts": [{"name": "model", "mountPath": "/models"}],
         }
