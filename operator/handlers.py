@@ -209,18 +209,24 @@ async def reconcile_pool_forever(
     await ensure_worker_redis_secret(
         ctx, pool
     )  # brings the workers' URL up to date after an operator restart
-    while not stopped:
-        started = time.monotonic()
-        pool = PoolView.from_body(body)  # `body` is live in daemons: the latest spec each round
-        if pool.deleting:
-            return
-        try:
-            await pool_round(ctx, pool, sessions_by_pool, worker_pods, dict(status), logger)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # one failed round must not end the loop; the next one retries
-            logger.exception(f"pool {pid} reconcile failed: {exc}")
-        await wait_for_kick(ctx, pid, started, stopped)
+    try:
+        while not stopped:
+            started = time.monotonic()
+            pool = PoolView.from_body(body)  # `body` is live in daemons: the latest spec each round
+            if pool.deleting:
+                return
+            try:
+                await pool_round(ctx, pool, sessions_by_pool, worker_pods, dict(status), logger)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # one failed round must not end the loop; the next one retries
+                logger.exception(f"pool {pid} reconcile failed: {exc}")
+            await wait_for_kick(ctx, pid, started, stopped)
+    finally:
+        # Stopped (pool deleted, operator paused by a peer or exiting): its series would go stale here, and a
+        # `max` over the operators would read them.
+        if ctx.metrics is not None:
+            ctx.metrics.forget_pool(pid)
 
 
 async def pool_round(
