@@ -600,9 +600,8 @@ def test_uninstall_hook_deletes_the_custom_resources_before_the_operator_goes(ch
         # Its ServiceAccount and rules exist before the Job starts (lower weight) and go with it.
         assert annotations == (HOOK if obj["kind"] == "Job" else {**HOOK, "helm.sh/hook-weight": "-10"})
     assert sorted(role["metadata"]["namespace"] for role in by_kind(hooks, "Role")) == ["a", "b"]
-    for role in by_kind(
-        hooks, "Role"
-    ):  # what `ardiff operator uninstall` calls (tests/operator/test_uninstall.py)
+    # What `ardiff operator uninstall` calls (recorded in tests/operator/test_rbac.py).
+    for role in by_kind(hooks, "Role"):
         assert _rules(role) == {
             ("ardiffusion.dev", "ardiffusionsessions"): {"list", "delete"},
             ("ardiffusion.dev", "ardiffusionworkerpools"): {"list", "delete"},

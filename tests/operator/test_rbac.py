@@ -5,8 +5,10 @@ records every API call it makes (`KubeAPI.request_log`, by the operator's own to
 The scenario reaches every call the operator has: a pool with a Pod and its Service, Secret and budget; a
 session placed (token Secret, busy label, budget raised), ticked, deleted; a session whose image ConfigMap is
 missing (ConfigMap read, a Failed Event); an operator restart under a busy pod with a changed workers' Redis
-URL (the budget and the Secret exist: read, then patched); the pool deleted (Pods and Service deleted). kopf
-adds its watches, finalizer and progress patches and its peering keepalives.
+URL (the budget and the Secret exist: read, then patched); then `ardiff operator uninstall` (the chart's
+pre-delete hook, with a token of its own) deletes the sessions and the pool (slots released, Pods and Service
+deleted) and nothing of ours is left. kopf adds its watches, finalizer and progress patches and its peering
+keepalives. The hook's own calls are compared with its Role the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ardiff.devcluster.request_log import OWNER_REFERENCES_PERMISSION_ENFORCEMEN
 from ardiff.operator.pods import worker_redis_secret_name
 from tests.chart.conftest import Chart
 from tests.operator.conftest import OPERATOR_ENV, POOL_FINALIZE_SECONDS, Cluster
+from tests.operator.test_uninstall import ours, run_uninstall
 from tests.waiting import wait_until
 
 Grants = dict[tuple[str, str], set[str]]  # (apiGroup, resource[/subresource]) -> verbs
@@ -43,14 +46,15 @@ def used_grants(requests: Iterable[ApiRequest]) -> Grants:
     return used
 
 
-def chart_role(namespace: str) -> list[dict]:
-    """The rules of the Role `helm template` renders for a namespaced install watching `namespace`."""
+def chart_role(namespace: str, component: str = "operator") -> list[dict]:
+    """The rules of the Role `helm template` renders for a namespaced install watching `namespace`: the
+    operator's, or the uninstall hook's."""
     chart = Chart(namespace=namespace)
     objects = chart.render()
     [role] = [
         obj
         for obj in objects
-        if obj["kind"] == "Role" and obj["metadata"]["name"] == f"{chart.fullname}-operator"
+        if obj["kind"] == "Role" and obj["metadata"]["name"] == f"{chart.fullname}-{component}"
     ]
     return role["rules"]
 
@@ -103,14 +107,19 @@ def test_the_chart_role_grants_exactly_the_calls_the_operator_makes(
         )
         assert cluster.tick("s", 1).status_code == 200
 
-        for session in ("s", "pic"):
-            cluster.delete("ardiffusionsessions", session)
-            cluster.wait_gone("ardiffusionsessions", session)
-        cluster.delete("ardiffusionworkerpools", "pool")
-        cluster.wait_gone("ardiffusionworkerpools", "pool", timeout=POOL_FINALIZE_SECONDS)
+        # The chart's pre-delete hook deletes the sessions, then the pool, through this operator.
+        hook_token = f"uninstall-{ns}"
+        log.follow(hook_token)
+        hook_kubeconfig = write_kubeconfig(tmp_path / "hook-kubeconfig", cluster.api.url, token=hook_token)
+        done = run_uninstall(cluster, POOL_FINALIZE_SECONDS, hook_kubeconfig)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"no session, pool or worker pod is left in {ns}" in done.stdout
+        # Owned objects (token and workers' Secrets, the budget) follow through garbage collection.
+        wait_until(lambda: not ours(cluster), timeout=10, what="nothing of ours left")
     finally:
         process.stop()
         requests = log.forget(token)
+        hook_requests = log.forget(f"uninstall-{ns}")
         sys.stdout.write(f"\n----- operator log -----\n{process.log()[-20000:]}\n")
 
     # Namespaced mode needs nothing cluster-scoped and nothing outside the namespace it watches.
@@ -121,6 +130,9 @@ def test_the_chart_role_grants_exactly_the_calls_the_operator_makes(
     extra = {key: verbs - used.get(key, set()) for key, verbs in granted.items()}
     assert {key: verbs for key, verbs in missing.items() if verbs} == {}, "calls the Role does not grant"
     assert {key: verbs for key, verbs in extra.items() if verbs} == {}, "grants no call of the scenario uses"
+    # The hook's Role grants exactly what `ardiff operator uninstall` calls.
+    assert {request.namespace for request in hook_requests} == {ns}
+    assert used_grants(hook_requests) == role_grants(chart_role(ns, "uninstall"))
     # The finalizers rule comes from admission, not from a call: children are adopted with blockOwnerDeletion.
     implied = {
         (r.group, r.rbac_resource)
