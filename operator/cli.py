@@ -72,6 +72,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace holding one")
     uninstall.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
     uninstall.set_defaults(func=run_uninstall)
+    smoke = commands.add_parser(
+        "smoke-test",
+        help="create a session on a pool, wait for Ready, tick it once, delete it (helm test)",
+        description="Exit 0 when the session's first tick answered 200; the session is deleted in any case.",
+    )
+    smoke.add_argument("-n", "--namespace", required=True)
+    smoke.add_argument("--pool", required=True, help="the ARDiffusionWorkerPool's name")
+    smoke.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for Ready (default 900)")
+    smoke.set_defaults(func=run_smoke_test)
+
+
+def run_smoke_test(args: argparse.Namespace) -> int:
+    from ardiff.operator.smoke import smoke_test
+
+    return 0 if smoke_test(args.namespace, args.pool, timeout_seconds=args.timeout) else 1
 
 
 def run_uninstall(args: argparse.Namespace) -> int:

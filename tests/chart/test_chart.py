@@ -636,6 +636,42 @@ def test_uninstall_hook_deletes_the_custom_resources_before_the_operator_goes(ch
     assert not [obj for obj in off if obj["metadata"]["name"] == name]
 
 
+def test_helm_test_ticks_a_session_on_the_default_pool(chart):
+    name = f"{chart.fullname}-test"
+    values = {"defaultPool": {"enabled": True, "name": "gpus", "spec": {"startupTimeoutSeconds": 1200}}}
+    objects = chart.render(values)
+    tests = [obj for obj in objects if obj["metadata"]["name"] == name]
+    assert sorted(obj["kind"] for obj in tests) == ["Pod", "Role", "RoleBinding", "ServiceAccount"]
+    test_hook = {**HOOK, "helm.sh/hook": "test"}
+    for obj in tests:
+        annotations = obj["metadata"]["annotations"]
+        assert annotations == (
+            test_hook if obj["kind"] == "Pod" else {**test_hook, "helm.sh/hook-weight": "-10"}
+        )
+    # What `ardiff operator smoke-test` calls (recorded in tests/operator/test_rbac.py).
+    assert _rules(one(tests, "Role")) == {
+        ("ardiffusion.dev", "ardiffusionsessions"): {"create", "get", "delete"},
+        ("", "secrets"): {"get"},
+    }
+    pod = one(tests, "Pod")
+    [container] = pod["spec"]["containers"]
+    assert [*container["command"], *container["args"]] == [
+        "ardiff",
+        "operator",
+        "smoke-test",
+        f"--namespace={chart.namespace}",
+        "--pool=gpus",
+        "--timeout=1200",
+    ]
+    # The workers' NetworkPolicy admits it (its labels), on the worker port only.
+    policy = one(objects, "NetworkPolicy", f"{chart.fullname}-workers")
+    [_, test_rule] = policy["spec"]["ingress"]
+    [peer] = test_rule["from"]
+    assert peer["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert test_rule["ports"] == [{"port": WORKER_PORT, "protocol": "TCP"}]
+    assert not [obj for obj in chart.render() if obj["metadata"]["name"] == name]  # no default pool: no test
+
+
 def test_default_pool_runs_the_worker_image_and_merges_the_users_spec(chart):
     values = {"defaultPool": {"enabled": True, "name": "gpus", "spec": {"replicas": {"max": 4}}}}
     pool = one(chart.render(values), "ARDiffusionWorkerPool")

@@ -1,11 +1,12 @@
-"""The real `helm install`, `upgrade` and `uninstall` on the dev cluster: uninstall leaves nothing of ours.
+"""The real `helm install`, `upgrade`, `test` and `uninstall` on the dev cluster: nothing of ours is left.
 
 helm keeps its release in PostgreSQL (`HELM_DRIVER=sql`, `ardiff.devcluster.postgres_server`), since the
 emulated API cannot store helm's protobuf Secrets; everything else is helm talking to the emulated API.
 Nothing there runs StatefulSets or Jobs, so the test does their part: the operator runs as the dev cluster's
 `OperatorProcess` (the chart's own command line is covered by test_devcluster_install.py), and the
-pre-delete hook Job's container runs as a local process with its rendered command and arguments, its status
-then written the way the Job controller would (Complete or Failed), which is what helm waits for.
+hooks' containers (the pre-delete Job's, the `helm test` Pod's) run as local processes with their rendered
+commands and arguments, their status then written the way the Job controller or the kubelet would, which is
+what helm waits for.
 """
 
 from __future__ import annotations
@@ -41,40 +42,53 @@ FAKE_POOL = {
 }
 
 
-class JobRunner(threading.Thread):
-    """The Job controller and kubelet for hook Jobs: runs each new Job's container as a local process (the
-    dev cluster's executables), then writes the Job's status as the controller would."""
+class HookRunner(threading.Thread):
+    """The Job controller and the kubelet for helm's hooks: runs the container of each new hook Job and of
+    each `helm test` Pod as a local process (the dev cluster's executables, its kubeconfig), then writes the
+    status their controllers would (a Job's Complete/Failed condition, a Pod's Succeeded/Failed phase)."""
 
     def __init__(self, api: str, namespace: str, kubeconfig: Path) -> None:
-        super().__init__(daemon=True, name="job-runner")
+        super().__init__(daemon=True, name="hook-runner")
         self.api, self.namespace, self.kubeconfig = api, namespace, kubeconfig
-        self.finished: dict[str, subprocess.CompletedProcess[str]] = {}
+        self.finished: dict[str, subprocess.CompletedProcess[str]] = {}  # by object name
         self.stopped = threading.Event()
 
     def run(self) -> None:
+        jobs = f"/apis/batch/v1/namespaces/{self.namespace}/jobs"
+        pods = f"/api/v1/namespaces/{self.namespace}/pods?labelSelector=app.kubernetes.io/component%3Dtest"
         with httpx.Client(base_url=self.api, timeout=10) as client:
             while not self.stopped.wait(0.2):
-                jobs = client.get(f"/apis/batch/v1/namespaces/{self.namespace}/jobs").json()["items"]
-                for job in jobs:
-                    if job["metadata"]["uid"] not in self.finished:
-                        self._complete(client, job)
+                for path, spec in (
+                    (jobs, lambda o: o["spec"]["template"]["spec"]),
+                    (pods, lambda o: o["spec"]),
+                ):
+                    for obj in client.get(path).json()["items"]:
+                        if obj["metadata"]["uid"] not in self.finished:
+                            self._run(client, path.split("?")[0], obj, spec(obj))
 
-    def _complete(self, client: httpx.Client, job: dict[str, Any]) -> None:
-        [container] = job["spec"]["template"]["spec"]["containers"]
+    def _run(self, client: httpx.Client, path: str, obj: dict[str, Any], pod_spec: dict[str, Any]) -> None:
+        [container] = pod_spec["containers"]
         command = [*container.get("command", []), *container.get("args", [])]
         argv = [*resolve_executable(command[0]), *command[1:]]
         result = subprocess.run(
             argv, env=kube_env(self.kubeconfig), capture_output=True, text=True, timeout=300, check=False
         )
-        self.finished[job["metadata"]["uid"]] = result
+        self.finished[obj["metadata"]["uid"]] = result
         ok = result.returncode == 0
-        condition = {"type": "Complete" if ok else "Failed", "status": "True"}
-        status = {"conditions": [condition], "succeeded" if ok else "failed": 1}
+        if obj["kind"] == "Job":
+            condition = {"type": "Complete" if ok else "Failed", "status": "True"}
+            status = {"conditions": [condition], "succeeded" if ok else "failed": 1}
+        else:
+            status = {"phase": "Succeeded" if ok else "Failed"}
         client.patch(
-            f"/apis/batch/v1/namespaces/{self.namespace}/jobs/{job['metadata']['name']}/status",
+            f"{path}/{obj['metadata']['name']}/status",
             json={"status": status},
             headers={"Content-Type": "application/merge-patch+json"},
         )
+
+    def output(self, name_suffix: str) -> subprocess.CompletedProcess[str]:
+        [result] = [r for r in self.finished.values() if r.args[-1:] and name_suffix in " ".join(r.args)]
+        return result
 
 
 @pytest.fixture
@@ -123,7 +137,9 @@ def ours(api: str, namespace: str) -> dict[str, list[str]]:
     return {kind: [item["metadata"]["name"] for item in items] for kind, items in found.items() if items}
 
 
-def test_helm_install_upgrade_then_uninstall_leaves_nothing_behind(chart, postgres, tmp_path: Path) -> None:
+def test_helm_install_upgrade_test_then_uninstall_leaves_nothing_behind(
+    chart, postgres, tmp_path: Path
+) -> None:
     with DevCluster(tmp_path / "cluster", namespace=chart.namespace, install_crds=False) as cluster:
         values = tmp_path / "values.yaml"
         values.write_text(yaml.safe_dump({"defaultPool": FAKE_POOL, "uninstall": {"timeoutSeconds": 60}}))
@@ -177,14 +193,23 @@ def test_helm_install_upgrade_then_uninstall_leaves_nothing_behind(chart, postgr
             "ardiffusionworkerpools",
         } <= set(before)
 
-        jobs = JobRunner(cluster.api_url, chart.namespace, cluster.kubeconfig)
-        jobs.start()
+        hooks = HookRunner(cluster.api_url, chart.namespace, cluster.kubeconfig)
+        hooks.start()
         try:
+            # helm test: a session on the default pool, Ready, ticked once, deleted.
+            tested = helm(chart, postgres, cluster, "test", chart.release, "--timeout", "120s")
+            smoke = hooks.output("smoke-test")
+            assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+            assert tested.returncode == 0, tested.stderr
+            assert f"{chart.fullname}-test" in tested.stdout
+            assert "Succeeded" in tested.stdout
+            assert "tick 0 of helm-test-" in smoke.stdout
+            assert ": HTTP 200," in smoke.stdout
             uninstalled = helm(chart, postgres, cluster, "uninstall", chart.release, "--timeout", "120s")
         finally:
-            jobs.stopped.set()
-            jobs.join(10)
-        [hook] = jobs.finished.values()
+            hooks.stopped.set()
+            hooks.join(10)
+        hook = hooks.output("uninstall")
         assert hook.returncode == 0, hook.stdout + hook.stderr
         assert uninstalled.returncode == 0, uninstalled.stderr + cluster.operator.log()[-5000:]
         assert f"no session, pool or worker pod is left in {chart.namespace}" in hook.stdout

@@ -5,20 +5,23 @@ records every API call it makes (`KubeAPI.request_log`, by the operator's own to
 The scenario reaches every call the operator has: a pool with a Pod and its Service, Secret and budget; a
 session placed (token Secret, busy label, budget raised), ticked, deleted; a session whose image ConfigMap is
 missing (ConfigMap read, a Failed Event); an operator restart under a busy pod with a changed workers' Redis
-URL (the budget and the Secret exist: read, then patched); then `ardiff operator uninstall` (the chart's
-pre-delete hook, with a token of its own) deletes the sessions and the pool (slots released, Pods and Service
+URL (the budget and the Secret exist: read, then patched); `ardiff operator smoke-test` (the chart's `helm
+test`, its own token) creates, ticks and deletes a session; then `ardiff operator uninstall` (the chart's pre-
+delete hook, with a token of its own) deletes the sessions and the pool (slots released, Pods and Service
 deleted) and nothing of ours is left. kopf adds its watches, finalizer and progress patches and its peering
-keepalives. The hook's own calls are compared with its Role the same way.
+keepalives. The hooks' own calls are compared with their Roles the same way.
 """
 
 from __future__ import annotations
 
 import base64
+import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 from ardiff.devcluster.kube_api import write_kubeconfig
+from ardiff.devcluster.kubectl import kube_env
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.request_log import OWNER_REFERENCES_PERMISSION_ENFORCEMENT, ApiRequest
 from ardiff.operator.pods import worker_redis_secret_name
@@ -46,11 +49,11 @@ def used_grants(requests: Iterable[ApiRequest]) -> Grants:
     return used
 
 
-def chart_role(namespace: str, component: str = "operator") -> list[dict]:
+def chart_role(namespace: str, component: str = "operator", values: dict | None = None) -> list[dict]:
     """The rules of the Role `helm template` renders for a namespaced install watching `namespace`: the
-    operator's, or the uninstall hook's."""
+    operator's, the uninstall hook's or the `helm test` Pod's."""
     chart = Chart(namespace=namespace)
-    objects = chart.render()
+    objects = chart.render(values)
     [role] = [
         obj
         for obj in objects
@@ -107,6 +110,33 @@ def test_the_chart_role_grants_exactly_the_calls_the_operator_makes(
         )
         assert cluster.tick("s", 1).status_code == 200
 
+        # The chart's `helm test` (its own token): a session created, Ready, ticked once, deleted.
+        test_token = f"smoke-test-{ns}"
+        log.follow(test_token)
+        test_kubeconfig = write_kubeconfig(tmp_path / "test-kubeconfig", cluster.api.url, token=test_token)
+        smoke = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ardiff.cli",
+                "operator",
+                "smoke-test",
+                "-n",
+                ns,
+                "--pool",
+                "pool",
+                "--timeout",
+                "30",
+            ],
+            env=kube_env(test_kubeconfig),
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+        assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+        assert ": HTTP 200," in smoke.stdout
+
         # The chart's pre-delete hook deletes the sessions, then the pool, through this operator.
         hook_token = f"uninstall-{ns}"
         log.follow(hook_token)
@@ -120,6 +150,7 @@ def test_the_chart_role_grants_exactly_the_calls_the_operator_makes(
         process.stop()
         requests = log.forget(token)
         hook_requests = log.forget(f"uninstall-{ns}")
+        test_requests = log.forget(f"smoke-test-{ns}")
         sys.stdout.write(f"\n----- operator log -----\n{process.log()[-20000:]}\n")
 
     # Namespaced mode needs nothing cluster-scoped and nothing outside the namespace it watches.
@@ -133,6 +164,10 @@ def test_the_chart_role_grants_exactly_the_calls_the_operator_makes(
     # The hook's Role grants exactly what `ardiff operator uninstall` calls.
     assert {request.namespace for request in hook_requests} == {ns}
     assert used_grants(hook_requests) == role_grants(chart_role(ns, "uninstall"))
+    assert {request.namespace for request in test_requests} == {ns}
+    assert used_grants(test_requests) == role_grants(
+        chart_role(ns, "test", {"defaultPool": {"enabled": True}})
+    )
     # The finalizers rule comes from admission, not from a call: children are adopted with blockOwnerDeletion.
     implied = {
         (r.group, r.rbac_resource)

@@ -1,0 +1,71 @@
+"""`ardiff operator smoke-test`: create a session on a pool, wait until it is Ready, tick it once, delete it
+(the chart's `helm test`). Exit 0 when the tick answered 200; the session is deleted in every case."""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import time
+from collections.abc import Callable
+
+import httpx
+
+from ardiff.operator.specs import API_VERSION, SESSION_PLURAL
+from ardiff.operator.uninstall import GROUP, VERSION
+
+POLL_SECONDS = 1.0
+
+
+def smoke_test(
+    namespace: str, pool: str, *, timeout_seconds: float, say: Callable[[str], None] = print
+) -> bool:
+    """True when a new session on `pool` became Ready within `timeout_seconds` and its first tick got 200."""
+    import kubernetes
+
+    from ardiff.operator.uninstall import _clients
+
+    custom, core = _clients()
+    name = f"helm-test-{secrets.token_hex(3)}"
+    body = {
+        "apiVersion": API_VERSION,
+        "kind": "ARDiffusionSession",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"poolRef": pool, "prompt": "a quiet street in the rain"},
+    }
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, SESSION_PLURAL, body)  # type: ignore[attr-defined]
+    say(f"created session {namespace}/{name} on pool {pool}")
+    try:
+        deadline = time.monotonic() + timeout_seconds
+        status: dict = {}
+        while time.monotonic() < deadline:
+            status = (
+                custom.get_namespaced_custom_object(GROUP, VERSION, namespace, SESSION_PLURAL, name).get(  # type: ignore[attr-defined]
+                    "status"
+                )
+                or {}
+            )
+            if status.get("phase") in ("Ready", "Failed"):
+                break
+            time.sleep(POLL_SECONDS)
+        if status.get("phase") != "Ready":
+            say(f"session {name} is not Ready after {timeout_seconds:g} s: {json.dumps(status)[:500]}")
+            return False
+        ref = status["tokenSecretRef"]  # {name, key}
+        reply = core.read_namespaced_secret(ref["name"], namespace, _preload_content=False)  # type: ignore[attr-defined]
+        token = base64.b64decode(json.loads(reply.data)["data"][ref["key"]]).decode()
+        tick = httpx.post(
+            f"{status['endpoint']}/v1/sessions/{name}/ticks",
+            json={"request_id": f"{name}-0", "chunk_index": 0},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=max(60.0, deadline - time.monotonic()),
+        )
+        say(f"tick 0 of {name} on {status['pod']}: HTTP {tick.status_code}, {len(tick.content)} bytes")
+        return tick.status_code == 200
+    finally:
+        try:
+            custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, SESSION_PLURAL, name)  # type: ignore[attr-defined]
+        except kubernetes.client.exceptions.ApiException as exc:
+            if exc.status != 404:
+                raise
+        say(f"deleted session {name}")
