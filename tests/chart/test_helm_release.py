@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster
+from ardiff.devcluster.crd import load_manifests
 from ardiff.devcluster.kubectl import kube_env
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.pod_runner import resolve_executable
@@ -118,6 +119,17 @@ def helm(
     )
 
 
+def test_the_readme_upgrade_steps_are_the_ones_tested_here(chart) -> None:
+    readme = (chart.path.parents[1] / "README.md").read_text()
+    block = readme.split("Upgrade, test, uninstall.", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    assert block.splitlines() == [
+        "kubectl apply -f charts/ardiff/crds/",
+        "helm upgrade ardiff charts/ardiff -n worlds --reuse-values",
+        "helm test ardiff -n worlds",
+        "helm uninstall ardiff -n worlds",
+    ]
+
+
 def ours(api: str, namespace: str) -> dict[str, list[str]]:
     """Every object left in the namespace, by kind (its plural), besides what the cluster itself keeps."""
     paths = {
@@ -175,8 +187,23 @@ def test_helm_install_upgrade_test_then_uninstall_leaves_nothing_behind(
         password = httpx.get(redis, timeout=10).json()["data"]["password"]
         pool = {**FAKE_POOL, "spec": {**FAKE_POOL["spec"], "replicas": {"min": 1, "max": 2}}}
         values.write_text(yaml.safe_dump({"defaultPool": pool, "uninstall": {"timeoutSeconds": 60}}))
+        # The README's upgrade: the chart's CRDs first (helm never upgrades crds/), applied over helm's own.
+        crds = cluster.kubectl("apply", "-f", str(chart.path / "crds"), check=False)
+        assert crds.returncode == 0, crds.stderr
+        assert sorted(crds.stdout.splitlines()) == sorted(
+            f"customresourcedefinition.apiextensions.k8s.io/{crd['metadata']['name']} configured"
+            for crd in load_manifests(chart.path / "crds")
+        )
         upgraded = helm(
-            chart, postgres, cluster, "upgrade", chart.release, str(chart.path), "-f", str(values)
+            chart,
+            postgres,
+            cluster,
+            "upgrade",
+            chart.release,
+            str(chart.path),
+            "--reuse-values",
+            "-f",
+            str(values),
         )
         assert upgraded.returncode == 0, upgraded.stderr
         assert "REVISION: 2" in upgraded.stdout
