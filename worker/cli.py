@@ -30,6 +30,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tiny.add_argument("--seed", type=int, default=0, help="weights are a pure function of the seed")
     tiny.set_defaults(func=_make_tiny_model)
 
+    world = commands.add_parser(
+        "train-tiny-world",
+        help="train the tiny LingBot-World checkpoint on the yaw-only ray-cast world (CPU, resumable)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    world.add_argument("out_dir", help="where the data, checkpoints and OUT_DIR/model go")
+    world.add_argument("--minutes", type=float, default=60.0, help="the DiT's budget (over all runs)")
+    world.add_argument("--vae-minutes", type=float, default=10.0, help="the VAE's training budget")
+    world.add_argument("--resume", action="store_true", help="continue from OUT_DIR's last checkpoint")
+    world.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads (the machine is shared)")
+    world.add_argument("--nice", type=int, default=19, help="added to this process's niceness")
+    world.add_argument("--batch", type=int, default=16, help="sessions per DiT step")
+    world.add_argument("--sessions", type=int, default=384, help="rendered training sessions")
+    world.add_argument(
+        "--decoder-only",
+        action="store_true",
+        help="fine-tune only the VAE decoder for --minutes (encoder frozen; may run beside the DiT stage)",
+    )
+    world.set_defaults(func=_train_tiny_world)
+
     download = commands.add_parser(
         "download-model",
         help="fetch a model (Hugging Face repo or URL) into a directory: the pool's modelDownload step",
@@ -73,4 +93,26 @@ def _download_model(args: argparse.Namespace) -> int:
     from ardiff.worker.download import main
 
     print(main(args.url, args.hf_repo, args.revision, args.dest), flush=True)
+    return 0
+
+
+def _train_tiny_world(args: argparse.Namespace) -> int:
+    import os
+
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before torch is imported
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if args.nice:
+        os.nice(args.nice)
+    from ardiff.worker.tiny_world_train import main
+
+    path = main(
+        args.out_dir,
+        minutes=args.minutes,
+        vae_minutes=args.vae_minutes,
+        resume=args.resume,
+        decoder_only=args.decoder_only,
+        sessions=args.sessions,
+        batch=args.batch,
+    )
+    print(f"trained tiny world: {path}")
     return 0

@@ -17,6 +17,8 @@ from ardiff.kv.records import check_name
 from ardiff.worker.net import ANY_HOST, http_url
 
 EMBEDDED_TINY_MODEL = "tiny-lingbot-world"
+# The trained tiny world (issue 16), shipped in the package; `--model` takes its name.
+TRAINED_WORLD_MODEL = "tiny-world-trained"
 DEFAULT_PIPELINE = "LingBotWorldCausalDMDPipeline"
 # The KV pool is `free memory x fraction`. On CPU the pool is host memory next to other processes, so the
 # default fraction there is small (the OS backs the pool lazily, but its block table is built eagerly).
@@ -25,6 +27,13 @@ DEFAULT_CPU_KV_FRACTION = 0.1
 DEFAULT_CPU_FREE_MEMORY_BYTES = 8 << 30
 Runtime = Literal["vllm", "fake"]
 Dtype = Literal["bfloat16", "float16", "float32"]
+
+
+def resolve_model(model: str) -> str:
+    """A shipped model's name -> its directory in the package; anything else unchanged."""
+    if model == TRAINED_WORLD_MODEL:
+        return str(Path(__file__).resolve().parent / "models" / TRAINED_WORLD_MODEL)
+    return model
 
 
 def _default_model_cache() -> str:
@@ -133,7 +142,7 @@ def _flag_name(name: str) -> str:
 # Settings without a flag (contracts §3): test-only switches.
 _ENV_ONLY = {"test_faults"}
 _HELP = {
-    "model": "a model directory, or the embedded tiny model's name",
+    "model": "a model directory, or an embedded model's name (tiny-lingbot-world, tiny-world-trained)",
     "pipeline": "pipeline class",
     "dtype": "bfloat16 on GPU, float32 on CPU by default",
     "kv_memory_fraction": "fraction of free device memory for the KV pool (0.9 GPU, 0.1 CPU)",
@@ -193,4 +202,6 @@ def build_settings(
             raw = environ.get(_env_name(item.name)) or None
         if raw is not None:
             values[item.name] = _convert(item.name, raw) if isinstance(raw, str) else raw
+    if "model" in values:
+        values["model"] = resolve_model(values["model"])
     return WorkerSettings(**values)

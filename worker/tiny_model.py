@@ -187,7 +187,7 @@ def _write_vae(path: Path, seed: int) -> None:
     vae.save_pretrained(path, safe_serialization=True)
 
 
-def _write_transformer(path: Path, seed: int) -> None:
+def _write_transformer(path: Path, seed: int, config: dict[str, Any] = TRANSFORMER_CONFIG) -> None:
     """Random weights under the real DiT's parameter names; the checkpoint stores q/k/v unfused."""
     import torch
     from safetensors.torch import save_file
@@ -197,7 +197,7 @@ def _write_transformer(path: Path, seed: int) -> None:
         from vllm.config import set_current_vllm_config
 
         with set_current_vllm_config(vllm_config):
-            model = CausalLingBotWorldTransformer3DModel(**_transformer_kwargs(TRANSFORMER_CONFIG))
+            model = CausalLingBotWorldTransformer3DModel(**_transformer_kwargs(config))
     generator = torch.Generator().manual_seed(seed + 2)
     state: dict[str, torch.Tensor] = {}
     for name, parameter in model.named_parameters():
@@ -215,7 +215,7 @@ def _write_transformer(path: Path, seed: int) -> None:
             state[name] = value.contiguous()
     path.mkdir(parents=True)
     save_file(state, str(path / "diffusion_pytorch_model.safetensors"))
-    _write_json(path / "config.json", TRANSFORMER_CONFIG)
+    _write_json(path / "config.json", config)
 
 
 def _transformer_kwargs(config: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,220 @@
+"""How well a LingBot-World checkpoint renders the yaw-only world (issue 16 item 4), next to the random one.
+
+For held-out control sequences (hold `j`, hold `l`, and random held-key turning drawn from a seed the training
+data never used), each model runs a session of 4 chunks from the world's start image through the worker's
+normal path (`load_vllm_runtime` -> `ARDiffusionSessionAdapter.prepare/forward`: the real vllm-omni runner,
+paged KV, the session's streaming VAE decoder). Each chunk's frames are compared with the ray-caster's ground
+truth for the same camera path (`ardiff.worker.tiny_world`): PSNR and SSIM per chunk. Control response: for
+every (case, chunk) whose ground truth turns (net yaw over the chunk is not zero), the sign of the horizontal
+image shift from the chunk's first frame (chunk 0) or the previous chunk's last frame (later chunks) to the
+chunk's last frame, by phase correlation, in the generated frames against the ground truth's.
+
+Each model runs in its own child process (one vllm-omni worker per process), the same cases in the same run.
+
+    .venv/bin/python benchmarks/world_quality.py [--model tiny-world-trained] [--baseline tiny-lingbot-world]
+        [--cases 12] [--seed 1000] [--threads 1] [--json OUT.json]
+
+Targets: mean PSNR over chunks 0-3 at least 6 dB above the random checkpoint's; the turn direction right in
+at least 90% of the turning cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+N_CHUNKS = 4
+
+
+def cases(n: int, seed: int) -> list[tuple[str, list[list[list[str]]]]]:
+    from ardiff.worker import tiny_world as world
+
+    out = [("hold-j", world.held_actions("j", N_CHUNKS)), ("hold-l", world.held_actions("l", N_CHUNKS))]
+    rng = np.random.default_rng(seed)
+    while len(out) < n:
+        out.append((f"random-{len(out) - 1}", world.sample_actions(rng, N_CHUNKS)))
+    return out[:n]
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
+    return 10 * np.log10(255.0**2 / max(mse, 1e-10))
+
+
+def ssim(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean SSIM over frames and RGB channels (7x7 uniform window, the usual constants, data range 255)."""
+    from scipy.ndimage import uniform_filter
+
+    x, y = a.astype(np.float64), b.astype(np.float64)
+    size = (1, 7, 7, 1)  # frames, height, width, channels
+    mx, my = uniform_filter(x, size), uniform_filter(y, size)
+    vx = uniform_filter(x * x, size) - mx * mx
+    vy = uniform_filter(y * y, size) - my * my
+    cxy = uniform_filter(x * y, size) - mx * my
+    c1, c2 = (0.01 * 255) ** 2, (0.03 * 255) ** 2
+    s = ((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx * mx + my * my + c1) * (vx + vy + c2))
+    return float(s[:, 3:-3, 3:-3].mean())
+
+
+def turn_checks(generated: np.ndarray, truth: np.ndarray) -> list[dict[str, float]]:
+    """Per turning chunk: the ground truth's and the generated frames' horizontal shift over the chunk."""
+    from ardiff.worker import tiny_world as world
+
+    checks = []
+    for chunk, frames in enumerate(world.chunk_frame_slices(N_CHUNKS)):
+        first = 0 if chunk == 0 else frames.start - 1
+        last = frames.stop - 1
+        gt = world.horizontal_shift(truth[first], truth[last])
+        if gt == 0:
+            continue
+        gen = world.horizontal_shift(generated[first], generated[last])
+        checks.append(
+            {"chunk": chunk, "gt_px": gt, "gen_px": gen, "right": bool(np.sign(gen) == np.sign(gt))}
+        )
+    return checks
+
+
+def run_model(model: str, n_cases: int, seed: int, model_cache: str) -> dict[str, Any]:
+    """In this process: every case through the worker's normal path; per-chunk figures."""
+    import PIL.Image
+    import torch
+
+    from ardiff.worker import tick_rules
+    from ardiff.worker import tiny_world as world
+    from ardiff.worker.conditioning import Conditioning
+    from ardiff.worker.settings import WorkerSettings, resolve_model
+    from ardiff.worker.vllm_runtime import load_vllm_runtime
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    buffer = io.BytesIO()
+    PIL.Image.fromarray(world.start_image()).save(buffer, format="PNG")
+    conditioning = Conditioning(seed=0, prompt=world.PROMPT, image=buffer.getvalue())
+    adapter = load_vllm_runtime(
+        WorkerSettings(
+            model=resolve_model(model), height=world.HEIGHT, width=world.WIDTH, model_cache=model_cache
+        )
+    )
+    results = []
+    try:
+        for name, actions in cases(n_cases, seed):
+            session = f"q-{name}"
+            frames = []
+            for chunk, keys in enumerate(actions):
+                body = {
+                    "request_id": f"{session}-{chunk}",
+                    "chunk_index": chunk,
+                    "controls": [
+                        {
+                            "track": "camera",
+                            "schema": "lingbot.camera_actions.v1",
+                            "data": {"mode": "frames", "frames": keys},
+                        }
+                    ],
+                    "close_session": chunk == len(actions) - 1,
+                }
+                tick = tick_rules.parse_tick(session, body)
+                frames.append(adapter.forward(adapter.prepare(tick, conditioning)).frames)
+            generated = np.concatenate(frames)
+            truth = world.render_session(actions)
+            slices = world.chunk_frame_slices(N_CHUNKS)
+            results.append(
+                {
+                    "case": name,
+                    "actions": ["|".join("".join(k) or "-" for k in chunk) for chunk in actions],
+                    "psnr": [psnr(generated[s], truth[s]) for s in slices],
+                    "ssim": [ssim(generated[s], truth[s]) for s in slices],
+                    "turns": turn_checks(generated, truth),
+                }
+            )
+    finally:
+        adapter.shutdown()
+    return {"model": model, "cases": results}
+
+
+def summary(result: dict[str, Any]) -> dict[str, Any]:
+    psnrs = np.array([case["psnr"] for case in result["cases"]])
+    ssims = np.array([case["ssim"] for case in result["cases"]])
+    turns = [turn for case in result["cases"] for turn in case["turns"]]
+    return {
+        "psnr_per_chunk": psnrs.mean(0).round(2).tolist(),
+        "psnr_mean": round(float(psnrs.mean()), 2),
+        "ssim_per_chunk": ssims.mean(0).round(3).tolist(),
+        "ssim_mean": round(float(ssims.mean()), 3),
+        "turns_right": sum(turn["right"] for turn in turns),
+        "turns": len(turns),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="tiny-world-trained", help="the checkpoint measured")
+    parser.add_argument("--baseline", default="tiny-lingbot-world", help="the random checkpoint beside it")
+    parser.add_argument(
+        "--cases", type=int, default=12, help="held-out control sequences (2 held, rest random)"
+    )
+    parser.add_argument("--seed", type=int, default=1000, help="the random sequences' seed (training uses 7)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", help="write every figure here")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", help=argparse.SUPPRESS)
+    parser.add_argument("--model-cache", default=str(Path("~/.cache/ardiff/models").expanduser()))
+    args = parser.parse_args()
+    if args.child:
+        result = run_model(args.child, args.cases, args.seed, args.model_cache)
+        Path(args.child_out).write_text(json.dumps(result))
+        return 0
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1"}
+    out: dict[str, Any] = {}
+    for model in (args.model, args.baseline):
+        with tempfile.TemporaryDirectory() as scratch:
+            result = Path(scratch) / "result.json"
+            command = [sys.executable, __file__, "--child", model, "--child-out", str(result)]
+            command += [
+                "--cases",
+                str(args.cases),
+                "--seed",
+                str(args.seed),
+                "--model-cache",
+                args.model_cache,
+            ]
+            proc = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+            if proc.returncode or not result.is_file():
+                sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
+                raise SystemExit(f"{model}: child failed ({proc.returncode})")
+            out[model] = json.loads(result.read_text())
+    rows = {model: summary(result) for model, result in out.items()}
+    trained, baseline = rows[args.model], rows[args.baseline]
+    gain = trained["psnr_mean"] - baseline["psnr_mean"]
+    share = trained["turns_right"] / max(1, trained["turns"])
+    print(f"{args.cases} held-out cases x {N_CHUNKS} chunks (seed {args.seed}), 64x64, same run")
+    print("| model | PSNR chunk 0/1/2/3 (dB) | mean PSNR | SSIM chunk 0/1/2/3 | mean SSIM | turn direction |")
+    print("|---|---|---|---|---|---|")
+    for model, row in rows.items():
+        print(
+            f"| `{model}` | {' / '.join(f'{v:.2f}' for v in row['psnr_per_chunk'])} | "
+            f"{row['psnr_mean']:.2f} | "
+            f"{' / '.join(f'{v:.3f}' for v in row['ssim_per_chunk'])} | {row['ssim_mean']:.3f} | "
+            f"{row['turns_right']}/{row['turns']} ({100 * row['turns_right'] / max(1, row['turns']):.0f}%) |"
+        )
+    print(
+        f"PSNR gain {gain:+.2f} dB (target >= +6): {'met' if gain >= 6 else 'NOT met'}; "
+        f"turn direction {100 * share:.0f}% (target >= 90%): {'met' if share >= 0.9 else 'NOT met'}"
+    )
+    if args.json:
+        with tempfile.NamedTemporaryFile("w", dir=Path(args.json).parent or ".", delete=False) as handle:
+            json.dump({"summary": rows, "runs": out}, handle, indent=1)
+        os.replace(handle.name, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

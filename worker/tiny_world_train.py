@@ -1,0 +1,618 @@
+"""`ardiff worker train-tiny-world`: train the tiny LingBot-World checkpoint on the yaw-only world.
+
+Two stages, each resumable from its last checkpoint in OUT_DIR (written every few minutes and at the end):
+
+1. **VAE.** diffusers' `AutoencoderKLWan` in the tiny geometry (the layout the pipeline loads) on 5-frame
+   clips of rendered sessions, L1 + MSE with a little latent noise (robustness to the DiT's imperfect
+   latents); the per-channel latent mean/std go into its config, as the pipeline normalises with them.
+2. **DiT.** The real `CausalLingBotWorldTransformer3DModel`, loaded by the worker's own loader in a
+   `DiffusionWorker`; every conditioning tensor made by the pipeline's own code (`encode_prompt`, the Wan
+   condition encoder as `_prepare_condition_chunk` runs it, `integrate_lingbot_camera_actions` +
+   `_prepare_camera`). The loss follows the sampler: sigma drawn from the pipeline's shifted DMD schedule,
+   x_t = (1 - sigma) x0 + sigma eps, x0_hat = x_t - sigma * flow, MSE(x0_hat, x0). Teacher forcing through the
+   real request-local KV cache: block b is probed noisy (`update_cache=False`) against blocks < b, each
+   committed clean at t = 0 (`update_cache=True`) as `commit_block_kv` does.
+
+The result is OUT_DIR/model, a LingBot model directory `ardiff worker serve --model` loads.
+Reference recipe and its limits: shared/reference/tiny-world/README.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from ardiff.worker import tiny_world as world
+
+VAE_CONFIG: dict[str, Any] = {
+    "base_dim": 8,
+    "z_dim": 16,
+    "dim_mult": [1, 2, 4, 4],
+    "num_res_blocks": 1,
+    "attn_scales": [],
+    "temperal_downsample": [False, True, True],
+    "dropout": 0.0,
+}
+N_CHUNKS = 4
+SAVE_EVERY_SECONDS = 180.0
+
+
+def transformer_config() -> dict[str, Any]:
+    """The trained world's DiT: the tiny config with a wider feed-forward. Its KV geometry (layers, heads,
+    head size, sink, window) stays the tiny one's, so the `tiny-lingbot-64x64` capacity preset plans it."""
+    from ardiff.worker.tiny_model import TRANSFORMER_CONFIG
+
+    return {**TRANSFORMER_CONFIG, "ffn_dim": 512}
+
+
+class Progress:
+    """One line per update: stage, step, elapsed/budget, ETA, and the latest figures."""
+
+    def __init__(self, stage: str, budget_s: float, elapsed_s: float) -> None:
+        self.stage, self.budget, self.start = stage, budget_s, time.monotonic() - elapsed_s
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def update(self, step: int, text: str, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last < (1.0 if self.tty else 30.0):
+            return
+        self.last = now
+        done = min(1.0, self.elapsed() / self.budget) if self.budget > 0 else 1.0
+        bar = "#" * int(24 * done) + "-" * (24 - int(24 * done))
+        eta = max(0.0, self.budget - self.elapsed())
+        line = (
+            f"[{self.stage}] |{bar}| {100 * done:5.1f}% step {step} "
+            f"{_clock(self.elapsed())}/{_clock(self.budget)} ETA {_clock(eta)} {text}"
+        )
+        print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.tty:
+            print(file=sys.stderr, flush=True)
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _cosine(base: float, fraction: float, step: int, warmup: int = 30) -> float:
+    return (
+        base
+        * min(1.0, (step + 1) / warmup)
+        * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, fraction))))
+    )
+
+
+def _load_state(out: Path) -> dict[str, Any]:
+    path = out / "state.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _save_state(out: Path, state: dict[str, Any]) -> None:
+    tmp = out / "state.json.tmp"
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    tmp.replace(out / "state.json")
+
+
+def _atomic_torch_save(value: Any, path: Path) -> None:
+    import torch
+
+    tmp = path.with_suffix(".tmp")
+    torch.save(value, tmp)
+    tmp.replace(path)
+
+
+# -- data ---------------------------------------------------------------------------------------------------
+
+
+def make_dataset(out: Path, sessions: int, seed: int) -> dict[str, np.ndarray]:
+    """Rendered sessions (uint8 frames) and their actions, cached in OUT_DIR/data.npz."""
+    path = out / "data.npz"
+    if path.is_file():
+        data = np.load(path, allow_pickle=False)
+        return {"clips": data["clips"], "actions": data["actions"]}
+    rng = np.random.default_rng(seed)
+    cache: dict[float, np.ndarray] = {}
+    clips, actions = [], []
+    for _ in range(sessions):
+        chunks = world.sample_actions(rng, N_CHUNKS)
+        yaws = world.frame_yaws(world.latent_yaws(chunks))
+        frames = []
+        for yaw in yaws:
+            key = round(float(yaw), 9)
+            if key not in cache:
+                cache[key] = world.render(yaw)
+            frames.append(cache[key])
+        clips.append(np.stack(frames))
+        actions.append([["".join(keys) for keys in frames_] for frames_ in chunks])
+    data = {"clips": np.stack(clips), "actions": np.asarray(actions, dtype="<U2")}
+    np.savez(out / "data.tmp.npz", **data)
+    (out / "data.tmp.npz").replace(path)
+    return data
+
+
+def chunk_actions(row: np.ndarray) -> list[list[list[str]]]:
+    return [[list(keys) for keys in chunk] for chunk in row]
+
+
+# -- stage 1: VAE -------------------------------------------------------------------------------------------
+
+
+def train_vae(out: Path, clips: np.ndarray, minutes: float, *, batch: int = 4, lr: float = 2e-3) -> Path:
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    vae_dir = out / "vae"
+    state = _load_state(out)
+    if state.get("vae_done"):
+        return vae_dir
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(**VAE_CONFIG)
+    opt = torch.optim.AdamW(vae.parameters(), lr, weight_decay=0.0)
+    ckpt = out / "vae_train.pt"
+    step, elapsed = 0, 0.0
+    rng = np.random.default_rng(0)
+    if ckpt.is_file():
+        saved = torch.load(ckpt, weights_only=False)
+        vae.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        step, elapsed, rng = saved["step"], saved["elapsed"], saved["rng"]
+    budget = minutes * 60
+    progress = Progress("vae", budget, elapsed)
+    n, length = clips.shape[:2]
+    span = 5
+    hist: list[float] = []
+    last_save = time.monotonic()
+
+    def save() -> None:
+        _atomic_torch_save(
+            {
+                "model": vae.state_dict(),
+                "opt": opt.state_dict(),
+                "step": step,
+                "elapsed": progress.elapsed(),
+                "rng": rng,
+            },
+            ckpt,
+        )
+
+    vae.train()
+    while progress.elapsed() < budget:
+        lr_now = _cosine(lr, progress.elapsed() / budget, step)
+        for group in opt.param_groups:
+            group["lr"] = lr_now
+        idx = rng.integers(0, n, batch)
+        # Windows start on a latent boundary (frame 0 or 1 + 4k), as the pipeline's causal encoder sees them.
+        starts = 1 + 4 * rng.integers(0, (length - 1 - span) // 4 + 1, batch)
+        starts = np.where(rng.random(batch) < 0.3, 0, starts)
+        x = _to_tensor(np.stack([clips[i, s : s + span] for i, s in zip(idx, starts, strict=True)]))
+        mu = vae.encode(x).latent_dist.mode()
+        z = mu + 0.1 * mu.detach().std() * torch.randn_like(mu)
+        y = vae.decode(z).sample
+        loss = (y - x).abs().mean() + ((y - x) ** 2).mean() + 1e-4 * (mu**2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+        opt.step()
+        step += 1
+        hist.append(loss.item())
+        progress.update(step, f"loss={np.mean(hist[-25:]):.4f} lr={lr_now:.1e}")
+        if time.monotonic() - last_save > SAVE_EVERY_SECONDS:
+            save()
+            last_save = time.monotonic()
+    progress.update(step, f"loss={np.mean(hist[-25:]) if hist else float('nan'):.4f}", force=True)
+    progress.close()
+    save()
+    vae.eval()
+    with torch.no_grad():
+        mus = [vae.encode(_to_tensor(clips[rng.integers(0, n, 4), :9])).latent_dist.mode() for _ in range(8)]
+        flat = torch.cat(mus).permute(1, 0, 2, 3, 4).reshape(16, -1)
+        mean, std = flat.mean(1), flat.std(1)
+        x = _to_tensor(clips[:4, :9])
+        y = vae.decode(vae.encode(x).latent_dist.mode()).sample.clamp(-1, 1)
+        psnr = 10 * math.log10(4 / float(((y - x) ** 2).mean()))
+    vae.register_to_config(latents_mean=mean.tolist(), latents_std=std.tolist())
+    if vae_dir.exists():
+        shutil.rmtree(vae_dir)
+    vae.save_pretrained(vae_dir, safe_serialization=True)
+    print(f"vae: {step} steps, 9-frame reconstruction PSNR {psnr:.2f} dB -> {vae_dir}", flush=True)
+    state = _load_state(out)
+    state.update(vae_done=True, vae_steps=step, vae_psnr=round(psnr, 2))
+    _save_state(out, state)
+    return vae_dir
+
+
+def train_decoder(out: Path, clips: np.ndarray, minutes: float, *, batch: int = 3, lr: float = 1e-3) -> Path:
+    """Fine-tune only the VAE's decoder (encoder frozen: the latent space and the DiT's targets stay), on
+    sessions' first 9 or 21 frames as the pipeline decodes them; it can run beside the DiT stage. Saves into
+    OUT_DIR/model/vae (every few minutes and at the end) and OUT_DIR/dec_train.pt (to resume)."""
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    vae_dir = out / "model" / "vae"
+    vae = AutoencoderKLWan.from_pretrained(out / "vae")
+    params = list(vae.decoder.parameters()) + list(vae.post_quant_conv.parameters())
+    for p in vae.parameters():
+        p.requires_grad_(False)
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr)
+    ckpt = out / "dec_train.pt"
+    step, elapsed, rng = 0, 0.0, np.random.default_rng(2)
+    torch.manual_seed(2)
+    if ckpt.is_file():
+        saved = torch.load(ckpt, weights_only=False)
+        vae.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        step, elapsed, rng = saved["step"], saved["elapsed"], saved["rng"]
+    budget = minutes * 60
+    progress = Progress("decoder", budget, elapsed)
+    n = len(clips)
+    hist: list[float] = []
+    last_save = time.monotonic()
+
+    def save() -> None:
+        _atomic_torch_save(
+            {
+                "model": vae.state_dict(),
+                "opt": opt.state_dict(),
+                "step": step,
+                "elapsed": progress.elapsed(),
+                "rng": rng,
+            },
+            ckpt,
+        )
+        staging = out / "vae.dec-staging"
+        shutil.rmtree(staging, ignore_errors=True)
+        vae.save_pretrained(staging, safe_serialization=True)
+        for item in staging.iterdir():
+            item.replace(vae_dir / item.name)
+        shutil.rmtree(staging, ignore_errors=True)
+
+    vae.train()
+    while progress.elapsed() < budget:
+        lr_now = _cosine(lr, progress.elapsed() / budget, step)
+        for group in opt.param_groups:
+            group["lr"] = lr_now
+        idx = rng.integers(0, n, batch)
+        # From the session's first frame, as the pipeline's streaming decoder sees the latents: chunk 0 alone
+        # (9 frames) or chunks 0-1 (21 frames, the decoder's causal cache carried into a later chunk).
+        span = 9 if step % 2 else 21
+        x = _to_tensor(clips[idx, :span])
+        with torch.no_grad():
+            mu = vae.encode(x).latent_dist.mode()
+        z = mu + 0.1 * mu.std() * torch.randn_like(mu)
+        y = vae.decode(z).sample
+        loss = (y - x).abs().mean() + ((y - x) ** 2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        hist.append(loss.item())
+        progress.update(step, f"loss={np.mean(hist[-25:]):.4f} lr={lr_now:.1e}")
+        if time.monotonic() - last_save > SAVE_EVERY_SECONDS:
+            save()
+            last_save = time.monotonic()
+    progress.close()
+    save()
+    vae.eval()
+    with torch.no_grad():
+        x = _to_tensor(clips[:4, :9])
+        y = vae.decode(vae.encode(x).latent_dist.mode()).sample.clamp(-1, 1)
+        psnr = 10 * math.log10(4 / float(((y - x) ** 2).mean()))
+    print(f"decoder: {step} steps, 9-frame reconstruction PSNR {psnr:.2f} dB -> {vae_dir}", flush=True)
+    return vae_dir
+
+
+def _to_tensor(frames: np.ndarray) -> Any:
+    """uint8 (B, T, H, W, 3) -> float (B, 3, T, H, W) in [-1, 1]."""
+    import torch
+
+    return torch.from_numpy(frames).float().div(127.5).sub(1).permute(0, 4, 1, 2, 3).contiguous()
+
+
+# -- stage 2: DiT -------------------------------------------------------------------------------------------
+
+
+def build_model_dir(out: Path, vae_dir: Path) -> Path:
+    """OUT_DIR/model: the tiny tokenizer, text encoder and scheduler, the trained VAE, a fresh DiT."""
+    from ardiff.worker import tiny_model
+
+    model = out / "model"
+    if (model / "model_index.json").is_file():
+        return model
+    staging = out / "model.staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    vocab = tiny_model._write_tokenizer(staging / "tokenizer")
+    tiny_model._write_text_encoder(staging / "text_encoder", vocab, 0)
+    shutil.copytree(vae_dir, staging / "vae")
+    tiny_model._write_transformer(staging / "transformer", 0, transformer_config())
+    (staging / "scheduler").mkdir()
+    tiny_model._write_json(staging / "scheduler" / "scheduler_config.json", tiny_model.SCHEDULER_CONFIG)
+    tiny_model._write_json(staging / "model_index.json", tiny_model.MODEL_INDEX)
+    staging.rename(model)
+    return model
+
+
+def export_transformer(transformer: Any, path: Path) -> None:
+    """The DiT's weights under the checkpoint's names (q/k/v unfused), written atomically."""
+    from safetensors.torch import save_file
+
+    state = {}
+    for name, value in transformer.state_dict().items():
+        value = value.detach().float().contiguous()
+        if ".self_attn.qkv." in name:
+            for part, chunk in zip("qkv", value.chunk(3, dim=0), strict=True):
+                state[name.replace(".self_attn.qkv.", f".self_attn.{part}.")] = chunk.contiguous()
+        else:
+            state[name] = value
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(state, str(tmp))
+    tmp.replace(path)
+
+
+def train_dit(
+    out: Path,
+    data: dict[str, np.ndarray],
+    minutes: float,
+    *,
+    batch: int,
+    lr: float,
+    sessions: int,
+    context_noise: float = 0.1,
+) -> Path:
+    import torch
+
+    from ardiff.worker.settings import WorkerSettings
+    from ardiff.worker.vllm_runtime import load_vllm_runtime
+
+    model_dir = out / "model"
+    settings = WorkerSettings(
+        model=str(model_dir), height=world.HEIGHT, width=world.WIDTH, session_capacity=1
+    )
+    adapter = load_vllm_runtime(settings)
+    worker, od_config, pipe = adapter._worker, adapter._od_config, adapter._pipeline
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    from vllm_omni.diffusion.forward_context import set_forward_context
+    from vllm_omni.diffusion.models.lingbot_world.actions import integrate_lingbot_camera_actions
+    from vllm_omni.diffusion.models.lingbot_world.pipeline import _build_shifted_flow_schedule
+
+    tr = pipe.transformer
+    sigmas = torch.tensor([sigma for _, sigma in _build_shifted_flow_schedule(flow_shift=5.0)])
+    clips, actions = data["clips"][:sessions], data["actions"][:sessions]
+    n = len(clips)
+    height, width = world.HEIGHT, world.WIDTH
+    lat_h, lat_w = height // 8, width // 8
+
+    @torch.no_grad()
+    def prep(ids: list[int]) -> tuple[Any, Any, Any]:
+        clip = _to_tensor(clips[ids])
+        mu = pipe.vae.encode(clip).latent_dist.mode()
+        mean, std = pipe._vae_latent_stats(mu)
+        latents = (mu - mean) / std
+        # == pipe._prepare_condition_chunk, batched: the same encoder calls and feat_cache protocol.
+        vae = pipe.vae
+        enc_cache = [None] * int(vae._cached_conv_counts["encoder"])
+        image = clip[:, :, :1]
+        zeros = torch.zeros(len(ids), 3, 4, height, width)
+        context = getattr(vae, "_execution_context", None)
+        conds = []
+        for c in range(N_CHUNKS):
+            enc = []
+            with context() if callable(context) else nullcontext():
+                for index in range(3):
+                    px = image if c == 0 and index == 0 else zeros
+                    enc.append(vae.encoder(px, feat_cache=enc_cache, feat_idx=[0]))
+                moments = vae.quant_conv(torch.cat(enc, 2))
+            lc = (moments.chunk(2, dim=1)[0] - mean) / std
+            mask = lc.new_zeros(len(ids), 4, *lc.shape[2:])
+            if c == 0:
+                mask[:, :, 0] = 1
+            conds.append(torch.cat((mask, lc), 1))
+        cams = []
+        for i in ids:
+            tail, pitch, per = None, 0.0, []
+            for frames in chunk_actions(actions[i]):
+                trajectory, pitch = integrate_lingbot_camera_actions(
+                    frames,
+                    width=width,
+                    height=height,
+                    initial_pose=None if tail is None else tail.poses[-1],
+                    initial_pitch=pitch,
+                )
+                inputs = SimpleNamespace(
+                    camera_trajectory=trajectory,
+                    camera_actions=frames,
+                    num_latent_frames=3,
+                    num_frames=9,
+                    height=height,
+                    width=width,
+                )
+                cam, tail = pipe._prepare_camera(inputs, dtype=torch.float32, previous=tail)
+                per.append(cam[0])
+            cams.append(torch.cat(per, 1))
+        return latents, torch.cat(conds, 2), torch.stack(cams)
+
+    cache_path = out / "dit_inputs.pt"
+    if cache_path.is_file():
+        lat_all, cond_all, cam_all = torch.load(cache_path)
+    else:
+        t0 = time.monotonic()
+        parts = [prep(list(range(s, min(n, s + 16)))) for s in range(0, n, 16)]
+        lat_all, cond_all, cam_all = (torch.cat(p) for p in zip(*parts, strict=True))
+        _atomic_torch_save((lat_all, cond_all, cam_all), cache_path)
+        print(
+            f"dit: prepared {n} sessions in {time.monotonic() - t0:.0f}s: latents {tuple(lat_all.shape)} "
+            f"std {float(lat_all.std()):.3f}, conditions {tuple(cond_all.shape)}, "
+            f"cameras {tuple(cam_all.shape)}",
+            flush=True,
+        )
+    with torch.no_grad():
+        prompt_embeds = pipe.encode_prompt(world.PROMPT, max_sequence_length=512, dtype=torch.float32)
+
+    # The inference-only static buffer (CUDA-graph address pinning) breaks a second backward; the values are
+    # the same without it.
+    tr._stage_timestep_projection = lambda projection: projection
+    params = list(tr.parameters())
+    for p in params:
+        p.requires_grad_(True)
+    tr.train()
+    opt = torch.optim.AdamW(params, lr, weight_decay=0.01, betas=(0.9, 0.99))
+    ckpt = out / "dit_train.pt"
+    step, elapsed, rng = 0, 0.0, np.random.default_rng(1)
+    if ckpt.is_file():
+        saved = torch.load(ckpt, weights_only=False)
+        tr.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        step, elapsed, rng = saved["step"], saved["elapsed"], saved["rng"]
+        torch.set_rng_state(saved["torch_rng"])
+    else:
+        torch.manual_seed(1)
+
+    def rollout_loss(idx: Any) -> Any:
+        b = len(idx)
+        lat, cond, cam = lat_all[idx], cond_all[idx], cam_all[idx]
+        emb = prompt_embeds.expand(b, -1, -1)
+        cache = tr.allocate_cache(
+            batch_size=b,
+            latent_height=lat_h,
+            latent_width=lat_w,
+            device=torch.device("cpu"),
+            dtype=torch.float32,
+        )
+        losses = []
+        for block in range(N_CHUNKS):
+            sl = slice(3 * block, 3 * block + 3)
+            x0, cb, kb = lat[:, :, sl], cond[:, :, sl], cam[:, :, sl]
+            s = sigmas[torch.from_numpy(rng.integers(0, len(sigmas), b))].view(b, 1, 1, 1, 1)
+            xt = (1 - s) * x0 + s * torch.randn_like(x0)
+            flow = tr(
+                hidden_states=torch.cat((xt, cb), 1),
+                timestep=s.view(b) * 1000,
+                encoder_hidden_states=emb,
+                camera_hidden_states=kb,
+                cache=cache,
+                start_frame=3 * block,
+                update_cache=False,
+            )
+            losses.append(((xt - s * flow - x0) ** 2).mean())
+            if (
+                block + 1 < N_CHUNKS
+            ):  # commit the (lightly perturbed) clean block at t=0, as commit_block_kv does
+                ctx_x0 = x0 + context_noise * torch.rand(b, 1, 1, 1, 1) * torch.randn_like(x0)
+                tr(
+                    hidden_states=torch.cat((ctx_x0, cb), 1),
+                    timestep=torch.zeros(b),
+                    encoder_hidden_states=emb,
+                    camera_hidden_states=kb,
+                    cache=cache,
+                    start_frame=3 * block,
+                    update_cache=True,
+                )
+        return torch.stack(losses)
+
+    weights = model_dir / "transformer" / "diffusion_pytorch_model.safetensors"
+    budget = minutes * 60
+    progress = Progress("dit", budget, elapsed)
+    hist: list[np.ndarray] = []
+    last_save = time.monotonic()
+
+    def save() -> None:
+        _atomic_torch_save(
+            {
+                "model": tr.state_dict(),
+                "opt": opt.state_dict(),
+                "step": step,
+                "elapsed": progress.elapsed(),
+                "rng": rng,
+                "torch_rng": torch.get_rng_state(),
+            },
+            ckpt,
+        )
+        export_transformer(tr, weights)
+        state = _load_state(out)
+        state.update(dit_steps=step, dit_seconds=round(progress.elapsed()))
+        _save_state(out, state)
+
+    context = set_forward_context(vllm_config=worker.vllm_config, omni_diffusion_config=od_config)
+    with context:
+        while progress.elapsed() < budget:
+            lr_now = _cosine(lr, progress.elapsed() / budget, step)
+            for group in opt.param_groups:
+                group["lr"] = lr_now
+            per_block = rollout_loss(torch.from_numpy(rng.integers(0, n, batch)))
+            loss = per_block.mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            step += 1
+            hist.append(per_block.detach().numpy())
+            recent = np.mean(hist[-25:], 0)
+            progress.update(
+                step,
+                f"loss={recent.mean():.4f} blocks={'/'.join(f'{v:.3f}' for v in recent)} "
+                f"gn={float(grad_norm):.2f} lr={lr_now:.1e}",
+            )
+            if time.monotonic() - last_save > SAVE_EVERY_SECONDS:
+                save()
+                last_save = time.monotonic()
+    progress.update(step, "done", force=True)
+    progress.close()
+    save()
+    print(f"dit: {step} steps in {_clock(progress.elapsed())} -> {model_dir}", flush=True)
+    worker.shutdown()
+    return model_dir
+
+
+def main(
+    out_dir: str,
+    *,
+    minutes: float,
+    vae_minutes: float,
+    resume: bool,
+    decoder_only: bool = False,
+    sessions: int = 384,
+    batch: int = 16,
+    lr: float = 1.5e-3,
+    seed: int = 7,
+) -> Path:
+    out = Path(out_dir).expanduser().resolve()
+    if out.exists() and any(out.iterdir()) and not resume:
+        raise SystemExit(
+            f"{out} is not empty: pass --resume to continue its training, or choose a new directory"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    from ardiff.worker.settings import DEFAULT_CPU_FREE_MEMORY_BYTES
+    from ardiff.worker.vllm_runtime import prepare_vllm_omni
+
+    prepare_vllm_omni(cpu_free_memory_bytes=DEFAULT_CPU_FREE_MEMORY_BYTES)
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    t0 = time.monotonic()
+    data = make_dataset(out, sessions, seed)
+    clips = data["clips"]
+    print(f"data: {clips.shape[0]} sessions x {clips.shape[1]} frames ({time.monotonic() - t0:.0f}s)")
+    vae_dir = train_vae(out, data["clips"], vae_minutes)
+    build_model_dir(out, vae_dir)
+    if decoder_only:
+        return train_decoder(out, data["clips"], minutes)
+    return train_dit(out, data, minutes, batch=batch, lr=lr, sessions=sessions)
