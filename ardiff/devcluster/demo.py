@@ -1,6 +1,6 @@
 """`ardiff demo` (`make demo`): the whole system on CPU, from `kubectl apply` to one MP4 per session.
 
-A dev cluster (emulated API, real Redis, the real operator, real workers with the tiny LingBot-World model),
+A dev cluster (emulated API, real Redis, the real operator, real workers with the trained tiny world model),
 the KV capacity plan of each pool (`ardiff.kv.capacity`), `kubectl apply -f examples/`, a progress display
 until every session is Ready (the third session makes the pool grow to its second Pod), the capacity each pod
 registered next to the planned one, then every session ticked concurrently through the Python client with
@@ -28,7 +28,7 @@ from typing import Any, TextIO
 import httpx
 import numpy as np
 
-from ardiff.client import CAMERA_TOUR, TERMINAL_PHASES, KubeSessions, is_ready, write_mp4, write_strip
+from ardiff.client import TERMINAL_PHASES, KubeSessions, camera, hold, is_ready, write_mp4, write_strip
 from ardiff.devcluster.cluster import INTERACTIVE_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster
 from ardiff.devcluster.crd import load_manifests
 from ardiff.errors import ArdiffError
@@ -37,13 +37,27 @@ from ardiff.kv.placement import PlacementStore
 from ardiff.kv.presets import get_preset
 from ardiff.kv.records import PodRecord, PoolId
 from ardiff.operator.specs import API_VERSION, POOL_PLURAL, WorkerPoolSpec
-from ardiff.worker.settings import DEFAULT_CPU_FREE_MEMORY_BYTES, EMBEDDED_TINY_MODEL
+from ardiff.worker.settings import DEFAULT_CPU_FREE_MEMORY_BYTES, EMBEDDED_TINY_MODEL, TRAINED_WORLD_MODEL
 
 NAMESPACE = "default"
 POOLS_PATH = f"/apis/{API_VERSION}/namespaces/{{namespace}}/{POOL_PLURAL}"
 MIRROR_WAIT_SECONDS = 15.0
-# The capacity preset of the embedded model, by (height, width): what a pool of it plans with.
+# The capacity preset of the embedded models, by (height, width): what a pool of them plans with (the trained
+# world keeps the random tiny model's KV geometry: layers, heads, head size, window, VAE).
 TINY_PRESETS = {(64, 64): "tiny-lingbot-64x64"}
+TINY_MODELS = (EMBEDDED_TINY_MODEL, TRAINED_WORLD_MODEL)
+# The camera tour: the trained world only turns (issue 16), so look left, then back right, within the yaw
+# range it was trained on; the first latent frame is the start image.
+CAMERA_TOUR = (
+    camera("", "j", "j"),
+    hold("j"),
+    hold("l"),
+    hold("l"),
+    hold("l"),
+    hold("l"),
+    hold("j"),
+    hold("j"),
+)
 
 
 class DemoError(ArdiffError):
@@ -169,7 +183,7 @@ def plan_pool(pool: dict[str, Any]) -> tuple[str, PodPlan] | None:
     `kv.gpuMemoryFraction` and `kv.sessionCapacity`, as the operator passes them to every worker Pod."""
     spec = WorkerPoolSpec.from_resource(pool["spec"])
     preset = TINY_PRESETS.get((spec.model.height, spec.model.width))
-    if spec.model.name != EMBEDDED_TINY_MODEL or preset is None:
+    if spec.model.name not in TINY_MODELS or preset is None:
         return None
     plan = plan_for_pool(
         get_preset(preset),

@@ -1,0 +1,75 @@
+"""The trained tiny world (issue 16): the yaw-only ray-caster, and the shipped `tiny-world-trained` checkpoint
+through the worker's normal load path (`build_settings` resolves the name, `load_vllm_runtime` loads it)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import PIL.Image
+import pytest
+
+from ardiff.worker import tiny_world as world
+from ardiff.worker.settings import TRAINED_WORLD_MODEL, build_settings
+
+
+@pytest.fixture(scope="module")
+def vllm_omni_ready() -> None:
+    from ardiff.worker.settings import DEFAULT_CPU_FREE_MEMORY_BYTES
+    from ardiff.worker.vllm_runtime import prepare_vllm_omni
+
+    prepare_vllm_omni(cpu_free_memory_bytes=DEFAULT_CPU_FREE_MEMORY_BYTES)
+
+
+def test_the_ray_caster_is_deterministic() -> None:
+    assert np.array_equal(world.render(0.3), world.render(0.3))
+    assert world.render(0.0).shape == (world.HEIGHT, world.WIDTH, 3)
+    assert not np.array_equal(world.render(0.0), world.render(0.1))
+
+
+@pytest.mark.parametrize(("key", "direction"), [("j", +1), ("l", -1), (None, 0)])
+def test_turning_left_moves_the_picture_right_and_right_left(vllm_omni_ready, key, direction) -> None:
+    """LingBot's own integration turns 6 degrees per latent frame: one latent cell (8 px) at the centre."""
+    frames = world.render_session(world.held_actions(key, 2))
+    assert frames.shape == (9 + 12, world.HEIGHT, world.WIDTH, 3)
+    assert np.array_equal(frames, world.render_session(world.held_actions(key, 2)))
+    shifts = [world.horizontal_shift(frames[i], frames[i + 4]) for i in range(1, len(frames) - 4, 4)]
+    assert all(np.sign(shift) == direction for shift in shifts), shifts
+    if direction:
+        assert all(7 <= abs(shift) <= 9 for shift in shifts), shifts
+
+
+def test_the_name_resolves_to_the_shipped_checkpoint() -> None:
+    settings = build_settings({"model": TRAINED_WORLD_MODEL}, environ={})
+    assert settings.model.endswith("models/tiny-world-trained")
+    from ardiff.worker.families import lingbot
+
+    assert lingbot.checkpoint_ok(Path(settings.model))
+    assert sum(f.stat().st_size for f in Path(settings.model).rglob("*") if f.is_file()) <= 25 << 20
+
+
+@pytest.mark.slow
+def test_the_shipped_checkpoint_loads_and_ticks(tmp_path) -> None:
+    from ardiff.worker import tick_rules
+    from ardiff.worker.conditioning import Conditioning
+    from ardiff.worker.vllm_runtime import load_vllm_runtime
+
+    adapter = load_vllm_runtime(
+        build_settings({"model": TRAINED_WORLD_MODEL, "model_cache": str(tmp_path)}, environ={})
+    )
+    try:
+        png = io.BytesIO()
+        PIL.Image.fromarray(world.start_image()).save(png, format="PNG")
+        conditioning = Conditioning(seed=0, prompt=world.PROMPT, image=png.getvalue())
+        control = {
+            "track": "camera",
+            "schema": "lingbot.camera_actions.v1",
+            "data": {"mode": "frames", "frames": [[], ["j"], ["j"]]},
+        }
+        tick = tick_rules.parse_tick("w", {"request_id": "w-0", "chunk_index": 0, "controls": [control]})
+        chunk = adapter.forward(adapter.prepare(tick, conditioning))
+        assert chunk.frames.shape == (9, world.HEIGHT, world.WIDTH, 3)
+        assert chunk.frames.std() > 5  # a picture, not a flat field
+    finally:
+        adapter.shutdown()
