@@ -88,7 +88,7 @@ def test_demo_runs_the_examples_and_writes_a_video_per_session(tmp_path: Path, m
         assert (registered, planned_sessions) == ("2", "2")
         assert 0 < int(free) <= int(total)
 
-    assert re.search(r"^\[\s*\d+\.\d+s\] forest-walk: Pending", out, flags=re.MULTILINE)
+    assert re.search(r"^\[\s*\d+\.\d+s\] .*\bforest-walk: Pending", out, flags=re.MULTILINE)
     assert "pool tiny-world: 2/2 pods ready" in out  # the third session made the pool grow
     assert "all 4 sessions Ready; ticking 2 chunks each (2 for the robot sessions: robot-arm)" in out
     # The robot session (examples/robot-*.yaml: the tiny DreamZero) beside them: its action chunks.
