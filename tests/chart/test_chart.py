@@ -390,7 +390,6 @@ def _start_redis_as_the_chart_does(chart, tmp_path, password: str) -> subprocess
     return process
 
 
-@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
 def test_bundled_redis_requires_the_password_from_the_existing_secret(chart, tmp_path):
     import redis as redis_client
     from redis.backoff import NoBackoff
