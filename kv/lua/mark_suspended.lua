@@ -23,23 +23,13 @@ local pod = ARGV[2]
 local epoch = tonumber(ARGV[3])
 local location = ARGV[5]
 
-local s = redis.call('HMGET', session_key, 'state', 'pod', 'pod_epoch', 'location')
-if s[1] == false then
-  return {UNKNOWN_SESSION}
+local done = redis.call('HMGET', session_key, 'state', 'location')
+if done[1] == 'suspended' and location ~= '' and done[2] == location then
+  return {OK, 'suspended'}  -- a repeated report of the same export
 end
-if s[1] == 'suspended' and location ~= '' and s[4] == location then
-  return {OK, 'suspended'}
-end
-local pod_epoch = tonumber(redis.call('HGET', pod_key, 'epoch'))
-if pod_epoch ~= nil and epoch < pod_epoch then
-  return {POD_FENCED, int_text(pod_epoch)}
-end
-local session_epoch = tonumber(s[3]) or 0
-if s[2] == pod and epoch < session_epoch then
-  return {POD_FENCED, int_text(session_epoch)}
-end
-if (s[1] ~= 'suspending' and s[1] ~= 'placed') or s[2] ~= pod or session_epoch ~= epoch then
-  return {SESSION_NOT_HERE, s[1], s[2], int_text(session_epoch)}
+local refused, s = check_bound(session_key, pod_key, pod, epoch, {})
+if refused then
+  return refused
 end
 
 local was_placed = s[1] == 'placed'
