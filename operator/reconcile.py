@@ -109,7 +109,9 @@ def pod_slots(
             since = ctx.unregistered_since.setdefault(key, expected.get(name, now))
             stuck = now - since >= pool.spec.startup_timeout_seconds
         elif (since := ctx.unregistered_since.pop(key, None)) is not None:
-            ctx.pod_startup_seconds[pid] = now - since  # it registered: status.lastPodStartupSeconds
+            # It registered: status.lastPodStartupSeconds. Rounded once here so that the status, the
+            # metric and the waiting sessions' messages all state the same figure.
+            ctx.pod_startup_seconds[pid] = round(now - since, 2)
         slots[name] = PodSlots(
             name=name,
             registered=record is not None,
@@ -732,7 +734,7 @@ async def reconcile_pool(
     )
     status["selector"] = pool_selector(pool.name)  # the Scale's status.selector (labelSelectorPath)
     if (startup := ctx.pod_startup_seconds.get(pid)) is not None:
-        status["lastPodStartupSeconds"] = round(startup, 2)
+        status["lastPodStartupSeconds"] = startup
     free_slots = sum(r.free for name, r in live.items() if name in ready and not r.draining)
     ctx.pool_samples[pid] = PoolSample(
         phases={},  # counted by the caller from the sessions' statuses
