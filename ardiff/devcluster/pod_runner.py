@@ -22,6 +22,11 @@ Pods are left alone):
   restarts it on the same port after a short backoff (restartPolicy Always; OnFailure and Never too);
 - when the Pod is deleted: SIGTERM, SIGKILL after the grace period, then the final delete (grace 0).
 Each Pod's output goes to `<logs_dir>/<namespace>_<pod>.log` (appended across restarts).
+A Pod whose `nodeSelector` names another node (`kubernetes.io/hostname`) is left to that node's runner.
+
+`simulated=True` runs no process at all: each worker Pod registers in Redis and heartbeats through the
+worker's own link (`simulated_pods`) and is reported Running and Ready, so that the control plane can be
+driven at a scale (1,000 pods) that processes could not reach on one machine.
 
 Run it on a loop (`await runner.run()`) or on a thread (`with PodRunner(url).start(): ...`); `kill`,
 `info` and `wait_for` are safe to call from any thread.
@@ -54,10 +59,13 @@ from typing import Any, Protocol, Self
 import httpx
 
 from ardiff.devcluster.redis_server import free_port
+from ardiff.devcluster.simulated_pods import SimulatedPods, run_simulated
 
 log = logging.getLogger(__name__)
 
 WORKER_SELECTOR = "app.kubernetes.io/component=worker"
+# The node label a runner has (its node name): a Pod whose nodeSelector names another node is not its.
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 LOCAL_IP = "127.0.0.1"
 _ENV_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
@@ -361,6 +369,7 @@ class PodRunner:
         probe_interval: float = 0.2,
         restart_backoff: float = 0.5,
         max_restart_backoff: float = 8.0,
+        simulated: bool = False,
     ) -> None:
         self.api_url = api_url.rstrip("/")
         self.command = command
@@ -373,6 +382,8 @@ class PodRunner:
         self.probe_interval = probe_interval
         self.restart_backoff = restart_backoff
         self.max_restart_backoff = max_restart_backoff
+        # Simulated pods (simulated_pods.py): registered in Redis and Ready, no process.
+        self._simulated = SimulatedPods() if simulated else None
         self._supervisors: dict[str, _Supervisor] = {}  # by Pod uid
         self._lock = threading.Lock()  # guards PodInfo snapshots read from other threads
         self._client: httpx.AsyncClient | None = None
@@ -461,6 +472,8 @@ class PodRunner:
             await asyncio.gather(
                 *(self._shutdown(s) for s in list(self._supervisors.values())), return_exceptions=True
             )
+            if self._simulated is not None:
+                await self._simulated.close()
 
     def _pods_path(self) -> str:
         return f"/api/v1/namespaces/{self.namespace}/pods" if self.namespace else "/api/v1/pods"
@@ -513,6 +526,8 @@ class PodRunner:
             "Failed",
         ):
             return  # another node's Pod, or one that already ran to completion
+        if (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL, self.node_name) != self.node_name:
+            return  # pinned to another node: how a test gives Pods to one of several runners
         if not spec.get("nodeName") and not await self._bind(pod):
             return
         self._start_supervisor(pod)
@@ -583,6 +598,10 @@ class PodRunner:
 
     async def _supervise(self, supervisor: _Supervisor) -> None:
         """Run the container until the Pod is deleted, restarting it as its restartPolicy says."""
+        if self._simulated is not None:
+            await self._simulate(supervisor)
+            await self._terminate(supervisor)
+            return
         restart_policy = supervisor.pod["spec"].get("restartPolicy", "Always")
         if not await self._initialize(supervisor, restart_policy):
             await self._terminate(supervisor)
@@ -612,6 +631,32 @@ class PodRunner:
             if exit_code is not None:
                 self._update_info(supervisor, restart_count=supervisor.info.restart_count + 1)
         await self._terminate(supervisor)
+
+    async def _simulate(self, supervisor: _Supervisor) -> None:
+        """A simulated pod (`simulated_pods`): no init containers, no process; Running and Ready once its
+        worker link registered in Redis, until the Pod is deleted."""
+        assert self._simulated is not None
+        supervisor.initialized = True
+        while True:
+            try:
+                link = self._simulated.link(await self._container_env(supervisor))
+                break
+            except ValueError as exc:  # e.g. its Redis Secret is not there yet: the kubelet retries too
+                supervisor.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
+                await self._report(supervisor)
+                await self._sleep_unless_terminating(supervisor, self.restart_backoff)
+                if supervisor.terminating.is_set():
+                    return
+
+        async def registered(incarnation: int) -> None:
+            supervisor.phase = "Running"
+            supervisor.container_id = f"ardiff-simulated://{supervisor.info.name}/{link.epoch}"
+            supervisor.state = {"running": {"startedAt": _now()}}
+            self._update_info(supervisor, ready=True, restart_count=incarnation)
+            await self._report(supervisor)
+
+        await run_simulated(link, supervisor.terminating, registered)
+        self._update_info(supervisor, ready=False)
 
     async def _initialize(self, supervisor: _Supervisor, restart_policy: str) -> bool:
         """Run the init containers in order, each until it succeeds (retried with backoff; with restartPolicy
@@ -715,30 +760,33 @@ class PodRunner:
         await self._report(supervisor)
         return exit_code
 
+    async def _container_env(self, supervisor: _Supervisor) -> dict[str, str]:
+        """The main container's env as the process gets it (ValueError: a reference cannot be resolved)."""
+        pod = supervisor.pod
+        secret_data, config_map_data = await self._fetch_refs(supervisor.info.namespace, supervisor.container)
+        local = {**pod, "status": {**(pod.get("status") or {}), "podIP": LOCAL_IP, "hostIP": LOCAL_IP}}
+        return build_env(
+            local,
+            supervisor.container,
+            # Locally the hostname is not the Pod's name, so the worker's default needs the name.
+            base={**os.environ, **self.extra_env, "ARDIFF_POD_NAME": pod["metadata"]["name"]},
+            secret_data=secret_data,
+            config_map_data=config_map_data,
+            mounts=supervisor.mounts,
+            overrides={
+                "ARDIFF_HOST": LOCAL_IP,
+                "ARDIFF_POD_IP": LOCAL_IP,
+                "ARDIFF_PORT": str(supervisor.info.port),
+                "OMP_NUM_THREADS": "1",
+            },
+        )
+
     async def _run_once(self, supervisor: _Supervisor) -> int | None:
         """Start the process and supervise it until it exits (its exit code) or the Pod goes (None)."""
         port = supervisor.info.port
         pod = supervisor.pod
         try:
-            secret_data, config_map_data = await self._fetch_refs(
-                supervisor.info.namespace, supervisor.container
-            )
-            local = {**pod, "status": {**(pod.get("status") or {}), "podIP": LOCAL_IP, "hostIP": LOCAL_IP}}
-            env = build_env(
-                local,
-                supervisor.container,
-                # Locally the hostname is not the Pod's name, so the worker's default needs the name.
-                base={**os.environ, **self.extra_env, "ARDIFF_POD_NAME": pod["metadata"]["name"]},
-                secret_data=secret_data,
-                config_map_data=config_map_data,
-                mounts=supervisor.mounts,
-                overrides={
-                    "ARDIFF_HOST": LOCAL_IP,
-                    "ARDIFF_POD_IP": LOCAL_IP,
-                    "ARDIFF_PORT": str(port),
-                    "OMP_NUM_THREADS": "1",
-                },
-            )
+            env = await self._container_env(supervisor)
             argv = self.command(PodContext(pod, supervisor.container, env, port))
         except ValueError as exc:
             supervisor.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}

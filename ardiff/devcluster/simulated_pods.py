@@ -1,0 +1,97 @@
+"""Simulated worker pods: the pod runner's mode for control-plane scale (`PodRunner(..., simulated=True)`).
+
+A simulated pod has no process. It registers in Redis and heartbeats through the worker's own `PodLink`
+(`ardiff.worker.pod_link`: the same `register_pod`/`heartbeat` calls, epochs and lease as a real worker), with
+the settings a real worker would read from the Pod's env (`build_settings`), and the runner reports it Running
+and Ready once registered. What it cannot do: serve ticks (its endpoint has no listener) or consume its event
+stream (there is no runner whose sessions could be closed). One Redis client per URL serves every simulated
+pod, so 1,000 pods cost 1,000 asyncio tasks and one connection pool, not 1,000 processes.
+
+Its capacity is what the fake runtime would report (`ARDIFF_FAKE_CAPACITY`), capped by
+`ARDIFF_SESSION_CAPACITY` as the worker caps its runner's. On deletion it marks itself draining (what a worker
+does on SIGTERM) and stops heartbeating; its record goes when the operator sees the Pod gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+
+from ardiff.kv.placement import PlacementStore
+from ardiff.worker.pod_link import PodLink
+from ardiff.worker.settings import WorkerSettings, build_settings
+
+log = logging.getLogger(__name__)
+
+# A registration that fails (Redis away) is tried again after this long, like a crashed worker's restart.
+RETRY_SECONDS = 1.0
+
+
+def simulated_capacity(settings: WorkerSettings) -> int:
+    """The fake runtime's capacity, capped as `WorkerService` caps its runner's (`session_capacity`)."""
+    cap = settings.session_capacity
+    return settings.fake_capacity if cap is None else min(settings.fake_capacity, cap)
+
+
+class SimulatedPods:
+    """The placement-store clients of a runner's simulated pods, one per Redis URL (shared by its pods)."""
+
+    def __init__(self) -> None:
+        self._stores: dict[str, PlacementStore] = {}
+
+    def link(self, env: Mapping[str, str]) -> PodLink:
+        """The worker's link to Redis for a Pod with this env; ValueError when the env is not a worker's."""
+        settings = build_settings(environ=env)
+        if settings.redis_url is None:
+            raise ValueError(
+                "a simulated worker pod needs ARDIFF_REDIS_URL (a standalone worker registers nowhere)"
+            )
+        store = self._stores.get(settings.redis_url)
+        if store is None:
+            store = self._stores[settings.redis_url] = PlacementStore.from_url(settings.redis_url)
+        link = PodLink(store, settings)
+        link.capacity = simulated_capacity(settings)
+        return link
+
+    async def close(self) -> None:
+        for store in self._stores.values():
+            await store.close()
+        self._stores.clear()
+
+
+async def run_simulated(
+    link: PodLink, terminating: asyncio.Event, on_registered: Callable[[int], Awaitable[None]]
+) -> None:
+    """Register (each incarnation: a new epoch), report it, heartbeat until `terminating`; then drain.
+
+    A fenced incarnation (a newer one registered) starts again, as a real worker restarts after exiting.
+    """
+    incarnation = 0
+    while not terminating.is_set():
+        try:
+            await link.register(link.capacity)
+        except Exception as exc:  # Redis away: like a worker that failed to start, try again
+            log.warning("simulated pod %s could not register: %s", link.pod, exc)
+            await _wait(terminating, RETRY_SECONDS)
+            continue
+        await on_registered(incarnation)
+        incarnation += 1
+        fenced = asyncio.Event()
+        heartbeat = asyncio.create_task(link.heartbeat_forever(fenced.set))
+        stopping = asyncio.create_task(terminating.wait())
+        await asyncio.wait([heartbeat, stopping], return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        heartbeat.cancel()
+        await asyncio.gather(heartbeat, stopping, return_exceptions=True)
+    if link.registered:
+        try:
+            await link.set_draining()
+        except Exception as exc:  # its record may be gone already; the operator forgets it with the Pod
+            log.info("simulated pod %s could not mark itself draining: %s", link.pod, exc)
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout=seconds)

@@ -1,0 +1,88 @@
+"""The pod runner's simulated mode (`PodRunner(simulated=True)`, devcluster/simulated_pods.py) under the real
+operator: worker Pods without processes register through the worker's link, go Ready, and take sessions.
+
+The pool pins its Pods to the simulated runner's node (`nodeSelector` on `kubernetes.io/hostname`), so the
+session-wide runner, which runs real worker processes, leaves them alone.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from ardiff.devcluster.kube_api import KubeAPIThread
+from ardiff.devcluster.operator_process import OperatorProcess
+from ardiff.devcluster.pod_runner import HOSTNAME_LABEL, PodRunner
+from ardiff.kv.placement import PlacementStore
+from ardiff.kv.records import PoolId
+from tests.operator.conftest import Cluster
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+NODE = "simulated-node"
+CAPACITY = 3
+
+
+@pytest.fixture
+def simulated_runner(kube_api: KubeAPIThread, kube_namespace: str, tmp_path: Path) -> Iterator[PodRunner]:
+    with PodRunner(
+        kube_api.url, node_name=NODE, namespace=kube_namespace, logs_dir=tmp_path / "pods", simulated=True
+    ) as runner:
+        yield runner
+
+
+@pytest.fixture
+async def store(redis_url: str) -> AsyncIterator[PlacementStore]:
+    async with PlacementStore.from_url(redis_url) as placement_store:
+        yield placement_store
+
+
+async def test_sessions_go_ready_on_simulated_pods(
+    cluster: Cluster, simulated_runner: PodRunner, operator_process: OperatorProcess, store: PlacementStore
+) -> None:
+    cluster.create_pool(
+        replicas={"min": 2, "max": 2},
+        nodeSelector={HOSTNAME_LABEL: NODE},
+        env=[
+            {"name": "ARDIFF_RUNTIME", "value": "fake"},
+            {"name": "ARDIFF_FAKE_CAPACITY", "value": str(CAPACITY)},
+        ],
+    )
+    pods = cluster.wait_pods(2)
+    names = [f"s{i}" for i in range(5)]
+    for name in names:
+        cluster.create_session(name)
+    statuses = {name: cluster.wait_phase(name, "Ready") for name in names}
+
+    # Placed by the operator onto the two simulated pods, within their capacity.
+    per_pod = Counter(status["pod"] for status in statuses.values())
+    assert set(per_pod) <= pods
+    assert sum(per_pod.values()) == 5
+    assert max(per_pod.values()) <= CAPACITY
+    # Registered through the worker's link: the fake runtime's capacity, the Pod's name, its epoch.
+    records = {r.name: r for r in await store.list_pods(PoolId(cluster.namespace, "pool"))}
+    assert set(records) == pods
+    assert {r.capacity for r in records.values()} == {CAPACITY}
+    assert {name: r.used for name, r in records.items() if r.used} == dict(per_pod)
+    for status in statuses.values():
+        assert status["podEpoch"] == records[status["pod"]].epoch
+    # No process behind any of them; the session-wide runner did not take them.
+    simulated = {info.name: info for info in simulated_runner.pods()}
+    assert set(simulated) == pods
+    assert all(info.pid is None and info.ready for info in simulated.values())
+    assert not [p for p in cluster.runner.pods() if p.namespace == cluster.namespace]
+    pool = wait_until(
+        lambda: (s := cluster.pool_status()).get("sessions") == 5 and s, what="the pool's status"
+    )
+    assert pool["readyReplicas"] == 2
+    assert pool["capacity"] == 2 * CAPACITY
+
+    # Deleted: the Pod's simulated worker marks itself draining and the runner finalizes the Pod.
+    gone = next(iter(pods))
+    cluster.delete("pods", gone, core=True)
+    cluster.wait_gone("pods", gone, core=True, timeout=10)
+    assert gone not in {info.name for info in simulated_runner.pods()}
