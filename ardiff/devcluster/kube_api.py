@@ -73,6 +73,8 @@ SERVER_VERSION = {
     "gitVersion": "v1.32.0-ardiff-devcluster",
     "platform": "linux/amd64",
 }
+# Not a Kubernetes path: bulk objects for simulations at scale (`KubeAPI._seed`).
+SEED_PATH = "/devcluster/seed"
 # How often an idle watch checks whether its client went away.
 _WATCH_POLL_SECONDS = 1.0
 
@@ -204,6 +206,8 @@ class KubeAPI:
                 discovery = build_resource_list(registry, group, version)
             if discovery is not None:
                 return _json(discovery)
+        if path == SEED_PATH and request.method == "POST":
+            return _json({"seeded": self._seed(await self._body(request))}, 201)
         api_path = parse_api_path(path)
         if api_path is None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -321,6 +325,18 @@ class KubeAPI:
         else:
             raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported")
         return _json(result.obj, 200, result.warnings)
+
+    def _seed(self, body: Any) -> int:
+        """`POST /devcluster/seed {"items": [...]}`: objects as restored from etcd (`ObjectStore.seed`)."""
+        items = (body or {}).get("items") if isinstance(body, dict) else None
+        if not isinstance(items, list):
+            raise bad_request('a seed body is {"items": [objects]}')
+        for obj in items:
+            rtype = self.store.registry.by_kind(obj.get("apiVersion", ""), obj.get("kind", ""))
+            if rtype is None:
+                raise bad_request(f"no kind {obj.get('kind')!r} in version {obj.get('apiVersion')!r}")
+            self.store.seed(rtype, (obj.get("metadata") or {}).get("namespace"), obj)
+        return len(items)
 
     def _log(self, request: web.BaseRequest, rtype: ResourceType, p: ApiPath, body: Any = None) -> None:
         verb = rbac_verb(request.method, named=p.name is not None, watch=_flag(request.query, "watch"))

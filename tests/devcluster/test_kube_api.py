@@ -58,6 +58,34 @@ def test_create_assigns_metadata_and_defaults(client: httpx.Client, kube_namespa
     assert duplicate.json()["reason"] == "AlreadyExists"
 
 
+def test_seed_puts_objects_in_with_their_status_and_without_admission(
+    client: httpx.Client, kube_namespace: str, watch: WatchFactory
+) -> None:
+    """`POST /devcluster/seed`: objects as an etcd restore gives them (simulations at scale seed 100k)."""
+    watcher = watch(SESSIONS.format(ns=kube_namespace))
+    items = [
+        {**session_body(f"seeded-{i}"), "metadata": {"name": f"seeded-{i}", "namespace": kube_namespace}}
+        | {"status": {"phase": "Ready", "pod": "w-1"}}
+        for i in range(3)
+    ]
+    response = client.post("/devcluster/seed", json={"items": items})
+    assert response.status_code == 201, response.text
+    assert response.json() == {"seeded": 3}
+    listed = client.get(SESSIONS.format(ns=kube_namespace)).json()["items"]
+    assert [s["metadata"]["name"] for s in listed] == ["seeded-0", "seeded-1", "seeded-2"]
+    assert [s["status"] for s in listed] == [{"phase": "Ready", "pod": "w-1"}] * 3
+    assert len({s["metadata"]["uid"] for s in listed}) == 3
+    assert listed[0]["metadata"]["generation"] == 1
+    assert "evictionPolicy" not in listed[0]["spec"]  # not admitted: no CRD defaults
+    assert watcher.wait(3) == [("ADDED", f"seeded-{i}") for i in range(3)]
+    again = client.post("/devcluster/seed", json={"items": items[:1]})
+    assert again.status_code == 409
+    assert again.json()["reason"] == "AlreadyExists"
+    missing = {**items[0], "metadata": {"name": "x", "namespace": "no-such-namespace"}}
+    assert client.post("/devcluster/seed", json={"items": [missing]}).status_code == 404
+    assert client.post("/devcluster/seed", json={"objects": []}).status_code == 400
+
+
 def test_resource_versions_increase_and_generation_follows_spec_only(
     client: httpx.Client, kube_namespace: str
 ) -> None:
