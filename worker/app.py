@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Path, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -24,6 +24,7 @@ from ardiff.worker.encoding import MP4, RAW
 from ardiff.worker.errors import BodyTooLarge, InvalidTick, WorkerError
 from ardiff.worker.service import WorkerService
 from ardiff.worker.stream import SessionStream, SessionStreams
+from ardiff.worker.transfer import TRANSFER_PATH
 
 log = logging.getLogger(__name__)
 
@@ -299,6 +300,14 @@ def create_app(service: WorkerService) -> FastAPI:
     @app.get("/v1/sessions/{session_id}", response_model=SessionView, responses=_SESSION_ERRORS)
     async def get_session(session_id: SessionId, credentials: Credentials = None) -> dict[str, Any]:
         return await service.describe(session_id, authorization(credentials))
+
+    @app.get(TRANSFER_PATH, include_in_schema=False)  # pod to pod, not for clients: contracts §4 "Transfer"
+    async def export_for_transfer(session_id: str, credentials: Credentials = None) -> StreamingResponse:
+        """A migrated session's export, streamed to the pod it was placed on (the pool's transfer token)."""
+        held = service.claim_transfer(session_id, authorization(credentials))
+        return StreamingResponse(
+            service.send_transfer(session_id, held), media_type="application/octet-stream"
+        )
 
     @app.get("/v1/sessions", response_model=SessionList)
     async def list_sessions() -> dict[str, Any]:

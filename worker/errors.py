@@ -194,3 +194,10 @@ class ExportNoCapacity(SessionExportError):
     """The runtime holds as many sessions as it can, or has too few free KV blocks for this one."""
 
     code = "export_no_capacity"
+
+
+class TransferFailed(SessionExportError):
+    """A pod-to-pod transfer could not start or did not finish (source gone, refused, cut off); the importing
+    worker falls back to the shared tier's copy (docs/contracts.md §4, "Transfer")."""
+
+    code = "transfer_failed"

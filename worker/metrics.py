@@ -60,6 +60,33 @@ class WorkerMetrics:
             buckets=_TICK_BUCKETS,
             registry=r,
         )
+        # Pod-to-pod transfers of migrating sessions (issue 12): `out` on the pod that held it, `in` on the
+        # pod that pulled it; a failed pull falls back to the shared tier (counted with result="failed").
+        self.transfer_bytes = Counter(
+            "ardiff_session_transfer_bytes",
+            "Bytes of session exports moved pod to pod, by direction",
+            ["direction"],
+            registry=r,
+        )
+        self.transfer_seconds = Histogram(
+            "ardiff_session_transfer_seconds",
+            "Wall time of a pod-to-pod session transfer, by direction",
+            ["direction"],
+            buckets=_TICK_BUCKETS,
+            registry=r,
+        )
+        self.transfers = Counter(
+            "ardiff_session_transfers",
+            "Pod-to-pod session transfers, by direction and result (ok, failed)",
+            ["direction", "result"],
+            registry=r,
+        )
+        self.transfers_in_progress = Gauge(
+            "ardiff_session_transfers_in_progress",
+            "Pod-to-pod session transfers under way, by direction",
+            ["direction"],
+            registry=r,
+        )
         self.streams_open = Gauge("ardiff_streams_open", "Open session streams (WebSockets)", registry=r)
         self.stream_closes = Counter(
             "ardiff_stream_closes",

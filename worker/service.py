@@ -17,7 +17,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +45,7 @@ from ardiff.worker.errors import (
     SessionEvicted,
     SessionExportError,
     TickInProgress,
+    TransferFailed,
     Unauthorized,
     UnknownSession,
 )
@@ -52,7 +53,8 @@ from ardiff.worker.metrics import WorkerMetrics
 from ardiff.worker.runtime import SessionRuntime
 from ardiff.worker.session_book import CachedChunk, SessionBook, SessionStatus
 from ardiff.worker.settings import WorkerSettings
-from ardiff.worker.shared_tier import ExportKind, SharedTier
+from ardiff.worker.shared_tier import ExportKind, SharedTier, direct_source
+from ardiff.worker.transfer import QUEUE_PIECES, QueueWriter, TransferResult, pull, stream_pieces
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -61,6 +63,9 @@ RuntimeLoader = Callable[[], SessionRuntime]
 # Stopping: how often a cancel is repeated, how long background tasks get to end (see cancel_and_wait).
 RECANCEL_SECONDS = 0.05
 STOP_TIMEOUT_SECONDS = 5.0
+# Draining with sessions held for a transfer: how long one still unplaced may wait for its new pod (the
+# operator places a migrated session within a round or two; a pod cannot wait longer than its grace period).
+HANDOFF_PLACEMENT_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,16 @@ class TickOutcome:
         """The stages in milliseconds (`server-timing`, the stream's `timing`)."""
         stages = {"queue": self.queue, "forward": self.forward, "decode": self.decode, **more}
         return {name: round(seconds * 1000, 2) for name, seconds in stages.items()}
+
+
+@dataclass(frozen=True)
+class HeldForTransfer:
+    """A migrated session kept in the runner after its export reached the shared tier, until its new pod pulls
+    it (docs/contracts.md §4 "Transfer") or `until` (monotonic) passes; it holds no slot."""
+
+    book: SessionBook
+    location: str
+    until: float
 
 
 @dataclass(frozen=True)
@@ -152,6 +167,8 @@ class WorkerService:
             else None
         )
         self._snapshots: dict[str, str] = {}  # session -> the location of its latest snapshot
+        self._held: dict[str, HeldForTransfer] = {}  # migrated sessions its new pod may pull from here
+        self._sending: set[str] = set()  # held sessions being pulled right now
         self.runtime: SessionRuntime | None = None
         self.capacity = 0
         self._loader = loader
@@ -242,6 +259,7 @@ class WorkerService:
             except Exception as exc:
                 log.warning("could not mark pod draining in the placement store: %s", exc)
         await self._idle.wait()
+        await self._await_handoffs()
 
     async def stop(self) -> None:
         await cancel_and_wait(self._tasks)
@@ -358,6 +376,8 @@ class WorkerService:
         """Generate the session's next chunk (or replay the last one for a retried request id); every
         contract of docs/contracts.md §4 is checked here, for the HTTP tick and the stream alike."""
         arrived = time.perf_counter()
+        if self._draining:
+            await self._misdirect_while_draining(session_id, authorization)
         runtime = self.require_ready()
         record = await self._placed_record(session_id, authorization)
         tick = self.family.parse_tick(session_id, body)
@@ -488,13 +508,15 @@ class WorkerService:
 
     # ---------------------------------------------------------------- continuity (issue 12, contracts §2/§9)
 
-    def _export_to_tier(self, session_id: str, book: SessionBook, kind: ExportKind) -> tuple[str, int]:
+    def _export_to_tier(
+        self, session_id: str, book: SessionBook, kind: ExportKind, holder: str | None = None
+    ) -> tuple[str, int]:
         """On the forward thread: the session's export written to the shared tier; its location, size."""
         assert self.tier is not None
         assert self.runtime is not None
         runtime = self.runtime
         return self.tier.write(
-            session_id, kind, lambda out: runtime.export_session(session_id, out, book=book)
+            session_id, kind, lambda out: runtime.export_session(session_id, out, book=book), holder=holder
         )
 
     def _import_from_tier(self, location: str) -> SessionBook:
@@ -512,15 +534,17 @@ class WorkerService:
         worker without room for the export answers 429 and leaves everything as it was (retried later).
         """
         assert self.link is not None
+        await self._drop_held(session_id, "placed back on this pod: it resumes from the shared tier")
         await self._admit(session_id, record)
         started = time.perf_counter()
         candidates = [record.resume_from]
         if record.snapshot_location and record.snapshot_location != record.resume_from:
             candidates.append(record.snapshot_location)
         failures = []
+        pulled: dict[str, TransferResult] = {}  # the locations that came pod to pod
         for location in candidates:
             try:
-                book = await self._import(session_id, location)
+                book = await self._import(session_id, location, pulled)
             except ExportNoCapacity as exc:
                 self._books.pop(session_id, None)
                 raise AtCapacity(f"no room to resume session {session_id!r} here: {exc}") from None
@@ -542,18 +566,26 @@ class WorkerService:
         kind = "snapshot" if Path(location).name.startswith("snapshot-") else "suspend"
         if kind == "suspend" and self.tier is not None:
             self.tier.remove(location)
-        self.metrics.resumes.labels(kind).inc()
+        self.metrics.resumes.labels("direct" if pulled.get(location) else kind).inc()
         self.metrics.continuity_seconds.labels("import").observe(time.perf_counter() - started)
         log.info("resumed session %s at chunk %d from its %s", session_id, book.next_chunk_index, kind)
         return book
 
-    async def _import(self, session_id: str, location: str) -> SessionBook:
-        """Install the export at `location` as `session_id`; refused (typed) when it holds another one."""
+    async def _import(self, session_id: str, location: str, pulled: dict[str, TransferResult]) -> SessionBook:
+        """Install the export at `location` as `session_id`; refused (typed) when it holds another one.
+
+        A migration's export names the pod that still holds the session: it is pulled from there first
+        (`_pull`), and the shared tier's copy is read only when that fails."""
         assert self.runtime is not None
-        if self.tier is None:
-            raise ExportCorrupt("this worker mounts no shared tier (ARDIFF_SUSPEND_DIR) to resume from")
+        source = await self._transfer_source(location)
         async with self._forward_lock:
-            book = await self._on_forward_thread(self._import_from_tier, location)
+            direct = None if source is None else await self._pull(session_id, *source)
+            if direct is not None:
+                book, pulled[location] = direct
+            elif self.tier is None:
+                raise ExportCorrupt("this worker mounts no shared tier (ARDIFF_SUSPEND_DIR) to resume from")
+            else:
+                book = await self._on_forward_thread(self._import_from_tier, location)
             if book.session_id != session_id:
                 await self._on_forward_thread(self.runtime.close, book.session_id)
                 raise ExportCorrupt(f"{location} holds session {book.session_id!r}, not {session_id!r}")
@@ -595,6 +627,9 @@ class WorkerService:
         while session_id in self._in_flight:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         location, size, chunk = "", 0, 0
+        # A migration keeps the session here for its new pod to pull (the pool shares a transfer token).
+        holder = self.link.pod if reason == "migrate" and self.settings.transfer_token else None
+        held = False
         started = time.perf_counter()
         with self._exclusive(session_id):
             book = self._books.get(session_id)
@@ -608,7 +643,7 @@ class WorkerService:
                 try:
                     async with self._forward_lock:
                         location, size = await self._on_forward_thread(
-                            self._export_to_tier, session_id, book, "suspend"
+                            self._export_to_tier, session_id, book, "suspend", holder
                         )
                     chunk = book.next_chunk_index
                 except (SessionExportError, OSError) as exc:
@@ -621,13 +656,210 @@ class WorkerService:
                 log.info("suspend of %s no longer applies (%s)", session_id, exc)
                 if location:
                     self.tier.remove(location)
-        await self._release(session_id, reason="suspend")
+            else:
+                held = bool(location and holder and book is not None)
+        if held:
+            assert book is not None
+            self._hold_for_transfer(session_id, book, location)
+        else:
+            await self._release(session_id, reason="suspend")
         if location:
             self.metrics.continuity_bytes.labels("suspend").inc(size)
             self.metrics.continuity_seconds.labels("suspend").observe(time.perf_counter() - started)
         log.info(
             "suspended session %s (%s) at chunk %d: %d bytes at %s", session_id, reason, chunk, size, location
         )
+
+    # ---------------------------------------------------------------- pod-to-pod transfer (contracts §4)
+
+    def _hold_for_transfer(self, session_id: str, book: SessionBook, location: str) -> None:
+        """Keep a migrated session's state in the runner (no slot: the store freed it) for its new pod to
+        pull; dropped after `transfer_hold_seconds`, when its slot is needed, or when the pod goes."""
+        self._books.pop(session_id, None)
+        self._snapshots.pop(session_id, None)
+        self.metrics.evictions.labels("suspend").inc()
+        until = time.monotonic() + self.settings.transfer_hold_seconds
+        self._held[session_id] = HeldForTransfer(book, location, until)
+        self._tasks = [task for task in self._tasks if not task.done()]
+        self._tasks.append(
+            asyncio.create_task(self._drop_held_at(session_id, until), name=f"hold-{session_id}")
+        )
+
+    async def _drop_held_at(self, session_id: str, until: float) -> None:
+        await asyncio.sleep(max(0.0, until - time.monotonic()))
+        held = self._held.get(session_id)
+        if held is not None and held.until <= time.monotonic():
+            await self._drop_held(session_id, "not pulled in time")
+
+    async def _drop_held(self, session_id: str, why: str) -> None:
+        """Release a held session's state (its shared-tier copy stays: the new pod resumes from that)."""
+        if self._held.pop(session_id, None) is None or self.runtime is None:
+            return
+        async with self._forward_lock:
+            await self._on_forward_thread(self.runtime.close, session_id)
+        log.info("released session %s held for a transfer (%s)", session_id, why)
+
+    def claim_transfer(self, session_id: str, authorization: str | None) -> HeldForTransfer:
+        """The held session a pull asks for, once (401 without the pool's transfer token, 404 if not held)."""
+        token = self.settings.transfer_token
+        scheme, _, presented = (authorization or "").partition(" ")
+        if (
+            not token
+            or scheme.lower() != "bearer"
+            or not hmac.compare_digest(presented.strip().encode(), token.encode())
+        ):
+            raise Unauthorized("missing or wrong pool transfer token")
+        held = self._held.pop(session_id, None)
+        if held is None:
+            raise UnknownSession(f"session {session_id!r} is not held on this pod for a transfer")
+        self._sending.add(session_id)
+        return held
+
+    async def send_transfer(self, session_id: str, held: HeldForTransfer) -> AsyncIterator[bytes]:
+        """The held session's export as it is written (the HTTP body of a pull); its state is released
+        afterwards either way: the puller has it, or falls back to the shared tier's copy."""
+        assert self.runtime is not None
+        runtime = self.runtime
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=QUEUE_PIECES)
+        stall = self.settings.test_transfer_stall_seconds if self.settings.test_faults else 0.0
+        writer = QueueWriter(loop, queue, stall=stall)
+
+        def export() -> None:  # on the forward thread
+            try:
+                runtime.export_session(session_id, writer, book=held.book)
+            except BaseException as exc:
+                writer.finish(exc)
+                raise
+            writer.finish()
+
+        started = time.perf_counter()
+        result = "failed"
+        self.metrics.transfers_in_progress.labels("out").inc()
+        try:
+            async with self._forward_lock:
+                job = loop.run_in_executor(self._executor, export)
+                try:
+                    async for piece in stream_pieces(queue, job, writer):
+                        yield piece
+                    result = "ok"
+                finally:
+                    await self._on_forward_thread(runtime.close, session_id)
+        finally:
+            self._sending.discard(session_id)
+            seconds = time.perf_counter() - started
+            self.metrics.transfers_in_progress.labels("out").dec()
+            self.metrics.transfers.labels("out", result).inc()
+            self.metrics.transfer_bytes.labels("out").inc(writer.sent)
+            self.metrics.transfer_seconds.labels("out").observe(seconds)
+            log.info(
+                "transfer of session %s: %s, %d bytes sent in %.3f s",
+                session_id,
+                result,
+                writer.sent,
+                seconds,
+            )
+
+    async def _transfer_source(self, location: str) -> tuple[str, str] | None:
+        """(pod, endpoint) of the pod a migration's export names as holding the session, when this worker may
+        pull from it; None to read the shared tier instead (no token, no holder, the holder gone)."""
+        pod = direct_source(location)
+        if self.link is None or not self.settings.transfer_token or pod is None or pod == self.link.pod:
+            return None
+        try:
+            endpoint = await self.link.endpoint_of(pod)
+        except Exception as exc:
+            log.warning("could not look up pod %s for a direct transfer: %s", pod, exc)
+            return None
+        if endpoint is None:
+            log.info("pod %s that held %s is gone: resuming from the shared tier", pod, location)
+            return None
+        return pod, endpoint
+
+    async def _pull(
+        self, session_id: str, pod: str, endpoint: str
+    ) -> tuple[SessionBook, TransferResult] | None:
+        """With the forward lock held: import the session streamed from the pod that holds it; None (logged,
+        counted) when that fails, so the caller reads the shared tier's copy instead."""
+        assert self.runtime is not None
+        token = self.settings.transfer_token
+        assert token is not None
+        self.metrics.transfers_in_progress.labels("in").inc()
+        try:
+            book, result = await self._on_forward_thread(
+                pull, endpoint, session_id, token, self.runtime.import_session
+            )
+        except Exception as exc:
+            code = exc.code if isinstance(exc, SessionExportError | TransferFailed) else type(exc).__name__
+            log.warning(
+                "direct transfer of session %s from pod %s failed (%s: %s); resuming from the shared tier",
+                session_id,
+                pod,
+                code,
+                exc,
+            )
+            self.metrics.transfers.labels("in", "failed").inc()
+            return None
+        finally:
+            self.metrics.transfers_in_progress.labels("in").dec()
+        self.metrics.transfers.labels("in", "ok").inc()
+        self.metrics.transfer_bytes.labels("in").inc(result.bytes)
+        self.metrics.transfer_seconds.labels("in").observe(result.seconds)
+        log.info(
+            "pulled session %s from pod %s: %d bytes in %.3f s (%.0f MB/s)",
+            session_id,
+            pod,
+            result.bytes,
+            result.seconds,
+            result.bytes_per_second / 1e6,
+        )
+        return book, result
+
+    async def _await_handoffs(self) -> None:
+        """Draining (the pod goes): keep the held sessions whose new pod is about to pull them, each until its
+        hold ends; a session nobody was placed for within `HANDOFF_PLACEMENT_SECONDS` resumes from the shared
+        tier. Then wait for the pulls under way."""
+        assert self.link is not None or not self._held
+        placement_deadline = time.monotonic() + HANDOFF_PLACEMENT_SECONDS
+        while self._held:
+            now = time.monotonic()
+            try:
+                bindings = await self.link.bindings(list(self._held))
+            except Exception as exc:
+                log.warning("could not check the held sessions' placements: %s", exc)
+                bindings = {}
+            for session_id, held in list(self._held.items()):
+                binding = bindings.get(session_id)
+                placed = binding is not None and binding.resume_from == held.location
+                waiting = binding is not None and binding.state is SessionState.SUSPENDED
+                if now >= held.until or not (placed or (waiting and now < placement_deadline)):
+                    await self._drop_held(session_id, "the pod is going")
+            if self._held:
+                await asyncio.sleep(0.1)
+        while self._sending:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+    async def _misdirect_while_draining(self, session_id: str, authorization: str | None) -> None:
+        """A draining worker still points a session's client at the pod it moved to (421), so that a migrated
+        session's next tick reaches its new pod, which pulls it from here while this one waits to exit."""
+        if self.link is None:
+            return
+        try:
+            record = await self.link.session(session_id)
+        except Exception:
+            return  # the usual 503 not_ready follows
+        presented = bearer_token_sha256(authorization)
+        if (
+            record is None
+            or record.state is not SessionState.PLACED
+            or record.pod == self.link.pod
+            or presented is None
+            or not hmac.compare_digest(presented, record.token_sha256)
+        ):
+            return
+        endpoint = await self.link.endpoint_of(record.pod)
+        if endpoint:
+            raise Misdirected(f"session {session_id!r} lives on pod {record.pod}", endpoint=endpoint)
 
     # ---------------------------------------------------------------- admission
 
@@ -643,6 +875,9 @@ class WorkerService:
             await self._release_stale()
             if self._admitted() >= self.capacity:
                 raise AtCapacity(f"this worker holds {self.capacity} session(s), its capacity")
+        # Sessions held for a transfer are in the runner but hold no slot: they make room (tier copy kept).
+        while self._held and self._admitted() + len(self._held) >= self.capacity:
+            await self._drop_held(next(iter(self._held)), "its room in the runner is needed")
         self._books[session_id] = SessionBook(session_id, token_sha256=record.token_sha256 if record else "")
 
     async def _release_stale(self) -> None:

@@ -64,11 +64,17 @@ class WorkerSettings:
     # (evicted ones lose their KV, as before).
     suspend_dir: str | None = None
     snapshot_every_chunks: int = 0  # a snapshot to the shared tier every N chunks (0 = none)
+    # Pod-to-pod transfer of migrating sessions (issue 12): the pool's shared secret (never a flag, so never
+    # in a process listing; never in a repr), and how long a migrated session waits here for its new pod.
+    transfer_token: str | None = field(default=None, repr=False)
+    transfer_hold_seconds: float = 20.0
     runtime: Runtime = "vllm"
     fake_capacity: int = 4
     fake_tick_seconds: float = 0.0
     model_cache: str = field(default_factory=_default_model_cache)
     test_faults: bool = False
+    # Tests only (with test_faults): a transfer this worker serves pauses this long halfway (kill it then).
+    test_transfer_stall_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("height", "width"):
@@ -80,6 +86,7 @@ class WorkerSettings:
             "fake_capacity": self.fake_capacity,
             "lease_seconds": self.lease_seconds,
             "heartbeat_seconds": self.heartbeat_seconds,
+            "transfer_hold_seconds": self.transfer_hold_seconds,
         }
         if self.session_capacity is not None:
             positive["session_capacity"] = self.session_capacity
@@ -140,7 +147,7 @@ def _flag_name(name: str) -> str:
 
 
 # Settings without a flag (contracts §3): test-only switches.
-_ENV_ONLY = {"test_faults"}
+_ENV_ONLY = {"test_faults", "test_transfer_stall_seconds", "transfer_token"}
 _HELP = {
     "model": "a model directory, or an embedded model's name (tiny-lingbot-world, tiny-world-trained)",
     "pipeline": "pipeline class",
@@ -152,6 +159,7 @@ _HELP = {
     "endpoint": "what clients are told (default http://<pod ip>:<port>, an IPv6 pod ip bracketed)",
     "suspend_dir": "the shared tier: a directory all pods of the pool mount (suspended sessions, snapshots)",
     "snapshot_every_chunks": "a snapshot of each session to the shared tier every N chunks (0: none)",
+    "transfer_hold_seconds": "how long a migrated session waits here for its new pod to pull it directly",
     "runtime": "vllm (vllm-omni's paged-KV runner) or fake (no torch; control-plane tests)",
     "fake_capacity": "sessions a fake runtime holds",
     "fake_tick_seconds": "how long a fake forward takes",

@@ -4,6 +4,11 @@ pod of the pool mounts (an RWX volume on a cluster, a local directory on the dev
 A location (what the placement store records) is a path relative to the tier's root, so pods may mount the
 volume anywhere; `open` refuses one that leaves the root. A file is written under a temporary name, flushed to
 disk and renamed, so a reader never sees a partial export (a crash mid-write leaves only a `.part` file).
+
+A migration's export also names the pod that still holds the session (`suspend-<ns>-<id>@<pod>.ardsess`):
+the pod it is placed on may pull it from there directly (`direct_source`, worker/transfer.py) and keeps this
+file as the fallback. `@` cannot occur in a pod name, so the name parses back unambiguously; the store
+records the location as an opaque string, so no record changes for it.
 """
 
 from __future__ import annotations
@@ -12,13 +17,23 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Literal
 
 from ardiff.worker.errors import ExportCorrupt
 
 ExportKind = Literal["suspend", "snapshot"]
 SUFFIX = ".ardsess"
+HOLDER_MARK = "@"
+
+
+def direct_source(location: str) -> str | None:
+    """The pod a migration's export names as still holding the session (None: no direct transfer)."""
+    name = PurePosixPath(location).name
+    if not name.endswith(SUFFIX) or HOLDER_MARK not in name:
+        return None
+    pod = name[: -len(SUFFIX)].rpartition(HOLDER_MARK)[2]
+    return pod or None
 
 
 class SharedTier:
@@ -26,9 +41,19 @@ class SharedTier:
         self.root = Path(root).resolve()
         self._pool_dir = Path(namespace) / pool
 
-    def write(self, session_id: str, kind: ExportKind, export: Callable[[BinaryIO], int]) -> tuple[str, int]:
-        """Write one export with `export(file)` (which returns the bytes written); its location and size."""
-        relative = self._pool_dir / session_id / f"{kind}-{time.time_ns()}-{uuid.uuid4().hex[:8]}{SUFFIX}"
+    def write(
+        self,
+        session_id: str,
+        kind: ExportKind,
+        export: Callable[[BinaryIO], int],
+        *,
+        holder: str | None = None,
+    ) -> tuple[str, int]:
+        """Write one export with `export(file)` (which returns the bytes written); its location and size.
+        `holder`: the pod that keeps the session for a direct transfer (named in the file's name)."""
+        via = f"{HOLDER_MARK}{holder}" if holder else ""
+        name = f"{kind}-{time.time_ns()}-{uuid.uuid4().hex[:8]}{via}{SUFFIX}"
+        relative = self._pool_dir / session_id / name
         target = self.root / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + ".part")

@@ -1,13 +1,17 @@
 """Sessions that survive (issue 12), the worker's part: a `suspend` event exports the session to the shared
 tier and frees its slot, a tick for a suspended session is a demand to resume (503 `resuming`), the worker the
 store places it on imports it before its first tick, periodic snapshots, and a resume from an older snapshot
-answers 409 `rewound`. Two real worker processes (fake runtime: its state moves through the real export
-format) share one tier directory and the shared Redis; the store calls play the operator's part.
+answers 409 `rewound`; a migration pulled pod to pod over HTTP (the pool's transfer token), with the shared
+tier's copy as the fallback when the holder dies mid-transfer. Real worker processes (fake runtime: its
+state moves through the real export format) share one tier directory and the shared Redis; the store calls
+play the operator's part.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 import uuid
 from pathlib import Path
 
@@ -19,6 +23,7 @@ from tests.worker.test_http_contract import error_of, wait_for
 
 POOL = PoolId("default", f"wk-cont-{uuid.uuid4().hex[:6]}")
 TOKEN = "continuity-token"
+TRANSFER_TOKEN = "pool-transfer-secret"
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +43,7 @@ def launch(launch_worker, redis_url, tier: Path, pod: str, **settings):
         heartbeat_seconds=0.5,
         suspend_dir=str(tier),
         snapshot_every_chunks=2,
+        transfer_token=TRANSFER_TOKEN,
         **settings,
     )
 
@@ -167,6 +173,110 @@ async def test_a_corrupt_suspension_falls_back_to_the_snapshot(pod_a, pod_b, sto
     assert error["expected_chunk_index"] == 2
     np.testing.assert_array_equal(frames_of(pod_a.tick(session, 2, token=TOKEN)), twin[2])
     assert chunk_index_of(pod_a.tick(session, 3, token=TOKEN)) == 3
+
+
+def metric(worker, sample: str) -> float:
+    """One sample's value from the worker's /metrics (0 when the series does not exist yet)."""
+    for line in worker.client.get(f"{worker.url}/metrics").text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def migrate(store, session: str) -> object:
+    """What the operator does for a migration (scale-down, roll): suspend with the demand to resume."""
+    assert await store.suspend(POOL, session, reason="migrate")
+
+    async def suspended():
+        record = await store.get_session(POOL, session)
+        return record if record.state is SessionState.SUSPENDED else None
+
+    return await wait_for(suspended)
+
+
+def pull(worker, session: str, token: str | None):
+    headers = {} if token is None else {"authorization": f"Bearer {token}"}
+    return worker.client.get(f"{worker.url}/internal/v1/sessions/{session}/export", headers=headers)
+
+
+async def test_a_migration_is_pulled_pod_to_pod_and_a_wrong_token_harms_nothing(
+    pod_a, pod_b, store, on_a, tier
+):
+    session = await on_a(seed=11)
+    twin = await on_a(seed=11)  # the same seed, prompt and controls, never moved
+    expected = [frames_of(pod_a.tick(twin, i, token=TOKEN)) for i in range(5)]
+    for i in range(3):
+        np.testing.assert_array_equal(frames_of(pod_a.tick(session, i, token=TOKEN)), expected[i])
+    sent_before = metric(pod_a, 'ardiff_session_transfer_bytes_total{direction="out"}')
+    record = await migrate(store, session)
+    assert record.location.endswith("@cont-a.ardsess")  # names the pod that holds it for a pull
+    assert record.resume_requested_ms > 0  # a migration is its own demand: placed at once
+    assert record.bytes == (tier / record.location).stat().st_size  # the fallback copy is written first
+
+    for token in (None, "not-the-pool-token", TOKEN):  # a session's token is not the pool's either
+        error_of(pull(pod_a, session, token), 401, "unauthorized")
+    error_of(pull(pod_a, "s-never-held", TRANSFER_TOKEN), 404, "unknown_session")
+
+    placed = await place_avoiding(store, record.spec(), "cont-a")
+    assert placed.placement.pod == "cont-b"
+    for i in (3, 4):  # B pulls it from A at its first tick; the refused pulls harmed nothing
+        np.testing.assert_array_equal(frames_of(pod_b.tick(session, i, token=TOKEN)), expected[i])
+    sent = metric(pod_a, 'ardiff_session_transfer_bytes_total{direction="out"}') - sent_before
+    assert sent == record.bytes == metric(pod_b, 'ardiff_session_transfer_bytes_total{direction="in"}')
+    assert metric(pod_b, 'ardiff_session_transfers_total{direction="in",result="ok"}') == 1
+    assert metric(pod_b, 'ardiff_session_resumes_total{source="direct"}') == 1
+    assert metric(pod_b, 'ardiff_session_transfer_seconds_count{direction="in"}') == 1
+    assert metric(pod_a, 'ardiff_session_transfer_seconds_sum{direction="out"}') > 0
+    assert not (tier / record.location).exists()  # resumed: the fallback copy is of no use any more
+    error_of(pull(pod_a, session, TRANSFER_TOKEN), 404, "unknown_session")  # released once pulled
+    assert (await store.get_session(POOL, session)).chunk_index == 5
+
+
+async def test_a_holder_killed_mid_transfer_falls_back_to_the_shared_tier(
+    launch_worker, redis_url, pod_a, pod_b, store, session_spec, tier
+):
+    pod_c = launch(launch_worker, redis_url, tier, "cont-c", test_faults=1, test_transfer_stall_seconds=60)
+    session, twin = f"s-{uuid.uuid4().hex[:8]}", f"s-{uuid.uuid4().hex[:8]}"
+    try:
+        for other in ("cont-a", "cont-b"):  # C takes both
+            await store.set_draining(POOL, other, draining=True)
+        try:
+            for name in (session, twin):
+                assert (await store.place(POOL, session_spec(name, TOKEN, seed=5))).placement.pod == "cont-c"
+        finally:
+            for other in ("cont-a", "cont-b"):
+                await store.set_draining(POOL, other, draining=False)
+        expected = [frames_of(pod_c.tick(twin, i, token=TOKEN)) for i in range(4)]
+        for i in range(3):
+            np.testing.assert_array_equal(frames_of(pod_c.tick(session, i, token=TOKEN)), expected[i])
+        record = await migrate(store, session)
+        assert record.location.endswith("@cont-c.ardsess")
+        await store.set_draining(POOL, "cont-c", draining=True)  # as the operator drains a pod it empties
+        await store.set_draining(POOL, "cont-a", draining=True)
+        try:
+            assert (await place_avoiding(store, record.spec(), "cont-a")).placement.pod == "cont-b"
+        finally:
+            await store.set_draining(POOL, "cont-a", draining=False)
+        resumed = asyncio.create_task(asyncio.to_thread(pod_b.tick, session, 3, token=TOKEN))
+
+        async def stalled() -> bool:  # C sent the export's header and stalls: B is mid-import
+            return metric(pod_c, 'ardiff_session_transfers_in_progress{direction="out"}') == 1
+
+        await wait_for(stalled)
+        pod_c.process.send_signal(signal.SIGKILL)
+        pod_c.process.wait()
+        response = await resumed  # from the shared tier's copy: nothing lost, no rewind
+        np.testing.assert_array_equal(frames_of(response), expected[3])
+        assert chunk_index_of(response) == 3
+        assert metric(pod_b, 'ardiff_session_transfers_total{direction="in",result="failed"}') == 1
+        assert metric(pod_b, 'ardiff_session_resumes_total{source="suspend"}') >= 1
+        assert f"direct transfer of session {session} from pod cont-c failed (export_corrupt" in pod_b.log()
+        assert not (tier / record.location).exists()
+    finally:
+        pod_c.stop()
+        await store.remove_pod(POOL, "cont-c")
+        for name in (session, twin):
+            await store.release(POOL, name, reason="test done")
 
 
 async def test_a_lost_session_resumes_from_its_snapshot_and_is_told_it_rewound(pod_a, pod_b, store, on_a):
