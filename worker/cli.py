@@ -43,6 +43,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     world.add_argument("--nice", type=int, default=19, help="added to this process's niceness")
     world.add_argument("--batch", type=int, default=16, help="sessions per DiT step")
     world.add_argument("--sessions", type=int, default=384, help="rendered training sessions")
+    world.add_argument("--lr", type=float, default=1.5e-3, help="the DiT's peak learning rate (cosine decay)")
+    world.add_argument(
+        "--self-forcing",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="fine-tune the trained DiT for --minutes (own checkpoint): with probability P per step the "
+        "context blocks are the model's own samples through the KV cache, not the ground truth",
+    )
+    world.add_argument(
+        "--turn-weight",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="weigh the DiT loss of latent frames where the camera turns by 1 + W",
+    )
     world.add_argument(
         "--decoder-only",
         action="store_true",
@@ -113,6 +129,9 @@ def _train_tiny_world(args: argparse.Namespace) -> int:
         decoder_only=args.decoder_only,
         sessions=args.sessions,
         batch=args.batch,
+        lr=args.lr,
+        self_forcing=args.self_forcing,
+        turn_weight=args.turn_weight,
     )
     print(f"trained tiny world: {path}")
     return 0

@@ -12,6 +12,13 @@ Two stages, each resumable from its last checkpoint in OUT_DIR (written every fe
    x_t = (1 - sigma) x0 + sigma eps, x0_hat = x_t - sigma * flow, MSE(x0_hat, x0). Teacher forcing through the
    real request-local KV cache: block b is probed noisy (`update_cache=False`) against blocks < b, each
    committed clean at t = 0 (`update_cache=True`) as `commit_block_kv` does.
+3. **Self-forcing fine-tune** (`--self-forcing P`, optional): resumes the DiT from stage 2's checkpoint with
+   its own budget and checkpoint (OUT_DIR/dit_sf_train.pt). With probability P per step, each context block
+   is not the clean ground truth but the model's own sample: the sampler's 4 DMD steps from noise
+   (x0 = x_t - sigma * flow, re-noised at the next sigma, as `apply_transition` does), probed through the same
+   KV cache, then committed at t = 0 -- the context the model sees at inference (Self Forcing, Huang et al.
+   2025). The target stays the ground truth, so the model learns to recover from its own drift.
+   `--turn-weight W` weighs the loss of latent frames whose camera turns by 1 + W (any stage).
 
 The result is OUT_DIR/model, a LingBot model directory `ardiff worker serve --model` loads.
 Reference recipe and its limits: shared/reference/tiny-world/README.md.
@@ -148,6 +155,12 @@ def make_dataset(out: Path, sessions: int, seed: int) -> dict[str, np.ndarray]:
 
 def chunk_actions(row: np.ndarray) -> list[list[list[str]]]:
     return [[list(keys) for keys in chunk] for chunk in row]
+
+
+def turning_frames(actions: np.ndarray) -> np.ndarray:
+    """(sessions, chunks, 3) key strings -> (sessions, latent frames) 1.0 where the camera turns into that
+    latent frame (its keys are `j` or `l`: LingBot's yaw moves from the previous latent frame), else 0.0."""
+    return (actions != "").reshape(len(actions), -1).astype(np.float64)
 
 
 # -- stage 1: VAE -------------------------------------------------------------------------------------------
@@ -377,7 +390,11 @@ def train_dit(
     lr: float,
     sessions: int,
     context_noise: float = 0.1,
+    self_forcing: float = 0.0,
+    turn_weight: float = 0.0,
 ) -> Path:
+    """Stage 2 (teacher forcing) or, with `self_forcing` > 0, stage 3 (the self-forcing fine-tune started
+    from stage 2's weights and optimizer, with its own step count, budget and checkpoint). One step loop."""
     import torch
 
     from ardiff.worker.settings import WorkerSettings
@@ -395,9 +412,12 @@ def train_dit(
     from vllm_omni.diffusion.models.lingbot_world.pipeline import _build_shifted_flow_schedule
 
     tr = pipe.transformer
-    sigmas = torch.tensor([sigma for _, sigma in _build_shifted_flow_schedule(flow_shift=5.0)])
+    schedule = [sigma for _, sigma in _build_shifted_flow_schedule(flow_shift=5.0)]
+    sigmas = torch.tensor(schedule)
     clips, actions = data["clips"][:sessions], data["actions"][:sessions]
     n = len(clips)
+    # Per latent frame: 1 + turn_weight where the camera turns into it (its keys are not idle), else 1.
+    frame_weights = torch.from_numpy(1.0 + turn_weight * turning_frames(actions)).float()
     height, width = world.HEIGHT, world.WIDTH
     lat_h, lat_w = height // 8, width // 8
 
@@ -475,20 +495,32 @@ def train_dit(
         p.requires_grad_(True)
     tr.train()
     opt = torch.optim.AdamW(params, lr, weight_decay=0.01, betas=(0.9, 0.99))
-    ckpt = out / "dit_train.pt"
-    step, elapsed, rng = 0, 0.0, np.random.default_rng(1)
+    stage = "dit-sf" if self_forcing > 0 else "dit"
+    ckpt = out / ("dit_sf_train.pt" if self_forcing > 0 else "dit_train.pt")
+    step, elapsed, rng = 0, 0.0, np.random.default_rng(3 if self_forcing > 0 else 1)
     if ckpt.is_file():
         saved = torch.load(ckpt, weights_only=False)
         tr.load_state_dict(saved["model"])
         opt.load_state_dict(saved["opt"])
         step, elapsed, rng = saved["step"], saved["elapsed"], saved["rng"]
         torch.set_rng_state(saved["torch_rng"])
+    elif self_forcing > 0:
+        base = out / "dit_train.pt"
+        if not base.is_file():
+            raise SystemExit(f"--self-forcing fine-tunes the teacher-forced DiT: {base} is missing")
+        saved = torch.load(base, weights_only=False)
+        tr.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        torch.manual_seed(3)
     else:
         torch.manual_seed(1)
 
-    def rollout_loss(idx: Any) -> Any:
+    def rollout_loss(idx: Any, own_context: bool) -> Any:
+        """Per-block x0 loss of one rollout of N_CHUNKS blocks through the request-local KV cache. Context
+        blocks are committed at t = 0 as `commit_block_kv` does: the (lightly perturbed) ground truth, or with
+        `own_context` the model's own sample of the block through the sampler's steps (no gradient)."""
         b = len(idx)
-        lat, cond, cam = lat_all[idx], cond_all[idx], cam_all[idx]
+        lat, cond, cam, weights = lat_all[idx], cond_all[idx], cam_all[idx], frame_weights[idx]
         emb = prompt_embeds.expand(b, -1, -1)
         cache = tr.allocate_cache(
             batch_size=b,
@@ -500,37 +532,45 @@ def train_dit(
         losses = []
         for block in range(N_CHUNKS):
             sl = slice(3 * block, 3 * block + 3)
-            x0, cb, kb = lat[:, :, sl], cond[:, :, sl], cam[:, :, sl]
-            s = sigmas[torch.from_numpy(rng.integers(0, len(sigmas), b))].view(b, 1, 1, 1, 1)
-            xt = (1 - s) * x0 + s * torch.randn_like(x0)
-            flow = tr(
-                hidden_states=torch.cat((xt, cb), 1),
-                timestep=s.view(b) * 1000,
-                encoder_hidden_states=emb,
-                camera_hidden_states=kb,
-                cache=cache,
-                start_frame=3 * block,
-                update_cache=False,
-            )
-            losses.append(((xt - s * flow - x0) ** 2).mean())
-            if (
-                block + 1 < N_CHUNKS
-            ):  # commit the (lightly perturbed) clean block at t=0, as commit_block_kv does
-                ctx_x0 = x0 + context_noise * torch.rand(b, 1, 1, 1, 1) * torch.randn_like(x0)
-                tr(
-                    hidden_states=torch.cat((ctx_x0, cb), 1),
-                    timestep=torch.zeros(b),
+            x0, cb, kb, w = lat[:, :, sl], cond[:, :, sl], cam[:, :, sl], weights[:, sl]
+
+            def forward(x: Any, sigma: Any, *, update: bool, cb: Any = cb, kb: Any = kb, block: int = block):
+                return tr(
+                    hidden_states=torch.cat((x, cb), 1),
+                    timestep=sigma.view(b) * 1000,
                     encoder_hidden_states=emb,
                     camera_hidden_states=kb,
                     cache=cache,
                     start_frame=3 * block,
-                    update_cache=True,
+                    update_cache=update,
                 )
+
+            s = sigmas[torch.from_numpy(rng.integers(0, len(sigmas), b))].view(b, 1, 1, 1, 1)
+            xt = (1 - s) * x0 + s * torch.randn_like(x0)
+            err = ((xt - s * forward(xt, s, update=False) - x0) ** 2).mean((1, 3, 4))  # (b, latent frames)
+            losses.append((err * w).sum() / w.sum())
+            if block + 1 < N_CHUNKS:
+                if own_context:
+                    with torch.no_grad():
+                        ctx_x0 = sample_block(x0.shape, lambda x, sigma: forward(x, sigma, update=False))
+                else:
+                    ctx_x0 = x0 + context_noise * torch.rand(b, 1, 1, 1, 1) * torch.randn_like(x0)
+                forward(ctx_x0, torch.zeros(b), update=True)
         return torch.stack(losses)
+
+    def sample_block(shape: tuple[int, ...], flow_at: Any) -> Any:
+        """The sampler's steps for one block, as the pipeline runs them: from noise, x0 = x_t - sigma * flow,
+        re-noised at the next sigma (`apply_transition`); the last step's x0 is the block."""
+        x = torch.randn(shape)
+        for i, sigma in enumerate(schedule):
+            x0 = x - sigma * flow_at(x, torch.full((shape[0],), sigma))
+            if i + 1 < len(schedule):
+                x = (1 - schedule[i + 1]) * x0 + schedule[i + 1] * torch.randn(shape)
+        return x0
 
     weights = model_dir / "transformer" / "diffusion_pytorch_model.safetensors"
     budget = minutes * 60
-    progress = Progress("dit", budget, elapsed)
+    progress = Progress(stage, budget, elapsed)
     hist: list[np.ndarray] = []
     last_save = time.monotonic()
 
@@ -548,7 +588,8 @@ def train_dit(
         )
         export_transformer(tr, weights)
         state = _load_state(out)
-        state.update(dit_steps=step, dit_seconds=round(progress.elapsed()))
+        prefix = stage.replace("-", "_")
+        state.update({f"{prefix}_steps": step, f"{prefix}_seconds": round(progress.elapsed())})
         _save_state(out, state)
 
     context = set_forward_context(vllm_config=worker.vllm_config, omni_diffusion_config=od_config)
@@ -557,7 +598,8 @@ def train_dit(
             lr_now = _cosine(lr, progress.elapsed() / budget, step)
             for group in opt.param_groups:
                 group["lr"] = lr_now
-            per_block = rollout_loss(torch.from_numpy(rng.integers(0, n, batch)))
+            own_context = self_forcing > 0 and rng.random() < self_forcing
+            per_block = rollout_loss(torch.from_numpy(rng.integers(0, n, batch)), own_context)
             loss = per_block.mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -577,7 +619,7 @@ def train_dit(
     progress.update(step, "done", force=True)
     progress.close()
     save()
-    print(f"dit: {step} steps in {_clock(progress.elapsed())} -> {model_dir}", flush=True)
+    print(f"{stage}: {step} steps in {_clock(progress.elapsed())} -> {model_dir}", flush=True)
     worker.shutdown()
     return model_dir
 
@@ -593,6 +635,8 @@ def main(
     batch: int = 16,
     lr: float = 1.5e-3,
     seed: int = 7,
+    self_forcing: float = 0.0,
+    turn_weight: float = 0.0,
 ) -> Path:
     out = Path(out_dir).expanduser().resolve()
     if out.exists() and any(out.iterdir()) and not resume:
@@ -615,4 +659,13 @@ def main(
     build_model_dir(out, vae_dir)
     if decoder_only:
         return train_decoder(out, data["clips"], minutes)
-    return train_dit(out, data, minutes, batch=batch, lr=lr, sessions=sessions)
+    return train_dit(
+        out,
+        data,
+        minutes,
+        batch=batch,
+        lr=lr,
+        sessions=sessions,
+        self_forcing=self_forcing,
+        turn_weight=turn_weight,
+    )

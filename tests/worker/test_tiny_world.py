@@ -73,3 +73,22 @@ def test_the_shipped_checkpoint_loads_and_ticks(tmp_path) -> None:
         assert chunk.frames.std() > 5  # a picture, not a flat field
     finally:
         adapter.shutdown()
+
+
+def test_the_turn_weight_marks_exactly_the_latent_frames_whose_yaw_changes(vllm_omni_ready) -> None:
+    """`train-tiny-world --turn-weight` weighs the latent frames `turning_frames` marks: those where LingBot's
+    own action integration moves the yaw from the previous latent frame (held-key sessions as in training)."""
+    from ardiff.worker.tiny_world_train import N_CHUNKS, turning_frames
+
+    rng = np.random.default_rng(5)
+    sessions = [world.sample_actions(rng, N_CHUNKS) for _ in range(6)] + [world.held_actions("j", N_CHUNKS)]
+    actions = np.asarray([[["".join(keys) for keys in chunk] for chunk in s] for s in sessions], dtype="<U2")
+    marked = turning_frames(actions)
+    assert marked.shape == (7, 3 * N_CHUNKS)
+    for row, chunks in zip(marked, sessions, strict=True):
+        yaws = world.latent_yaws(chunks)
+        moved = np.abs(np.diff(yaws)) > 1e-6
+        assert row[0] == 0.0  # the start image
+        assert np.array_equal(row[1:], moved.astype(np.float64)), (row, yaws)
+    assert marked[-1].sum() == 3 * N_CHUNKS - 1  # hold `j`: every latent frame after the start turns
+    assert 0 < marked[:-1].mean() < 1
