@@ -13,33 +13,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import os
 import random
-import statistics
 import time
-from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 from ardiff.devcluster.redis_server import RedisServer
+from ardiff.devcluster.scale_seed import bounded, place_sessions, session_spec, used_memory
+from ardiff.devcluster.scale_seed import percentile as pct
 from ardiff.kv.placement import PlacementStore
-from ardiff.kv.records import PoolId, SessionSpec
+from ardiff.kv.records import PoolId
 
 POOL = PoolId("scale", "gpu")
-TOKEN = hashlib.sha256(b"scale").hexdigest()
 BURST = 1_000
 CONCURRENCY = 32  # seeding and touching
 BURST_PLACERS = 8
 INVARIANTS_UP_TO = 20_000
-T = TypeVar("T")
-
-
-def spec(name: str) -> SessionSpec:
-    # A realistic record: a prompt of a sentence, a token digest, a seed, no inline image.
-    return SessionSpec(
-        name=name, token_sha256=TOKEN, seed=7, prompt="a lighthouse on a cliff at dusk, waves, slow dolly in"
-    )
 
 
 @dataclass(frozen=True)
@@ -59,30 +48,6 @@ class SizeResult:
     burst_p99_ms: float
 
 
-async def bounded(calls: Sequence[Callable[[], Awaitable[T]]], limit: int) -> list[float]:
-    """Run `calls` with at most `limit` in flight; each one's latency in seconds."""
-    latencies: list[float] = []
-    queue = list(reversed(calls))
-
-    async def runner() -> None:
-        while queue:
-            call = queue.pop()
-            start = time.perf_counter()
-            await call()
-            latencies.append(time.perf_counter() - start)
-
-    await asyncio.gather(*(runner() for _ in range(limit)))
-    return latencies
-
-
-def pct(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
-
-
-async def used_memory(store: PlacementStore) -> int:
-    return int((await store.client.info("memory"))["used_memory"])
-
-
 async def measure(url: str, pods: int, sessions: int) -> SizeResult:
     rng = random.Random(0)
     async with PlacementStore.from_url(url) as store:
@@ -98,18 +63,8 @@ async def measure(url: str, pods: int, sessions: int) -> SizeResult:
         with_pods = await used_memory(store)
         names = [f"s-{i:06d}" for i in range(sessions)]
         start = time.perf_counter()
-        await bounded([lambda n=n: store.place(POOL, spec(n)) for n in names], CONCURRENCY)
+        bindings = await place_sessions(store, POOL, names, CONCURRENCY)
         seed_s = time.perf_counter() - start
-        bindings = await store.get_bindings(POOL, names)
-        await bounded(
-            [
-                lambda n=n: store.touch(
-                    POOL, n, pod=bindings[n].pod, epoch=bindings[n].pod_epoch, chunk_index=1
-                )
-                for n in names
-            ],
-            CONCURRENCY,
-        )
         with_sessions = await used_memory(store)
 
         start = time.perf_counter()
@@ -138,7 +93,9 @@ async def measure(url: str, pods: int, sessions: int) -> SizeResult:
 
         newcomers = [f"burst-{i:04d}" for i in range(BURST)]
         start = time.perf_counter()
-        burst = await bounded([lambda n=n: store.place(POOL, spec(n)) for n in newcomers], BURST_PLACERS)
+        burst = await bounded(
+            [lambda n=n: store.place(POOL, session_spec(n)) for n in newcomers], BURST_PLACERS
+        )
         burst_s = time.perf_counter() - start
         await store.delete_pool(POOL)
     return SizeResult(

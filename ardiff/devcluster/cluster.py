@@ -92,6 +92,7 @@ class DevCluster:
     pod_command: PodCommand = container_command
     pod_env: Mapping[str, str] = field(default_factory=dict)
     operator_env: Mapping[str, str] = field(default_factory=dict)
+    simulated_pods: bool = False  # worker Pods without processes (pod_runner's simulated mode)
     redis: RedisServer | None = None
     api: KubeAPIProcess | None = None
     runner: PodRunner | None = None
@@ -132,6 +133,7 @@ class DevCluster:
                 logs_dir=self.logs_dir / "pods",
                 volumes_dir=self.workdir / "volumes",
                 extra_env=self.pod_env,
+                simulated=self.simulated_pods,
             ).start()
             if self.operator_command is not None:
                 self.operator = OperatorProcess(

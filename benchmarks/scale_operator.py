@@ -1,0 +1,408 @@
+"""The operator at scale with simulated pods (issue 14 item 7): P pods x S sessions in a pool, three sizes.
+
+Per size, a fresh dev cluster (the emulated API in its own process, a real `redis-server`, the pod runner in
+simulated mode: worker Pods that register and heartbeat through the worker's `PodLink`, no processes) and the
+real operator (`ardiff operator run`, real kopf) serving its Prometheus metrics:
+1. the pool (replicas min = max = P; fake-runtime capacity ceil((S + 2 x burst) / P); lease 30 s, heartbeat
+   5 s) comes up: the operator creates its P Pods, the simulated runner registers them;
+2. one session is applied and admitted by the operator: the template of the seeded ones (spec, kopf's
+   annotations);
+3. the operator stops; S sessions are placed in Redis through the store (32 placers) and ticked once; the API
+   gets S session CRs (the template renamed, with the status the operator's own `build_session_status` derives
+   from each Redis record) through `POST /devcluster/seed` (no 100k creates, no admission: an etcd restore);
+4. the operator starts again: seconds until it serves (liveness), and until its first round of the pool;
+5. idle rounds (nothing changes) for `--rounds` rounds: each round's time (the increase of
+   `ardiff_pool_reconcile_seconds_sum` per new round, sampled every 0.1 s), the API writes made meanwhile
+   (resourceVersion), the operator's RSS;
+6. a burst of `--burst` new sessions created by 8 clients (benchmarks/reconcile.py's `apply_sessions`):
+   apply -> Ready p50 / p99 on a watch, and the rounds during it.
+Also Redis `used_memory` per session (before and after 3) and the operator's peak RSS (VmHWM). The baseline is
+the first (smallest) size of the same run; every figure is also printed as a ratio of it.
+
+    nice -n 10 .venv/bin/python benchmarks/scale_operator.py [--sizes 10x1000,100x10000,1000x100000]
+        [--burst 1000] [--rounds 5] [--profile DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster
+from ardiff.devcluster.operator_process import OperatorProcess
+from ardiff.devcluster.redis_server import free_port
+from ardiff.devcluster.scale_seed import PROMPT, SEED, percentile, place_sessions, seed_objects, used_memory
+from ardiff.kv.placement import PlacementStore
+from ardiff.kv.records import PodRecord, PoolId, SessionBinding
+from ardiff.operator.status import SessionObservation, build_session_status, rfc3339
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The burst is applied and watched as benchmarks/reconcile.py does it.
+from reconcile import Phase, apply_sessions
+
+NAMESPACE = "scale"
+POOL = PoolId(NAMESPACE, "gpu")
+GROUP = f"/apis/ardiffusion.dev/v1alpha1/namespaces/{NAMESPACE}"
+OPERATOR_ENV = {"ARDIFF_OPERATOR_RECONCILE_SECONDS": "2", "ARDIFF_OPERATOR_MIRROR_SECONDS": "5"}
+SEED_PLACERS = 32
+BURST_CLIENTS = 8
+TIMEOUT = 1800.0
+ROUND_METRIC = "ardiff_pool_reconcile_seconds"
+
+
+def pool_body(pods: int, capacity: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "ardiffusion.dev/v1alpha1",
+        "kind": "ARDiffusionWorkerPool",
+        "metadata": {"name": POOL.name, "namespace": NAMESPACE},
+        "spec": {
+            "model": {"name": "tiny-lingbot-world", "height": 64, "width": 64},
+            "image": "ghcr.io/ardiff/ardiff-worker:scale",
+            "env": [
+                {"name": "ARDIFF_RUNTIME", "value": "fake"},
+                {"name": "ARDIFF_FAKE_CAPACITY", "value": str(capacity)},
+                # 1,000 simulated pods heartbeat from one thread of this process, beside the seeding.
+                {"name": "ARDIFF_LEASE_SECONDS", "value": "30"},
+                {"name": "ARDIFF_HEARTBEAT_SECONDS", "value": "5"},
+            ],
+            "replicas": {"min": pods, "max": pods},
+            "scaleDownDelaySeconds": 3600,
+        },
+    }
+
+
+@dataclass
+class RoundSampler:
+    """Polls the operator's round histogram on a thread: each new round's seconds (the `_sum` increase per
+    `_count` increase; a poll that sees two rounds at once gives both their mean)."""
+
+    url: str
+    period: float = 0.1
+    rounds: list[tuple[float, float]] = field(default_factory=list)  # (monotonic time seen, seconds)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def read(self) -> tuple[float, float]:
+        """(count, sum) of the pool's round histogram; (0, 0) before the first round or while unreachable."""
+        try:
+            text = httpx.get(self.url, timeout=5).text
+        except httpx.HTTPError:
+            return 0.0, 0.0
+        found = {"count": 0.0, "sum": 0.0}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.labels.get("pool") == POOL.name and s.name in (
+                    f"{ROUND_METRIC}_count",
+                    f"{ROUND_METRIC}_sum",
+                ):
+                    found[s.name.rsplit("_", 1)[1]] = s.value
+        return found["count"], found["sum"]
+
+    def _run(self) -> None:
+        count, total = self.read()
+        while not self._stop.wait(self.period):
+            new_count, new_total = self.read()
+            if new_count > count:
+                mean = (new_total - total) / (new_count - count)
+                self.rounds += [(time.monotonic(), mean)] * int(new_count - count)
+                count, total = new_count, new_total
+
+    def start(self) -> RoundSampler:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def since(self, moment: float) -> list[float]:
+        return [seconds for seen, seconds in self.rounds if seen >= moment]
+
+    def wait_rounds(self, count: int, after: float, timeout: float = TIMEOUT) -> list[float]:
+        deadline = time.monotonic() + timeout
+        while len(self.since(after)) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fewer than {count} reconcile rounds within {timeout} s")
+            time.sleep(0.1)
+        return self.since(after)
+
+
+@dataclass(frozen=True)
+class SizeResult:
+    pods: int
+    sessions: int
+    seed_redis_s: float
+    seed_api_s: float
+    redis_bytes_per_session: float
+    operator_ready_s: float  # start -> liveness
+    first_round_s: float  # start -> first round of the pool done
+    rounds: list[float]  # idle rounds, seconds
+    writes_per_round: float  # API writes during the idle rounds, per round
+    operator_rss: int  # after the idle rounds
+    operator_peak_rss: int  # VmHWM at the end
+    api_rss: int
+    burst: Phase
+    burst_rounds: list[float]
+
+
+def wait_for(predicate: Any, what: str, timeout: float = TIMEOUT, poll: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(poll)
+    raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+
+
+def peak_rss(pid: int) -> int:
+    """The process' high-water mark of resident memory (VmHWM), bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
+def resource_version(http: httpx.Client) -> int:
+    """The API's current resourceVersion (a cheap list): how many writes it has taken."""
+    return int(http.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps").json()["metadata"]["resourceVersion"])
+
+
+def boot_pool(http: httpx.Client, pods: int, capacity: int) -> dict[str, Any]:
+    """The pool with every Pod registered and Ready; then a template session admitted by the operator."""
+    http.post(f"{GROUP}/ardiffusionworkerpools", json=pool_body(pods, capacity)).raise_for_status()
+    wait_for(
+        lambda: (
+            (s := http.get(f"{GROUP}/ardiffusionworkerpools/{POOL.name}").json().get("status") or {}).get(
+                "readyReplicas"
+            )
+            == pods
+            and s.get("capacity") == pods * capacity
+        ),
+        f"{pods} ready pods",
+    )
+    template = {
+        "apiVersion": "ardiffusion.dev/v1alpha1",
+        "kind": "ARDiffusionSession",
+        "metadata": {"name": "template"},
+        "spec": {"poolRef": POOL.name, "prompt": PROMPT, "seed": SEED},
+    }
+    http.post(f"{GROUP}/ardiffusionsessions", json=template).raise_for_status()
+    return wait_for(
+        lambda: (
+            (b := http.get(f"{GROUP}/ardiffusionsessions/template").json()).get("status", {}).get("phase")
+            == "Ready"
+            and b
+        ),
+        "the template session Ready",
+        poll=0.1,
+    )
+
+
+def seeded_session(
+    template: dict[str, Any], name: str, binding: SessionBinding, pod: PodRecord, now_ms: int
+) -> dict[str, Any]:
+    """The template renamed, with the status the operator derives from the session's Redis record."""
+    observation = SessionObservation(record=binding, pod=pod, pod_ready=True, now_ms=now_ms)
+    status = build_session_status({}, observation, session=name, generation=1, now=rfc3339(now_ms))
+    meta = template["metadata"]
+    return {
+        "apiVersion": template["apiVersion"],
+        "kind": template["kind"],
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "annotations": meta.get("annotations", {}),
+            **({"finalizers": meta["finalizers"]} if meta.get("finalizers") else {}),
+        },
+        "spec": template["spec"],
+        "status": {k: v for k, v in status.items() if v is not None},
+    }
+
+
+async def seed_redis(
+    url: str, names: list[str]
+) -> tuple[dict[str, SessionBinding], dict[str, PodRecord], int, int]:
+    """Place and tick the sessions; their bindings, the pods' records, Redis server time, bytes added."""
+    async with PlacementStore.from_url(url) as store:
+        before = await used_memory(store)
+        bindings = await place_sessions(store, POOL, names, SEED_PLACERS)
+        after = await used_memory(store)
+        pods = {p.name: p for p in await store.list_pods(POOL)}
+        return bindings, pods, await store.server_time_ms(), after - before
+
+
+def measure(workdir: Path, pods: int, sessions: int, args: argparse.Namespace) -> SizeResult:
+    capacity = -(-(sessions + 2 * args.burst) // pods)
+    metrics_url = f"http://127.0.0.1:{free_port()}/metrics"
+    command: tuple[str, ...] = (*OPERATOR_COMMAND, "--metrics", metrics_url)
+    if args.profile:
+        profile = Path(args.profile) / f"operator-{pods}x{sessions}.prof"
+        command = ("python", "-m", "cProfile", "-o", str(profile), "-m", "ardiff.cli", *command[1:])
+    with (
+        DevCluster(workdir, namespace=NAMESPACE, simulated_pods=True) as cluster,
+        httpx.Client(base_url=cluster.api_url, timeout=120) as http,
+    ):
+        operator = OperatorProcess(
+            command,
+            kubeconfig=cluster.kubeconfig,
+            redis_url=cluster.redis_url,
+            namespace=NAMESPACE,
+            log_path=cluster.logs_dir / "operator.log",
+            env=OPERATOR_ENV,
+        )
+        operator.start().wait_ready()
+        template = boot_pool(http, pods, capacity)
+        operator.stop()
+        print(f"  {pods} pods up; seeding {sessions} sessions", file=sys.stderr, flush=True)
+
+        names = [f"s-{i:06d}" for i in range(sessions)]
+        started = time.monotonic()
+        bindings, pod_records, now_ms, redis_bytes = asyncio.run(seed_redis(cluster.redis_url, names))
+        seed_redis_s = time.monotonic() - started
+        started = time.monotonic()
+        items = [
+            seeded_session(template, n, bindings[n], pod_records[bindings[n].pod], now_ms) for n in names
+        ]
+        seed_objects(cluster.api_url, items)
+        seed_api_s = time.monotonic() - started
+        del items
+
+        started = time.monotonic()
+        operator.start().wait_ready(timeout=TIMEOUT)
+        assert operator.pid is not None
+        operator_ready_s = time.monotonic() - started
+        sampler = RoundSampler(metrics_url).start()
+        try:
+            sampler.wait_rounds(1, after=0)
+            first_round_s = sampler.rounds[0][0] - started
+            print(f"  operator serving; sampling {args.rounds} idle rounds", file=sys.stderr, flush=True)
+            idle_from, rv_from = time.monotonic(), resource_version(http)
+            rounds = sampler.wait_rounds(args.rounds, after=idle_from)
+            writes = resource_version(http) - rv_from
+            operator_rss = psutil.Process(operator.pid).memory_info().rss
+
+            burst_names = [f"burst-{i:04d}" for i in range(args.burst)]
+            burst_from = time.monotonic()
+            burst = Phase.of(
+                *asyncio.run(
+                    apply_sessions(
+                        cluster.api_url,
+                        NAMESPACE,
+                        POOL.name,
+                        burst_names,
+                        clients=BURST_CLIENTS,
+                        rate=0,
+                        ready_within=TIMEOUT,
+                    )
+                )
+            )
+            burst_rounds = [s for seen, s in sampler.rounds if burst_from <= seen]
+            operator_peak = peak_rss(operator.pid)
+            assert cluster.api is not None
+            assert cluster.api.process is not None
+            api_rss = psutil.Process(cluster.api.process.pid).memory_info().rss
+        finally:
+            sampler.stop()
+            operator.stop()
+    return SizeResult(
+        pods=pods,
+        sessions=sessions,
+        seed_redis_s=seed_redis_s,
+        seed_api_s=seed_api_s,
+        redis_bytes_per_session=redis_bytes / sessions,
+        operator_ready_s=operator_ready_s,
+        first_round_s=first_round_s,
+        rounds=rounds,
+        writes_per_round=writes / len(rounds),
+        operator_rss=operator_rss,
+        operator_peak_rss=operator_peak,
+        api_rss=api_rss,
+        burst=burst,
+        burst_rounds=burst_rounds,
+    )
+
+
+def row(r: SizeResult) -> dict[str, float]:
+    """The figures compared across sizes."""
+    return {
+        "round p50 s": percentile(r.rounds, 50),
+        "round p99 s": percentile(r.rounds, 99),
+        "first round s": r.first_round_s,
+        "op RSS MiB": r.operator_rss / 2**20,
+        "op peak MiB": r.operator_peak_rss / 2**20,
+        "burst p50 s": r.burst.quantile(0.5),
+        "burst p99 s": r.burst.quantile(0.99),
+    }
+
+
+def pair(a: float, b: float, digits: int) -> str:
+    return f"{a:.{digits}f} / {b:.{digits}f}"
+
+
+def print_table(results: list[SizeResult], burst: int) -> None:
+    print(
+        f"\noperator at scale, one pool, simulated pods; burst: {burst} new sessions, {BURST_CLIENTS} clients"
+    )
+    header = (
+        f"{'pods':>5} {'sessions':>8} {'seed redis/API s':>16} {'B/session':>9} {'ready/1st round s':>17} "
+        f"{'round p50/p99 s':>15} {'writes/round':>12} {'op RSS/peak MiB':>15} {'API MiB':>7} "
+        f"{'burst p50/p99 s':>15} {'all Ready s':>11} {'rounds in burst (max s)':>23}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        f = row(r)
+        in_burst = f"{len(r.burst_rounds)} ({max(r.burst_rounds, default=0):.2f})"
+        print(
+            f"{r.pods:>5} {r.sessions:>8} {pair(r.seed_redis_s, r.seed_api_s, 0):>16} "
+            f"{r.redis_bytes_per_session:>9.0f} {pair(r.operator_ready_s, r.first_round_s, 1):>17} "
+            f"{pair(f['round p50 s'], f['round p99 s'], 3):>15} {r.writes_per_round:>12.1f} "
+            f"{pair(f['op RSS MiB'], f['op peak MiB'], 0):>15} {r.api_rss / 2**20:>7.0f} "
+            f"{pair(f['burst p50 s'], f['burst p99 s'], 2):>15} {r.burst.all_ready_s:>11.1f} {in_burst:>23}"
+        )
+    base = row(results[0])
+    print(f"\nratio to the baseline ({results[0].pods} pods x {results[0].sessions} sessions, same run):")
+    print(f"{'pods':>5} {'sessions':>8} " + " ".join(f"{k:>13}" for k in base))
+    for r in results:
+        print(f"{r.pods:>5} {r.sessions:>8} " + " ".join(f"{v / base[k]:>12.1f}x" for k, v in row(r).items()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10x1000,100x10000,1000x100000", help="PODSxSESSIONS,...")
+    parser.add_argument("--burst", type=int, default=1000, help="new sessions applied at once at each size")
+    parser.add_argument("--rounds", type=int, default=5, help="idle reconcile rounds sampled at each size")
+    parser.add_argument("--profile", help="run the operator under cProfile; its stats go to this directory")
+    parser.add_argument("--workdir", help="where the dev clusters keep their logs (default: a temp dir)")
+    args = parser.parse_args()
+    sizes = [tuple(int(x) for x in size.split("x")) for size in args.sizes.split(",")]
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="ardiff-bench-scale-"))
+    load = os.getloadavg()
+    print(f"dev clusters under {workdir}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
+    results = []
+    for pods, sessions in sizes:
+        print(f"size {pods} pods x {sessions} sessions", file=sys.stderr, flush=True)
+        results.append(measure(workdir / f"{pods}x{sessions}", pods, sessions, args))
+        print(yaml.safe_dump({"size": f"{pods}x{sessions}", **row(results[-1])}), file=sys.stderr, flush=True)
+    print_table(results, args.burst)
+    load = os.getloadavg()
+    print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
