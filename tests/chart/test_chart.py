@@ -495,12 +495,19 @@ def test_worker_selectors_match_the_pods_the_operator_creates(chart):
         assert selector  # an empty selector would match every pod
 
 
-def test_worker_network_policy_admits_the_operator_and_the_configured_clients(chart):
+def test_worker_network_policy_admits_the_operator_the_configured_clients_and_other_workers(chart):
     router = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "router"}}}
     objects = chart.render({"networkPolicy": {"workerClients": [router]}})
     policy = one(objects, "NetworkPolicy", f"{chart.fullname}-workers")
     assert policy["spec"]["policyTypes"] == ["Ingress"]
-    [ingress] = policy["spec"]["ingress"]
+    [ingress, workers] = policy["spec"]["ingress"]
+    # Worker to worker (issue 12: a migrating session's new pod pulls it), on the worker port, and only from
+    # the pods the operator makes as workers (no namespaceSelector: the policy's own namespace).
+    [worker_peer] = workers["from"]
+    assert worker_peer.keys() == {"podSelector"}
+    assert worker_peer["podSelector"]["matchLabels"].items() <= pool_labels("any-pool").items()
+    assert worker_peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "worker"
+    assert workers["ports"] == [{"port": WORKER_PORT, "protocol": "TCP"}]
     operator_peer = {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": chart.namespace}},
         "podSelector": {
@@ -664,7 +671,7 @@ def test_helm_test_ticks_a_session_on_the_default_pool(chart):
     ]
     # The workers' NetworkPolicy admits it (its labels), on the worker port only.
     policy = one(objects, "NetworkPolicy", f"{chart.fullname}-workers")
-    [_, test_rule] = policy["spec"]["ingress"]
+    [_, _, test_rule] = policy["spec"]["ingress"]
     [peer] = test_rule["from"]
     assert peer["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     assert test_rule["ports"] == [{"port": WORKER_PORT, "protocol": "TCP"}]
