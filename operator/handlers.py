@@ -16,6 +16,7 @@ from typing import Any
 
 import kopf
 
+from ardiff.kv.errors import NotReplicated
 from ardiff.kv.placement import PlacementStore, redact_url
 from ardiff.kv.records import PoolId
 from ardiff.operator.config import OperatorConfig
@@ -219,6 +220,9 @@ async def reconcile_pool_forever(
                 await pool_round(ctx, pool, sessions_by_pool, worker_pods, dict(status), logger)
             except asyncio.CancelledError:
                 raise
+            except NotReplicated as exc:  # applied on the master only: the round stopped before reporting it
+                logger.warning(f"pool {pid} reconcile: {exc}; the round is repeated")
+                ctx.kick(pid)  # at once (after the minimal gap), not a whole period later
             except Exception as exc:  # one failed round must not end the loop; the next one retries
                 logger.exception(f"pool {pid} reconcile failed: {exc}")
             await wait_for_kick(ctx, pid, started, stopped)

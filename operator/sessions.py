@@ -11,6 +11,7 @@ from typing import Any
 
 import kopf
 
+from ardiff.kv.errors import NotReplicated
 from ardiff.kv.records import PoolId
 from ardiff.operator.admission import AdmissionFailure, check_family, placement_spec
 from ardiff.operator.context import OperatorContext
@@ -18,6 +19,9 @@ from ardiff.operator.reconcile import live_pods, now_rfc3339, pod_slots
 from ardiff.operator.scaling import may_grow
 from ardiff.operator.status import Reason, SessionObservation, build_failed_status, build_session_status
 from ardiff.operator.views import PodView, PoolView, SessionView
+
+# A write Redis applied but no replica acknowledged (NotReplicated) is tried again after this long.
+NOT_REPLICATED_RETRY_SECONDS = 1.0
 
 
 def failed_status(session: SessionView, reason: Reason, message: str, logger: kopf.Logger) -> dict[str, Any]:
@@ -61,7 +65,15 @@ async def admit(
         live = await live_pods(ctx, pid)
         can_grow = pool.spec is None or may_grow(pod_slots(ctx, pool, pods, live), pool.spec.max_replicas)
         min_idle_ms = pool.spec.min_idle_seconds * 1000 if pool.spec else 0
-        placed = await ctx.store.place(pid, spec, may_evict=not can_grow, min_idle_ms=min_idle_ms)
+        try:
+            placed = await ctx.store.place(pid, spec, may_evict=not can_grow, min_idle_ms=min_idle_ms)
+        except NotReplicated as exc:
+            # Applied on the master, not (yet) on a replica: a failover may lose it, so nothing is reported
+            # from it. `place` is idempotent: the retry returns the same slot once a replica acknowledges.
+            logger.warning(
+                f"session {session.name}: {exc}; admission retried in {NOT_REPLICATED_RETRY_SECONDS} s"
+            )
+            raise kopf.TemporaryError(str(exc), delay=NOT_REPLICATED_RETRY_SECONDS) from None
         now_ms = await ctx.store.server_time_ms()
     if placed.placement is None:
         ctx.kick(pid)  # the pool may need another pod

@@ -246,6 +246,25 @@ def cluster(kube_api: KubeAPIThread, pod_runner: PodRunner, kube_namespace: str)
     client.http.close()
 
 
+# The simulated runner's node: a pool pins its Pods there with `nodeSelector` (HOSTNAME_LABEL), so the
+# session-wide runner (real worker processes) leaves them alone.
+SIMULATED_NODE = "simulated-node"
+
+
+@pytest.fixture
+def simulated_runner(kube_api: KubeAPIThread, kube_namespace: str, tmp_path: Path) -> Iterator[PodRunner]:
+    """A pod runner in simulated mode for the test's namespace: worker Pods pinned to `SIMULATED_NODE`
+    register in Redis through the worker's link and go Ready, with no process."""
+    with PodRunner(
+        kube_api.url,
+        node_name=SIMULATED_NODE,
+        namespace=kube_namespace,
+        logs_dir=tmp_path / "simulated-pods",
+        simulated=True,
+    ) as runner:
+        yield runner
+
+
 @pytest.fixture
 def operator_process(cluster: Cluster, redis_url: str, tmp_path: Path) -> Iterator[OperatorProcess]:
     """The operator for the test's namespace, serving; on teardown, the test's objects are deleted through

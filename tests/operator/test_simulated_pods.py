@@ -1,38 +1,23 @@
 """The pod runner's simulated mode (`PodRunner(simulated=True)`, devcluster/simulated_pods.py) under the real
-operator: worker Pods without processes register through the worker's link, go Ready, and take sessions.
-
-The pool pins its Pods to the simulated runner's node (`nodeSelector` on `kubernetes.io/hostname`), so the
-session-wide runner, which runs real worker processes, leaves them alone.
-"""
+operator: worker Pods without processes register through the worker's link, go Ready, and take sessions."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
 
-from ardiff.devcluster.kube_api import KubeAPIThread
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.pod_runner import HOSTNAME_LABEL, PodRunner
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
-from tests.operator.conftest import Cluster
+from tests.operator.conftest import SIMULATED_NODE, Cluster
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-NODE = "simulated-node"
 CAPACITY = 3
-
-
-@pytest.fixture
-def simulated_runner(kube_api: KubeAPIThread, kube_namespace: str, tmp_path: Path) -> Iterator[PodRunner]:
-    with PodRunner(
-        kube_api.url, node_name=NODE, namespace=kube_namespace, logs_dir=tmp_path / "pods", simulated=True
-    ) as runner:
-        yield runner
 
 
 @pytest.fixture
@@ -46,7 +31,7 @@ async def test_sessions_go_ready_on_simulated_pods(
 ) -> None:
     cluster.create_pool(
         replicas={"min": 2, "max": 2},
-        nodeSelector={HOSTNAME_LABEL: NODE},
+        nodeSelector={HOSTNAME_LABEL: SIMULATED_NODE},
         env=[
             {"name": "ARDIFF_RUNTIME", "value": "fake"},
             {"name": "ARDIFF_FAKE_CAPACITY", "value": str(CAPACITY)},
