@@ -42,6 +42,9 @@ REDIS_URL_KEY = "url"
 # (`?ssl_ca_certs=<path>`, a file in the operator's Pod) into the pool's Secret; every worker Pod mounts that
 # key (optional: absent without TLS) here, and the URL it reads names this path.
 REDIS_CA_KEY = "ca.crt"
+# Pod-to-pod transfer of migrating sessions (issue 12): a random token per pool, made once, in the same
+# Secret; workers read it as ARDIFF_TRANSFER_TOKEN and accept pulls only with it.
+TRANSFER_TOKEN_KEY = "transfer-token"
 WORKER_REDIS_CA_DIR = "/etc/ardiff/redis-tls"
 REDIS_CA_VOLUME = "redis-ca"
 # The root filesystem is read-only: everything the worker writes goes to one of these emptyDir volumes
@@ -103,12 +106,20 @@ def read_redis_ca(url: str) -> bytes | None:
     return None if path is None else Path(path).read_bytes()
 
 
-def build_worker_redis_secret(namespace: str, pool: str, url: str, ca: bytes | None = None) -> dict[str, Any]:
+def new_transfer_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def build_worker_redis_secret(
+    namespace: str, pool: str, url: str, ca: bytes | None = None, *, transfer_token: str | None = None
+) -> dict[str, Any]:
     """The Secret the pool's workers read their Redis URL from (key `url`), so that its password is in no
     Pod spec; it lives in the pool's namespace, where the workers can read it (not adopted yet: the handler
     adopts it). With `ca` (a private TLS CA), key `ca.crt` holds it and the URL's `ssl_ca_certs` names where
-    worker Pods mount it."""
+    worker Pods mount it. `transfer_token`: the pool's worker-to-worker token (key `transfer-token`)."""
     data = {}
+    if transfer_token is not None:
+        data[TRANSFER_TOKEN_KEY] = base64.b64encode(transfer_token.encode()).decode()
     if ca is not None:
         parts = urllib.parse.urlsplit(url)
         query = [(k, v) for k, v in urllib.parse.parse_qsl(parts.query) if k != "ssl_ca_certs"]
@@ -147,6 +158,12 @@ def build_worker_env(namespace: str, pool: str, spec: WorkerPoolSpec) -> list[di
     redis_url = {"name": worker_redis_secret_name(pool), "key": REDIS_URL_KEY}
     env += [
         {"name": "ARDIFF_REDIS_URL", "valueFrom": {"secretKeyRef": redis_url}},
+        {
+            "name": "ARDIFF_TRANSFER_TOKEN",
+            "valueFrom": {
+                "secretKeyRef": {"name": worker_redis_secret_name(pool), "key": TRANSFER_TOKEN_KEY}
+            },
+        },
         {"name": "ARDIFF_NAMESPACE", "value": namespace},
         {"name": "ARDIFF_POOL", "value": pool},
         {"name": "ARDIFF_PORT", "value": str(WORKER_PORT)},

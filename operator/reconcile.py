@@ -31,9 +31,11 @@ from ardiff.operator.metrics import PoolSample
 from ardiff.operator.pods import (
     REDIS_CA_KEY,
     REDIS_URL_KEY,
+    TRANSFER_TOKEN_KEY,
     build_pool_service,
     build_worker_pod,
     build_worker_redis_secret,
+    new_transfer_token,
     pool_service_name,
     read_redis_ca,
     worker_pod_name,
@@ -472,7 +474,9 @@ async def ensure_worker_redis_secret(ctx: OperatorContext, pool: PoolView) -> bo
     URL may have changed since it was written). False when a Secret of that name exists that the pool does
     not own: it is left alone (reported once), and no worker Pod may be created."""
     url = ctx.config.worker_redis_url
-    secret = build_worker_redis_secret(pool.namespace, pool.name, url, read_redis_ca(url))
+    secret = build_worker_redis_secret(
+        pool.namespace, pool.name, url, read_redis_ca(url), transfer_token=new_transfer_token()
+    )
     kopf.adopt(secret, owner=pool.reference)
     key, name = PoolId(pool.namespace, pool.name), secret["metadata"]["name"]
     stored = await ctx.kube.create_or_get(SECRETS, secret)
@@ -486,8 +490,12 @@ async def ensure_worker_redis_secret(ctx: OperatorContext, pool: PoolView) -> bo
             kopf.event(pool.reference, type="Warning", reason="SecretConflict", message=message)
         return False
     stored_data = stored.get("data") or {}
-    if any(stored_data.get(k) != secret["data"].get(k) for k in (REDIS_URL_KEY, REDIS_CA_KEY)):
-        data = {REDIS_CA_KEY: None} | secret["data"]  # a CA no longer named is removed
+    # The transfer token is made once and kept (a new one would split the pool's running pods); a Secret
+    # written before it existed gets one.
+    token = {TRANSFER_TOKEN_KEY: stored_data.get(TRANSFER_TOKEN_KEY) or secret["data"][TRANSFER_TOKEN_KEY]}
+    keys = (REDIS_URL_KEY, REDIS_CA_KEY, TRANSFER_TOKEN_KEY)
+    if any(stored_data.get(k) != (secret["data"] | token).get(k) for k in keys):
+        data = {REDIS_CA_KEY: None} | secret["data"] | token  # a CA no longer named is removed
         await ctx.kube.patch(SECRETS, pool.namespace, name, {"data": data})
     ctx.secret_conflicts.discard(key)
     return True

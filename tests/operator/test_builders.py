@@ -16,6 +16,7 @@ from ardiff.operator.pods import (
     build_worker_env,
     build_worker_pod,
     build_worker_redis_secret,
+    new_transfer_token,
     read_redis_ca,
     session_identity_hash,
     worker_pod_name,
@@ -71,7 +72,7 @@ def test_worker_pod_is_exactly_what_contracts_describe() -> None:
             # Of everything below but the name: any change to how Pods are rendered changes it, and rolls the
             # pools' pods when the operator is upgraded (safely: only pods that hold no session go).
             "annotations": {
-                "ardiffusion.dev/template-hash": "956b74544ec03ed8",
+                "ardiffusion.dev/template-hash": "8ea19dfd9dd9dd0a",
                 # Of what an exported session must match (model, pipeline, size, dtype, runtime): issue 12.
                 "ardiffusion.dev/identity-hash": "6fee671b8c80e317",
             },
@@ -108,6 +109,13 @@ def test_worker_pod_is_exactly_what_contracts_describe() -> None:
                         {
                             "name": "ARDIFF_REDIS_URL",
                             "valueFrom": {"secretKeyRef": {"name": "tiny-workers-redis", "key": "url"}},
+                        },
+                        # So is the pool's worker-to-worker transfer token (issue 12).
+                        {
+                            "name": "ARDIFF_TRANSFER_TOKEN",
+                            "valueFrom": {
+                                "secretKeyRef": {"name": "tiny-workers-redis", "key": "transfer-token"}
+                            },
                         },
                         {"name": "ARDIFF_NAMESPACE", "value": "worlds"},
                         {"name": "ARDIFF_POOL", "value": "tiny"},
@@ -175,7 +183,7 @@ def test_everything_the_operator_creates_passes_kubernetes_validate_strict(kuber
     for obj in (
         build_worker_pod("worlds", "tiny", spec, pod_name="tiny-ab12c"),
         build_pool_service("worlds", "tiny"),
-        build_worker_redis_secret("worlds", "tiny", "redis://redis:6379/0"),
+        build_worker_redis_secret("worlds", "tiny", "redis://redis:6379/0", transfer_token="t0k3n"),
         build_token_secret("worlds", "forest", "s3cret"),
     ):
         kubernetes_validate.validate(obj, kubernetes_version, strict=True)
@@ -253,6 +261,7 @@ def test_worker_env_defaults_and_optional_settings() -> None:
         "ARDIFF_KV_MEMORY_FRACTION": "0.9",
         "ARDIFF_CPU_FREE_MEMORY_BYTES": "1024",
         "ARDIFF_REDIS_URL": None,  # from the Secret p-workers-redis
+        "ARDIFF_TRANSFER_TOKEN": None,  # from the same Secret
         "ARDIFF_NAMESPACE": "ns",
         "ARDIFF_POOL": "p",
         "ARDIFF_PORT": "8000",
@@ -292,6 +301,13 @@ def test_worker_redis_secret_holds_the_url_for_the_pools_pods() -> None:
     }
     pod = build_worker_pod("worlds", "tiny", WorkerPoolSpec.from_resource(POOL_SPEC), pod_name="tiny-ab12c")
     assert "s3cret" not in str(pod)
+    with_token = build_worker_redis_secret("worlds", "tiny", url, transfer_token="t0k3n")
+    assert with_token["data"] == {
+        "url": base64.b64encode(url.encode()).decode(),
+        "transfer-token": base64.b64encode(b"t0k3n").decode(),
+    }
+    assert len(new_transfer_token()) >= 43  # 32 random bytes, URL-safe base64
+    assert new_transfer_token() != new_transfer_token()
 
 
 def test_worker_pod_names() -> None:

@@ -159,9 +159,18 @@ def test_workers_read_the_redis_password_from_the_pools_secret_and_nothing_print
                 "valueFrom": {"secretKeyRef": {"name": "pool-workers-redis", "key": "url"}},
             }
             assert password not in json.dumps(pod)
+            # The pool's worker-to-worker transfer token (issue 12) comes from the same Secret, made once.
+            assert env["ARDIFF_TRANSFER_TOKEN"] == {
+                "name": "ARDIFF_TRANSFER_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": "pool-workers-redis", "key": "transfer-token"}},
+            }
+            transfer_token = base64.b64decode(secret["data"]["transfer-token"]).decode()
+            assert len(transfer_token) >= 43
+            assert transfer_token not in json.dumps(pod)
             pod_log = cluster.runner.logs_dir / f"{cluster.namespace}_{pod['metadata']['name']}.log"
             assert "registered pod" in pod_log.read_text()
-            assert password not in pod_log.read_text()
+            for secret_value in (password, transfer_token):
+                assert secret_value not in pod_log.read_text()
             assert "redis=redis://:***@127.0.0.1" in operator.log()
             assert password not in operator.log()
 
@@ -178,7 +187,10 @@ def test_workers_read_the_redis_password_from_the_pools_secret_and_nothing_print
                 what="the Secret to hold the new URL",
             )
             assert "workers' redis=redis://:***@localhost" in operator.log()
-            assert password not in operator.log()
+            kept = cluster.get("secrets", "pool-workers-redis", core=True)
+            assert base64.b64decode(kept["data"]["transfer-token"]).decode() == transfer_token  # not remade
+            for secret_value in (password, transfer_token):
+                assert secret_value not in operator.log()
         finally:
             try:
                 cluster.delete_all()
