@@ -1,7 +1,8 @@
 """The worker over the real vllm-omni runner and the tiny LingBot-World model, on CPU, over real HTTP.
 
 One worker process for the module (`--model tiny-lingbot-world`: generated into the model cache on first use),
-placement through the real `PlacementStore` on the shared Redis. Bit-exact isolation and KV-block accounting
+placement through the real `PlacementStore` on the shared Redis; the last test starts a second one for a
+migration pulled pod to pod. Bit-exact isolation and KV-block accounting
 at the adapter level are in test_session_adapter.py.
 """
 
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.slow
 POOL = PoolId("default", f"wk-real-{uuid.uuid4().hex[:6]}")
 POD = "real-worker-0"
 TOKEN = "real-token"
+TRANSFER_TOKEN = "real-pool-transfer-token"
 
 
 def camera(*frames: list[str]) -> dict:
@@ -42,21 +44,31 @@ LOADING: dict[str, int] = {}  # what the worker answered while its model was sti
 
 
 @pytest.fixture(scope="module")
-def worker(launch_worker, redis_url, tiny_model_cache):
-    process = launch_worker(
-        wait=False,
+def tier(tmp_path_factory):
+    return tmp_path_factory.mktemp("real-shared-tier")
+
+
+def real_worker(launch_worker, redis_url, tiny_model_cache, tier, pod: str, **settings):
+    return launch_worker(
         runtime="vllm",
         model="tiny-lingbot-world",
         model_cache=tiny_model_cache,
         redis_url=redis_url,
         namespace=POOL.namespace,
         pool=POOL.name,
-        pod_name=POD,
+        pod_name=pod,
         cpu_free_memory_bytes=1 << 30,
         lease_seconds=10,
         heartbeat_seconds=1,
-        test_faults=1,
+        suspend_dir=str(tier),
+        transfer_token=TRANSFER_TOKEN,
+        **settings,
     )
+
+
+@pytest.fixture(scope="module")
+def worker(launch_worker, redis_url, tiny_model_cache, tier):
+    process = real_worker(launch_worker, redis_url, tiny_model_cache, tier, POD, wait=False, test_faults=1)
     for _ in range(600):  # HTTP comes up within seconds; loading vllm-omni and the model takes ~20 s more
         try:
             LOADING["healthz"] = process.client.get(f"{process.url}/healthz").status_code
@@ -269,3 +281,56 @@ async def test_mp4_decodes_to_the_chunk_frames(worker, place):
     assert decoded.shape == (9, 64, 64, 3)
     raw = frames_of(worker.tick(session, 0, token=TOKEN, request_id=f"{session}-0"))  # the retry, raw
     assert np.abs(decoded.astype(int) - raw.astype(int)).mean() < 12  # lossy, but the same pictures
+
+
+def metric(worker, sample: str) -> float:
+    for line in worker.client.get(f"{worker.url}/metrics").text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_a_migration_pulled_pod_to_pod_continues_bit_identically(
+    worker, store, place, launch_worker, redis_url, tiny_model_cache, tier
+):
+    """The real runner's state (paged self KV, cross KV, LingBot's pipeline state, the streaming decoder)
+    exported on one worker process and streamed into another over HTTP continues exactly as a twin that
+    never moved (same seed, prompt and controls)."""
+    session, twin = (
+        await place(seed=21, prompt="a walk by the sea"),
+        await place(seed=21, prompt="a walk by the sea"),
+    )
+    target = real_worker(launch_worker, redis_url, tiny_model_cache, tier, "real-worker-1", wait=False)
+    try:
+        expected = [frames_of(worker.tick(twin, i, token=TOKEN, controls=[WALK[i % 3]])) for i in range(5)]
+        for i in range(3):
+            frames = frames_of(worker.tick(session, i, token=TOKEN, controls=[WALK[i % 3]]))
+            np.testing.assert_array_equal(frames, expected[i])
+        target.wait_ready(timeout=240)
+        assert await store.suspend(POOL, session, reason="migrate")
+        for _ in range(200):
+            record = await store.get_session(POOL, session)
+            if record.state is SessionState.SUSPENDED:
+                break
+            await asyncio.sleep(0.05)
+        assert record.location.endswith(f"@{POD}.ardsess")
+        await store.set_draining(POOL, POD, draining=True)  # as the operator drains the pod it empties
+        try:
+            assert (await store.place(POOL, record.spec())).placement.pod == "real-worker-1"
+        finally:
+            await store.set_draining(POOL, POD, draining=False)
+        for i in (3, 4):
+            frames = frames_of(target.tick(session, i, token=TOKEN, controls=[WALK[i % 3]]))
+            np.testing.assert_array_equal(frames, expected[i])  # bit-identical to the twin
+        assert metric(target, 'ardiff_session_transfers_total{direction="in",result="ok"}') == 1
+        assert (
+            metric(target, 'ardiff_session_transfer_bytes_total{direction="in"}') == record.bytes > 1_000_000
+        )
+        assert metric(worker, 'ardiff_session_transfer_bytes_total{direction="out"}') == record.bytes
+        assert metric(target, 'ardiff_session_resumes_total{source="direct"}') == 1
+        assert not (tier / record.location).exists()
+        blocks = kv_blocks(worker)  # the source released what it held: only the twin's blocks are taken
+        assert 0 < blocks["total"] - blocks["free"] == kv_blocks(target)["total"] - kv_blocks(target)["free"]
+    finally:
+        target.stop()
+        await store.remove_pod(POOL, "real-worker-1")
