@@ -24,7 +24,7 @@ from ardiff.worker.encoding import MP4, RAW
 from ardiff.worker.errors import BodyTooLarge, InvalidTick, WorkerError
 from ardiff.worker.service import WorkerService
 from ardiff.worker.stream import SessionStream, SessionStreams
-from ardiff.worker.transfer import TRANSFER_PATH
+from ardiff.worker.transfer import PREFETCH_PATH, TRANSFER_PATH
 
 log = logging.getLogger(__name__)
 
@@ -308,6 +308,12 @@ def create_app(service: WorkerService) -> FastAPI:
         return StreamingResponse(
             service.send_transfer(session_id, held), media_type="application/octet-stream"
         )
+
+    @app.post(PREFETCH_PATH, include_in_schema=False, status_code=202)
+    async def prefetch_session(session_id: str, credentials: Credentials = None) -> dict[str, str]:
+        """The pod holding a migrated session placed here offers it: this pod pulls it in the background."""
+        service.prefetch(session_id, authorization(credentials))
+        return {"status": "accepted"}
 
     @app.get("/v1/sessions", response_model=SessionList)
     async def list_sessions() -> dict[str, Any]:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
+import httpx
+
 from ardiff.errors import ArdiffError
 from ardiff.kv.records import SessionRecord, SessionState, check_name, token_sha256
 from ardiff.worker.conditioning import Conditioning
@@ -54,7 +56,15 @@ from ardiff.worker.runtime import SessionRuntime
 from ardiff.worker.session_book import CachedChunk, SessionBook, SessionStatus
 from ardiff.worker.settings import WorkerSettings
 from ardiff.worker.shared_tier import ExportKind, SharedTier, direct_source
-from ardiff.worker.transfer import QUEUE_PIECES, QueueWriter, TransferResult, pull, stream_pieces
+from ardiff.worker.transfer import (
+    PREFETCH_PATH,
+    QUEUE_PIECES,
+    QueueWriter,
+    TransferResult,
+    pull,
+    pull_client,
+    stream_pieces,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,6 +76,9 @@ STOP_TIMEOUT_SECONDS = 5.0
 # Draining with sessions held for a transfer: how long one still unplaced may wait for its new pod (the
 # operator places a migrated session within a round or two; a pod cannot wait longer than its grace period).
 HANDOFF_PLACEMENT_SECONDS = 5.0
+# How often a pod holding sessions for a transfer looks for their new pods, and how long an offer may take.
+OFFER_POLL_SECONDS = 0.2
+OFFER_TIMEOUT_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -169,6 +182,8 @@ class WorkerService:
         self._snapshots: dict[str, str] = {}  # session -> the location of its latest snapshot
         self._held: dict[str, HeldForTransfer] = {}  # migrated sessions its new pod may pull from here
         self._sending: set[str] = set()  # held sessions being pulled right now
+        self._prefetching: dict[str, asyncio.Task[None]] = {}  # pulls offered by the holder, under way
+        self._pull_client: httpx.Client | None = None  # made at the first pull, used on the forward thread
         self.runtime: SessionRuntime | None = None
         self.capacity = 0
         self._loader = loader
@@ -270,6 +285,8 @@ class WorkerService:
             return
         if self.runtime is not None:
             await self._on_forward_thread(self.runtime.shutdown)
+        if self._pull_client is not None:
+            self._pull_client.close()
         self._executor.shutdown(wait=True)
 
     async def _on_forward_thread(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -381,6 +398,9 @@ class WorkerService:
         runtime = self.require_ready()
         record = await self._placed_record(session_id, authorization)
         tick = self.family.parse_tick(session_id, body)
+        prefetch = self._prefetching.get(session_id)
+        if prefetch is not None:  # the session is being pulled here already: its tick waits for that
+            await asyncio.shield(prefetch)
         with self._exclusive(session_id):
             book = self._books.get(session_id)
             resumed = (
@@ -526,29 +546,36 @@ class WorkerService:
         with self.tier.open(location) as source:
             return self.runtime.import_session(source)
 
-    async def _resume(self, session_id: str, record: SessionRecord) -> SessionBook:
+    async def _resume(
+        self, session_id: str, record: SessionRecord, *, direct_only: bool = False
+    ) -> SessionBook:
         """Import the export the store placed here (`resume_from`) before the session's first tick.
 
         An export that cannot be used (corrupt, truncated, another identity) falls back to the session's
         snapshot when there is one (the client is then told `rewound`), else the session needs a reset. A
         worker without room for the export answers 429 and leaves everything as it was (retried later).
+        `direct_only` (a prefetch, no tick waiting): only a pull from the holding pod; any failure leaves
+        everything as it was for the first tick to resume the usual way.
         """
         assert self.link is not None
         await self._drop_held(session_id, "placed back on this pod: it resumes from the shared tier")
         await self._admit(session_id, record)
         started = time.perf_counter()
         candidates = [record.resume_from]
-        if record.snapshot_location and record.snapshot_location != record.resume_from:
+        if record.snapshot_location and record.snapshot_location != record.resume_from and not direct_only:
             candidates.append(record.snapshot_location)
         failures = []
         pulled: dict[str, TransferResult] = {}  # the locations that came pod to pod
         for location in candidates:
             try:
-                book = await self._import(session_id, location, pulled)
+                book = await self._import(session_id, location, pulled, direct_only=direct_only)
             except ExportNoCapacity as exc:
                 self._books.pop(session_id, None)
                 raise AtCapacity(f"no room to resume session {session_id!r} here: {exc}") from None
             except SessionExportError as exc:
+                if direct_only:
+                    self._books.pop(session_id, None)
+                    raise
                 log.warning("session %s could not be resumed from %s: %s", session_id, location, exc)
                 failures.append(exc.code)
                 continue
@@ -571,7 +598,9 @@ class WorkerService:
         log.info("resumed session %s at chunk %d from its %s", session_id, book.next_chunk_index, kind)
         return book
 
-    async def _import(self, session_id: str, location: str, pulled: dict[str, TransferResult]) -> SessionBook:
+    async def _import(
+        self, session_id: str, location: str, pulled: dict[str, TransferResult], *, direct_only: bool = False
+    ) -> SessionBook:
         """Install the export at `location` as `session_id`; refused (typed) when it holds another one.
 
         A migration's export names the pod that still holds the session: it is pulled from there first
@@ -582,6 +611,8 @@ class WorkerService:
             direct = None if source is None else await self._pull(session_id, *source)
             if direct is not None:
                 book, pulled[location] = direct
+            elif direct_only:
+                raise TransferFailed(f"session {session_id!r} could not be pulled from the pod holding it")
             elif self.tier is None:
                 raise ExportCorrupt("this worker mounts no shared tier (ARDIFF_SUSPEND_DIR) to resume from")
             else:
@@ -679,11 +710,81 @@ class WorkerService:
         self._snapshots.pop(session_id, None)
         self.metrics.evictions.labels("suspend").inc()
         until = time.monotonic() + self.settings.transfer_hold_seconds
+        offering = bool(self._held)
         self._held[session_id] = HeldForTransfer(book, location, until)
         self._tasks = [task for task in self._tasks if not task.done()]
+        if not offering:
+            self._tasks.append(asyncio.create_task(self._offer_held(), name="offer-held"))
         self._tasks.append(
             asyncio.create_task(self._drop_held_at(session_id, until), name=f"hold-{session_id}")
         )
+
+    async def _offer_held(self) -> None:
+        """While sessions are held here: as soon as the store places one on another pod, ask that pod to pull
+        it now (`POST …/prefetch`) rather than at its first tick, so the move does not wait for the client
+        and this pod, which is usually going, need not wait either."""
+        assert self.link is not None
+        offered: set[tuple[str, str]] = set()
+        async with httpx.AsyncClient(timeout=OFFER_TIMEOUT_SECONDS) as client:
+            while self._held:
+                try:
+                    bindings = await self.link.bindings(list(self._held))
+                except Exception as exc:
+                    log.warning("could not check the held sessions' placements: %s", exc)
+                    bindings = {}
+                for session_id, binding in bindings.items():
+                    held = self._held.get(session_id)
+                    if held is None or binding is None or binding.resume_from != held.location:
+                        continue
+                    if binding.pod == self.link.pod or (session_id, binding.pod) in offered:
+                        continue
+                    offered.add((session_id, binding.pod))
+                    await self._offer(client, session_id, binding.pod)
+                await asyncio.sleep(OFFER_POLL_SECONDS)
+
+    async def _offer(self, client: httpx.AsyncClient, session_id: str, pod: str) -> None:
+        token = self.settings.transfer_token
+        try:
+            endpoint = await self.link.endpoint_of(pod) if self.link is not None else None
+            if endpoint is None or token is None:
+                return
+            url = endpoint.rstrip("/") + PREFETCH_PATH.format(session_id=session_id)
+            answer = await client.post(url, headers={"authorization": f"Bearer {token}"})
+            log.info("offered session %s to pod %s: %d", session_id, pod, answer.status_code)
+        except Exception as exc:  # it pulls at its first tick instead
+            log.info("could not offer session %s to pod %s: %s", session_id, pod, exc)
+
+    def prefetch(self, session_id: str, authorization: str | None) -> None:
+        """The pod holding a migrated session placed here offers it: pull it now, in the background."""
+        self._check_pool_token(authorization)
+        self._tasks = [task for task in self._tasks if not task.done()]
+        if session_id in self._prefetching:
+            return
+        task = asyncio.create_task(self._prefetch(session_id), name=f"prefetch-{session_id}")
+        self._prefetching[session_id] = task
+        task.add_done_callback(lambda _: self._prefetching.pop(session_id, None))
+        self._tasks.append(task)
+
+    async def _prefetch(self, session_id: str) -> None:
+        """Import a session placed here from the pod holding it, before its first tick; anything that stands
+        in the way (not placed here, a tick already at it, no room, the pull failing) leaves it to that
+        tick, which resumes it the usual way."""
+        if self.link is None or not self.ready:
+            return
+        try:
+            record = await self.link.session(session_id)
+            book = self._books.get(session_id)
+            if (
+                record is None
+                or not record.resume_from
+                or not self.link.is_here(record)
+                or (book is not None and book.holds_slot)
+            ):
+                return
+            with self._exclusive(session_id):
+                await self._resume(session_id, record, direct_only=True)
+        except Exception as exc:
+            log.info("prefetch of session %s left to its first tick: %s", session_id, exc)
 
     async def _drop_held_at(self, session_id: str, until: float) -> None:
         await asyncio.sleep(max(0.0, until - time.monotonic()))
@@ -699,8 +800,8 @@ class WorkerService:
             await self._on_forward_thread(self.runtime.close, session_id)
         log.info("released session %s held for a transfer (%s)", session_id, why)
 
-    def claim_transfer(self, session_id: str, authorization: str | None) -> HeldForTransfer:
-        """The held session a pull asks for, once (401 without the pool's transfer token, 404 if not held)."""
+    def _check_pool_token(self, authorization: str | None) -> None:
+        """401 unless `authorization` carries the pool's transfer token (a worker without one refuses all)."""
         token = self.settings.transfer_token
         scheme, _, presented = (authorization or "").partition(" ")
         if (
@@ -709,6 +810,10 @@ class WorkerService:
             or not hmac.compare_digest(presented.strip().encode(), token.encode())
         ):
             raise Unauthorized("missing or wrong pool transfer token")
+
+    def claim_transfer(self, session_id: str, authorization: str | None) -> HeldForTransfer:
+        """The held session a pull asks for, once (401 without the pool's transfer token, 404 if not held)."""
+        self._check_pool_token(authorization)
         held = self._held.pop(session_id, None)
         if held is None:
             raise UnknownSession(f"session {session_id!r} is not held on this pod for a transfer")
@@ -786,8 +891,10 @@ class WorkerService:
         assert token is not None
         self.metrics.transfers_in_progress.labels("in").inc()
         try:
+            if self._pull_client is None:
+                self._pull_client = pull_client()
             book, result = await self._on_forward_thread(
-                pull, endpoint, session_id, token, self.runtime.import_session
+                pull, self._pull_client, endpoint, session_id, token, self.runtime.import_session
             )
         except Exception as exc:
             code = exc.code if isinstance(exc, SessionExportError | TransferFailed) else type(exc).__name__

@@ -27,6 +27,8 @@ from ardiff.worker.errors import ExportCorrupt, TransferFailed
 T = TypeVar("T")
 
 TRANSFER_PATH = "/internal/v1/sessions/{session_id}/export"
+# The holder offers a session to the pod it was placed on, which pulls it at once (not at its first tick).
+PREFETCH_PATH = "/internal/v1/sessions/{session_id}/prefetch"
 PIECE_BYTES = 1 << 20
 QUEUE_PIECES = 8
 CONNECT_TIMEOUT_SECONDS = 2.0
@@ -158,24 +160,25 @@ def transfer_url(endpoint: str, session_id: str) -> str:
     return endpoint.rstrip("/") + TRANSFER_PATH.format(session_id=session_id)
 
 
+def pull_client() -> httpx.Client:
+    """One per worker, reused: making an httpx client builds an SSL context (~0.2 s), too slow per pull."""
+    return httpx.Client(timeout=httpx.Timeout(READ_TIMEOUT_SECONDS, connect=CONNECT_TIMEOUT_SECONDS))
+
+
 def pull(
-    endpoint: str, session_id: str, token: str, consume: Callable[[BodyReader], T]
+    client: httpx.Client, endpoint: str, session_id: str, token: str, consume: Callable[[BodyReader], T]
 ) -> tuple[T, TransferResult]:
     """Blocking (the forward thread): GET the session's export from the pod at `endpoint` and `consume` it as
     it arrives (the runtime's import). `TransferFailed` when the holder cannot be reached or refuses;
     `ExportCorrupt` (from the import) when the body is cut off or does not check out."""
     url = transfer_url(endpoint, session_id)
     started = time.perf_counter()
-    timeout = httpx.Timeout(READ_TIMEOUT_SECONDS, connect=CONNECT_TIMEOUT_SECONDS)
     try:
-        with (
-            httpx.Client(timeout=timeout) as client,
-            client.stream("GET", url, headers={"authorization": f"Bearer {token}"}) as response,
-        ):
+        with client.stream("GET", url, headers={"authorization": f"Bearer {token}"}) as response:
             if response.status_code != 200:
                 response.read()
                 raise TransferFailed(f"{url} answered {response.status_code}: {_error_text(response)}")
-            body = BodyReader(response.iter_raw(PIECE_BYTES))
+            body = BodyReader(response.iter_raw())  # as it arrives: no re-chunking into a second buffer
             result = consume(body)
     except httpx.HTTPError as exc:
         raise TransferFailed(f"{url}: {type(exc).__name__}: {exc}") from None
