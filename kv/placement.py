@@ -91,6 +91,7 @@ SCRIPTS = (
     "suspend",
     "resumed",
     "note_snapshot",
+    "ack_resumed_note",
 )
 # Scripts that never wait for replicas: a read, and a touch (losing one at a failover costs a stale
 # last_tick_ms and chunk_index, which the next tick rewrites, docs/contracts.md §2 "Failover"; waiting would
@@ -903,17 +904,29 @@ class PlacementStore:
         )
         return int(reply[0]) == 1
 
-    async def resumed(self, pool: PoolId, session: str, *, pod: str, epoch: int) -> None:
-        """The worker holding the session at `epoch` imported its `resume_from`: clear it.
+    async def resumed(self, pool: PoolId, session: str, *, pod: str, epoch: int, note: str = "") -> None:
+        """The worker holding the session at `epoch` imported its `resume_from`: clear it. `note` (JSON: how
+        the export came, its bytes and seconds) waits in `resumed_note` for the operator's Event.
 
         Raises `UnknownSession`, `PodFenced`, or `SessionNotHere`."""
         keys = PoolKeys(_check_pool(pool))
         check_name("session", session)
         check_name("pod", pod)
         _positive_int("epoch", epoch)
-        status, reply = await self._run("resumed", [keys.session(session), keys.pod(pod)], [pod, epoch])
+        if not isinstance(note, str):
+            raise InvalidPlacementArgument(f"placement note must be a string, got {note!r}")
+        status, reply = await self._run("resumed", [keys.session(session), keys.pod(pod)], [pod, epoch, note])
         if status is not ScriptStatus.OK:
             raise await self._refusal(keys, status, reply, session=session, pod=pod, epoch=epoch)
+
+    async def ack_resumed_note(self, pool: PoolId, session: str, note: str) -> bool:
+        """The operator reported the session's `resumed_note` (as an Event): forget it, unless a newer one
+        replaced it meanwhile. True when cleared."""
+        keys = PoolKeys(_check_pool(pool))
+        check_name("session", session)
+        _check_text("note", note)
+        _, reply = await self._run("ack_resumed_note", [keys.session(session)], [note])
+        return int(reply[0]) == 1
 
     async def note_snapshot(
         self, pool: PoolId, session: str, *, pod: str, epoch: int, location: str, chunk_index: int

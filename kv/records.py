@@ -191,6 +191,7 @@ class SessionRecord:
     resume_from: str = ""
     snapshot_location: str = ""
     snapshot_chunk: int = 0
+    resumed_note: str = ""  # how its last resume went (JSON), until the operator reported it
 
     def spec(self) -> SessionSpec:
         """The placement request the record holds (a lost or evicted session is placed again with it)."""
@@ -230,6 +231,7 @@ def _continuity(raw: dict[bytes, bytes]) -> dict[str, str | int]:
         "resume_from": _text(raw, "resume_from"),
         "snapshot_location": _text(raw, "snapshot_location"),
         "snapshot_chunk": _int(raw, "snapshot_chunk"),
+        "resumed_note": _text(raw, "resumed_note"),
     }
 
 
@@ -253,6 +255,7 @@ class SessionBinding:
     resume_from: str = ""
     snapshot_location: str = ""
     snapshot_chunk: int = 0
+    resumed_note: str = ""
 
     FIELDS: ClassVar[tuple[str, ...]] = (
         "state",
@@ -269,6 +272,7 @@ class SessionBinding:
         "resume_from",
         "snapshot_location",
         "snapshot_chunk",
+        "resumed_note",
     )
 
     @classmethod

@@ -14,6 +14,7 @@ Order of a round; 1-3 under the pool's lock (admissions and releases take it too
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -388,6 +389,41 @@ def post_transition_event(
         )
 
 
+def transfer_event(note: Mapping[str, Any]) -> tuple[str, str]:
+    """The Event (type, message) of a finished resume from the worker's note (contracts §2 `resumed_note`):
+    how the state came to the new pod, its bytes and the seconds it took; a Warning when a direct pull from
+    the pod that held it failed first and the shared tier's copy was used."""
+    size, seconds, to = note.get("bytes"), float(note.get("seconds") or 0), note.get("to", "?")
+    amount = "its export" if size is None else f"{size} bytes"
+    if note.get("source") == "direct":
+        rate = f" ({size / seconds / 1e6:.0f} MB/s)" if size and seconds > 0 else ""
+        return "Normal", f"{amount} pulled from pod {note.get('from')} by pod {to} in {seconds:.3f} s{rate}"
+    where = "its snapshot in the shared tier" if note.get("source") == "snapshot" else "the shared tier"
+    message = f"{amount} read from {where} by pod {to} in {seconds:.3f} s"
+    if note.get("direct_failed"):
+        return "Warning", f"the direct transfer from pod {note.get('from')} failed; {message}"
+    return "Normal", message
+
+
+async def report_transfers(
+    ctx: OperatorContext, pool: PoolId, sessions: Sequence[SessionView], records: Mapping[str, SessionBinding]
+) -> None:
+    """News of each finished resume (issue 12): a `Transferred` Event on the session with the bytes and time
+    its worker noted; the note is then acked in Redis, so each is reported once."""
+    for session in sessions:
+        record = records.get(session.name)
+        if record is None or not record.resumed_note:
+            continue
+        try:
+            note = json.loads(record.resumed_note)
+        except ValueError:
+            note = None
+        if isinstance(note, dict):
+            kind, message = transfer_event(note)
+            kopf.event(session.reference, type=kind, reason="Transferred", message=message)
+        await ctx.store.ack_resumed_note(pool, session.name, record.resumed_note)
+
+
 def previous_status(ctx: OperatorContext, session: SessionView) -> dict[str, Any]:
     """The CR's status as last seen, updated with what we wrote since (the watch may lag behind)."""
     return {**session.status, **ctx.written_status.get((session.namespace, session.name), {})}
@@ -661,6 +697,7 @@ async def reconcile_pool(
         live = await sync_pods(ctx, pid, pods, pool.template_hash)
         slots = pod_slots(ctx, pool, pods, live)
         records = await ctx.store.get_bindings(pid, names)
+        await report_transfers(ctx, pid, active, records)
         now_ms = await ctx.store.server_time_ms()
         by_name = {p.name: p for p in pods}
         # Report a loss before repairing it: a session placed again in this same round still shows `Lost`

@@ -169,8 +169,8 @@ class PodLink:
     async def request_resume(self, session: str) -> None:
         await self.store.request_resume(self.pool, session)
 
-    async def resumed(self, session: str) -> None:
-        await self.store.resumed(self.pool, session, pod=self.pod, epoch=self.epoch)
+    async def resumed(self, session: str, *, note: str = "") -> None:
+        await self.store.resumed(self.pool, session, pod=self.pod, epoch=self.epoch, note=note)
 
     async def note_snapshot(self, session: str, *, location: str, chunk_index: int) -> None:
         await self.store.note_snapshot(

@@ -157,6 +157,34 @@ def settings_family(settings: WorkerSettings) -> Any:
         return family_named("lingbot")  # the runtime's load reports the unknown pipeline
 
 
+def resume_note(
+    record: SessionRecord,
+    location: str,
+    kind: str,
+    pulled: dict[str, TransferResult | None],
+    seconds: float,
+    *,
+    pod: str,
+) -> dict[str, Any]:
+    """How a resume went, for the operator's Event (contracts §2 `resumed_note`): where the export came from
+    (`direct` from the pod that held it, else the shared tier's `suspend` or `snapshot` copy), its bytes and
+    the seconds until it was installed, and whether a direct pull failed first."""
+    direct = pulled.get(location)
+    if direct is not None:
+        source, size, took = "direct", direct.bytes, direct.seconds
+    else:
+        source, took = kind, seconds
+        size = record.bytes if location == record.location and record.bytes else None
+    return {
+        "source": source,
+        "bytes": size,
+        "seconds": round(took, 4),
+        "from": direct_source(location) or "",
+        "to": pod,
+        "direct_failed": location in pulled and direct is None,
+    }
+
+
 def _timing_header(stages_ms: dict[str, float]) -> str:
     return ", ".join(f"{name};dur={ms:.2f}" for name, ms in stages_ms.items())
 
@@ -565,7 +593,7 @@ class WorkerService:
         if record.snapshot_location and record.snapshot_location != record.resume_from and not direct_only:
             candidates.append(record.snapshot_location)
         failures = []
-        pulled: dict[str, TransferResult] = {}  # the locations that came pod to pod
+        pulled: dict[str, TransferResult | None] = {}  # pod-to-pod attempts by location (None: failed)
         for location in candidates:
             try:
                 book = await self._import(session_id, location, pulled, direct_only=direct_only)
@@ -589,17 +617,24 @@ class WorkerService:
                 "send reset=true with chunk_index=0"
             )
         book = self._books[session_id] = dataclasses.replace(book, token_sha256=record.token_sha256)
-        await self.link.resumed(session_id)
         kind = "snapshot" if Path(location).name.startswith("snapshot-") else "suspend"
+        seconds = time.perf_counter() - started
+        note = resume_note(record, location, kind, pulled, seconds, pod=self.link.pod)
+        await self.link.resumed(session_id, note=json.dumps(note, sort_keys=True))
         if kind == "suspend" and self.tier is not None:
             self.tier.remove(location)
-        self.metrics.resumes.labels("direct" if pulled.get(location) else kind).inc()
-        self.metrics.continuity_seconds.labels("import").observe(time.perf_counter() - started)
+        self.metrics.resumes.labels(note["source"]).inc()
+        self.metrics.continuity_seconds.labels("import").observe(seconds)
         log.info("resumed session %s at chunk %d from its %s", session_id, book.next_chunk_index, kind)
         return book
 
     async def _import(
-        self, session_id: str, location: str, pulled: dict[str, TransferResult], *, direct_only: bool = False
+        self,
+        session_id: str,
+        location: str,
+        pulled: dict[str, TransferResult | None],
+        *,
+        direct_only: bool = False,
     ) -> SessionBook:
         """Install the export at `location` as `session_id`; refused (typed) when it holds another one.
 
@@ -609,8 +644,10 @@ class WorkerService:
         source = await self._transfer_source(location)
         async with self._forward_lock:
             direct = None if source is None else await self._pull(session_id, *source)
+            if source is not None:
+                pulled[location] = None if direct is None else direct[1]
             if direct is not None:
-                book, pulled[location] = direct
+                book = direct[0]
             elif direct_only:
                 raise TransferFailed(f"session {session_id!r} could not be pulled from the pod holding it")
             elif self.tier is None:

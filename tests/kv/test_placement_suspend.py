@@ -265,10 +265,19 @@ async def test_a_tick_is_a_demand_and_the_suspended_session_resumes_from_its_exp
     )
     # An idempotent place repeats resume_from while the worker has not imported it yet.
     assert (await store.place(pool, spec("idle"))).placement.resume_from == "/tier/idle-1"  # type: ignore[union-attr]
-    await store.resumed(pool, "idle", pod="w-b", epoch=back.placement.pod_epoch)
-    assert (await record(store, pool, "idle")).resume_from == ""
+    note = '{"source": "direct", "bytes": 4174639, "seconds": 0.034, "from": "w-a"}'
+    await store.resumed(pool, "idle", pod="w-b", epoch=back.placement.pod_epoch, note=note)
+    after = await record(store, pool, "idle")
+    assert (after.resume_from, after.resumed_note) == ("", note)
+    assert (await store.get_bindings(pool, ["idle"]))["idle"].resumed_note == note  # what the operator reads
     with pytest.raises(SessionNotHere):
         await store.resumed(pool, "idle", pod="w-a", epoch=back.placement.pod_epoch)
+    # The operator reports it once (an Event), then acks it; an older note never clears a newer one.
+    assert not await store.ack_resumed_note(pool, "idle", '{"source": "older"}')
+    assert await store.ack_resumed_note(pool, "idle", note)
+    assert (await record(store, pool, "idle")).resumed_note == ""
+    assert not await store.ack_resumed_note(pool, "idle", note)
+    assert not await store.ack_resumed_note(pool, "never-existed", note)
     assert await store.check_invariants(pool) == []
 
 

@@ -298,3 +298,45 @@ def test_a_lost_session_with_a_snapshot_does_not_need_a_reset() -> None:
     assert suspension_status(record(SessionState.LOST, resume_from="/t/e"))["resetRequired"] is False
     assert suspension_status(record(SessionState.LOST))["resetRequired"] is True
     assert suspension_status(record(SessionState.EVICTED, snapshot_location="/t/s"))["resetRequired"] is True
+
+
+@pytest.mark.parametrize(
+    ("note", "expected"),
+    [
+        (
+            {"source": "direct", "bytes": 4174639, "seconds": 0.034, "from": "p-aaaaa", "to": "p-bbbbb"},
+            ("Normal", "4174639 bytes pulled from pod p-aaaaa by pod p-bbbbb in 0.034 s (123 MB/s)"),
+        ),
+        (
+            {
+                "source": "suspend",
+                "bytes": 148127,
+                "seconds": 0.5,
+                "from": "p-aaaaa",
+                "to": "p-b",
+                "direct_failed": True,
+            },
+            (
+                "Warning",
+                "the direct transfer from pod p-aaaaa failed; 148127 bytes read from the shared tier "
+                "by pod p-b in 0.500 s",
+            ),
+        ),
+        (
+            {
+                "source": "snapshot",
+                "bytes": None,
+                "seconds": 0.25,
+                "from": "",
+                "to": "p-b",
+                "direct_failed": False,
+            },
+            ("Normal", "its export read from its snapshot in the shared tier by pod p-b in 0.250 s"),
+        ),
+    ],
+)
+def test_a_resume_is_reported_with_its_bytes_and_time(note, expected):
+    """Issue 12: the `Transferred` Event on the session, from the note its new worker left in Redis."""
+    from ardiff.operator.reconcile import transfer_event
+
+    assert transfer_event(note) == expected

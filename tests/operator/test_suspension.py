@@ -5,6 +5,7 @@ status shows where the export lies, and a demand (what a tick does) brings it ba
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -86,7 +87,8 @@ async def test_a_same_identity_roll_migrates_a_live_session_instead_of_waiting(
     cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tier: Path
 ) -> None:
     """The spec changes something that keeps the sessions' identity (the KV budget): the old pod's session
-    moves to the new pod at a tick boundary (no reset), and the old pod goes while the session lives on."""
+    moves to the new pod at a tick boundary (no reset), pulled pod to pod with the pool's transfer token (an
+    Event says how many bytes in how long), and the old pod goes while the session lives on."""
     pool = PoolId(cluster.namespace, "pool")
     env = [*FAKE_WORKER_ENV, {"name": "ARDIFF_SUSPEND_DIR", "value": str(tier)}]
     cluster.create_pool(replicas={"min": 1, "max": 2}, env=env)
@@ -100,6 +102,14 @@ async def test_a_same_identity_roll_migrates_a_live_session_instead_of_waiting(
     wait_until(lambda: cluster.status("live").get("pod") not in (None, old_pod), timeout=60, what="a new pod")
     wait_until(lambda: old_pod not in cluster.pod_names(), timeout=60, what=f"{old_pod} deleted")
     assert moved["phase"] == "Ready"
+    [event] = wait_until(lambda: cluster.events("Transferred"), what="a Transferred event")
+    new_pod = cluster.status("live")["pod"]
+    assert (event["involvedObject"]["name"], event["type"]) == ("live", "Normal")
+    pattern = rf"\d+ bytes pulled from pod {old_pod} by pod {new_pod} in \d+\.\d{{3}} s \(\d+ MB/s\)"
+    assert re.fullmatch(pattern, event["message"]), event["message"]
+    record = await store.get_session(pool, "live")
+    assert record is not None
+    assert record.resumed_note == ""  # reported once: the operator acked the worker's note
     answer = cluster.tick("live", 1)
     assert answer.status_code == 200, answer.text  # continues where it was: chunk 1, no reset
     record = await store.get_session(pool, "live")

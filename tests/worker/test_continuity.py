@@ -223,6 +223,15 @@ async def test_a_migration_is_pulled_pod_to_pod_and_a_wrong_token_harms_nothing(
         return metric(pod_b, 'ardiff_session_transfers_total{direction="in",result="ok"}') == 1
 
     await wait_for(pulled)
+    note = json.loads((await store.get_session(POOL, session)).resumed_note)  # for the operator's Event
+    assert note.pop("seconds") > 0
+    assert note == {
+        "source": "direct",
+        "bytes": record.bytes,
+        "from": "cont-a",
+        "to": "cont-b",
+        "direct_failed": False,
+    }
     for i in (3, 4):  # the refused pulls harmed nothing
         np.testing.assert_array_equal(frames_of(pod_b.tick(session, i, token=TOKEN)), expected[i])
     sent = metric(pod_a, 'ardiff_session_transfer_bytes_total{direction="out"}') - sent_before
@@ -273,6 +282,13 @@ async def test_a_holder_killed_mid_transfer_falls_back_to_the_shared_tier(
         np.testing.assert_array_equal(frames_of(response), expected[3])
         assert chunk_index_of(response) == 3
         assert metric(pod_b, 'ardiff_session_transfers_total{direction="in",result="failed"}') >= 1
+        note = json.loads((await store.get_session(POOL, session)).resumed_note)
+        assert (note["source"], note["bytes"], note["from"], note["direct_failed"]) == (
+            "suspend",
+            record.bytes,
+            "cont-c",
+            True,
+        )
         assert metric(pod_b, 'ardiff_session_resumes_total{source="suspend"}') >= 1
         assert f"direct transfer of session {session} from pod cont-c failed (export_corrupt" in pod_b.log()
         assert not (tier / record.location).exists()
