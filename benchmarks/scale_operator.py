@@ -7,20 +7,24 @@ real operator (`ardiff operator run`, real kopf) serving its Prometheus metrics:
    5 s) comes up: the operator creates its P Pods, the simulated runner registers them;
 2. one session is applied and admitted by the operator: the template of the seeded ones (spec, kopf's
    annotations);
-3. the operator stops; S sessions are placed in Redis through the store (32 placers) and ticked once; the API
-   gets S session CRs (the template renamed, with the status the operator's own `build_session_status` derives
-   from each Redis record) through `POST /devcluster/seed` (no 100k creates, no admission: an etcd restore);
-4. the operator starts again: seconds until it serves (liveness), and until its first round of the pool;
-5. idle rounds (nothing changes) for `--rounds` rounds: each round's time (the increase of
+3. S sessions are seeded while the operator runs, `--seed-chunk` at a time, each chunk first into Redis
+   through the store (32 placers, then one tick each) and then into the API as CRs (the template renamed, with
+   the status the operator's own `build_session_status` derives from each record) through
+   `POST /devcluster/seed` (no 100k creates, no admission: an etcd restore). Seeded this way because kopf's
+   start over listed objects is quadratic (below); timed: until the operator's index has them all Ready;
+4. idle rounds (nothing changes) for `--rounds` rounds: each round's time (the increase of
    `ardiff_pool_reconcile_seconds_sum` per new round, sampled every 0.1 s), the API writes made meanwhile
    (resourceVersion), the operator's RSS;
-6. a burst of `--burst` new sessions created by 8 clients (benchmarks/reconcile.py's `apply_sessions`):
-   apply -> Ready p50 / p99 on a watch, and the rounds during it.
+5. a burst of `--burst` new sessions created by 8 clients (benchmarks/reconcile.py's `apply_sessions`):
+   apply -> Ready p50 / p99 on a watch, and the rounds during it;
+6. up to `--restart-up-to` sessions: the operator restarted over them, until it serves and until its first
+   round (kopf gates handlers on its indexes being filled, one toggle per listed object, each one waking every
+   waiting worker: quadratic in the objects listed).
 Also Redis `used_memory` per session (before and after 3) and the operator's peak RSS (VmHWM). The baseline is
 the first (smallest) size of the same run; every figure is also printed as a ratio of it.
 
     nice -n 10 .venv/bin/python benchmarks/scale_operator.py [--sizes 10x1000,100x10000,1000x100000]
-        [--burst 1000] [--rounds 5] [--profile DIR]
+        [--burst 1000] [--rounds 5] [--restart-up-to 10000] [--seed-chunk 10000] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -38,7 +42,6 @@ from typing import Any
 
 import httpx
 import psutil
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster
@@ -92,33 +95,37 @@ class RoundSampler:
     url: str
     period: float = 0.1
     rounds: list[tuple[float, float]] = field(default_factory=list)  # (monotonic time seen, seconds)
+    ready: float = 0.0  # the pool's Ready sessions in the operator's index, at the last poll
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
-    def read(self) -> tuple[float, float]:
-        """(count, sum) of the pool's round histogram; (0, 0) before the first round or while unreachable."""
+    def read(self) -> dict[str, float]:
+        """The pool's round histogram (`count`, `sum`) and its Ready sessions (`ready`, as the operator's
+        index has them); zeros before the first round or while the endpoint is unreachable."""
+        found = {"count": 0.0, "sum": 0.0, "ready": 0.0}
         try:
             text = httpx.get(self.url, timeout=5).text
         except httpx.HTTPError:
-            return 0.0, 0.0
-        found = {"count": 0.0, "sum": 0.0}
+            return found
         for family in text_string_to_metric_families(text):
             for s in family.samples:
-                if s.labels.get("pool") == POOL.name and s.name in (
-                    f"{ROUND_METRIC}_count",
-                    f"{ROUND_METRIC}_sum",
-                ):
+                if s.labels.get("pool") != POOL.name:
+                    continue
+                if s.name in (f"{ROUND_METRIC}_count", f"{ROUND_METRIC}_sum"):
                     found[s.name.rsplit("_", 1)[1]] = s.value
-        return found["count"], found["sum"]
+                elif s.name == "ardiff_pool_sessions" and s.labels.get("phase") == "Ready":
+                    found["ready"] = s.value
+        return found
 
     def _run(self) -> None:
-        count, total = self.read()
+        last = self.read()
         while not self._stop.wait(self.period):
-            new_count, new_total = self.read()
-            if new_count > count:
-                mean = (new_total - total) / (new_count - count)
-                self.rounds += [(time.monotonic(), mean)] * int(new_count - count)
-                count, total = new_count, new_total
+            now = self.read()
+            self.ready = now["ready"]
+            if now["count"] > last["count"]:
+                mean = (now["sum"] - last["sum"]) / (now["count"] - last["count"])
+                self.rounds += [(time.monotonic(), mean)] * int(now["count"] - last["count"])
+                last = now
 
     def start(self) -> RoundSampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -132,6 +139,15 @@ class RoundSampler:
 
     def since(self, moment: float) -> list[float]:
         return [seconds for seen, seconds in self.rounds if seen >= moment]
+
+    def wait_ready_sessions(self, count: int, timeout: float = TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while self.ready < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the operator's index had {self.ready} of {count} Ready sessions after {timeout} s"
+                )
+            time.sleep(0.2)
 
     def wait_rounds(self, count: int, after: float, timeout: float = TIMEOUT) -> list[float]:
         deadline = time.monotonic() + timeout
@@ -149,8 +165,9 @@ class SizeResult:
     seed_redis_s: float
     seed_api_s: float
     redis_bytes_per_session: float
-    operator_ready_s: float  # start -> liveness
-    first_round_s: float  # start -> first round of the pool done
+    caught_up_s: float  # the last seeded object in the API -> all of them Ready in the operator's index
+    restart_ready_s: float | None  # a restart at this size: start -> liveness (None: not measured)
+    restart_round_s: float | None  # a restart at this size: start -> its first round of the pool done
     rounds: list[float]  # idle rounds, seconds
     writes_per_round: float  # API writes during the idle rounds, per round
     operator_rss: int  # after the idle rounds
@@ -246,6 +263,51 @@ async def seed_redis(
         return bindings, pods, await store.server_time_ms(), after - before
 
 
+def seed(
+    cluster: DevCluster, template: dict[str, Any], names: list[str], chunk: int
+) -> tuple[float, float, int]:
+    """Seed the sessions a chunk at a time, each chunk into Redis first and then into the API, so that the
+    running operator never lists a session Redis does not hold; (Redis seconds, API seconds, Redis bytes)."""
+    redis_s = api_s = 0.0
+    redis_bytes = 0
+    for start in range(0, len(names), chunk):
+        part = names[start : start + chunk]
+        started = time.monotonic()
+        bindings, pods, now_ms, added = asyncio.run(seed_redis(cluster.redis_url, part))
+        redis_s += time.monotonic() - started
+        redis_bytes += added
+        started = time.monotonic()
+        seed_objects(
+            cluster.api_url,
+            [seeded_session(template, n, bindings[n], pods[bindings[n].pod], now_ms) for n in part],
+        )
+        api_s += time.monotonic() - started
+    return redis_s, api_s, redis_bytes
+
+
+def burst_of(cluster: DevCluster, count: int) -> Phase:
+    names = [f"burst-{i:04d}" for i in range(count)]
+    applied = apply_sessions(
+        cluster.api_url, NAMESPACE, POOL.name, names, clients=BURST_CLIENTS, rate=0, ready_within=TIMEOUT
+    )
+    return Phase.of(*asyncio.run(applied))
+
+
+def restart(operator: OperatorProcess, metrics_url: str) -> tuple[float, float]:
+    """Stop and start the operator: seconds until it serves, and until its first round of the pool."""
+    operator.stop()
+    started = time.monotonic()
+    operator.start().wait_ready(timeout=TIMEOUT)
+    ready_s = time.monotonic() - started
+    sampler = RoundSampler(metrics_url).start()
+    try:
+        sampler.wait_rounds(1, after=0)
+    finally:
+        sampler.stop()
+    first_round_seen, _ = sampler.rounds[0]
+    return ready_s, first_round_seen - started
+
+
 def measure(workdir: Path, pods: int, sessions: int, args: argparse.Namespace) -> SizeResult:
     capacity = -(-(sessions + 2 * args.burst) // pods)
     metrics_url = f"http://127.0.0.1:{free_port()}/metrics"
@@ -266,51 +328,23 @@ def measure(workdir: Path, pods: int, sessions: int, args: argparse.Namespace) -
             env=OPERATOR_ENV,
         )
         operator.start().wait_ready()
-        template = boot_pool(http, pods, capacity)
-        operator.stop()
-        print(f"  {pods} pods up; seeding {sessions} sessions", file=sys.stderr, flush=True)
-
-        names = [f"s-{i:06d}" for i in range(sessions)]
-        started = time.monotonic()
-        bindings, pod_records, now_ms, redis_bytes = asyncio.run(seed_redis(cluster.redis_url, names))
-        seed_redis_s = time.monotonic() - started
-        started = time.monotonic()
-        items = [
-            seeded_session(template, n, bindings[n], pod_records[bindings[n].pod], now_ms) for n in names
-        ]
-        seed_objects(cluster.api_url, items)
-        seed_api_s = time.monotonic() - started
-        del items
-
-        started = time.monotonic()
-        operator.start().wait_ready(timeout=TIMEOUT)
-        assert operator.pid is not None
-        operator_ready_s = time.monotonic() - started
         sampler = RoundSampler(metrics_url).start()
         try:
-            sampler.wait_rounds(1, after=0)
-            first_round_s = sampler.rounds[0][0] - started
-            print(f"  operator serving; sampling {args.rounds} idle rounds", file=sys.stderr, flush=True)
+            template = boot_pool(http, pods, capacity)
+            print(f"  {pods} pods up; seeding {sessions} sessions", file=sys.stderr, flush=True)
+            names = [f"s-{i:06d}" for i in range(sessions)]
+            seed_redis_s, seed_api_s, redis_bytes = seed(cluster, template, names, args.seed_chunk)
+            seeded = time.monotonic()
+            sampler.wait_ready_sessions(sessions + 1)  # and the template
+            caught_up_s = time.monotonic() - seeded
+            print(f"  operator caught up; sampling {args.rounds} idle rounds", file=sys.stderr, flush=True)
             idle_from, rv_from = time.monotonic(), resource_version(http)
             rounds = sampler.wait_rounds(args.rounds, after=idle_from)
             writes = resource_version(http) - rv_from
+            assert operator.pid is not None
             operator_rss = psutil.Process(operator.pid).memory_info().rss
-
-            burst_names = [f"burst-{i:04d}" for i in range(args.burst)]
             burst_from = time.monotonic()
-            burst = Phase.of(
-                *asyncio.run(
-                    apply_sessions(
-                        cluster.api_url,
-                        NAMESPACE,
-                        POOL.name,
-                        burst_names,
-                        clients=BURST_CLIENTS,
-                        rate=0,
-                        ready_within=TIMEOUT,
-                    )
-                )
-            )
+            burst = burst_of(cluster, args.burst)
             burst_rounds = [s for seen, s in sampler.rounds if burst_from <= seen]
             operator_peak = peak_rss(operator.pid)
             assert cluster.api is not None
@@ -318,15 +352,17 @@ def measure(workdir: Path, pods: int, sessions: int, args: argparse.Namespace) -
             api_rss = psutil.Process(cluster.api.process.pid).memory_info().rss
         finally:
             sampler.stop()
-            operator.stop()
+        restarted = restart(operator, metrics_url) if sessions <= args.restart_up_to else (None, None)
+        operator.stop()
     return SizeResult(
         pods=pods,
         sessions=sessions,
         seed_redis_s=seed_redis_s,
         seed_api_s=seed_api_s,
         redis_bytes_per_session=redis_bytes / sessions,
-        operator_ready_s=operator_ready_s,
-        first_round_s=first_round_s,
+        caught_up_s=caught_up_s,
+        restart_ready_s=restarted[0],
+        restart_round_s=restarted[1],
         rounds=rounds,
         writes_per_round=writes / len(rounds),
         operator_rss=operator_rss,
@@ -337,21 +373,24 @@ def measure(workdir: Path, pods: int, sessions: int, args: argparse.Namespace) -
     )
 
 
-def row(r: SizeResult) -> dict[str, float]:
+def row(r: SizeResult) -> dict[str, float | None]:
     """The figures compared across sizes."""
     return {
         "round p50 s": percentile(r.rounds, 50),
         "round p99 s": percentile(r.rounds, 99),
-        "first round s": r.first_round_s,
         "op RSS MiB": r.operator_rss / 2**20,
         "op peak MiB": r.operator_peak_rss / 2**20,
         "burst p50 s": r.burst.quantile(0.5),
         "burst p99 s": r.burst.quantile(0.99),
+        "restart s": r.restart_round_s,
     }
 
 
-def pair(a: float, b: float, digits: int) -> str:
-    return f"{a:.{digits}f} / {b:.{digits}f}"
+def pair(a: float | None, b: float | None, digits: int) -> str:
+    def one(x: float | None) -> str:
+        return "-" if x is None else f"{x:.{digits}f}"
+
+    return f"{one(a)} / {one(b)}"
 
 
 def print_table(results: list[SizeResult], burst: int) -> None:
@@ -359,9 +398,10 @@ def print_table(results: list[SizeResult], burst: int) -> None:
         f"\noperator at scale, one pool, simulated pods; burst: {burst} new sessions, {BURST_CLIENTS} clients"
     )
     header = (
-        f"{'pods':>5} {'sessions':>8} {'seed redis/API s':>16} {'B/session':>9} {'ready/1st round s':>17} "
+        f"{'pods':>5} {'sessions':>8} {'seed redis/API s':>16} {'B/session':>9} {'caught up s':>11} "
         f"{'round p50/p99 s':>15} {'writes/round':>12} {'op RSS/peak MiB':>15} {'API MiB':>7} "
-        f"{'burst p50/p99 s':>15} {'all Ready s':>11} {'rounds in burst (max s)':>23}"
+        f"{'burst p50/p99 s':>15} {'all Ready s':>11} {'rounds in burst (max s)':>23} "
+        f"{'restart: serving/1st round s':>28}"
     )
     print(header)
     print("-" * len(header))
@@ -370,16 +410,22 @@ def print_table(results: list[SizeResult], burst: int) -> None:
         in_burst = f"{len(r.burst_rounds)} ({max(r.burst_rounds, default=0):.2f})"
         print(
             f"{r.pods:>5} {r.sessions:>8} {pair(r.seed_redis_s, r.seed_api_s, 0):>16} "
-            f"{r.redis_bytes_per_session:>9.0f} {pair(r.operator_ready_s, r.first_round_s, 1):>17} "
+            f"{r.redis_bytes_per_session:>9.0f} {r.caught_up_s:>11.1f} "
             f"{pair(f['round p50 s'], f['round p99 s'], 3):>15} {r.writes_per_round:>12.1f} "
             f"{pair(f['op RSS MiB'], f['op peak MiB'], 0):>15} {r.api_rss / 2**20:>7.0f} "
-            f"{pair(f['burst p50 s'], f['burst p99 s'], 2):>15} {r.burst.all_ready_s:>11.1f} {in_burst:>23}"
+            f"{pair(f['burst p50 s'], f['burst p99 s'], 2):>15} {r.burst.all_ready_s:>11.1f} {in_burst:>23} "
+            f"{pair(r.restart_ready_s, r.restart_round_s, 1):>28}"
         )
     base = row(results[0])
     print(f"\nratio to the baseline ({results[0].pods} pods x {results[0].sessions} sessions, same run):")
     print(f"{'pods':>5} {'sessions':>8} " + " ".join(f"{k:>13}" for k in base))
     for r in results:
-        print(f"{r.pods:>5} {r.sessions:>8} " + " ".join(f"{v / base[k]:>12.1f}x" for k, v in row(r).items()))
+        ratios = [
+            "-" if v is None or not base[k] else f"{v / base[k]:.1f}x"  # type: ignore[operator]
+            for k, v in row(r).items()
+        ]
+        print(f"{r.pods:>5} {r.sessions:>8} " + " ".join(f"{x:>13}" for x in ratios))
+    sys.stdout.flush()
 
 
 def main() -> None:
@@ -387,6 +433,13 @@ def main() -> None:
     parser.add_argument("--sizes", default="10x1000,100x10000,1000x100000", help="PODSxSESSIONS,...")
     parser.add_argument("--burst", type=int, default=1000, help="new sessions applied at once at each size")
     parser.add_argument("--rounds", type=int, default=5, help="idle reconcile rounds sampled at each size")
+    parser.add_argument(
+        "--restart-up-to",
+        type=int,
+        default=10_000,
+        help="restart the operator at sizes up to this many sessions (kopf's startup grows quadratically)",
+    )
+    parser.add_argument("--seed-chunk", type=int, default=10_000, help="sessions seeded per step")
     parser.add_argument("--profile", help="run the operator under cProfile; its stats go to this directory")
     parser.add_argument("--workdir", help="where the dev clusters keep their logs (default: a temp dir)")
     args = parser.parse_args()
@@ -398,8 +451,7 @@ def main() -> None:
     for pods, sessions in sizes:
         print(f"size {pods} pods x {sessions} sessions", file=sys.stderr, flush=True)
         results.append(measure(workdir / f"{pods}x{sessions}", pods, sessions, args))
-        print(yaml.safe_dump({"size": f"{pods}x{sessions}", **row(results[-1])}), file=sys.stderr, flush=True)
-    print_table(results, args.burst)
+        print_table(results, args.burst)  # the sizes so far: a larger one may not finish
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
