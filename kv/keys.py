@@ -73,6 +73,22 @@ class PoolKeys:
         return f"{self.prefix}:*"
 
 
+# SCAN pattern matching every key of every pool (the operator's sweep of pools deleted while it was away).
+ANY_POOL_PATTERN = "{ardiff:*}:*"
+
+
+def pool_of_key(key: str) -> PoolId | None:
+    """The pool a key belongs to (None for a key that only looks like one of ours)."""
+    tag, closed, _ = key.partition("}:")
+    namespace, slash, name = tag.removeprefix("{ardiff:").partition("/")
+    if not (closed and slash and tag.startswith("{ardiff:")):
+        return None
+    try:
+        return PoolId(namespace, name)
+    except ValueError:
+        return None
+
+
 def resident(pod: str, session: str) -> str:
     """Index member naming `session` on `pod` (as kv/lua/_lib.lua `resident`)."""
     return f"{pod}/{session}"

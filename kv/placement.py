@@ -42,7 +42,7 @@ from ardiff.kv.errors import (
     UnknownPod,
     UnknownSession,
 )
-from ardiff.kv.keys import PoolKeys, resident
+from ardiff.kv.keys import ANY_POOL_PATTERN, PoolKeys, pool_of_key, resident
 from ardiff.kv.records import (
     MAX_PRIORITY,
     Placement,
@@ -826,6 +826,25 @@ class PlacementStore:
         self._place_hints.pop(pool, None)
         self._evict_hints.pop(pool, None)
         return deleted
+
+    async def list_pools(self) -> set[PoolId]:
+        """Every pool that has a key in this store (SCAN over the keyspace: for the operator's periodic sweep
+        of pools deleted while it was away, never on a hot path)."""
+        pools: set[PoolId] = set()
+        async for key in self.client.scan_iter(match=ANY_POOL_PATTERN, count=1000):
+            if (pool := pool_of_key(_text(key))) is not None:
+                pools.add(pool)
+        return pools
+
+    async def list_session_names(self, pool: PoolId) -> set[str]:
+        """The names of every session record of the pool, closed ones included (SCAN: for the operator's
+        sweep of sessions deleted while it was away)."""
+        keys = PoolKeys(_check_pool(pool))
+        prefix = keys.session("")
+        return {
+            _text(key).removeprefix(prefix)
+            async for key in self.client.scan_iter(match=f"{prefix}*", count=1000)
+        }
 
     async def _delete_keys(self, batch: list[str]) -> int:
         _, reply = await self._run("delete_pool", batch, [])

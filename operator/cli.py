@@ -60,10 +60,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.set_defaults(func=run_operator)
     uninstall = commands.add_parser(
         "uninstall",
-        help="delete every session and pool and wait until the operator finalized them (a pre-delete hook)",
+        help="delete sessions and pools, wait until they and their worker pods are gone (pre-delete hook)",
         description="Delete the sessions, then the pools, of the namespaces and wait until none of them and "
-        "none of their worker Pods is left; the operator must still run. Exit 1 when some are left at the "
-        "timeout.",
+        "none of their worker Pods is left (with the operator running, their Redis state goes at once). Exit "
+        "1 when some are left at the timeout.",
     )
     scope = uninstall.add_mutually_exclusive_group(required=True)
     scope.add_argument(

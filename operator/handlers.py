@@ -2,16 +2,20 @@
 
 - startup/cleanup/probe own the clients and settings;
 - three indexes keep pools, their worker Pods and their sessions in memory (level-triggered reads);
-- a session's create handler admits it at once (token Secret, image, `place`); its delete handler releases it;
-- one daemon per pool re-derives the pool's and its sessions' state every few seconds, or sooner when kicked.
+- a session's create handler admits it at once (token Secret, image, `place`); its DELETED event releases it;
+- one daemon per pool re-derives the pool's and its sessions' state every few seconds, or sooner when kicked,
+  and retires the pool once it is gone.
+Nothing here puts a finalizer on a session or a pool (operator/sweep.py says why and what replaces it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -25,12 +29,12 @@ from ardiff.operator.kube import KubeApi
 from ardiff.operator.metrics import OperatorMetrics, PoolSample
 from ardiff.operator.pods import COMPONENT_LABEL, POOL_LABEL, WORKER_COMPONENT
 from ardiff.operator.reconcile import (
-    delete_pool,
     ensure_service,
     ensure_worker_redis_secret,
     now_rfc3339,
     previous_status,
     reconcile_pool,
+    retire_pool,
     write_pool_status,
 )
 from ardiff.operator.sessions import admit, release
@@ -40,8 +44,10 @@ from ardiff.operator.status import (
     Reason,
     build_conditions,
 )
+from ardiff.operator.sweep import sweep_pools_forever, sweep_sessions
 from ardiff.operator.views import PodView, PoolView, SessionView
 
+# Named so that kopf removes it from objects an earlier operator version put it on; nothing adds it now.
 FINALIZER = "ardiffusion.dev/finalizer"
 ANNOTATIONS_PREFIX = "ardiffusion.dev"
 WORKER_LABELS = {POOL_LABEL: kopf.PRESENT, COMPONENT_LABEL: WORKER_COMPONENT}
@@ -88,6 +94,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
         memo.ctx.metrics = OperatorMetrics()
         memo.ctx.metrics.serve(config.metrics)
         logger.info(f"serving Prometheus metrics at {config.metrics}")
+    memo.pool_sweep = asyncio.create_task(sweep_pools_forever(memo.ctx, logger))
     logger.info(
         f"operator started: namespaces={config.namespaces or 'all'}, redis={redact_url(config.redis_url)}, "
         f"workers' redis={redact_url(config.worker_redis_url)}"
@@ -96,6 +103,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
 
 @kopf.on.cleanup()
 async def close_clients(memo: kopf.Memo, **_: Any) -> None:
+    sweep: asyncio.Task[None] | None = getattr(memo, "pool_sweep", None)
+    if sweep is not None:
+        sweep.cancel()
     ctx: OperatorContext | None = getattr(memo, "ctx", None)
     if ctx is not None:
         await ctx.close()
@@ -141,6 +151,11 @@ def _first(index: kopf.Index, key: Any) -> Any | None:
     return next(iter(index.get(key, ())), None)
 
 
+def session_names(pool: PoolView, sessions_by_pool: kopf.Index) -> set[str]:
+    """The names of the pool's sessions in the index now (read by the sweep after it read the store)."""
+    return {session.name for session in _values(sessions_by_pool, (pool.namespace, pool.name))}
+
+
 def pool_members(
     pool: PoolView, sessions_by_pool: kopf.Index, worker_pods: kopf.Index
 ) -> tuple[list[SessionView], list[PodView]]:
@@ -182,15 +197,38 @@ async def admit_session(
     observe_placements(ctx, PoolId(*pool_key), [session])
 
 
-@kopf.on.delete(GROUP, VERSION, SESSION_PLURAL, backoff=2)
+def deleted(type: str, body: kopf.Body, **_: Any) -> bool:
+    """An object's DELETED event, or one of an object being deleted (held by someone else's finalizer)."""
+    return type == "DELETED" or bool(body.metadata.get("deletionTimestamp"))
+
+
+@kopf.on.event(GROUP, VERSION, SESSION_PLURAL, when=deleted)
 async def release_session(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    """Free the slot; the worker gets `close` through its pod's stream. The token Secret is owned."""
+    """Free the slot; the worker gets `close` through its pod's stream. The token Secret is owned. A DELETED
+    event the operator missed is made up for by the pool's sweep."""
     await release(memo.ctx, SessionView.from_body(body), logger)
 
 
 # --- pools ---------------------------------------------------------------------------------------------
 
 
+def without_finalizer(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Put above `@kopf.daemon`: the daemon then puts no finalizer on its objects.
+
+    kopf gives every object with a daemon its finalizer, so that no daemon outlives its object (nolar/kopf#896
+    declined an option to turn that off). The pool daemon needs none: it notices its pool is gone in the pools
+    index and exits by itself (`reconcile_pool_forever`). kopf has no public switch, so this flips the flag on
+    the handler `kopf.daemon` just registered; `tests/operator/test_pools.py` checks no finalizer appears.
+    """
+    spawning = kopf.get_default_registry()._spawning
+    for index, handler in enumerate(spawning._handlers):
+        if handler.fn is fn:
+            spawning._handlers[index] = dataclasses.replace(handler, requires_finalizer=False)
+            return fn
+    raise RuntimeError(f"{fn.__qualname__} is not a registered kopf daemon: put @without_finalizer above it")
+
+
+@without_finalizer
 @kopf.daemon(GROUP, VERSION, POOL_PLURAL, cancellation_timeout=10)
 async def reconcile_pool_forever(
     stopped: kopf.DaemonStopped,
@@ -198,11 +236,13 @@ async def reconcile_pool_forever(
     status: kopf.Status,
     memo: kopf.Memo,
     logger: kopf.Logger,
+    pools: kopf.Index,
     worker_pods: kopf.Index,
     sessions_by_pool: kopf.Index,
     **_: Any,
 ) -> None:
-    """The pool's level-triggered loop: every `reconcile_seconds`, or sooner when kicked."""
+    """The pool's level-triggered loop: every `reconcile_seconds`, or sooner when kicked; once the pool is
+    gone from the pools index (deleted: no finalizer holds it) or being deleted, it retires the pool."""
     ctx: OperatorContext = memo.ctx
     pool = PoolView.from_body(body)
     pid = PoolId(pool.namespace, pool.name)
@@ -210,14 +250,21 @@ async def reconcile_pool_forever(
     await ensure_worker_redis_secret(
         ctx, pool
     )  # brings the workers' URL up to date after an operator restart
+    swept_at = 0.0
     try:
         while not stopped:
             started = time.monotonic()
             pool = PoolView.from_body(body)  # `body` is live in daemons: the latest spec each round
-            if pool.deleting:
+            current = _first(pools, (pool.namespace, pool.name))
+            if pool.deleting or current is None or current.uid != pool.uid:
+                await retire(ctx, pool, sessions_by_pool, worker_pods, stopped, logger)
                 return
             try:
                 await pool_round(ctx, pool, sessions_by_pool, worker_pods, dict(status), logger)
+                if started - swept_at >= ctx.config.sweep_seconds:
+                    names = functools.partial(session_names, pool, sessions_by_pool)
+                    await sweep_sessions(ctx, pid, names, logger)
+                    swept_at = started
             except asyncio.CancelledError:
                 raise
             except NotReplicated as exc:  # applied on the master only: the round stopped before reporting it
@@ -231,6 +278,27 @@ async def reconcile_pool_forever(
         # `max` over the operators would read them.
         if ctx.metrics is not None:
             ctx.metrics.forget_pool(pid)
+
+
+async def retire(
+    ctx: OperatorContext,
+    pool: PoolView,
+    sessions_by_pool: kopf.Index,
+    worker_pods: kopf.Index,
+    stopped: kopf.DaemonStopped,
+    logger: kopf.Logger,
+) -> None:
+    """Retire a deleted pool, waiting for its Pods to go; stopped meanwhile (operator exiting or paused), the
+    operator-wide sweep forgets what is left in Redis."""
+    while not stopped:
+        try:
+            if await retire_pool(ctx, pool, *pool_members(pool, sessions_by_pool, worker_pods), logger):
+                return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception(f"retiring pool {pool.namespace}/{pool.name} failed: {exc}")
+        await stopped.wait(1)
 
 
 async def pool_round(
@@ -311,14 +379,9 @@ async def wait_for_kick(
         await stopped.wait(gap)
 
 
-@kopf.on.delete(GROUP, VERSION, POOL_PLURAL, backoff=2)
-async def delete_pool_resources(
-    body: kopf.Body,
-    memo: kopf.Memo,
-    logger: kopf.Logger,
-    worker_pods: kopf.Index,
-    sessions_by_pool: kopf.Index,
-    **_: Any,
-) -> None:
-    pool = PoolView.from_body(body)
-    await delete_pool(memo.ctx, pool, *pool_members(pool, sessions_by_pool, worker_pods), logger)
+@kopf.on.event(GROUP, VERSION, POOL_PLURAL, when=deleted)
+async def kick_pool_on_deletion(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """A deleted pool's daemon retires it now rather than at the end of its period."""
+    ctx: OperatorContext | None = getattr(memo, "ctx", None)
+    if ctx is not None:
+        ctx.kick(PoolId(namespace, name))

@@ -12,6 +12,7 @@ import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import kopf
@@ -26,9 +27,12 @@ class ApiResource:
     api_version: str  # "v1" for the core group, "<group>/<version>" otherwise
     plural: str
 
+    @property
+    def prefix(self) -> str:
+        return "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+
     def path(self, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
-        prefix = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
-        parts = [prefix, "namespaces", namespace, self.plural]
+        parts = [self.prefix, "namespaces", namespace, self.plural]
         parts += [name] if name else []
         parts += [subresource] if subresource else []
         return "/".join(parts)
@@ -139,6 +143,19 @@ class KubeApi:
         if created is not None:
             return created
         return await self.get(resource, body["metadata"]["namespace"], body["metadata"]["name"])
+
+    async def list_names(self, resource: ApiResource, namespace: str | None) -> set[tuple[str, str]]:
+        """(namespace, name) of every object in `namespace`, or in all namespaces (None); names only, in pages
+        (the sweep of Redis state compares them with what the store holds)."""
+        path = resource.path(namespace) if namespace else f"{resource.prefix}/{resource.plural}"
+        names: set[tuple[str, str]] = set()
+        params: dict[str, str | int] = {"limit": 500}
+        while True:
+            page = await self._request("GET", f"{path}?{urlencode(params)}", absent=-1) or {}
+            names.update((i["metadata"]["namespace"], i["metadata"]["name"]) for i in page.get("items", []))
+            if not (cont := (page.get("metadata") or {}).get("continue")):
+                return names
+            params["continue"] = cont
 
     async def delete(self, resource: ApiResource, namespace: str, name: str) -> bool:
         """Delete the object; False when it was already gone (404)."""

@@ -37,7 +37,6 @@ from ardiff.operator.pods import (
     build_worker_pod,
     build_worker_redis_secret,
     new_transfer_token,
-    pool_service_name,
     read_redis_ca,
     worker_pod_name,
 )
@@ -801,15 +800,17 @@ async def write_pool_status(ctx: OperatorContext, pool: PoolView, patch: Mapping
     await ctx.kube.patch_status(POOLS, pool.namespace, pool.name, patch)
 
 
-async def delete_pool(
+async def retire_pool(
     ctx: OperatorContext,
     pool: PoolView,
     sessions: Sequence[SessionView],
     pods: Sequence[PodView],
     logger: kopf.Logger,
-) -> None:
-    """Fail the pool's sessions (`PoolDeleted`), delete its Pods and Service; forget it in Redis once the Pods
-    are gone (a terminating worker's heartbeat would re-create what was deleted earlier)."""
+) -> bool:
+    """A deleted pool: fail its sessions (`PoolDeleted`) and delete its Pods (garbage collection does too,
+    but only once the pool is gone: a pool someone else's finalizer holds would keep its GPUs meanwhile; the
+    Service and Secrets it owns are left to garbage collection); forget it in Redis once the Pods are gone (a
+    terminating worker's heartbeat would re-create what was deleted earlier). True once done."""
     pid = PoolId(pool.namespace, pool.name)
     async with ctx.locks[pid]:
         for session in sessions:
@@ -818,9 +819,9 @@ async def delete_pool(
         for pod in pods:
             if not pod.deleting:
                 await ctx.kube.delete(PODS, pool.namespace, pod.name)
-        await ctx.kube.delete(SERVICES, pool.namespace, pool_service_name(pool.name))
         if pods:
-            raise kopf.TemporaryError(f"waiting for {len(pods)} worker pods to terminate", delay=1)
+            return False
         await ctx.store.delete_pool(pid)
     ctx.forget_pool(pid)
     logger.info(f"pool {pool.name} deleted: its sessions failed, its pods and Redis state are gone")
+    return True

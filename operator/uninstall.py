@@ -1,10 +1,10 @@
-"""`ardiff operator uninstall`: delete every session and pool of the served namespaces and wait until the
-running operator has finalized them and their worker Pods are gone (the chart's pre-delete hook).
+"""`ardiff operator uninstall`: delete every session and pool of the served namespaces and wait until they
+and their worker Pods are gone (the chart's pre-delete hook).
 
-Why a hook: sessions and pools carry the operator's finalizer (it frees their slots and the pool's Redis
-state, and waits for the pool's Pods). `helm uninstall` deletes the operator together with everything else,
-so a pool deleted after it stays Terminating and its Pods keep their GPUs. Run before anything of the
-release is deleted, this leaves the operator the time to finalize them (docs/contracts.md §5).
+Why a hook: sessions users created are not part of the helm release, so `helm uninstall` alone would leave
+them; and run before the operator goes, the operator still frees their slots and the pools' Redis state at
+once (without it, its sweep does that the next time an operator runs: docs/contracts.md §5 "Deletion").
+Waiting for the Pods means their GPUs are free when `helm uninstall` returns.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def uninstall(
             tuple(sorted(pods)),
         )
 
-    # Sessions first: their finalizer frees their slots while their pools still exist.
+    # Sessions first: the operator frees their slots while their pools still exist.
     for plural in (SESSION_PLURAL, POOL_PLURAL):
         for namespace in namespaces:
             for name in getattr(leftovers(namespace), "sessions" if plural == SESSION_PLURAL else "pools"):

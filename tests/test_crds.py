@@ -539,7 +539,7 @@ def test_no_handler_result_lands_in_status(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     returns = json.loads(result.stdout)
-    assert set(returns) == {"admit_session", "release_session", "delete_pool_resources"}
+    assert set(returns) == {"admit_session"}
     assert set(returns.values()) == {"None"}
 
 

@@ -168,7 +168,7 @@ def _expected_rules(peering: str) -> dict[tuple[str, str], set[str]]:
         ("ardiffusion.dev", "ardiffusionworkerpools/finalizers"): {"update"},
         ("ardiffusion.dev", "ardiffusionsessions/finalizers"): {"update"},
         ("", "pods"): {"create", "delete", "list", "watch", "patch"},
-        ("", "services"): {"create", "delete"},
+        ("", "services"): {"create"},
         ("", "secrets"): {
             "create",
             "get",

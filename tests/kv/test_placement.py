@@ -18,6 +18,7 @@ from ardiff.kv.errors import (
     UnknownPod,
     UnknownSession,
 )
+from ardiff.kv.keys import PoolKeys, pool_of_key
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PodRegistration, PoolId, SessionBinding, SessionSpec, SessionState
 
@@ -812,3 +813,31 @@ async def test_streams_are_trimmed_and_trimmed_pending_entries_are_dropped(
         assert fresh[-1].session == "late-299"
         assert len(fresh) == await store.client.xlen(stream)
         assert (await store.client.xpending(stream, "worker"))["pending"] == len(fresh)
+
+
+async def test_the_store_lists_its_pools_and_their_session_names(store: PlacementStore, pool: PoolId) -> None:
+    """What the operator's sweeps compare with the API (operator/sweep.py): every pool with a key, and every
+    session record of a pool, closed ones included."""
+    other = PoolId("other-ns", pool.name)
+    await register(store, pool, "w-a", capacity=2)
+    await store.place(pool, spec("s1"))
+    await store.place(pool, spec("s2"))
+    await register(store, other, "w-b", capacity=1)
+    await store.place(other, spec("elsewhere"))
+    await store.release(pool, "s2", reason="deleted")
+    assert await store.list_session_names(pool) == {"s1", "s2"}
+    assert await store.list_session_names(other) == {"elsewhere"}
+    assert {pool, other} <= await store.list_pools()
+    await store.delete_pool(other)
+    assert other not in await store.list_pools()
+    assert pool in await store.list_pools()
+
+
+def test_pool_of_key_reads_back_the_pool_of_every_key_and_nothing_else() -> None:
+    pool = PoolId("ns-1", "pool-a")
+    keys = PoolKeys(pool)
+    for key in (keys.pod("p"), keys.session("s"), keys.events("p"), keys.pods, keys.lru, keys.suspending):
+        assert pool_of_key(key) == pool, key
+    foreign_keys = ("{ardiff:ns-1/pool-a}", "{ardiff:ns-1}:pods", "{other:ns/p}:pods", "{ardiff:NS/p}:x", "x")
+    for foreign in foreign_keys:
+        assert pool_of_key(foreign) is None, foreign

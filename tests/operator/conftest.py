@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,11 +61,13 @@ class Cluster:
         base = f"/api/v1/namespaces/{self.namespace}" if core else GROUP_PATH.format(ns=self.namespace)
         return f"{base}/{plural}" + (f"/{name}" if name else "")
 
-    def create_pool(self, name: str = "pool", **spec: Any) -> dict[str, Any]:
+    def create_pool(
+        self, name: str = "pool", *, finalizers: Sequence[str] = (), **spec: Any
+    ) -> dict[str, Any]:
         body = {
             "apiVersion": "ardiffusion.dev/v1alpha1",
             "kind": "ARDiffusionWorkerPool",
-            "metadata": {"name": name},
+            "metadata": {"name": name, **({"finalizers": list(finalizers)} if finalizers else {})},
             "spec": {
                 "model": {"name": "tiny-lingbot-world", "height": 64, "width": 64},
                 "image": "ghcr.io/ardiff/ardiff-worker:test",
@@ -172,9 +174,14 @@ class Cluster:
     # --- the operator ----------------------------------------------------------------------------------
 
     def operator(
-        self, redis_url: str, log_path: Path, command: Sequence[str] = OPERATOR_COMMAND
+        self,
+        redis_url: str,
+        log_path: Path,
+        command: Sequence[str] = OPERATOR_COMMAND,
+        env: Mapping[str, str] | None = None,
     ) -> OperatorProcess:
-        """`ardiff operator run` (standalone by default) for this namespace; not started yet."""
+        """`ardiff operator run` (standalone by default) for this namespace, with `env` over OPERATOR_ENV; not
+        started yet."""
         assert self.api.kubeconfig is not None, "the emulated API was started without a kubeconfig"
         return OperatorProcess(
             command,
@@ -182,7 +189,7 @@ class Cluster:
             redis_url=redis_url,
             namespace=self.namespace,
             log_path=log_path,
-            env=OPERATOR_ENV,
+            env={**OPERATOR_ENV, **(env or {})},
         )
 
     # --- waits -----------------------------------------------------------------------------------------

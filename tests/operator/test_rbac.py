@@ -85,7 +85,12 @@ def test_the_chart_role_grants_exactly_the_calls_the_operator_makes(
     ).start()
     try:
         process.wait_ready()
-        cluster.create_pool()
+        # A pool from an earlier version carries the operator's old finalizer: kopf removes it.
+        cluster.create_pool(finalizers=["ardiffusion.dev/finalizer"])
+        wait_until(
+            lambda: not cluster.get("ardiffusionworkerpools", "pool")["metadata"].get("finalizers"),
+            what="the old finalizer to be removed",
+        )
         cluster.create_session("s")
         cluster.wait_phase("s", "Ready")
         assert cluster.tick("s", 0).status_code == 200
@@ -136,6 +141,11 @@ def test_the_chart_role_grants_exactly_the_calls_the_operator_makes(
         )
         assert smoke.returncode == 0, smoke.stdout + smoke.stderr
         assert ": HTTP 200," in smoke.stdout
+
+        # The session ends and the pool may go to zero: the operator deletes its empty pod.
+        cluster.delete("ardiffusionsessions", "s")
+        cluster.patch_pool_spec({"replicas": {"min": 0, "max": 1}})
+        wait_until(lambda: not cluster.pod_names(), what="the empty pod to be deleted")
 
         # The chart's pre-delete hook deletes the sessions, then the pool, through this operator.
         hook_token = f"uninstall-{ns}"

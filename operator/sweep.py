@@ -1,0 +1,78 @@
+"""Level-triggered garbage collection of Redis state whose custom resource is gone.
+
+Sessions and pools carry no finalizer of ours (docs/contracts.md §5 "Deletion"): a finalizer that only a
+running operator can remove hangs `kubectl delete namespace` of the operator's own namespace, where the
+operator may go first. What the API owns goes by ownerReference garbage collection; what Redis holds goes
+here instead:
+- a session's slot is released when its DELETED event arrives (`operator/handlers.py`), and any record whose
+  session is not in the API is released by its pool's next sweep (a deletion the operator did not see);
+- a deleted pool's daemon retires it (`retire_pool`), and any pool the store holds that is not in the API is
+  forgotten by the operator-wide sweep (a pool deleted while no operator ran).
+Both read Redis first and the API second: the operator creates Redis state only for objects it has already
+seen, so a record found before the listing whose object the listing lacks was deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Collection
+
+import kopf
+
+from ardiff.kv.records import PoolId, SessionState
+from ardiff.operator.context import OperatorContext
+from ardiff.operator.kube import POOLS
+
+
+async def sweep_sessions(
+    ctx: OperatorContext, pool: PoolId, present: Callable[[], Collection[str]], logger: kopf.Logger
+) -> list[str]:
+    """Release the pool's session records whose session `present()` (read after the store) does not list."""
+    stored = await ctx.store.list_session_names(pool)
+    gone = stored - set(present())
+    if not gone:
+        return []
+    bindings = await ctx.store.get_bindings(pool, sorted(gone))
+    released = []
+    async with ctx.locks[pool]:
+        for name, binding in sorted(bindings.items()):
+            if binding.state == SessionState.CLOSED:  # released already; its record expires by itself
+                continue
+            await ctx.store.release(pool, name, reason="deleted")
+            ctx.forget_session((pool.namespace, name))
+            released.append(name)
+    if released:
+        ctx.kick(pool)
+        logger.info(f"released {len(released)} sessions of pool {pool} that are gone: {released[:10]}")
+    return released
+
+
+async def sweep_pools(ctx: OperatorContext, logger: kopf.Logger) -> list[PoolId]:
+    """Forget the pools the store holds, in the namespaces this operator serves, that the API lacks."""
+    served = ctx.config.namespaces
+    stored = {p for p in await ctx.store.list_pools() if ctx.config.all_namespaces or p.namespace in served}
+    if not stored:
+        return []
+    listed: set[tuple[str, str]] = set()
+    for namespace in sorted({p.namespace for p in stored}):
+        listed |= await ctx.kube.list_names(POOLS, namespace)
+    gone = sorted((p for p in stored if (p.namespace, p.name) not in listed), key=str)
+    for pool in gone:
+        async with ctx.locks[pool]:
+            await ctx.store.delete_pool(pool)
+        ctx.forget_pool(pool)
+    if gone:
+        logger.info(f"forgot the Redis state of {len(gone)} pools that are gone: {[str(p) for p in gone]}")
+    return gone
+
+
+async def sweep_pools_forever(ctx: OperatorContext, logger: kopf.Logger) -> None:
+    """The operator-wide sweep, at startup and every `sweep_seconds`; a failed sweep is retried next time."""
+    while True:
+        try:
+            await sweep_pools(ctx, logger)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # Redis or the API away: the state stays until the next sweep
+            logger.warning(f"sweep of gone pools failed: {exc}")
+        await asyncio.sleep(ctx.config.sweep_seconds)
