@@ -12,7 +12,8 @@ Semantics kept from a real apiserver (each one something kopf, kubectl or the op
   a CRD starts and stops serving its kinds, a CRD's deletion deletes its objects;
 - deletion: finalizers hold an object with `deletionTimestamp` until they are removed; a Pod bound to a
   node (`spec.nodeName`) is deleted gracefully (the kubelet, here the pod runner, finishes it with grace 0);
-  owner-reference garbage collection (background, or orphan) when an owner goes; namespace deletion;
+  owner-reference garbage collection (background, or orphan) when an owner goes, and of an object written
+  with owners that are gone (or in another namespace); namespace deletion;
 - watches: events carry resourceVersions, resume from a resourceVersion still in the event log, `410 Gone`
   (an ERROR event) when it is not, label/field selectors with ADDED/DELETED on selector transitions,
   `sendInitialEvents` with its closing BOOKMARK.
@@ -686,7 +687,10 @@ class ObjectStore:
         if rtype.qualified == f"customresourcedefinitions.{CRD_GROUP}":
             self.registry.register_crd(self._parse_crd(obj))
         self._publish(WatchEvent(self._resource_version, event_type, rtype.key, obj, old))
-        return self._as_version(rtype, obj)
+        written = self._as_version(rtype, obj)
+        if meta.get("ownerReferences") and not meta.get("deletionTimestamp"):
+            self._collect(rtype, key)  # written with an owner that is gone (e.g. created after it went)
+        return written
 
     def _remove(self, rtype: ResourceType, obj: Obj) -> Obj:
         meta = obj["metadata"]
@@ -725,22 +729,43 @@ class ObjectStore:
                         del self._dependents[ref.get("uid", "")]
 
     def _collect_dependents(self, owner_uid: str, *, orphan: bool) -> None:
-        """The garbage collector: an object whose owners are all gone is deleted (or orphaned)."""
+        """The garbage collector after an owner went: its dependents are orphaned (the reference removed) or
+        collected (`_collect`)."""
         for key in sorted(self._dependents.get(owner_uid, ())):
             dependent = self._find(key)
             rtype = self.registry.find(*key[0])
             if dependent is None or rtype is None:
                 continue
-            refs = dependent["metadata"].get("ownerReferences") or []
-            remaining = [ref for ref in refs if ref.get("uid") != owner_uid]
             if orphan:
+                refs = dependent["metadata"].get("ownerReferences") or []
                 new = copy.deepcopy(dependent)
-                new["metadata"]["ownerReferences"] = remaining or None
-                if not remaining:
+                new["metadata"]["ownerReferences"] = [ref for ref in refs if ref.get("uid") != owner_uid]
+                if not new["metadata"]["ownerReferences"]:
                     del new["metadata"]["ownerReferences"]
                 self._commit(rtype, new, "MODIFIED", dependent)
-            elif not any(ref.get("uid") in self._by_uid for ref in remaining):
-                self.delete(rtype, key[1] or None, key[2])
+            else:
+                self._collect(rtype, key)
+
+    def _owner_exists(self, ref: Obj, *, namespace: str) -> bool:
+        owner = self._by_uid.get(ref.get("uid", ""))
+        return owner is not None and owner[1] in ("", namespace)
+
+    def _collect(self, rtype: ResourceType, key: ObjKey) -> None:
+        """The garbage collector on one dependent (kube-controller-manager's `attemptToDeleteItem`): when no
+        owner exists it is deleted; when some do, the references to absent ones are removed. An owner is
+        absent when no object has its uid in the dependent's namespace (or cluster-scoped): a namespaced
+        dependent never has an owner in another namespace."""
+        dependent = self._find(key)
+        if dependent is None:
+            return
+        refs = dependent["metadata"].get("ownerReferences") or []
+        solid = [ref for ref in refs if self._owner_exists(ref, namespace=key[1])]
+        if not solid:
+            self.delete(rtype, key[1] or None, key[2])
+        elif len(solid) < len(refs):
+            new = copy.deepcopy(dependent)
+            new["metadata"]["ownerReferences"] = solid
+            self._commit(rtype, new, "MODIFIED", dependent)
 
     def _delete_namespace_contents(self, namespace: str) -> None:
         for rtype_key, objects in list(self._objects.items()):

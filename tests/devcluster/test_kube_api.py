@@ -250,6 +250,27 @@ def test_owner_references_cascade_and_orphan(client: httpx.Client, kube_namespac
     orphan = client.get(f"/api/v1/namespaces/{ns}/pods/w2").json()
     assert "ownerReferences" not in orphan["metadata"]
 
+    # Written with an owner that is already gone (kube-controller-manager's attemptToDeleteItem): collected
+    # at once; with one owner gone and one there, only the reference to the absent one is removed.
+    secret["metadata"] = {"name": "late", "ownerReferences": [ref]}
+    assert client.post(f"/api/v1/namespaces/{ns}/secrets", json=secret).status_code == 201
+    assert client.get(f"/api/v1/namespaces/{ns}/secrets/late").status_code == 404
+    owner = create_session(client, ns, "s3")
+    solid = {**ref, "name": "s3", "uid": owner["metadata"]["uid"]}
+    secret["metadata"] = {"name": "shared", "ownerReferences": [ref, solid]}
+    assert client.post(f"/api/v1/namespaces/{ns}/secrets", json=secret).status_code == 201
+    shared = client.get(f"/api/v1/namespaces/{ns}/secrets/shared").json()
+    assert shared["metadata"]["ownerReferences"] == [solid]
+    # An owner in another namespace is no owner: a namespaced dependent's owners share its namespace.
+    other = f"{ns[:50]}-other"
+    assert client.post("/api/v1/namespaces", json={"metadata": {"name": other}}).status_code == 201
+    try:
+        secret["metadata"] = {"name": "elsewhere", "ownerReferences": [solid]}
+        assert client.post(f"/api/v1/namespaces/{other}/secrets", json=secret).status_code == 201
+        assert client.get(f"/api/v1/namespaces/{other}/secrets/elsewhere").status_code == 404
+    finally:
+        client.delete(f"/api/v1/namespaces/{other}")
+
 
 def test_bound_pods_terminate_gracefully(client: httpx.Client, kube_namespace: str) -> None:
     pods = f"/api/v1/namespaces/{kube_namespace}/pods"
