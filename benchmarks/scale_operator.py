@@ -59,7 +59,13 @@ from reconcile import Phase, apply_sessions
 NAMESPACE = "scale"
 POOL = PoolId(NAMESPACE, "gpu")
 GROUP = f"/apis/ardiffusion.dev/v1alpha1/namespaces/{NAMESPACE}"
-OPERATOR_ENV = {"ARDIFF_OPERATOR_RECONCILE_SECONDS": "2", "ARDIFF_OPERATOR_MIRROR_SECONDS": "5"}
+OPERATOR_ENV = {
+    "ARDIFF_OPERATOR_RECONCILE_SECONDS": "2",
+    "ARDIFF_OPERATOR_MIRROR_SECONDS": "5",
+    # The seeding puts a chunk into Redis before its CRs exist; the sweep (operator/sweep.py) would release
+    # records whose CR it does not list yet. It still runs once, at the pool's first round.
+    "ARDIFF_OPERATOR_SWEEP_SECONDS": "86400",
+}
 SEED_PLACERS = 32
 BURST_CLIENTS = 8
 TIMEOUT = 1800.0
@@ -96,7 +102,9 @@ class RoundSampler:
     period: float = 0.1
     rounds: list[tuple[float, float]] = field(default_factory=list)  # (monotonic time seen, seconds)
     ready: float = 0.0  # the pool's Ready sessions in the operator's index, at the last poll
+    lost: float = 0.0  # and those neither Ready nor Pending (Expired, Lost, ...): the seeding went wrong
     _stop: threading.Event = field(default_factory=threading.Event)
+    _http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=5))
     _thread: threading.Thread | None = None
 
     def read(self) -> dict[str, float]:
@@ -104,7 +112,7 @@ class RoundSampler:
         index has them); zeros before the first round or while the endpoint is unreachable."""
         found = {"count": 0.0, "sum": 0.0, "ready": 0.0}
         try:
-            text = httpx.get(self.url, timeout=5).text
+            text = self._http.get(self.url).text
         except httpx.HTTPError:
             return found
         for family in text_string_to_metric_families(text):
@@ -115,13 +123,15 @@ class RoundSampler:
                     found[s.name.rsplit("_", 1)[1]] = s.value
                 elif s.name == "ardiff_pool_sessions" and s.labels.get("phase") == "Ready":
                     found["ready"] = s.value
+                elif s.name == "ardiff_pool_sessions" and s.labels.get("phase") != "Pending":
+                    found["lost"] = found.get("lost", 0.0) + s.value
         return found
 
     def _run(self) -> None:
         last = self.read()
         while not self._stop.wait(self.period):
             now = self.read()
-            self.ready = now["ready"]
+            self.ready, self.lost = now["ready"], now.get("lost", 0.0)
             if now["count"] > last["count"]:
                 mean = (now["sum"] - last["sum"]) / (now["count"] - last["count"])
                 self.rounds += [(time.monotonic(), mean)] * int(now["count"] - last["count"])
@@ -136,6 +146,7 @@ class RoundSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        self._http.close()
 
     def since(self, moment: float) -> list[float]:
         return [seconds for seen, seconds in self.rounds if seen >= moment]
@@ -143,6 +154,8 @@ class RoundSampler:
     def wait_ready_sessions(self, count: int, timeout: float = TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
         while self.ready < count:
+            if self.lost:
+                raise RuntimeError(f"{self.lost:.0f} seeded sessions are neither Ready nor Pending")
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"the operator's index had {self.ready} of {count} Ready sessions after {timeout} s"
