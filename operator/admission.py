@@ -49,10 +49,19 @@ async def ensure_token_sha256(ctx: OperatorContext, session: SessionView) -> str
     """Create the session's token Secret once (owned by the session); return the token's SHA-256."""
     secret = build_token_secret(session.namespace, session.name, new_token())
     kopf.adopt(secret, owner=session.reference)
-    # One that exists (an earlier attempt, or an operator restart) keeps its token.
+    # One that exists (an earlier attempt, or an operator restart) keeps its token; one owned by another
+    # object is a deleted session's of the same name that garbage collection has not removed yet (adopting it,
+    # the new session would lose its token when it goes): wait for it.
     stored = await ctx.kube.create_or_get(SECRETS, secret)
     if stored is None:
         raise kopf.TemporaryError("token secret was deleted while being read", delay=1)
+    owners = {ref.get("uid") for ref in stored["metadata"].get("ownerReferences") or ()}
+    if session.uid not in owners:
+        raise kopf.TemporaryError(
+            f"token Secret {secret['metadata']['name']} belongs to another object (a deleted session of this "
+            "name, not yet garbage-collected?): waiting for it to go",
+            delay=1,
+        )
     return token_sha256(read_token(stored))
 
 

@@ -79,9 +79,14 @@ async def test_delete_releases_the_slot_and_the_worker_gets_close(
     token = cluster.token("forest")
 
     cluster.delete("ardiffusionsessions", "forest")
-    cluster.wait_gone("ardiffusionsessions", "forest")
+    cluster.wait_gone("ardiffusionsessions", "forest")  # at once: no finalizer
 
-    record = await store.get_session(pool, "forest")
+    # Its DELETED event releases it.
+    for _ in range(50):
+        record = await store.get_session(pool, "forest")
+        if record is not None and record.state is SessionState.CLOSED:
+            break
+        await asyncio.sleep(0.1)
     assert record is not None
     assert record.state is SessionState.CLOSED
     (pod,) = await store.list_pods(pool)
@@ -110,6 +115,40 @@ async def test_delete_releases_the_slot_and_the_worker_gets_close(
     assert pending == 0
     assert await store.check_invariants(pool) == []
     cluster.wait_gone("secrets", "forest-token", core=True)  # owned by the session
+
+
+def test_a_token_secret_owned_by_another_object_is_not_adopted(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    """A session made again under a deleted one's name must not take over the deleted one's token Secret
+    (garbage collection would delete it from under the new session): admission waits until it is gone."""
+    cluster.create_pool()
+    owner = cluster.create_session("owner")
+    leftover = {
+        "metadata": {
+            "name": "again-token",
+            "ownerReferences": [
+                {
+                    "apiVersion": "ardiffusion.dev/v1alpha1",
+                    "kind": "ARDiffusionSession",
+                    "name": "owner",
+                    "uid": owner["metadata"]["uid"],
+                }
+            ],
+        },
+        "stringData": {"token": "not-yours"},
+    }
+    secrets = f"/api/v1/namespaces/{cluster.namespace}/secrets"
+    assert cluster.http.post(secrets, json=leftover).status_code == 201
+    again = cluster.create_session("again")
+    cluster.wait_phase("owner", "Ready")
+    assert cluster.status("again").get("phase") != "Ready"  # admission retries; nothing placed
+    cluster.http.delete(f"{secrets}/again-token").raise_for_status()
+    cluster.wait_phase("again", "Ready")
+    secret = cluster.get("secrets", "again-token", core=True)
+    assert secret is not None
+    assert [ref["uid"] for ref in secret["metadata"]["ownerReferences"]] == [again["metadata"]["uid"]]
+    assert cluster.token("again") != "not-yours"
 
 
 async def wait_for_ack(store: PlacementStore, stream: str) -> int:
