@@ -206,7 +206,7 @@ class ExportReader:
     def tensors(self) -> Iterator[ReadTensor]:
         """Each tensor in order (the book's frames are kept, not yielded); then the digest is checked."""
         for entry in self._layout:
-            data = bytearray(self._read(math.prod(entry.shape) * ITEM_SIZES[entry.dtype], entry.name))
+            data = self._read_into(math.prod(entry.shape) * ITEM_SIZES[entry.dtype], entry.name)
             if entry.name == BOOK_FRAMES:
                 self._frames = data
                 continue
@@ -251,6 +251,20 @@ class ExportReader:
             chunks.append(chunk)
             left -= len(chunk)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _read_into(self, size: int, what: str) -> bytearray:
+        """`size` bytes into a fresh buffer, filled as they arrive (no joined copy: a tensor part is the
+        largest thing a reader holds, up to gigabytes at real sizes)."""
+        data = bytearray(size)
+        view, filled = memoryview(data), 0
+        while filled < size:
+            chunk = self._source.read(size - filled)
+            if not chunk:
+                raise ExportCorrupt(f"session export is truncated in {what} ({filled} of {size} bytes)")
+            view[filled : filled + len(chunk)] = chunk
+            self._digest.update(chunk)
+            filled += len(chunk)
+        return data
 
     def _read(self, size: int, what: str) -> bytes:
         data = self._read_up_to(size)

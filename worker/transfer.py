@@ -76,6 +76,10 @@ class QueueWriter:
         written = view.nbytes
         while view.nbytes:
             limit = STALL_AFTER_BYTES if self._stall and self.sent == 0 else PIECE_BYTES
+            if not self._buffer and view.nbytes >= limit:  # a whole piece of a large part: copied once
+                self._send(bytes(view[:limit]))
+                view = view[limit:]
+                continue
             room = limit - len(self._buffer)
             self._buffer += view[:room]
             view = view[room:]
@@ -95,6 +99,9 @@ class QueueWriter:
             return
         piece = bytes(self._buffer)
         self._buffer.clear()
+        self._send(piece)
+
+    def _send(self, piece: bytes) -> None:
         self._put(piece)
         self.sent += len(piece)
         if self._stall and self.sent == len(piece):
