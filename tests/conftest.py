@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -21,6 +21,7 @@ import pytest
 from ardiff.devcluster.kube_api import KubeAPIThread
 from ardiff.devcluster.pod_runner import PodRunner
 from ardiff.devcluster.redis_server import RedisServer
+from ardiff.kv.placement import PlacementStore
 
 # The tests run torch on CPU next to other processes: one thread each keeps 2-core machines usable.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -44,6 +45,13 @@ def redis_server() -> Iterator[RedisServer]:
 @pytest.fixture(scope="session")
 def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
+
+
+@pytest.fixture
+async def store(redis_url: str) -> AsyncIterator[PlacementStore]:
+    """A placement store client on the shared redis-server."""
+    async with PlacementStore.from_url(redis_url) as placement_store:
+        yield placement_store
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import asyncio
 import hashlib
 import random
 from collections import Counter
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -28,12 +27,6 @@ LEASE_MS = 60_000
 
 def spec(name: str, **fields: object) -> SessionSpec:
     return SessionSpec(name=name, token_sha256=TOKEN, **fields)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-async def store(redis_url: str) -> AsyncIterator[PlacementStore]:
-    async with PlacementStore.from_url(redis_url) as placement_store:
-        yield placement_store
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ snapshots after pod loss (docs/contracts.md §2). Against the shared real redis-
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -15,12 +14,6 @@ from tests.kv.test_placement import pool_state, spec
 
 LEASE_MS = 60_000
 IDLE_MS = 50
-
-
-@pytest.fixture
-async def store(redis_url: str) -> AsyncIterator[PlacementStore]:
-    async with PlacementStore.from_url(redis_url) as placement_store:
-        yield placement_store
 
 
 @pytest.fixture

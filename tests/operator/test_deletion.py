@@ -7,10 +7,8 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-
-import pytest
 
 from ardiff.kv.keys import PoolKeys
 from ardiff.kv.placement import PlacementStore
@@ -19,12 +17,6 @@ from tests.operator.conftest import Cluster
 from tests.waiting import wait_until
 
 SWEEP_ENV = {"ARDIFF_OPERATOR_SWEEP_SECONDS": "1"}
-
-
-@pytest.fixture
-async def store(redis_url: str) -> AsyncIterator[PlacementStore]:
-    async with PlacementStore.from_url(redis_url) as placement_store:
-        yield placement_store
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], what: str, seconds: float = 30) -> None:

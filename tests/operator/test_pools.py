@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -19,12 +18,6 @@ from tests.operator.conftest import FAKE_WORKER_ENV, POOL_FINALIZE_SECONDS, Clus
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-async def store(redis_url: str) -> AsyncIterator[PlacementStore]:
-    async with PlacementStore.from_url(redis_url) as placement_store:
-        yield placement_store
 
 
 def ready_sessions(cluster: Cluster, names: list[str]) -> dict[str, str] | None:

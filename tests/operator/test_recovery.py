@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -18,12 +17,6 @@ from tests.operator.conftest import Cluster
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-async def store(redis_url: str) -> AsyncIterator[PlacementStore]:
-    async with PlacementStore.from_url(redis_url) as placement_store:
-        yield placement_store
 
 
 async def eventually_invariants_hold(store: PlacementStore, pool: PoolId) -> None:

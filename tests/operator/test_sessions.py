@@ -6,7 +6,6 @@ import asyncio
 import base64
 import hashlib
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,12 +19,6 @@ from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-async def store(redis_url: str) -> AsyncIterator[PlacementStore]:
-    async with PlacementStore.from_url(redis_url) as placement_store:
-        yield placement_store
 
 
 async def test_session_becomes_ready_with_its_pod_endpoint_and_token(

@@ -4,7 +4,6 @@ operator: worker Pods without processes register through the worker's link, go R
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -18,12 +17,6 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.slow
 
 CAPACITY = 3
-
-
-@pytest.fixture
-async def store(redis_url: str) -> AsyncIterator[PlacementStore]:
-    async with PlacementStore.from_url(redis_url) as placement_store:
-        yield placement_store
 
 
 async def test_sessions_go_ready_on_simulated_pods(

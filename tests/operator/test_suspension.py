@@ -8,7 +8,7 @@ import asyncio
 import re
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,12 +29,6 @@ def tier() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="ardiff-tier-", dir="/var/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-async def store(redis_url: str) -> AsyncIterator[PlacementStore]:
-    async with PlacementStore.from_url(redis_url) as placement_store:
-        yield placement_store
 
 
 async def test_eviction_at_max_suspends_and_a_demand_resumes_without_reset(
