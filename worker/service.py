@@ -59,6 +59,7 @@ from ardiff.worker.shared_tier import ExportKind, SharedTier, direct_source
 from ardiff.worker.transfer import (
     PREFETCH_PATH,
     QUEUE_PIECES,
+    READ_TIMEOUT_SECONDS,
     QueueWriter,
     TransferResult,
     pull,
@@ -209,7 +210,10 @@ class WorkerService:
         )
         self._snapshots: dict[str, str] = {}  # session -> the location of its latest snapshot
         self._held: dict[str, HeldForTransfer] = {}  # migrated sessions its new pod may pull from here
-        self._sending: set[str] = set()  # held sessions being pulled right now
+        # Held sessions being pulled right now, with when to stop waiting for them (a response whose body
+        # never started would never say it ended).
+        self._sending: dict[str, float] = {}
+        self._offering: asyncio.Task[None] | None = None  # `_offer_held`, while sessions are held
         self._prefetching: dict[str, asyncio.Task[None]] = {}  # pulls offered by the holder, under way
         self._pull_client: httpx.Client | None = None  # made at the first pull, used on the forward thread
         self.runtime: SessionRuntime | None = None
@@ -747,11 +751,11 @@ class WorkerService:
         self._snapshots.pop(session_id, None)
         self.metrics.evictions.labels("suspend").inc()
         until = time.monotonic() + self.settings.transfer_hold_seconds
-        offering = bool(self._held)
         self._held[session_id] = HeldForTransfer(book, location, until)
         self._tasks = [task for task in self._tasks if not task.done()]
-        if not offering:
-            self._tasks.append(asyncio.create_task(self._offer_held(), name="offer-held"))
+        if self._offering is None or self._offering.done():
+            self._offering = asyncio.create_task(self._offer_held(), name="offer-held")
+            self._tasks.append(self._offering)
         self._tasks.append(
             asyncio.create_task(self._drop_held_at(session_id, until), name=f"hold-{session_id}")
         )
@@ -854,7 +858,7 @@ class WorkerService:
         held = self._held.pop(session_id, None)
         if held is None:
             raise UnknownSession(f"session {session_id!r} is not held on this pod for a transfer")
-        self._sending.add(session_id)
+        self._sending[session_id] = time.monotonic() + READ_TIMEOUT_SECONDS
         return held
 
     async def send_transfer(self, session_id: str, held: HeldForTransfer) -> AsyncIterator[bytes]:
@@ -888,7 +892,7 @@ class WorkerService:
                 finally:
                     await self._on_forward_thread(runtime.close, session_id)
         finally:
-            self._sending.discard(session_id)
+            self._sending.pop(session_id, None)
             seconds = time.perf_counter() - started
             self.metrics.transfers_in_progress.labels("out").dec()
             self.metrics.transfers.labels("out", result).inc()
@@ -980,7 +984,7 @@ class WorkerService:
                     await self._drop_held(session_id, "the pod is going")
             if self._held:
                 await asyncio.sleep(0.1)
-        while self._sending:  # noqa: ASYNC110
+        while self._sending and time.monotonic() < max(self._sending.values()):  # noqa: ASYNC110
             await asyncio.sleep(0.05)
 
     async def _misdirect_while_draining(self, session_id: str, authorization: str | None) -> None:
@@ -1044,6 +1048,7 @@ class WorkerService:
     async def _release(self, session_id: str, *, reason: str, keep_book: bool = False) -> None:
         """The one teardown path for releases the client did not ask for (events, stale sessions)."""
         assert self.runtime is not None
+        self._held.pop(session_id, None)  # closed or moved while held for a transfer: nothing to pull
         async with self._forward_lock:
             held = session_id in self._books or session_id in self.runtime.resident_sessions()
             await self._on_forward_thread(self.runtime.close, session_id)
