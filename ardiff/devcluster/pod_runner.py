@@ -59,7 +59,7 @@ from typing import Any, Protocol, Self
 import httpx
 
 from ardiff.devcluster.redis_server import free_port
-from ardiff.devcluster.simulated_pods import SimulatedPods, run_simulated
+from ardiff.devcluster.simulated_pods import run_simulated, simulated_link
 
 log = logging.getLogger(__name__)
 
@@ -382,8 +382,9 @@ class PodRunner:
         self.probe_interval = probe_interval
         self.restart_backoff = restart_backoff
         self.max_restart_backoff = max_restart_backoff
-        # Simulated pods (simulated_pods.py): registered in Redis and Ready, no process.
-        self._simulated = SimulatedPods() if simulated else None
+        self.simulated = (
+            simulated  # worker Pods registered in Redis and Ready, no process (simulated_pods.py)
+        )
         self._supervisors: dict[str, _Supervisor] = {}  # by Pod uid
         self._lock = threading.Lock()  # guards PodInfo snapshots read from other threads
         self._client: httpx.AsyncClient | None = None
@@ -472,8 +473,6 @@ class PodRunner:
             await asyncio.gather(
                 *(self._shutdown(s) for s in list(self._supervisors.values())), return_exceptions=True
             )
-            if self._simulated is not None:
-                await self._simulated.close()
 
     def _pods_path(self) -> str:
         return f"/api/v1/namespaces/{self.namespace}/pods" if self.namespace else "/api/v1/pods"
@@ -598,7 +597,7 @@ class PodRunner:
 
     async def _supervise(self, supervisor: _Supervisor) -> None:
         """Run the container until the Pod is deleted, restarting it as its restartPolicy says."""
-        if self._simulated is not None:
+        if self.simulated:
             await self._simulate(supervisor)
             await self._terminate(supervisor)
             return
@@ -635,11 +634,10 @@ class PodRunner:
     async def _simulate(self, supervisor: _Supervisor) -> None:
         """A simulated pod (`simulated_pods`): no init containers, no process; Running and Ready once its
         worker link registered in Redis, until the Pod is deleted."""
-        assert self._simulated is not None
         supervisor.initialized = True
         while True:
             try:
-                link = self._simulated.link(await self._container_env(supervisor))
+                link = simulated_link(await self._container_env(supervisor))
                 break
             except ValueError as exc:  # e.g. its Redis Secret is not there yet: the kubelet retries too
                 supervisor.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}

@@ -4,8 +4,8 @@ A simulated pod has no process. It registers in Redis and heartbeats through the
 (`ardiff.worker.pod_link`: the same `register_pod`/`heartbeat` calls, epochs and lease as a real worker), with
 the settings a real worker would read from the Pod's env (`build_settings`), and the runner reports it Running
 and Ready once registered. What it cannot do: serve ticks (its endpoint has no listener) or consume its event
-stream (there is no runner whose sessions could be closed). One Redis client per URL serves every simulated
-pod, so 1,000 pods cost 1,000 asyncio tasks and one connection pool, not 1,000 processes.
+stream (there is no runner whose sessions could be closed). 1,000 pods cost 1,000 asyncio tasks and 1,000
+Redis connections, not 1,000 processes.
 
 Its capacity is what the fake runtime would report (`ARDIFF_FAKE_CAPACITY`), capped by
 `ARDIFF_SESSION_CAPACITY` as the worker caps its runner's. On deletion it marks itself draining (what a worker
@@ -19,7 +19,6 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
-from ardiff.kv.placement import PlacementStore
 from ardiff.worker.pod_link import PodLink
 from ardiff.worker.settings import WorkerSettings, build_settings
 
@@ -35,30 +34,16 @@ def simulated_capacity(settings: WorkerSettings) -> int:
     return settings.fake_capacity if cap is None else min(settings.fake_capacity, cap)
 
 
-class SimulatedPods:
-    """The placement-store clients of a runner's simulated pods, one per Redis URL (shared by its pods)."""
-
-    def __init__(self) -> None:
-        self._stores: dict[str, PlacementStore] = {}
-
-    def link(self, env: Mapping[str, str]) -> PodLink:
-        """The worker's link to Redis for a Pod with this env; ValueError when the env is not a worker's."""
-        settings = build_settings(environ=env)
-        if settings.redis_url is None:
-            raise ValueError(
-                "a simulated worker pod needs ARDIFF_REDIS_URL (a standalone worker registers nowhere)"
-            )
-        store = self._stores.get(settings.redis_url)
-        if store is None:
-            store = self._stores[settings.redis_url] = PlacementStore.from_url(settings.redis_url)
-        link = PodLink(store, settings)
-        link.capacity = simulated_capacity(settings)
-        return link
-
-    async def close(self) -> None:
-        for store in self._stores.values():
-            await store.close()
-        self._stores.clear()
+def simulated_link(env: Mapping[str, str]) -> PodLink:
+    """The worker's link to Redis for a Pod with this env, with a Redis client of its own as each worker has
+    (a shared one refuses calls past its 100 connections: 1,000 pods' heartbeats failed); ValueError when the
+    env is not a worker's."""
+    settings = build_settings(environ=env)
+    if settings.redis_url is None:
+        raise ValueError("a simulated worker pod needs ARDIFF_REDIS_URL (a standalone one registers nowhere)")
+    link = PodLink.connect(settings)
+    link.capacity = simulated_capacity(settings)
+    return link
 
 
 async def run_simulated(
@@ -85,11 +70,13 @@ async def run_simulated(
         stopping.cancel()
         heartbeat.cancel()
         await asyncio.gather(heartbeat, stopping, return_exceptions=True)
-    if link.registered:
-        try:
+    try:
+        if link.registered:
             await link.set_draining()
-        except Exception as exc:  # its record may be gone already; the operator forgets it with the Pod
-            log.info("simulated pod %s could not mark itself draining: %s", link.pod, exc)
+    except Exception as exc:  # its record may be gone already; the operator forgets it with the Pod
+        log.info("simulated pod %s could not mark itself draining: %s", link.pod, exc)
+    finally:
+        await link.close()
 
 
 async def _wait(event: asyncio.Event, seconds: float) -> None:
