@@ -13,7 +13,7 @@ real operator (`ardiff operator run`, real kopf) serving its Prometheus metrics:
    `POST /devcluster/seed` (no 100k creates, no admission: an etcd restore). Seeded this way because kopf's
    start over listed objects is quadratic (below); timed: until the operator's index has them all Ready;
 4. idle rounds (nothing changes) for `--rounds` rounds: each round's time (the increase of
-   `ardiff_pool_reconcile_seconds_sum` per new round, sampled every 0.1 s), the API writes made meanwhile
+   `ardiff_pool_reconcile_seconds_sum` per new round, sampled every 0.5 s), the API writes made meanwhile
    (resourceVersion), the operator's RSS;
 5. a burst of `--burst` new sessions created by 8 clients (benchmarks/reconcile.py's `apply_sessions`):
    apply -> Ready p50 / p99 on a watch, and the rounds during it;
@@ -99,7 +99,7 @@ class RoundSampler:
     `_count` increase; a poll that sees two rounds at once gives both their mean)."""
 
     url: str
-    period: float = 0.1
+    period: float = 0.5  # each scrape costs the operator GIL time: rounds are counted, not timed, by it
     rounds: list[tuple[float, float]] = field(default_factory=list)  # (monotonic time seen, seconds)
     ready: float = 0.0  # the pool's Ready sessions in the operator's index, at the last poll
     lost: float = 0.0  # and those neither Ready nor Pending (Expired, Lost, ...): the seeding went wrong
