@@ -20,13 +20,11 @@ import contextlib
 import json
 import logging
 import re
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
+from ardiff.worker.tiny_model import ensure_generated, write_atomically, write_json
 
 log = logging.getLogger(__name__)
 
@@ -168,26 +166,17 @@ def tiny_encoders(model_dir: Path) -> Iterator[None]:
 
 
 def ensure_tiny_dreamzero(cache_dir: str | Path, *, seed: int = 0) -> Path:
-    cache = Path(cache_dir).expanduser()
-    cache.mkdir(parents=True, exist_ok=True)
-    target = cache / f"tiny-dreamzero-seed{seed}"
-    with FileLock(str(target) + ".lock", timeout=600):
-        if not (target / "config.json").is_file():
-            log.info("generating the embedded tiny DreamZero model into %s", target)
-            write_tiny_dreamzero(target, seed=seed)
-    return target
+    return ensure_generated(
+        Path(cache_dir) / f"tiny-dreamzero-seed{seed}",
+        "config.json",
+        lambda target: write_tiny_dreamzero(target, seed=seed),
+    )
 
 
 def write_tiny_dreamzero(directory: str | Path, *, seed: int = 0) -> Path:
-    """Write the checkpoint atomically (a sibling temp dir renamed into place)."""
-    target = Path(directory).expanduser().resolve()
-    if target.exists() and any(target.iterdir()):
-        from ardiff.worker.errors import ModelUnavailable
+    """Write the checkpoint atomically."""
 
-        raise ModelUnavailable(f"{target} exists and is not empty; choose a new directory")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
+    def fill(staging: Path) -> None:
         _write_tokenizer(staging / "tokenizer")
         vae = _write_vae(staging / "vae", seed)
         state = _checkpoint_tensors(staging, vae, seed)
@@ -195,19 +184,10 @@ def write_tiny_dreamzero(directory: str | Path, *, seed: int = 0) -> Path:
 
         save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
         (staging / "experiment_cfg").mkdir()
-        _write_json(staging / "experiment_cfg" / "metadata.json", METADATA)
-        _write_json(staging / "config.json", root_config(seed))
-        if target.exists():
-            target.rmdir()
-        staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return target
+        write_json(staging / "experiment_cfg" / "metadata.json", METADATA)
+        write_json(staging / "config.json", root_config(seed))
 
-
-def _write_json(path: Path, value: dict[str, Any]) -> None:
-    path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+    return write_atomically(directory, fill)
 
 
 def _vocabulary() -> dict[str, int]:

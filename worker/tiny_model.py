@@ -16,7 +16,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,19 +84,43 @@ scene view castle mountain river ocean sunset night day quiet burning
 
 
 def ensure_tiny_model(cache_dir: str | Path, *, seed: int = 0) -> Path:
-    """The embedded model in `cache_dir`, generated once; a file lock keeps concurrent workers from racing."""
-    cache = Path(cache_dir).expanduser()
-    cache.mkdir(parents=True, exist_ok=True)
-    target = cache / f"tiny-lingbot-world-seed{seed}"
-    with FileLock(str(target) + ".lock", timeout=600):
-        if not (target / "model_index.json").is_file():
-            log.info("generating the embedded tiny LingBot-World model into %s", target)
-            write_tiny_model(target, seed=seed)
-    return target
+    """The embedded model in `cache_dir`, generated once."""
+    return ensure_generated(
+        Path(cache_dir) / f"tiny-lingbot-world-seed{seed}",
+        "model_index.json",
+        lambda target: write_tiny_model(target, seed=seed),
+    )
 
 
 def write_tiny_model(directory: str | Path, *, seed: int = 0) -> Path:
-    """Write the checkpoint atomically: into a sibling temp dir, renamed into place when complete."""
+    """Write the checkpoint atomically."""
+
+    def fill(staging: Path) -> None:
+        vocab_size = _write_tokenizer(staging / "tokenizer")
+        _write_text_encoder(staging / "text_encoder", vocab_size, seed)
+        _write_vae(staging / "vae", seed)
+        _write_transformer(staging / "transformer", seed)
+        (staging / "scheduler").mkdir()
+        write_json(staging / "scheduler" / "scheduler_config.json", SCHEDULER_CONFIG)
+        write_json(staging / "model_index.json", MODEL_INDEX)
+
+    return write_atomically(directory, fill)
+
+
+def ensure_generated(target: Path, marker: str, write: Callable[[Path], Path]) -> Path:
+    """`target`, written once by `write` unless its `marker` file is there; a file lock keeps concurrent
+    workers from racing (each embedded model is generated on first use into the model cache)."""
+    target = target.expanduser()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock", timeout=600):
+        if not (target / marker).is_file():
+            log.info("generating the embedded model %s", target)
+            write(target)
+    return target
+
+
+def write_atomically(directory: str | Path, fill: Callable[[Path], None]) -> Path:
+    """`fill` a sibling temp dir, renamed into `directory` once complete (a crash leaves no half model)."""
     target = Path(directory).expanduser().resolve()
     if target.exists() and any(target.iterdir()):
         from ardiff.worker.errors import ModelUnavailable
@@ -105,13 +129,7 @@ def write_tiny_model(directory: str | Path, *, seed: int = 0) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        vocab_size = _write_tokenizer(staging / "tokenizer")
-        _write_text_encoder(staging / "text_encoder", vocab_size, seed)
-        _write_vae(staging / "vae", seed)
-        _write_transformer(staging / "transformer", seed)
-        (staging / "scheduler").mkdir()
-        _write_json(staging / "scheduler" / "scheduler_config.json", SCHEDULER_CONFIG)
-        _write_json(staging / "model_index.json", MODEL_INDEX)
+        fill(staging)
         if target.exists():
             target.rmdir()
         staging.rename(target)
@@ -121,7 +139,7 @@ def write_tiny_model(directory: str | Path, *, seed: int = 0) -> Path:
     return target
 
 
-def _write_json(path: Path, value: dict[str, Any]) -> None:
+def write_json(path: Path, value: dict[str, Any]) -> None:
     path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
 
 
@@ -215,7 +233,7 @@ def _write_transformer(path: Path, seed: int, config: dict[str, Any] = TRANSFORM
             state[name] = value.contiguous()
     path.mkdir(parents=True)
     save_file(state, str(path / "diffusion_pytorch_model.safetensors"))
-    _write_json(path / "config.json", config)
+    write_json(path / "config.json", config)
 
 
 def _transformer_kwargs(config: dict[str, Any]) -> dict[str, Any]:

@@ -358,8 +358,8 @@ def build_model_dir(out: Path, vae_dir: Path) -> Path:
     shutil.copytree(vae_dir, staging / "vae")
     tiny_model._write_transformer(staging / "transformer", 0, transformer_config())
     (staging / "scheduler").mkdir()
-    tiny_model._write_json(staging / "scheduler" / "scheduler_config.json", tiny_model.SCHEDULER_CONFIG)
-    tiny_model._write_json(staging / "model_index.json", tiny_model.MODEL_INDEX)
+    tiny_model.write_json(staging / "scheduler" / "scheduler_config.json", tiny_model.SCHEDULER_CONFIG)
+    tiny_model.write_json(staging / "model_index.json", tiny_model.MODEL_INDEX)
     staging.rename(model)
     return model
 
