@@ -26,7 +26,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,37 +34,15 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ardiff.client import CAMERA_TOUR
-from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster
+from ardiff.devcluster.cluster import BENCHMARK_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster, tiny_pool
 from ardiff.devcluster.redis_server import free_port
+from ardiff.devcluster.waiting import wait_until
 
 T = TypeVar("T")
 NAMESPACE = "bench"
 SCALE_DOWN_DELAY = 3
-POOL = {
-    "apiVersion": "ardiffusion.dev/v1alpha1",
-    "kind": "ARDiffusionWorkerPool",
-    "metadata": {"name": "world"},
-    "spec": {
-        "model": {"name": "tiny-lingbot-world", "height": 64, "width": 64},
-        "image": "ghcr.io/ardiff/ardiff-worker:0.1.0",
-        "kv": {"sessionCapacity": 2, "cpuFreeMemoryBytes": 1 << 30},
-        "replicas": {"min": 0, "max": 1},
-        "scaleDownDelaySeconds": SCALE_DOWN_DELAY,
-        "eviction": {"minIdleSeconds": 0},
-    },
-}
-OPERATOR_ENV = {"ARDIFF_OPERATOR_RECONCILE_SECONDS": "0.5", "ARDIFF_OPERATOR_MIRROR_SECONDS": "1"}
+POOL = tiny_pool("world", min_replicas=0, max_replicas=1, scale_down_delay_seconds=SCALE_DOWN_DELAY)
 TIMEOUT = 600.0
-
-
-def wait_until(predicate: Callable[[], T | None], what: str, poll: float = 0.05) -> T:
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise TimeoutError(f"timed out after {TIMEOUT}s waiting for {what}")
 
 
 def pods(cluster: DevCluster) -> list[dict[str, Any]]:
@@ -103,7 +80,7 @@ def placement_histogram(metrics_url: str) -> tuple[float, float]:
 
 def one_run(cluster: DevCluster, run: int) -> dict[str, Any]:
     sessions = cluster.sessions()
-    wait_until(lambda: not any_pod(cluster), "an empty pool")
+    wait_until(lambda: not any_pod(cluster), timeout=TIMEOUT, what="an empty pool", poll=0.05)
     cold, warm = f"cold-{run}", f"warm-{run}"
     times: dict[str, float] = {}
     message = ""
@@ -127,7 +104,7 @@ def one_run(cluster: DevCluster, run: int) -> dict[str, Any]:
             return True
         return False
 
-    wait_until(progress, f"session {cold} Ready")
+    wait_until(progress, timeout=TIMEOUT, what=f"session {cold} Ready", poll=0.05)
     with sessions.connect(cold, timeout=TIMEOUT) as client:
         client.reset()
         chunk = client.tick([CAMERA_TOUR[0]])
@@ -141,7 +118,7 @@ def one_run(cluster: DevCluster, run: int) -> dict[str, Any]:
     sessions.delete(cold, wait=True)
     sessions.delete(warm, wait=True)
     deleted = time.monotonic()
-    wait_until(lambda: not any_pod(cluster), "the pool back at zero pods", poll=0.1)
+    wait_until(lambda: not any_pod(cluster), timeout=TIMEOUT, what="the pool back at zero pods")
     times["back to zero pods"] = time.monotonic() - deleted
     return {"times": times, "startup": startup, "message": message}
 
@@ -158,7 +135,7 @@ def main() -> None:
         workdir,
         operator_command=(*OPERATOR_COMMAND, "--metrics", metrics_url),
         namespace=NAMESPACE,
-        operator_env=OPERATOR_ENV,
+        operator_env=BENCHMARK_OPERATOR_ENV,
         pod_env={"ARDIFF_MODEL_CACHE": str(args.model_cache)} if args.model_cache else {},
     )
     print(f"dev cluster in {workdir}; loadavg at start {os.getloadavg()[0]:.1f}", flush=True)

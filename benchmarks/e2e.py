@@ -38,7 +38,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -46,39 +45,17 @@ import httpx
 import yaml
 
 from ardiff.client import CAMERA_TOUR, ResetRequired, hold, parse_server_timing
-from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster
+from ardiff.devcluster.cluster import BENCHMARK_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster, tiny_pool
 from ardiff.devcluster.tick_recorder import TickRecorder
+from ardiff.devcluster.waiting import wait_until
 
 T = TypeVar("T")
 NAMESPACE = "bench"
-POOL = {
-    "apiVersion": "ardiffusion.dev/v1alpha1",
-    "kind": "ARDiffusionWorkerPool",
-    "metadata": {"name": "world"},
-    "spec": {
-        "model": {"name": "tiny-lingbot-world", "height": 64, "width": 64},
-        "image": "ghcr.io/ardiff/ardiff-worker:0.1.0",
-        "kv": {"sessionCapacity": 2, "cpuFreeMemoryBytes": 1 << 30},
-        "replicas": {"min": 2, "max": 2},
-        "scaleDownDelaySeconds": 3600,
-        "eviction": {"minIdleSeconds": 0},
-    },
-}
-OPERATOR_ENV = {"ARDIFF_OPERATOR_RECONCILE_SECONDS": "0.5", "ARDIFF_OPERATOR_MIRROR_SECONDS": "1"}
+POOL = tiny_pool("world", min_replicas=2, max_replicas=2, scale_down_delay_seconds=3600)
 START_TIMEOUT = 600.0  # the first two workers: imports and model load on a loaded machine
 RESTART_TIMEOUT = 180.0  # one worker process started again
 RECOVERY_TIMEOUT = 30.0  # the operator notices a dead pod within a reconcile round or two
 RETRYABLE = {(503, "placement_recovering"), (503, "not_ready")}
-
-
-def wait_until(predicate: Callable[[], T | None], timeout: float, what: str, poll: float = 0.05) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise TimeoutError(f"no {what} within {timeout}s")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -135,7 +112,9 @@ def measure_kill(cluster: DevCluster, round_: int) -> dict[str, float]:
     poll: the wait is for the new binding (pod or epoch changed), which stays, and Lost is checked in the
     session's Events."""
     sessions = cluster.sessions()
-    wait_until(lambda: len(ready_pods(cluster)) == 2, RESTART_TIMEOUT, "two ready pods", poll=0.5)
+    wait_until(
+        lambda: len(ready_pods(cluster)) == 2, timeout=RESTART_TIMEOUT, what="two ready pods", poll=0.5
+    )
     victim, survivor = f"victim-{round_}", f"survivor-{round_}"
     for name in (victim, survivor):
         sessions.create(name, pool="world", prompt="recovery")
@@ -167,7 +146,9 @@ def measure_kill(cluster: DevCluster, round_: int) -> dict[str, float]:
         session.reset()
         session.tick([hold("w")])
     ticked = time.monotonic() - killed_at
-    wait_until(lambda: killed in ready_pods(cluster), RESTART_TIMEOUT, "the restarted worker", poll=0.2)
+    wait_until(
+        lambda: killed in ready_pods(cluster), timeout=RESTART_TIMEOUT, what="the restarted worker", poll=0.2
+    )
     restarted = time.monotonic() - killed_at
     reasons = {event.reason for event in sessions.events(victim)}
     if not {"Lost", "Replaced"} <= reasons:
@@ -216,7 +197,10 @@ def measure_store_crash(cluster: DevCluster, round_: int, *, with_operator: bool
         cluster.operator.start().wait_ready()
     for recorder in recorders:
         wait_until(
-            lambda r=recorder: r.first_success_since(crashed), RECOVERY_TIMEOUT, "a 200 after the crash"
+            lambda r=recorder: r.first_success_since(crashed),
+            timeout=RECOVERY_TIMEOUT,
+            what="a 200 after the crash",
+            poll=0.05,
         )
     for recorder in recorders:
         recorder.stop()
@@ -317,13 +301,15 @@ def main() -> None:
         workdir,
         operator_command=OPERATOR_COMMAND,
         namespace=NAMESPACE,
-        operator_env=OPERATOR_ENV,
+        operator_env=BENCHMARK_OPERATOR_ENV,
         pod_env=pod_env,
     )
     print(f"dev cluster in {workdir}; loadavg at start {os.getloadavg()[0]:.1f}", flush=True)
     with cluster:
         cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(POOL))
-        wait_until(lambda: len(ready_pods(cluster)) == 2, START_TIMEOUT, "two ready pods", poll=0.5)
+        wait_until(
+            lambda: len(ready_pods(cluster)) == 2, timeout=START_TIMEOUT, what="two ready pods", poll=0.5
+        )
         print_ticks(measure_ticks(cluster, args.ticks, args.warmup))
         print_recovery(measure_recovery(cluster, args.kills))
         print_store_recovery(measure_store_recovery(cluster, args.store_crashes))

@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import httpx
 
@@ -37,6 +37,28 @@ if TYPE_CHECKING:
 OPERATOR_COMMAND = ("ardiff", "operator", "run", "--standalone")
 # Interactive periods: statuses (and `kubectl get`'s Chunk column) follow ticks within about a second.
 INTERACTIVE_OPERATOR_ENV = {"ARDIFF_OPERATOR_RECONCILE_SECONDS": "1", "ARDIFF_OPERATOR_MIRROR_SECONDS": "1"}
+# Benchmark periods: a reconcile round every half second, so rounds add little to what is timed.
+BENCHMARK_OPERATOR_ENV = {"ARDIFF_OPERATOR_RECONCILE_SECONDS": "0.5", "ARDIFF_OPERATOR_MIRROR_SECONDS": "1"}
+
+
+def tiny_pool(
+    name: str, *, min_replicas: int, max_replicas: int, scale_down_delay_seconds: int
+) -> dict[str, Any]:
+    """A pool of real workers on the embedded tiny LingBot-World at 64x64, two sessions per pod, evicting
+    idle sessions at once (the benchmarks' pool)."""
+    return {
+        "apiVersion": "ardiffusion.dev/v1alpha1",
+        "kind": "ARDiffusionWorkerPool",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "tiny-lingbot-world", "height": 64, "width": 64},
+            "image": "ghcr.io/ardiff/ardiff-worker:0.1.0",
+            "kv": {"sessionCapacity": 2, "cpuFreeMemoryBytes": 1 << 30},
+            "replicas": {"min": min_replicas, "max": max_replicas},
+            "scaleDownDelaySeconds": scale_down_delay_seconds,
+            "eviction": {"minIdleSeconds": 0},
+        },
+    }
 
 
 @dataclass

@@ -28,7 +28,7 @@ from ardiff.devcluster.cluster import DevCluster
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.pod_runner import PodContext, build_env, container_command
 from ardiff.devcluster.redis_server import free_port
-from tests.waiting import wait_until
+from ardiff.devcluster.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -27,7 +27,7 @@ from ardiff.devcluster.kubectl import kube_env
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.pod_runner import resolve_executable
 from ardiff.devcluster.postgres_server import PostgresServer
-from tests.waiting import wait_until
+from ardiff.devcluster.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

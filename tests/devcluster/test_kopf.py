@@ -9,7 +9,7 @@ import httpx
 from kopf.testing import KopfRunner
 
 from ardiff.devcluster.kube_api import KubeAPIThread
-from tests.waiting import wait_until
+from ardiff.devcluster.waiting import wait_until
 
 PROBE = Path(__file__).with_name("kopf_probe.py")
 MERGE = {"Content-Type": "application/merge-patch+json"}

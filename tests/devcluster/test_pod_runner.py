@@ -22,9 +22,9 @@ from ardiff.devcluster.pod_runner import (
     container_command,
     resolve_executable,
 )
+from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
-from tests.waiting import wait_until
 
 HTTP_POD = Path(__file__).with_name("http_pod.py")
 RUNNER_LABEL = "ardiff.test/runner"

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from ardiff import client
+from ardiff.devcluster.waiting import wait_until
 from tests.e2e.conftest import Stack, build_pool, running_stack
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from ardiff.devcluster.waiting import wait_until
 from tests.e2e.conftest import REPO
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

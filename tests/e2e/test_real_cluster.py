@@ -26,8 +26,8 @@ import yaml
 
 from ardiff import client
 from ardiff.devcluster.tick_recorder import TickRecorder
+from ardiff.devcluster.waiting import wait_until
 from tests.e2e.conftest import NAMESPACE, Stack, build_pool, running_stack
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

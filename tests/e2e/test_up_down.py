@@ -15,8 +15,8 @@ import pytest
 
 from ardiff.devcluster.daemon import ClusterState, read_state
 from ardiff.devcluster.kubectl import run_kubectl
+from ardiff.devcluster.waiting import wait_until
 from tests.e2e.conftest import REPO
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

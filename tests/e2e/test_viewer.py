@@ -24,8 +24,8 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
+from ardiff.devcluster.waiting import wait_until
 from tests.e2e.conftest import NAMESPACE, REPO, Stack, build_pool, running_stack
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

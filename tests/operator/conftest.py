@@ -22,7 +22,7 @@ from ardiff.devcluster.cluster import OPERATOR_COMMAND
 from ardiff.devcluster.kube_api import KubeAPIThread
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.pod_runner import PodRunner
-from tests.waiting import wait_until
+from ardiff.devcluster.waiting import wait_until
 
 GROUP_PATH = "/apis/ardiffusion.dev/v1alpha1/namespaces/{ns}"
 MERGE = {"Content-Type": "application/merge-patch+json"}

@@ -10,11 +10,11 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.keys import PoolKeys
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionState
 from tests.operator.conftest import Cluster
-from tests.waiting import wait_until
 
 SWEEP_ENV = {"ARDIFF_OPERATOR_SWEEP_SECONDS": "1"}
 

@@ -8,9 +8,9 @@ import pytest
 
 from ardiff.devcluster.disruption import evict, pdb_status
 from ardiff.devcluster.operator_process import OperatorProcess
+from ardiff.devcluster.waiting import wait_until
 from ardiff.operator.disruption import BUSY_LABEL
 from tests.operator.conftest import GROUP_PATH, Cluster
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

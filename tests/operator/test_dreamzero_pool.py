@@ -17,8 +17,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from ardiff.devcluster.operator_process import OperatorProcess
+from ardiff.devcluster.waiting import wait_until
 from tests.operator.conftest import FAKE_WORKER_ENV, Cluster
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

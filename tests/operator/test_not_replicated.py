@@ -13,11 +13,11 @@ import pytest
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.pod_runner import HOSTNAME_LABEL, PodRunner
 from ardiff.devcluster.redis_server import RedisServer
+from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.keys import PoolKeys
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionState
 from tests.operator.conftest import OPERATOR_ENV, SIMULATED_NODE, Cluster
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from ardiff.devcluster.operator_process import OperatorProcess
+from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionState
 from ardiff.operator.config import OperatorConfigError, config_from_env
 from tests.operator.conftest import Cluster
-from tests.waiting import wait_until
 
 LIFETIME_SECONDS = 2
 MAX_PODS = 2

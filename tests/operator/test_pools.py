@@ -11,11 +11,11 @@ import pytest
 
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.redis_server import RedisServer
+from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.keys import PoolKeys
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
 from tests.operator.conftest import FAKE_WORKER_ENV, POOL_FINALIZE_SECONDS, Cluster
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

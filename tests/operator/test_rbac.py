@@ -24,11 +24,11 @@ from ardiff.devcluster.kube_api import write_kubeconfig
 from ardiff.devcluster.kubectl import kube_env
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.request_log import OWNER_REFERENCES_PERMISSION_ENFORCEMENT, ApiRequest
+from ardiff.devcluster.waiting import wait_until
 from ardiff.operator.pods import worker_redis_secret_name
 from tests.chart.conftest import Chart
 from tests.operator.conftest import OPERATOR_ENV, POOL_FINALIZE_SECONDS, Cluster
 from tests.operator.test_uninstall import ours, run_uninstall
-from tests.waiting import wait_until
 
 Grants = dict[tuple[str, str], set[str]]  # (apiGroup, resource[/subresource]) -> verbs
 

@@ -11,10 +11,10 @@ import pytest
 
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.redis_server import RedisServer
+from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionState
 from tests.operator.conftest import Cluster
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

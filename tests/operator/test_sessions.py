@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from ardiff.devcluster.operator_process import OperatorProcess
+from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.keys import PoolKeys
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionState
 from tests.operator.conftest import Cluster
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,10 +9,10 @@ import pytest
 
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.pod_runner import HOSTNAME_LABEL, PodRunner
+from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
 from tests.operator.conftest import SIMULATED_NODE, Cluster
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

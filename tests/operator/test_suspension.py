@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from ardiff.devcluster.operator_process import OperatorProcess
+from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionState
 from tests.operator.conftest import FAKE_WORKER_ENV, Cluster
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,5 @@
-"""Polling for the tests that watch a running system (the operator tier, the chart on the dev cluster)."""
+"""Polling for whatever watches a running dev cluster: the tests of the operator tier and the chart, and the
+benchmarks."""
 
 from __future__ import annotations
 
