@@ -299,6 +299,45 @@ async def test_a_holder_killed_mid_transfer_falls_back_to_the_shared_tier(
             await store.release(POOL, name, reason="test done")
 
 
+async def test_a_draining_holder_finishes_the_pull_under_way_and_points_ticks_at_the_new_pod(
+    launch_worker, redis_url, pod_a, pod_b, store, session_spec, tier
+):
+    """SIGTERM on the pod holding a migrated session (the operator deletes the pod it emptied): it answers the
+    session's ticks with 421 naming the new pod, lets the pull under way finish, then exits 0."""
+    pod_d = launch(launch_worker, redis_url, tier, "cont-d", test_faults=1, test_transfer_stall_seconds=2)
+    session = f"s-{uuid.uuid4().hex[:8]}"
+    try:
+        for other in ("cont-a", "cont-b"):
+            await store.set_draining(POOL, other, draining=True)
+        try:
+            assert (await store.place(POOL, session_spec(session, TOKEN, seed=3))).placement.pod == "cont-d"
+        finally:
+            for other in ("cont-a", "cont-b"):
+                await store.set_draining(POOL, other, draining=False)
+        frames_of(pod_d.tick(session, 0, token=TOKEN))
+        record = await migrate(store, session)
+        await store.set_draining(POOL, "cont-d", draining=True)
+        await place_avoiding(store, record.spec(), "cont-a")
+        pulled_before = metric(pod_b, 'ardiff_session_transfers_total{direction="in",result="ok"}')
+
+        async def stalled() -> bool:  # B pulls, D stalls mid-body (2 s)
+            return metric(pod_d, 'ardiff_session_transfers_in_progress{direction="out"}') == 1
+
+        await wait_for(stalled)
+        pod_d.signal(signal.SIGTERM)
+        misdirected = error_of(pod_d.tick(session, 1, token=TOKEN), 421, "misdirected")
+        assert misdirected["endpoint"] == pod_b.url
+        assert pod_d.process.wait(timeout=30) == 0
+        after = metric(pod_b, 'ardiff_session_transfers_total{direction="in",result="ok"}')
+        assert after == pulled_before + 1  # the pull finished although its holder was going
+        assert chunk_index_of(pod_b.tick(session, 1, token=TOKEN)) == 1
+        assert json.loads((await store.get_session(POOL, session)).resumed_note)["source"] == "direct"
+    finally:
+        pod_d.stop()
+        await store.remove_pod(POOL, "cont-d")
+        await store.release(POOL, session, reason="test done")
+
+
 async def test_a_lost_session_resumes_from_its_snapshot_and_is_told_it_rewound(pod_a, pod_b, store, on_a):
     session = await on_a(seed=9)
     twin = [frames_of(pod_a.tick(session, i, token=TOKEN)) for i in range(5)]  # snapshots at 2 and 4
