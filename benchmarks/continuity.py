@@ -13,7 +13,14 @@ extrapolation to a LingBot-World 480x832 bf16 session: its self-attention KV fro
 (`lingbot-world-480x832`, pages per session x page bytes) divided by the self-KV share of the measured
 export, moved at the measured tier bytes/s and at 100 Gb/s.
 
+Then the pod-to-pod transfer (issue 12 item 3): the transfer code alone on loopback (a synthetic export of
+`--wire-gib` through the worker's streaming writer, uvicorn, httpx and the export reader with its SHA-256),
+and a migration between two real worker processes per `--migrations` resolution (Redis, a shared tier, the
+transfer token): the pulled bytes/s (pull and import into the runner) and the stall of the client's next
+tick, in ticks.
+
     .venv/bin/python benchmarks/continuity.py [--resolutions 64 128] [--repeats 20] [--threads 1]
+        [--migrations 64 128] [--wire-gib 1]
 """
 
 from __future__ import annotations
@@ -161,9 +168,10 @@ def print_table(results: list[dict[str, Any]], threads: int) -> None:
         )
 
 
-def print_extrapolation(results: list[dict[str, Any]]) -> None:
+def print_extrapolation(results: list[dict[str, Any]], wire: dict[str, Any] | None = None) -> None:
     """A LingBot-World 480x832 bf16 session: the state the planner counts per session (KV pages, cross-
-    attention, model-owned state), moved at the measured tier rates and at 100 Gb/s."""
+    attention, model-owned state), moved at the measured tier rates, at the transfer code's loopback rate
+    and at 100 Gb/s."""
     from ardiff.kv.capacity import plan_for_pool
     from ardiff.kv.presets import get_preset
 
@@ -184,7 +192,239 @@ def print_extrapolation(results: list[dict[str, Any]]) -> None:
         f"{self_kv / 1e9:.1f} GB, {self_kv / total:.0%}); at the {largest['size']}^2 tier rates "
         f"{total / write:.0f} s to write and {total / read:.0f} s to read+import; "
         f"{total * 8 / 100e9:.1f} s over 100 Gb/s"
+        + (f"; {total / wire['bytes_per_second']:.0f} s at the transfer code's loopback rate" if wire else "")
     )
+
+
+# ------------------------------------------------------------------------------ pod-to-pod transfer (item 3)
+
+
+def measure_wire(total_bytes: int) -> dict[str, Any]:
+    """The transfer code alone on loopback, without a runtime: a synthetic export of `total_bytes` (16 MiB
+    tensors) written through the worker's `QueueWriter` into a uvicorn `StreamingResponse` and pulled with
+    `transfer.pull` into an `ExportReader` (every tensor read and the SHA-256 checked), as the worker does."""
+    import asyncio
+    import threading
+
+    import uvicorn
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    from ardiff.devcluster.redis_server import free_port
+    from ardiff.worker.session_book import SessionBook
+    from ardiff.worker.session_export import ExportReader, TensorPart, write_export
+    from ardiff.worker.transfer import QUEUE_PIECES, QueueWriter, pull, pull_client, stream_pieces
+
+    part = bytes(16 << 20)
+    parts = [TensorPart(f"kv/{i}", "U8", (len(part),), lambda: part) for i in range(total_bytes // len(part))]
+    app = FastAPI()
+
+    @app.get("/internal/v1/sessions/{session_id}/export")
+    async def export(session_id: str) -> StreamingResponse:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=QUEUE_PIECES)
+        writer = QueueWriter(loop, queue)
+
+        def produce() -> None:
+            write_export(
+                writer,
+                session_id=session_id,
+                identity={},
+                book=SessionBook(session_id),
+                state={},
+                tensors=parts,
+            )
+            writer.finish()
+
+        job = loop.run_in_executor(None, produce)
+        return StreamingResponse(stream_pieces(queue, job, writer), media_type="application/octet-stream")
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+
+    def consume(body: Any) -> int:
+        reader = ExportReader(body)
+        return sum(len(t.data) for t in reader.tensors())
+
+    rates = []
+    with pull_client() as client:
+        for _ in range(3):
+            tensor_bytes, result = pull(client, f"http://127.0.0.1:{port}", "wire", "-", consume)
+            assert tensor_bytes == len(parts) * len(part)
+            rates.append(result.bytes / result.seconds)
+    server.should_exit = True
+    thread.join(timeout=10)
+    return {"bytes": result.bytes, "bytes_per_second": statistics.median(rates), "runs": len(rates)}
+
+
+def launch_worker(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    from ardiff.devcluster.redis_server import free_port
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ardiff.cli", "worker", "serve"],
+        env={**env, "ARDIFF_PORT": str(port)},
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    return process, f"http://127.0.0.1:{port}"
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 600) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            sys.exit(f"worker exited:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    sys.exit(f"worker not ready in {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def metric(url: str, sample: str) -> float:
+    import httpx
+
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def measure_migration(
+    size: int, redis_url: str, args: argparse.Namespace, model_cache: str
+) -> dict[str, Any]:
+    """Two real workers (the vllm-omni runner, the tiny model at `size`) in one pool with a shared tier and a
+    transfer token. A client ticks a session on A for CHUNKS chunks; then the operator's part of a migration
+    (suspend with reason migrate; once suspended, placed with A drained, as a round would at once) while the
+    client sends its next tick, which follows 503 `resuming` and 421 to B. The stall is that tick's latency
+    over a median tick; the transfer's bytes/s is B's (the pull and the import into its runner)."""
+    import asyncio
+    import secrets
+    import threading
+
+    from ardiff import client as ardiff_client
+    from ardiff.kv.placement import PlacementStore
+    from ardiff.kv.records import PoolId, SessionSpec, SessionState, token_sha256
+
+    pool = PoolId("bench", f"mig-{size}")
+    token, session = "bench-token", f"walk-{size}"
+    with tempfile.TemporaryDirectory(prefix="ardiff-bench-mig-") as workdir:
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(args.threads),
+            "HF_HUB_OFFLINE": "1",
+            "ARDIFF_HOST": "127.0.0.1",
+            "ARDIFF_POD_IP": "127.0.0.1",
+            "ARDIFF_REDIS_URL": redis_url,
+            "ARDIFF_NAMESPACE": pool.namespace,
+            "ARDIFF_POOL": pool.name,
+            "ARDIFF_MODEL_CACHE": model_cache,
+            "ARDIFF_HEIGHT": str(size),
+            "ARDIFF_WIDTH": str(size),
+            "ARDIFF_SUSPEND_DIR": str(Path(workdir) / "tier"),
+            "ARDIFF_TRANSFER_TOKEN": secrets.token_urlsafe(32),
+        }
+        logs = {pod: Path(workdir) / f"{pod}.log" for pod in ("a", "b")}
+        workers = {pod: launch_worker({**env, "ARDIFF_POD_NAME": pod}, logs[pod]) for pod in ("a", "b")}
+        try:
+            for pod, (process, url) in workers.items():
+                wait_ready(url, process, logs[pod])
+            (_, url_a), (_, url_b) = workers["a"], workers["b"]
+
+            async def store_call(call: Any) -> Any:
+                async with PlacementStore.from_url(redis_url) as store:
+                    return await call(store)
+
+            async def place_on_a(store: PlacementStore) -> None:
+                await store.set_draining(pool, "b", draining=True)
+                spec = SessionSpec(name=session, token_sha256=token_sha256(token), prompt="a walk", seed=7)
+                assert (await store.place(pool, spec)).placement.pod == "a"
+                await store.set_draining(pool, "b", draining=False)
+
+            asyncio.run(store_call(place_on_a))
+            with ardiff_client.SessionClient(session, url_a, token) as walker:
+                latencies = [walker.tick([CAMERA]).latency_s for _ in range(CHUNKS)]
+
+                async def suspend(store: PlacementStore) -> None:
+                    assert await store.suspend(pool, session, reason="migrate")
+
+                async def operator(store: PlacementStore) -> float:
+                    started = time.perf_counter()
+                    while (await store.get_session(pool, session)).state is not SessionState.SUSPENDED:  # noqa: ASYNC110
+                        await asyncio.sleep(0.01)
+                    exported = time.perf_counter() - started
+                    await store.set_draining(pool, "a", draining=True)
+                    assert (
+                        await store.place(pool, (await store.get_session(pool, session)).spec())
+                    ).placement
+                    return exported
+
+                exported: list[float] = []
+                started = time.perf_counter()
+                asyncio.run(store_call(suspend))  # the round's suspend; the client ticks on meanwhile
+                mover = threading.Thread(target=lambda: exported.append(asyncio.run(store_call(operator))))
+                mover.start()
+                moved = walker.tick([CAMERA])
+                stalled = time.perf_counter() - started
+                mover.join()
+                after = [walker.tick([CAMERA]).latency_s for _ in range(3)]
+            assert moved.endpoint.rstrip("/") == url_b, (moved.endpoint, url_b)
+            assert moved.metadata.chunk_index == CHUNKS
+            pulled = metric(url_b, 'ardiff_session_transfer_bytes_total{direction="in"}')
+            seconds = metric(url_b, 'ardiff_session_transfer_seconds_sum{direction="in"}')
+            tick = statistics.median(latencies[1:] + after)
+            return {
+                "size": size,
+                "bytes": int(pulled),
+                "transfer_s": seconds,
+                "sent_s": metric(url_a, 'ardiff_session_transfer_seconds_sum{direction="out"}'),
+                "export_to_tier_s": exported[0],
+                "tick_s": tick,
+                "migrated_tick_s": stalled,
+                "direct": metric(url_b, 'ardiff_session_resumes_total{source="direct"}') == 1,
+            }
+        finally:
+            for process, _ in workers.values():
+                process.terminate()
+            for process, _ in workers.values():
+                process.wait(timeout=60)
+
+
+def print_transfer(wire: dict[str, Any] | None, migrations: list[dict[str, Any]]) -> None:
+    if wire is not None:
+        print(
+            f"\ntransfer code on loopback (synthetic {wire['bytes'] / 2**30:.2f} GiB export, SHA-256 both "
+            f"sides, no runtime): {wire['bytes_per_second'] / 1e9:.2f} GB/s (median of {wire['runs']})"
+        )
+    if not migrations:
+        return
+    print(
+        "\nmigration between two real workers on loopback (pull + import into B's runner; the client's "
+        "next tick)"
+    )
+    header = (
+        f"{'size':>7} {'bytes':>10} {'direct':>6} {'pull ms':>8} {'MB/s':>6} {'tier write ms':>14} "
+        f"{'tick ms':>8} {'migrated tick ms':>17} {'stall ticks':>12}"
+    )
+    print(header)
+    print("-" * len(header))
+    for m in migrations:
+        rate = m["bytes"] / m["transfer_s"] / 1e6 if m["transfer_s"] else 0.0
+        stall = (m["migrated_tick_s"] - m["tick_s"]) / m["tick_s"]
+        print(
+            f"{m['size']:>4}^2  {m['bytes']:>10} {'yes' if m['direct'] else 'no':>6} "
+            f"{m['transfer_s'] * 1000:>8.1f} {rate:>6.0f} {m['export_to_tier_s'] * 1000:>14.1f} "
+            f"{m['tick_s'] * 1000:>8.0f} {m['migrated_tick_s'] * 1000:>17.0f} {stall:>12.2f}"
+        )
 
 
 def main() -> None:
@@ -195,6 +435,19 @@ def main() -> None:
     parser.add_argument(
         "--model-cache", default=None, help="where the tiny model is generated (default: temp)"
     )
+    parser.add_argument(
+        "--migrations",
+        type=int,
+        nargs="*",
+        default=[64, 128],
+        help="resolutions of the two-worker migration (pod-to-pod transfer and stall); none to skip",
+    )
+    parser.add_argument(
+        "--wire-gib",
+        type=float,
+        default=1.0,
+        help="size of the synthetic export through the transfer code (0: skip)",
+    )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
@@ -203,7 +456,15 @@ def main() -> None:
     model_cache = args.model_cache or str(Path(tempfile.gettempdir()) / "ardiff-bench-models")
     results = [run_child(size, args, model_cache) for size in args.resolutions]
     print_table(results, args.threads)
-    print_extrapolation(results)
+    wire = measure_wire(int(args.wire_gib * 2**30)) if args.wire_gib > 0 else None
+    migrations = []
+    if args.migrations:
+        from ardiff.devcluster.redis_server import RedisServer
+
+        with RedisServer() as redis:
+            migrations = [measure_migration(size, redis.url, args, model_cache) for size in args.migrations]
+    print_transfer(wire, migrations)
+    print_extrapolation(results, wire)
 
 
 if __name__ == "__main__":
