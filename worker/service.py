@@ -77,6 +77,9 @@ STOP_TIMEOUT_SECONDS = 5.0
 # Draining with sessions held for a transfer: how long one still unplaced may wait for its new pod (the
 # operator places a migrated session within a round or two; a pod cannot wait longer than its grace period).
 HANDOFF_PLACEMENT_SECONDS = 5.0
+# A tick for a session migrating off this pod waits this long for its new pod (then 421), polling the store.
+MIGRATION_WAIT_SECONDS = 5.0
+MIGRATION_POLL_SECONDS = 0.05
 # How often a pod holding sessions for a transfer looks for their new pods, and how long an offer may take.
 OFFER_POLL_SECONDS = 0.2
 OFFER_TIMEOUT_SECONDS = 2.0
@@ -360,7 +363,7 @@ class WorkerService:
         if presented is None or not hmac.compare_digest(presented, record.token_sha256):
             raise Unauthorized("missing or wrong bearer token for this session")
         if not any_state and record.state in (SessionState.SUSPENDED, SessionState.SUSPENDING):
-            await self._demand_resume(session_id, record.state)
+            await self._demand_resume(session_id, record)
         if record.state is SessionState.PLACED and record.pod != self.link.pod:
             endpoint = await self.link.endpoint_of(record.pod)
             raise Misdirected(f"session {session_id!r} lives on pod {record.pod}", endpoint=endpoint)
@@ -374,15 +377,43 @@ class WorkerService:
             raise SessionEvicted(f"session {session_id!r} was evicted to make room; it is re-placed later")
         raise SessionEvicted(f"session {session_id!r} was placed on an earlier incarnation of this pod")
 
-    async def _demand_resume(self, session_id: str, state: SessionState) -> NoReturn:
-        """A tick for a suspended session is a demand: the operator places it again (contracts §4)."""
+    async def _demand_resume(self, session_id: str, record: SessionRecord) -> NoReturn:
+        """A tick for a suspended session is a demand: the operator places it again (contracts §4). A session
+        migrating off this pod (a demand already recorded, its export written here or being written) is
+        waited for instead, up to `MIGRATION_WAIT_SECONDS`, and the tick told where it went (421): the
+        client follows at once rather than after a `Retry-After`."""
         assert self.link is not None
+        state = record.state
         if state is SessionState.SUSPENDED:
             try:
                 await self.link.request_resume(session_id)
             except Exception as exc:
                 raise NotReady(f"placement store unavailable: {exc}") from exc
+        migrating_from_here = record.resume_requested_ms > 0 and (
+            session_id in self._held or (state is SessionState.SUSPENDING and record.pod == self.link.pod)
+        )
+        if migrating_from_here:
+            endpoint = await self._new_home(session_id)
+            if endpoint is not None:
+                raise Misdirected(f"session {session_id!r} moved to another pod", endpoint=endpoint)
         raise Resuming(f"session {session_id!r} is {state.value}; it is being resumed, retry")
+
+    async def _new_home(self, session_id: str) -> str | None:
+        """The endpoint of the pod a migrating session gets placed on, once it is (None: not within
+        `MIGRATION_WAIT_SECONDS`, or placed back here)."""
+        assert self.link is not None
+        deadline = time.monotonic() + MIGRATION_WAIT_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                record = await self.link.session(session_id)
+            except Exception:
+                return None
+            if record is None or record.state not in (SessionState.SUSPENDING, SessionState.SUSPENDED):
+                if record is not None and record.state is SessionState.PLACED and record.pod != self.link.pod:
+                    return await self.link.endpoint_of(record.pod)
+                return None
+            await asyncio.sleep(MIGRATION_POLL_SECONDS)
+        return None
 
     async def _no_record(self, session_id: str, presented: str | None) -> NoReturn:
         """The store has no record of the session: 503 `placement_recovering` while it may be rebuilt.

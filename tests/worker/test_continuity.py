@@ -9,6 +9,7 @@ play the operator's part.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import uuid
@@ -216,8 +217,13 @@ async def test_a_migration_is_pulled_pod_to_pod_and_a_wrong_token_harms_nothing(
         error_of(pull(pod_a, session, token), 401, "unauthorized")
     error_of(pull(pod_a, "s-never-held", TRANSFER_TOKEN), 404, "unknown_session")
 
+    # The client's next tick at A waits for the new pod and is pointed there (no 503, no Retry-After).
+    waiting = asyncio.create_task(asyncio.to_thread(pod_a.tick, session, 3, token=TOKEN))
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
     placed = await place_avoiding(store, record.spec(), "cont-a")
     assert placed.placement.pod == "cont-b"
+    assert error_of(await waiting, 421, "misdirected")["endpoint"] == pod_b.url
 
     async def pulled() -> bool:  # A sees the placement and offers it; B pulls it before any tick
         return metric(pod_b, 'ardiff_session_transfers_total{direction="in",result="ok"}') == 1
