@@ -729,13 +729,7 @@ class PlacementStore:
         _, reply = await self._run(
             "restore",
             [keys.session(spec.name), keys.pod(pod), keys.open, keys.residents, keys.lru],
-            [
-                *_spec_args(pool, spec),
-                pod,
-                pod_epoch,
-                chunk_index,
-                int(bool(reset_required)),
-            ],
+            [*_spec_args(pool, spec), pod, pod_epoch, chunk_index, int(bool(reset_required)), "", "", 0],
         )
         if int(reply[0]) != 1:
             return None
@@ -746,6 +740,28 @@ class PlacementStore:
             pod_epoch=pod_epoch,
             reset_required=bool(reset_required),
         )
+
+    async def restore_suspended(
+        self, pool: PoolId, spec: SessionSpec, *, tier: str, location: str, size: int, chunk_index: int
+    ) -> bool:
+        """Rebuild a suspended session's record from its CR's status after Redis lost its data (issue 12): no
+        pod, no slot, its export at `location` in `tier` (the shared tier outlives Redis' data), continuing at
+        `chunk_index`; it resumes on demand like any suspended session. False when it has a record already."""
+        keys = PoolKeys(_check_pool(pool))
+        _check_spec(spec)
+        check_tier(tier)
+        if not location:
+            raise InvalidPlacementArgument("placement restore_suspended needs the export's location, got ''")
+        check_non_negative_int("size", size)
+        check_non_negative_int("chunk_index", chunk_index)
+        session_key = keys.session(spec.name)
+        _, reply = await self._run(
+            "restore",
+            # No pod: KEYS[2] is never read, and stays in the pool's slot.
+            [session_key, session_key, keys.open, keys.residents, keys.lru],
+            [*_spec_args(pool, spec), "", 0, chunk_index, 0, tier, location, size],
+        )
+        return int(reply[0]) == 1
 
     async def release(self, pool: PoolId, session: str, *, reason: str) -> SessionState | None:
         """Close a session (idempotent): a placed one frees its slot and its pod gets a `close` event. The

@@ -191,13 +191,28 @@ async def rebind_from_status(
     live: Mapping[str, PodRecord],
     slots: Mapping[str, PodSlots],
     logger: kopf.Logger,
-) -> Literal["new", "lost", "wait", "restored"]:
+) -> Literal["new", "lost", "wait", "restored", "suspended"]:
     """A session without a Redis record: never placed (`new`), or Redis lost its data. Then its binding is
     rebuilt from the CR's status (`restored`) if its pod re-registered with the same epoch, waited for
-    (`wait`) while that pod still exists, or given up (`lost`: the KV is gone, it is placed again)."""
+    (`wait`) while that pod still exists, or given up (`lost`: the KV is gone, it is placed again). A
+    Suspended session's record comes back from the status's export fields (`suspended`: no slot; its export
+    outlives Redis' data in the shared tier)."""
+    if session.phase == Phase.SUSPENDED and (location := session.status.get("exportLocation")):
+        restored_suspended = await ctx.store.restore_suspended(
+            pool,
+            await placement_spec(ctx, session),
+            tier=session.status.get("tier") or "",
+            location=location,
+            size=int(session.status.get("bytes") or 0),
+            chunk_index=int(session.status.get("suspendedChunk") or 0),
+        )
+        if restored_suspended:
+            logger.info(f"restored suspended session {session.name} (export {location}) from its status")
+        return "suspended"
     bound_pod, bound_epoch = session.status.get("pod"), session.status.get("podEpoch")
     if not (bound_pod and bound_epoch):
-        return "lost" if session.phase in (Phase.LOST, Phase.EVICTED) else "new"
+        # Evicted, Lost, or Suspended with no export to restore from: it had a world it cannot continue.
+        return "lost" if session.phase in (Phase.LOST, Phase.EVICTED, Phase.SUSPENDED) else "new"
     pod = live.get(bound_pod)
     if pod is None and bound_pod in slots:
         return "wait"  # its heartbeat re-creates the pod's record soon
@@ -255,6 +270,9 @@ async def place_sessions(
                 continue
             if rebind == "restored":
                 free -= 1
+                result.changed = True
+                continue
+            if rebind == "suspended":  # it resumes on demand (a tick), never eagerly
                 result.changed = True
                 continue
             # First admissions and sessions whose pod died may evict; an evicted one waits for a free slot.

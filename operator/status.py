@@ -132,6 +132,8 @@ class SessionPlacement(Protocol):
     @property
     def suspended_chunk(self) -> int: ...
     @property
+    def location(self) -> str: ...
+    @property
     def resume_requested_ms(self) -> int: ...
     @property
     def resume_from(self) -> str: ...
@@ -223,12 +225,13 @@ def build_session_status(
         "lastTickTime": rfc3339(record.last_tick_ms) if record and record.last_tick_ms else None,
     }
     # Where a Suspended session's export lies; removed (null) once it is not suspended any more.
-    export = {"tier": None, "bytes": None, "suspendedChunk": None}
+    export = {"tier": None, "bytes": None, "suspendedChunk": None, "exportLocation": None}
     if suspended:
         export = {
             "tier": record.tier or None,
             "bytes": record.bytes,
             "suspendedChunk": record.suspended_chunk,
+            "exportLocation": record.location or None,
         }
     status.update({k: v for k, v in export.items() if v is not None or k in previous})
     if record is None:

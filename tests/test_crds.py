@@ -495,6 +495,7 @@ def test_every_status_field_the_operator_writes_is_declared() -> None:
         "tier",
         "bytes",
         "suspendedChunk",
+        "exportLocation",
     }
     pools = _without_preserved_status("ardiffusionworkerpools.yaml").version("v1alpha1")
     observation = PoolObservation(

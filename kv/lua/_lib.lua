@@ -263,15 +263,20 @@ local function begin_suspend(session_key, lru_key, suspending_key, stream_key, s
   post_event(stream_key, stream_maxlen, 'suspend', session, reason, epoch)
 end
 
--- Binds a session to `pod`: its record (spec from ARGV[2..9] = pool, token_sha256, seed, prompt, image,
--- max_chunks, priority, eviction_policy: the layout place.lua and restore.lua share) and its index entries.
--- The caller accounts for the pod's `used`.
-local function bind(session_key, residents_key, lru_key, session, pod, pod_epoch, chunk_index, reset_required, now)
-  redis.call('HSET', session_key, 'pool', ARGV[2], 'pod', pod, 'pod_epoch', pod_epoch, 'state', 'placed',
+-- Writes a session record's spec (from ARGV[2..9] = pool, token_sha256, seed, prompt, image, max_chunks,
+-- priority, eviction_policy: the layout place.lua and restore.lua share), where it is, and how far it ticked.
+local function write_record(session_key, state, pod, pod_epoch, chunk_index, reset_required, now)
+  redis.call('HSET', session_key, 'pool', ARGV[2], 'pod', pod, 'pod_epoch', pod_epoch, 'state', state,
     'token_sha256', ARGV[3], 'seed', ARGV[4], 'prompt', ARGV[5], 'image', ARGV[6], 'reset_required', reset_required,
     'max_chunks', ARGV[7], 'priority', ARGV[8], 'eviction_policy', ARGV[9], 'chunk_index', chunk_index,
     'last_tick_ms', int_text(now))
   redis.call('PERSIST', session_key)
+end
+
+-- Binds a session to `pod`: its record (`write_record`) and its index entries. The caller accounts for the
+-- pod's `used`.
+local function bind(session_key, residents_key, lru_key, session, pod, pod_epoch, chunk_index, reset_required, now)
+  write_record(session_key, 'placed', pod, pod_epoch, chunk_index, reset_required, now)
   redis.call('ZADD', residents_key, 0, resident(pod, session))
   if ARGV[9] == 'LRU' then
     redis.call('ZADD', lru_key, lru_score(ARGV[8], now), resident(pod, session))

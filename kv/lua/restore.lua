@@ -1,14 +1,17 @@
--- restore.lua: rebuild a binding from the session CR's status after Redis lost its data.
+-- restore.lua: rebuild a session record from the session CR's status after Redis lost its data.
 --
 -- KEYS[1] session record   KEYS[2] pod record   KEYS[3] open pods (zset)   KEYS[4] residents (zset)
 -- KEYS[5] LRU index (zset)
 -- ARGV[1] session   ARGV[2] pool   ARGV[3] token_sha256   ARGV[4] seed   ARGV[5] prompt   ARGV[6] image
--- ARGV[7] max_chunks   ARGV[8] priority   ARGV[9] eviction_policy   ARGV[10] pod   ARGV[11] pod_epoch
--- ARGV[12] chunk_index   ARGV[13] reset_required (1|0)
+-- ARGV[7] max_chunks   ARGV[8] priority   ARGV[9] eviction_policy   ARGV[10] pod ('' = suspended)
+-- ARGV[11] pod_epoch   ARGV[12] chunk_index   ARGV[13] reset_required (1|0)
+-- ARGV[14] tier   ARGV[15] location   ARGV[16] bytes (a suspended session's export)
 --
--- Succeeds only if the session has no record and the pod record exists with that epoch (a heartbeat healed
--- it) and has a free slot; otherwise nothing changes and the operator re-places the session.
--- Returns {OK, 1, endpoint} (restored) | {OK, 0} (refused)
+-- Only if the session has no record. A placed session is bound again only if the pod record exists with that
+-- epoch (a heartbeat healed it) and has a free slot; a suspended one (issue 12) gets its record back with no pod
+-- and no slot, its export where the status says (the shared tier outlives Redis' data), to resume on demand.
+-- Otherwise nothing changes and the operator re-places the session.
+-- Returns {OK, 1, endpoint} (restored; endpoint '' when suspended) | {OK, 0} (refused)
 local session_key = KEYS[1]
 local pod_key = KEYS[2]
 local open_key = KEYS[3]
@@ -20,11 +23,18 @@ local pod = ARGV[10]
 if redis.call('EXISTS', session_key) == 1 then
   return {OK, 0}
 end
+local now = now_ms()
+if pod == '' then
+  write_record(session_key, 'suspended', '', 0, ARGV[12], 0, now)
+  forget_exports(session_key)
+  redis.call('HSET', session_key, 'tier', ARGV[14], 'location', ARGV[15], 'bytes', ARGV[16],
+    'suspended_chunk', ARGV[12])
+  return {OK, 1, ''}
+end
 local p = redis.call('HMGET', pod_key, 'epoch', 'used', 'capacity', 'endpoint')
 if p[1] ~= ARGV[11] or tonumber(p[2]) >= tonumber(p[3]) then
   return {OK, 0}
 end
-local now = now_ms()
 bind(session_key, residents_key, lru_key, session, pod, ARGV[11], ARGV[12], ARGV[13], now)
 redis.call('HINCRBY', pod_key, 'used', 1)
 refresh_open(open_key, pod_key, pod)

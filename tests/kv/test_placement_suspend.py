@@ -452,3 +452,48 @@ async def test_the_tick_in_flight_when_a_suspension_begins_still_touches_and_sna
     assert (await record(store, pool, "busy")).state is SessionState.SUSPENDED
     with pytest.raises(SessionNotHere):  # once suspended, the pod holds it no more
         await store.touch(pool, "busy", pod="w-a", epoch=reg.epoch, chunk_index=6, reset_done=False)
+
+
+async def test_a_suspended_record_redis_lost_is_restored_from_the_status_and_resumes(
+    store: PlacementStore, pool: PoolId
+) -> None:
+    """What the operator does for a Suspended session without a record (Redis lost its data): the status's
+    tier, location, bytes and chunk give the record back, with no pod and no slot."""
+    await suspend_by_eviction(store, pool)
+    await export(store, pool, "idle", location="/tier/idle-9", chunk=5)
+    assert (await store.place(pool, spec("new"))).placement is not None
+    before = await record(store, pool, "idle")
+    await store.client.delete(f"{pool.tag}:session:idle")
+    idle = spec("idle", prompt="a forest", seed=3)
+
+    assert await store.restore_suspended(
+        pool, idle, tier="shared", location="/tier/idle-9", size=4096, chunk_index=5
+    )
+    restored = await record(store, pool, "idle")
+    assert (restored.state, restored.pod, restored.pod_epoch, restored.reset_required) == (
+        SessionState.SUSPENDED,
+        "",
+        0,
+        False,
+    )
+    exported = ("tier", "location", "bytes", "suspended_chunk", "chunk_index")
+    assert [getattr(restored, f) for f in exported] == [getattr(before, f) for f in exported]
+    assert (restored.prompt, restored.seed, restored.token_sha256) == ("a forest", 3, before.token_sha256)
+    assert await used(store, pool) == {"w-a": 1}  # no slot: `new` holds the only one
+    assert not await store.restore_suspended(
+        pool, idle, tier="shared", location="/tier/other", size=1, chunk_index=0
+    )  # a record exists: nothing changes
+    assert (await record(store, pool, "idle")).location == "/tier/idle-9"
+    with pytest.raises(InvalidPlacementArgument, match="location"):
+        await store.restore_suspended(pool, spec("x"), tier="shared", location="", size=1, chunk_index=0)
+    with pytest.raises(InvalidPlacementArgument, match="tier"):
+        await store.restore_suspended(pool, spec("x"), tier="host", location="/tier/x", size=1, chunk_index=0)
+
+    # A demand resumes it from the export like any suspended session.
+    await store.release(pool, "new", reason="deleted")
+    assert await store.request_resume(pool, "idle") is SessionState.SUSPENDED
+    back = await store.place(pool, idle, may_evict=True, min_idle_ms=IDLE_MS)
+    assert back.placement is not None
+    assert (back.placement.reset_required, back.placement.resume_from) == (False, "/tier/idle-9")
+    assert (await record(store, pool, "idle")).chunk_index == 5
+    assert await store.check_invariants(pool) == []

@@ -15,8 +15,9 @@ import pytest
 
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.waiting import wait_until
+from ardiff.kv.keys import PoolKeys
 from ardiff.kv.placement import PlacementStore
-from ardiff.kv.records import PoolId, SessionState
+from ardiff.kv.records import PoolId, SessionRecord, SessionState
 from tests.operator.conftest import FAKE_WORKER_ENV, Cluster
 
 pytestmark = pytest.mark.slow
@@ -110,3 +111,51 @@ async def test_a_same_identity_roll_migrates_a_live_session_instead_of_waiting(
     assert record is not None
     assert (record.state, record.resume_from, record.chunk_index) == (SessionState.PLACED, "", 2)
     assert await store.check_invariants(pool) == []
+
+
+async def test_a_suspended_session_whose_record_redis_lost_resumes_from_its_export(
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tier: Path
+) -> None:
+    """The status says where the export lies (`exportLocation`): with the record gone (as when Redis loses its
+    data), the operator rebuilds it as suspended, and a demand resumes it from the export without a reset."""
+    pool = PoolId(cluster.namespace, "pool")
+    env = [*FAKE_WORKER_ENV, {"name": "ARDIFF_SUSPEND_DIR", "value": str(tier)}]
+    cluster.create_pool(replicas={"min": 1, "max": 1}, eviction={"minIdleSeconds": 1}, env=env)
+    cluster.create_session("old")
+    cluster.wait_phase("old", "Ready")
+    assert cluster.tick("old", 0).status_code == 200
+    cluster.create_session("pinned", evictionPolicy="Never")
+    cluster.wait_phase("pinned", "Ready")
+    await asyncio.sleep(1.5)
+    cluster.create_session("vip", priority=5)
+    suspended = cluster.wait_phase("old", "Suspended", reason="SuspendedForCapacity")
+    before = await store.get_session(pool, "old")
+    assert before is not None
+    assert suspended["exportLocation"] == before.location != ""
+    assert await asyncio.to_thread((tier / before.location).is_file)  # relative to the tier
+
+    await store.client.delete(PoolKeys(pool).session("old"))
+
+    async def restored() -> SessionRecord | None:
+        record = await store.get_session(pool, "old")
+        return record if record is not None and record.state is SessionState.SUSPENDED else None
+
+    for _ in range(100):
+        if (record := await restored()) is not None:
+            break
+        await asyncio.sleep(0.1)
+    assert record is not None, "the operator did not restore the suspended record"
+    assert (record.location, record.suspended_chunk, record.chunk_index, record.pod) == (
+        before.location,
+        before.suspended_chunk,
+        1,
+        "",
+    )
+    assert cluster.status("old")["phase"] == "Suspended"
+
+    cluster.delete("ardiffusionsessions", "vip")
+    assert await store.request_resume(pool, "old") is SessionState.SUSPENDED  # what its next tick does
+    cluster.wait_phase("old", "Ready", resetRequired=False)
+    assert cluster.tick("old", 1).status_code == 200  # continues at chunk 1 from the export
+    assert await store.check_invariants(pool) == []
+
