@@ -218,7 +218,7 @@ def without_finalizer(fn: Callable[..., Any]) -> Callable[..., Any]:
     kopf gives every object with a daemon its finalizer, so that no daemon outlives its object (nolar/kopf#896
     declined an option to turn that off). The pool daemon needs none: it notices its pool is gone in the pools
     index and exits by itself (`reconcile_pool_forever`). kopf has no public switch, so this flips the flag on
-    the handler `kopf.daemon` just registered; `tests/operator/test_pools.py` checks no finalizer appears.
+    the handler `kopf.daemon` just registered; `tests/operator/test_deletion.py` checks no finalizer appears.
     """
     spawning = kopf.get_default_registry()._spawning
     for index, handler in enumerate(spawning._handlers):
