@@ -488,7 +488,7 @@ async def write_session_statuses(
     now = now_rfc3339()
     limit = asyncio.Semaphore(ctx.config.status_write_concurrency)
 
-    async def one(session: SessionView) -> bool:
+    def desired_status(session: SessionView) -> tuple[dict[str, Any], dict[str, Any]]:
         key = (session.namespace, session.name)
         record = records.get(session.name)
         pod = live.get(record.pod) if record is not None else None
@@ -510,10 +510,22 @@ async def write_session_statuses(
             now=now,
             message=ctx.notes.pop(key, None),
         )
+        return previous, desired
+
+    async def write(session: SessionView, previous: dict[str, Any], desired: dict[str, Any]) -> bool:
         async with limit:
             return await write_status(ctx, session, previous, desired)
 
-    return sum(await asyncio.gather(*(one(s) for s in sessions)))
+    # Derived in one pass, written concurrently: a task only for a status that changed. A task per session
+    # per round was the round's largest cost at 100,000 sessions (py-spy: 14% of the operator's time creating
+    # them, against 10% deriving the statuses).
+    changed = []
+    for session in sessions:
+        previous, desired = desired_status(session)
+        key = (session.namespace, session.name)
+        if status_patch(previous, desired, mirror_due=ctx.mirror_due(key)) is not None:
+            changed.append(write(session, previous, desired))
+    return sum(await asyncio.gather(*changed))
 
 
 async def ensure_service(ctx: OperatorContext, pool: PoolView) -> None:
