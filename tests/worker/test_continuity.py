@@ -305,6 +305,59 @@ async def test_a_holder_killed_mid_transfer_falls_back_to_the_shared_tier(
             await store.release(POOL, name, reason="test done")
 
 
+async def test_a_target_killed_mid_transfer_loses_nothing(
+    launch_worker, redis_url, pod_a, pod_b, store, session_spec, tier
+):
+    """The pod pulling a migrating session dies mid-pull: the session is `lost` with its export not imported,
+    so it is placed again from the shared tier's copy and continues where it was (no rewind, no reset)."""
+    holder = launch(launch_worker, redis_url, tier, "cont-h", test_faults=1, test_transfer_stall_seconds=3)
+    target = launch(launch_worker, redis_url, tier, "cont-t")
+    session, twin = f"s-{uuid.uuid4().hex[:8]}", f"s-{uuid.uuid4().hex[:8]}"
+    others = ("cont-a", "cont-b", "cont-t")
+    try:
+        for other in others:
+            await store.set_draining(POOL, other, draining=True)
+        try:
+            for name in (session, twin):
+                assert (await store.place(POOL, session_spec(name, TOKEN, seed=8))).placement.pod == "cont-h"
+        finally:
+            for other in others:
+                await store.set_draining(POOL, other, draining=False)
+        expected = [frames_of(holder.tick(twin, i, token=TOKEN)) for i in range(3)]
+        for i in range(2):
+            frames_of(holder.tick(session, i, token=TOKEN))
+        record = await migrate(store, session)
+        for pod in ("cont-h", "cont-a", "cont-b"):
+            await store.set_draining(POOL, pod, draining=True)
+        assert (await store.place(POOL, record.spec())).placement.pod == "cont-t"
+
+        async def stalled() -> bool:  # the target pulls, the holder sent the header and stalls mid-body
+            return metric(holder, 'ardiff_session_transfers_in_progress{direction="out"}') == 1
+
+        await wait_for(stalled)
+        target.process.send_signal(signal.SIGKILL)
+        target.process.wait()
+        await store.remove_pod(POOL, "cont-t")  # the operator saw it die
+        lost = await store.get_session(POOL, session)
+        assert (lost.state, lost.resume_from) == (SessionState.LOST, record.location)
+        await store.set_draining(POOL, "cont-b", draining=False)
+        again = await store.place(POOL, lost.spec())
+        assert (again.placement.pod, again.placement.resume_from) == ("cont-b", record.location)
+        assert not again.placement.reset_required
+        response = pod_b.tick(session, 2, token=TOKEN)  # from the tier's copy: the holder let go of its own
+        np.testing.assert_array_equal(frames_of(response), expected[2])
+        note = json.loads((await store.get_session(POOL, session)).resumed_note)
+        assert (note["source"], note["direct_failed"]) == ("suspend", True)  # the holder had let go of it
+    finally:
+        for worker, pod in ((holder, "cont-h"), (target, "cont-t")):
+            worker.stop()
+            await store.remove_pod(POOL, pod)
+        for pod in ("cont-a", "cont-b"):
+            await store.set_draining(POOL, pod, draining=False)
+        for name in (session, twin):
+            await store.release(POOL, name, reason="test done")
+
+
 async def test_a_draining_holder_finishes_the_pull_under_way_and_points_ticks_at_the_new_pod(
     launch_worker, redis_url, pod_a, pod_b, store, session_spec, tier
 ):
