@@ -358,10 +358,9 @@ def measure_migration(
                     assert await store.suspend(pool, session, reason="migrate")
 
                 async def operator(store: PlacementStore) -> float:
-                    started = time.perf_counter()
                     while (await store.get_session(pool, session)).state is not SessionState.SUSPENDED:  # noqa: ASYNC110
                         await asyncio.sleep(0.01)
-                    exported = time.perf_counter() - started
+                    exported = time.perf_counter() - started  # from the suspend call
                     await store.set_draining(pool, "a", draining=True)
                     assert (
                         await store.place(pool, (await store.get_session(pool, session)).spec())
@@ -369,7 +368,7 @@ def measure_migration(
                     return exported
 
                 exported: list[float] = []
-                started = time.perf_counter()
+                started = time.perf_counter()  # the stall and the export are timed from here
                 asyncio.run(store_call(suspend))  # the round's suspend; the client ticks on meanwhile
                 mover = threading.Thread(target=lambda: exported.append(asyncio.run(store_call(operator))))
                 mover.start()

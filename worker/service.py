@@ -285,6 +285,8 @@ class WorkerService:
                 self._tasks.append(
                     asyncio.create_task(self.link.events_forever(self.on_event), name="events")
                 )
+                if self.tier is not None:
+                    self._tasks.append(asyncio.create_task(self._sweep_tier_forever(), name="tier-sweep"))
         except Exception as exc:
             if isinstance(exc, ArdiffError):  # a user error (bad model, bad settings): no traceback
                 log.error("worker failed to start: %s", exc)
@@ -857,6 +859,33 @@ class WorkerService:
                 await self._resume(session_id, record, direct_only=True)
         except Exception as exc:
             log.info("prefetch of session %s left to its first tick: %s", session_id, exc)
+
+    async def _sweep_tier_forever(self) -> None:
+        """Remove the tier's files of sessions the store has closed (deleted, or Failed by a deleted pool):
+        one suspended when it was deleted has no pod to do it. Only `closed` counts, never a missing record:
+        after Redis loses its data the operator rebuilds suspended records from their statuses (contracts
+        §2), and their exports must still be there. Closed records stay for an hour, several sweeps."""
+        while True:
+            await asyncio.sleep(self.settings.tier_sweep_seconds)
+            try:
+                await self.sweep_tier()
+            except Exception as exc:  # Redis or the volume away: the next sweep tries again
+                log.warning("shared tier sweep failed: %s", exc)
+
+    async def sweep_tier(self) -> list[str]:
+        """One sweep (`_sweep_tier_forever`): the closed sessions whose files it removed."""
+        assert self.tier is not None
+        assert self.link is not None
+        stored = await asyncio.to_thread(self.tier.sessions)
+        bindings = await self.link.bindings(stored) if stored else {}
+        closed = [
+            name for name, binding in bindings.items() if binding and binding.state is SessionState.CLOSED
+        ]
+        for name in closed:
+            await asyncio.to_thread(self.tier.forget_session, name)
+        if closed:
+            log.info("removed the shared tier's files of %d closed sessions: %s", len(closed), closed[:10])
+        return closed
 
     async def _drop_held_at(self, session_id: str, until: float) -> None:
         await asyncio.sleep(max(0.0, until - time.monotonic()))

@@ -68,6 +68,8 @@ class WorkerSettings:
     # in a process listing; never in a repr), and how long a migrated session waits here for its new pod.
     transfer_token: str | None = field(default=None, repr=False)
     transfer_hold_seconds: float = 20.0
+    # How often this pod removes the tier's files of sessions the store has closed (deleted ones).
+    tier_sweep_seconds: float = 300.0
     runtime: Runtime = "vllm"
     fake_capacity: int = 4
     fake_tick_seconds: float = 0.0
@@ -87,6 +89,7 @@ class WorkerSettings:
             "lease_seconds": self.lease_seconds,
             "heartbeat_seconds": self.heartbeat_seconds,
             "transfer_hold_seconds": self.transfer_hold_seconds,
+            "tier_sweep_seconds": self.tier_sweep_seconds,
         }
         if self.session_capacity is not None:
             positive["session_capacity"] = self.session_capacity
@@ -160,6 +163,7 @@ _HELP = {
     "suspend_dir": "the shared tier: a directory all pods of the pool mount (suspended sessions, snapshots)",
     "snapshot_every_chunks": "a snapshot of each session to the shared tier every N chunks (0: none)",
     "transfer_hold_seconds": "how long a migrated session waits here for its new pod to pull it directly",
+    "tier_sweep_seconds": "how often the shared tier's files of deleted sessions are removed",
     "runtime": "vllm (vllm-omni's paged-KV runner) or fake (no torch; control-plane tests)",
     "fake_capacity": "sessions a fake runtime holds",
     "fake_tick_seconds": "how long a fake forward takes",

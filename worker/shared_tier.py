@@ -14,6 +14,7 @@ records the location as an opaque string, so no record changes for it.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -83,3 +84,14 @@ class SharedTier:
         path = (self.root / location).resolve()
         if path.is_relative_to(self.root) and path.suffix == SUFFIX:
             path.unlink(missing_ok=True)
+
+    def sessions(self) -> list[str]:
+        """The sessions of this pool that have files in the tier."""
+        pool_dir = self.root / self._pool_dir
+        if not pool_dir.is_dir():
+            return []
+        return sorted(entry.name for entry in pool_dir.iterdir() if entry.is_dir())
+
+    def forget_session(self, session_id: str) -> None:
+        """Remove every file of a session (it was deleted: nothing will resume from them)."""
+        shutil.rmtree(self.root / self._pool_dir / session_id, ignore_errors=True)

@@ -159,3 +159,39 @@ async def test_a_suspended_session_whose_record_redis_lost_resumes_from_its_expo
     assert cluster.tick("old", 1).status_code == 200  # continues at chunk 1 from the export
     assert await store.check_invariants(pool) == []
 
+
+
+async def test_a_suspended_session_deleted_leaves_no_files_in_the_tier(
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tier: Path
+) -> None:
+    """A suspended session has no pod to remove its export when it is deleted: the workers' tier sweep does,
+    for sessions the store has closed, never for one it has no record of (Redis may have lost it)."""
+    pool = PoolId(cluster.namespace, "pool")
+    env = [
+        *FAKE_WORKER_ENV,
+        {"name": "ARDIFF_SUSPEND_DIR", "value": str(tier)},
+        {"name": "ARDIFF_TIER_SWEEP_SECONDS", "value": "0.5"},
+    ]
+    cluster.create_pool(replicas={"min": 1, "max": 1}, eviction={"minIdleSeconds": 1}, env=env)
+    cluster.create_session("gone")
+    cluster.wait_phase("gone", "Ready")
+    assert cluster.tick("gone", 0).status_code == 200
+    cluster.create_session("pinned", evictionPolicy="Never")
+    cluster.wait_phase("pinned", "Ready")
+    await asyncio.sleep(1.5)
+    cluster.create_session("vip", priority=5)
+    cluster.wait_phase("gone", "Suspended")
+    pool_dir = tier / cluster.namespace / "pool"
+    stranger = pool_dir / "stranger"
+    await asyncio.to_thread(stranger.mkdir, parents=True)
+    await asyncio.to_thread((stranger / "suspend-1-abc.ardsess").write_bytes, b"no record")
+    assert await asyncio.to_thread(lambda: sorted(p.name for p in pool_dir.iterdir())) == ["gone", "stranger"]
+
+    cluster.delete("ardiffusionsessions", "gone")
+    for _ in range(100):
+        names = await asyncio.to_thread(lambda: sorted(p.name for p in pool_dir.iterdir()))
+        if "gone" not in names:
+            break
+        await asyncio.sleep(0.1)
+    assert names == ["stranger"]
+    assert (await store.get_session(pool, "gone")).state is SessionState.CLOSED  # type: ignore[union-attr]
