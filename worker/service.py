@@ -861,7 +861,7 @@ class WorkerService:
             log.info("prefetch of session %s left to its first tick: %s", session_id, exc)
 
     async def _sweep_tier_forever(self) -> None:
-        """Remove the tier's files of sessions the store has closed (deleted, or Failed by a deleted pool):
+        """Remove the tier's files of sessions the store has closed (deleted while suspended, or lost ones):
         one suspended when it was deleted has no pod to do it. Only `closed` counts, never a missing record:
         after Redis loses its data the operator rebuilds suspended records from their statuses (contracts
         §2), and their exports must still be there. Closed records stay for an hour, several sweeps."""
