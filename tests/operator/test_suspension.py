@@ -160,7 +160,6 @@ async def test_a_suspended_session_whose_record_redis_lost_resumes_from_its_expo
     assert await store.check_invariants(pool) == []
 
 
-
 async def test_a_suspended_session_deleted_leaves_no_files_in_the_tier(
     cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tier: Path
 ) -> None:
