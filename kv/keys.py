@@ -73,8 +73,9 @@ class PoolKeys:
         return f"{self.prefix}:*"
 
 
-# SCAN pattern matching every key of every pool (the operator's sweep of pools deleted while it was away).
+# SCAN patterns matching every key of every pool, and every session record (the operator's sweeps).
 ANY_POOL_PATTERN = "{ardiff:*}:*"
+ANY_SESSION_PATTERN = "{ardiff:*}:session:*"
 
 
 def pool_of_key(key: str) -> PoolId | None:

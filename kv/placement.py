@@ -42,7 +42,7 @@ from ardiff.kv.errors import (
     UnknownPod,
     UnknownSession,
 )
-from ardiff.kv.keys import ANY_POOL_PATTERN, PoolKeys, pool_of_key, resident
+from ardiff.kv.keys import ANY_POOL_PATTERN, ANY_SESSION_PATTERN, PoolKeys, pool_of_key, resident
 from ardiff.kv.records import (
     MAX_PRIORITY,
     Placement,
@@ -852,15 +852,16 @@ class PlacementStore:
                 pools.add(pool)
         return pools
 
-    async def list_session_names(self, pool: PoolId) -> set[str]:
-        """The names of every session record of the pool, closed ones included (SCAN: for the operator's
-        sweep of sessions deleted while it was away)."""
-        keys = PoolKeys(_check_pool(pool))
-        prefix = keys.session("")
-        return {
-            _text(key).removeprefix(prefix)
-            async for key in self.client.scan_iter(match=f"{prefix}*", count=1000)
-        }
+    async def list_session_names(self) -> dict[PoolId, set[str]]:
+        """The names of every session record, closed ones included, by pool: one SCAN over the keyspace for
+        all pools (a SCAN visits every key whatever its pattern, so the operator's sweep makes one per period,
+        not one per pool)."""
+        names: dict[PoolId, set[str]] = {}
+        async for key in self.client.scan_iter(match=ANY_SESSION_PATTERN, count=1000):
+            text = _text(key)
+            if (pool := pool_of_key(text)) is not None:
+                names.setdefault(pool, set()).add(text.removeprefix(PoolKeys(pool).session("")))
+        return names
 
     async def _delete_keys(self, batch: list[str]) -> int:
         _, reply = await self._run("delete_pool", batch, [])

@@ -77,6 +77,11 @@ class OperatorContext:
     metrics: OperatorMetrics | None = None
     pool_samples: dict[PoolId, PoolSample] = field(default_factory=dict)
     admitted_at: dict[SessionKey, float] = field(default_factory=dict)
+    # operator/sweep.py: the last SCAN of every session record, by pool, and when (monotonic seconds); one
+    # per sweep period serves every pool's sweep.
+    stored_sessions: dict[PoolId, set[str]] = field(default_factory=dict)
+    stored_sessions_at: float = float("-inf")
+    stored_sessions_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def kick(self, pool: PoolId) -> None:
         self.kicks[pool].set()

@@ -15,6 +15,7 @@ seen, so a record found before the listing whose object the listing lacks was de
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Collection
 
 import kopf
@@ -28,7 +29,7 @@ async def sweep_sessions(
     ctx: OperatorContext, pool: PoolId, present: Callable[[], Collection[str]], logger: kopf.Logger
 ) -> list[str]:
     """Release the pool's session records whose session `present()` (read after the store) does not list."""
-    stored = await ctx.store.list_session_names(pool)
+    stored = (await stored_session_names(ctx)).get(pool, set())
     gone = stored - set(present())
     if not gone:
         return []
@@ -45,6 +46,16 @@ async def sweep_sessions(
         ctx.kick(pool)
         logger.info(f"released {len(released)} sessions of pool {pool} that are gone: {released[:10]}")
     return released
+
+
+async def stored_session_names(ctx: OperatorContext) -> dict[PoolId, set[str]]:
+    """Every session record's name by pool, read at most once per sweep period for all pools (a SCAN visits
+    the whole keyspace: one per pool would cost pools x keys)."""
+    async with ctx.stored_sessions_lock:
+        if time.monotonic() - ctx.stored_sessions_at >= ctx.config.sweep_seconds:
+            ctx.stored_sessions = await ctx.store.list_session_names()
+            ctx.stored_sessions_at = time.monotonic()
+    return ctx.stored_sessions
 
 
 async def sweep_pools(ctx: OperatorContext, logger: kopf.Logger) -> list[PoolId]:
