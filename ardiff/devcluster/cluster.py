@@ -42,10 +42,16 @@ BENCHMARK_OPERATOR_ENV = {"ARDIFF_OPERATOR_RECONCILE_SECONDS": "0.5", "ARDIFF_OP
 
 
 def tiny_pool(
-    name: str, *, min_replicas: int, max_replicas: int, scale_down_delay_seconds: int
+    name: str,
+    *,
+    min_replicas: int,
+    max_replicas: int,
+    scale_down_delay_seconds: int,
+    capacity: int = 2,
+    env: Sequence[Mapping[str, str]] = (),
 ) -> dict[str, Any]:
-    """A pool of real workers on the embedded tiny LingBot-World at 64x64, two sessions per pod, evicting
-    idle sessions at once (the benchmarks' pool)."""
+    """A pool of workers on the embedded tiny LingBot-World at 64x64, `capacity` sessions per pod, evicting
+    idle sessions at once (the benchmarks' and the e2e tests' pool; `env` may make its workers fake)."""
     return {
         "apiVersion": "ardiffusion.dev/v1alpha1",
         "kind": "ARDiffusionWorkerPool",
@@ -53,7 +59,9 @@ def tiny_pool(
         "spec": {
             "model": {"name": "tiny-lingbot-world", "height": 64, "width": 64},
             "image": "ghcr.io/ardiff/ardiff-worker:0.1.0",
-            "kv": {"sessionCapacity": 2, "cpuFreeMemoryBytes": 1 << 30},
+            # 1 GiB of "free device memory" on CPU keeps each worker's KV pool small.
+            "kv": {"sessionCapacity": capacity, "cpuFreeMemoryBytes": 1 << 30},
+            **({"env": [dict(item) for item in env]} if env else {}),
             "replicas": {"min": min_replicas, "max": max_replicas},
             "scaleDownDelaySeconds": scale_down_delay_seconds,
             "eviction": {"minIdleSeconds": 0},

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from ardiff.client import KubeSessions, SessionClient
-from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster
+from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster, tiny_pool
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
 
@@ -49,21 +49,14 @@ def build_pool(
             {"name": "ARDIFF_FAKE_CAPACITY", "value": str(capacity)},
             {"name": "ARDIFF_TEST_FAULTS", "value": "1"},
         ]
-    return {
-        "apiVersion": "ardiffusion.dev/v1alpha1",
-        "kind": "ARDiffusionWorkerPool",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"name": "tiny-lingbot-world", "height": 64, "width": 64},
-            "image": "ghcr.io/ardiff/ardiff-worker:0.1.0",
-            # 1 GiB of "free device memory" on CPU keeps each worker's KV pool small.
-            "kv": {"sessionCapacity": capacity, "cpuFreeMemoryBytes": 1 << 30},
-            "env": env,
-            "replicas": {"min": min_replicas, "max": max_replicas},
-            "scaleDownDelaySeconds": 3600,  # pods stay for the whole module
-            "eviction": {"minIdleSeconds": 0},
-        },
-    }
+    return tiny_pool(
+        name,
+        capacity=capacity,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        scale_down_delay_seconds=3600,  # pods stay for the whole module
+        env=env,
+    )
 
 
 @dataclass
