@@ -50,7 +50,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -349,6 +349,24 @@ class _Supervisor:
             initialized=self.initialized,
             init_container_statuses=self.init_statuses,
             **extra,
+        )
+
+
+async def spawn_logged(
+    log_path: Path, header: str, argv: Sequence[str], env: Mapping[str, str]
+) -> asyncio.subprocess.Process:
+    """Start a container's process in a session of its own, its output appended to the Pod's log after a
+    `--- <time> <header>: <argv>` line (OSError: it cannot start, e.g. no such executable)."""
+    with log_path.open("ab") as pod_log:
+        pod_log.write(f"--- {_now()} {header}: {' '.join(argv)}\n".encode())
+        pod_log.flush()
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            env=dict(env),
+            stdout=pod_log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
 
 
@@ -715,22 +733,13 @@ class PodRunner:
             await self._report(supervisor)
             await self._sleep_unless_terminating(supervisor, self.restart_backoff)
             return None
-        with supervisor.info.log_path.open("ab") as pod_log:
-            pod_log.write(f"--- {_now()} init container {container['name']}: {' '.join(argv)}\n".encode())
-            pod_log.flush()
-            try:
-                process = await asyncio.create_subprocess_exec(
-                    *argv,
-                    env=env,
-                    stdout=pod_log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                status["state"] = {"waiting": {"reason": "RunContainerError", "message": str(exc)}}
-                await self._report(supervisor)
-                return 1
+        header = f"init container {container['name']}"
+        try:
+            process = await spawn_logged(supervisor.info.log_path, header, argv, env)
+        except OSError as exc:
+            status["state"] = {"waiting": {"reason": "RunContainerError", "message": str(exc)}}
+            await self._report(supervisor)
+            return 1
         supervisor.process = process  # so that deleting the Pod stops it
         started = _now()
         status["state"] = {"running": {"startedAt": started}}
@@ -790,22 +799,13 @@ class PodRunner:
             supervisor.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
             await self._report(supervisor)
             return None
-        with supervisor.info.log_path.open("ab") as pod_log:
-            pod_log.write(f"--- {_now()} start #{supervisor.info.restart_count}: {' '.join(argv)}\n".encode())
-            pod_log.flush()
-            try:
-                process = await asyncio.create_subprocess_exec(
-                    *argv,
-                    env=env,
-                    stdout=pod_log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            except OSError as exc:  # e.g. the executable does not exist
-                supervisor.state = {"waiting": {"reason": "RunContainerError", "message": str(exc)}}
-                await self._report(supervisor)
-                return None
+        header = f"start #{supervisor.info.restart_count}"
+        try:
+            process = await spawn_logged(supervisor.info.log_path, header, argv, env)
+        except OSError as exc:  # e.g. the executable does not exist
+            supervisor.state = {"waiting": {"reason": "RunContainerError", "message": str(exc)}}
+            await self._report(supervisor)
+            return None
         log.info(
             "pod %s/%s: started pid %d on port %d",
             supervisor.info.namespace,
