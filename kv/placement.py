@@ -92,6 +92,7 @@ SCRIPTS = (
     "resumed",
     "note_snapshot",
     "ack_resumed_note",
+    "expire_suspending",
 )
 # Scripts that never wait for replicas: a read, and a touch (losing one at a failover costs a stale
 # last_tick_ms and chunk_index, which the next tick rewrites, docs/contracts.md §2 "Failover"; waiting would
@@ -939,6 +940,21 @@ class PlacementStore:
             plan=_Plan(),
         )
         return int(reply[0]) == 1
+
+    async def expire_suspending(self, pool: PoolId, *, timeout_ms: int) -> tuple[str, ...]:
+        """Operator: sessions `suspending` for `timeout_ms` or more (their worker never reported the export)
+        become `evicted` with `reset_required`, their slots freed and their pods told (`evict`, reason
+        `suspend-timeout`); returns them. Without this a silent worker would block the pool's evictions."""
+        keys = PoolKeys(_check_pool(pool))
+        _positive_int("timeout_ms", timeout_ms)
+        _, reply = await self._run(
+            "expire_suspending",
+            [keys.open, keys.residents, keys.lru, keys.suspending],
+            [timeout_ms, self.stream_maxlen],
+            pool_keys=keys,
+            plan=_Plan(),
+        )
+        return tuple(_texts(reply[0]))
 
     async def resumed(self, pool: PoolId, session: str, *, pod: str, epoch: int, note: str = "") -> None:
         """The worker holding the session at `epoch` imported its `resume_from`: clear it. `note` (JSON: how

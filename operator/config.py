@@ -31,6 +31,9 @@ class OperatorConfig:
     mirror_seconds: float = 5.0  # throttle of the chunkIndex/lastTickTime status mirror
     # How often Redis state whose session or pool is gone from the API is swept (operator/sweep.py).
     sweep_seconds: float = 30.0
+    # How long a worker may take to report a suspended session's export before the session counts as evicted
+    # (while one is suspending its pool evicts nobody); a 26 GB export at 1 GB/s takes ~30 s.
+    suspend_timeout_seconds: float = 120.0
     cancellation_polling_seconds: float = 2.0  # how often kopf re-checks a stopping daemon
     # How long a silent peer (a killed active operator) blocks a standby; kopf's default is 60 s. Keepalives
     # go out every max(1, lifetime - 5..10) s, so a few seconds cost about one PATCH per second per operator.
@@ -55,6 +58,7 @@ class OperatorConfig:
             "reconcile_seconds": self.reconcile_seconds,
             "mirror_seconds": self.mirror_seconds,
             "sweep_seconds": self.sweep_seconds,
+            "suspend_timeout_seconds": self.suspend_timeout_seconds,
             "cancellation_polling_seconds": self.cancellation_polling_seconds,
             "peering_lifetime_seconds": self.peering_lifetime_seconds,
             "status_write_concurrency": self.status_write_concurrency,
@@ -68,6 +72,7 @@ ENV_SECONDS = {
     "reconcile_seconds": "ARDIFF_OPERATOR_RECONCILE_SECONDS",
     "mirror_seconds": "ARDIFF_OPERATOR_MIRROR_SECONDS",
     "sweep_seconds": "ARDIFF_OPERATOR_SWEEP_SECONDS",
+    "suspend_timeout_seconds": "ARDIFF_OPERATOR_SUSPEND_TIMEOUT_SECONDS",
     "cancellation_polling_seconds": "ARDIFF_OPERATOR_CANCELLATION_POLLING_SECONDS",
     "peering_lifetime_seconds": "ARDIFF_OPERATOR_PEERING_LIFETIME_SECONDS",
 }

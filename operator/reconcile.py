@@ -361,6 +361,20 @@ async def expire_idle(
     return expired
 
 
+async def expire_suspending(ctx: OperatorContext, pool: PoolId, records: Mapping[str, SessionBinding]) -> int:
+    """Sessions whose worker did not report their export in time are evicted (they block the pool's
+    evictions while suspending); read from Redis only when some session of the pool is suspending."""
+    if not any(r.state is SessionState.SUSPENDING for r in records.values()):
+        return 0
+    timeout_s = ctx.config.suspend_timeout_seconds
+    expired = await ctx.store.expire_suspending(pool, timeout_ms=max(1, round(timeout_s * 1000)))
+    for name in expired:
+        ctx.notes[(pool.namespace, name)] = (
+            f"its worker did not report the export within {timeout_s:g} s; its KV counts as lost"
+        )
+    return len(expired)
+
+
 EVENTS_ON_ENTERING = {
     Phase.LOST: ("Warning", "Lost"),
     Phase.EVICTED: ("Warning", "Evicted"),
@@ -735,6 +749,7 @@ async def reconcile_pool(
             ctx, newly_unplaced(ctx, active, records), records, live, by_name, now_ms
         )
         expired = await expire_idle(ctx, pid, active, records, now_ms)
+        expired += await expire_suspending(ctx, pid, records)
         result = await place_sessions(ctx, pool, active, records, live, slots, logger)
         if expired or result.changed:
             records = await ctx.store.get_bindings(pid, names)

@@ -4,8 +4,9 @@ A simulated pod has no process. It registers in Redis and heartbeats through the
 (`ardiff.worker.pod_link`: the same `register_pod`/`heartbeat` calls, epochs and lease as a real worker), with
 the settings a real worker would read from the Pod's env (`build_settings`), and the runner reports it Running
 and Ready once registered. What it cannot do: serve ticks (its endpoint has no listener) or consume its event
-stream (there is no runner whose sessions could be closed). 1,000 pods cost 1,000 asyncio tasks and 1,000
-Redis connections, not 1,000 processes.
+stream (no runner holds sessions to close or export). With a shared tier in its env it registers
+`exports=1`, as the fake runtime's worker would, and never reports a suspension: a silent worker. 1,000 pods
+cost 1,000 asyncio tasks and 1,000 Redis connections, not 1,000 processes.
 
 Its capacity is what the fake runtime would report (`ARDIFF_FAKE_CAPACITY`), capped by
 `ARDIFF_SESSION_CAPACITY` as the worker caps its runner's. On deletion it marks itself draining (what a worker
@@ -43,6 +44,7 @@ def simulated_link(env: Mapping[str, str]) -> PodLink:
         raise ValueError("a simulated worker pod needs ARDIFF_REDIS_URL (a standalone one registers nowhere)")
     link = PodLink.connect(settings)
     link.capacity = simulated_capacity(settings)
+    link.exports = settings.suspend_dir is not None  # the fake runtime can export
     return link
 
 

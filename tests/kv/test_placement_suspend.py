@@ -183,6 +183,37 @@ async def test_a_failed_export_evicts_with_reset_required(store: PlacementStore,
     assert await store.check_invariants(pool) == []
 
 
+async def test_a_suspension_its_worker_never_reports_ends_as_an_eviction(
+    store: PlacementStore, pool: PoolId
+) -> None:
+    """A silent worker must not block the pool's evictions forever: past the timeout the suspending session is
+    evicted (reset required), its slot freed, its pod told; the export it reports late is refused."""
+    reg = await suspend_by_eviction(store, pool)
+    delivered = await store.read_events(pool, "w-a")
+    assert [e.kind for e in delivered] == ["suspend"]
+    await store.ack_events(pool, "w-a", [e.id for e in delivered])
+    assert await store.expire_suspending(pool, timeout_ms=60_000) == ()  # not overdue yet
+    assert (await record(store, pool, "idle")).state is SessionState.SUSPENDING
+
+    await asyncio.sleep(0.05)
+    assert await store.expire_suspending(pool, timeout_ms=20) == ("idle",)
+    expired = await record(store, pool, "idle")
+    assert (expired.state, expired.reset_required, expired.chunk_index) == (SessionState.EVICTED, True, 0)
+    assert await used(store, pool) == {"w-a": 0}
+    assert await store.client.zcard(f"{pool.tag}:suspending") == 0
+    events = await store.read_events(pool, "w-a")
+    assert [(e.kind, e.session, e.reason, e.epoch) for e in events] == [
+        ("evict", "idle", "suspend-timeout", reg.epoch)
+    ]
+    assert await store.check_invariants(pool) == []
+    with pytest.raises(SessionNotHere):
+        await export(store, pool, "idle")
+    # Eviction works again: the newcomer takes the freed slot.
+    assert (await store.place(pool, spec("new"), may_evict=True)).placement is not None
+    assert await store.expire_suspending(pool, timeout_ms=20) == ()
+    assert await store.check_invariants(pool) == []
+
+
 async def test_mark_suspended_only_from_the_pod_that_holds_it(store: PlacementStore, pool: PoolId) -> None:
     reg = await suspend_by_eviction(store, pool)
     report = {"tier": "shared", "location": "/tier/x", "bytes": 1, "chunk_index": 1}
