@@ -60,6 +60,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="weigh the DiT loss of latent frames where the camera turns by 1 + W",
     )
     world.add_argument(
+        "--long-turns",
+        type=int,
+        default=0,
+        metavar="N",
+        help="add N training sessions of long turning (one direction kept with probability 0.95 per "
+        "latent frame, idle pauses 15%%) to the --sessions random ones, for the views far from the start; "
+        "any session that holds `j` or `l` throughout (a held-out benchmark case) is skipped. Changes the "
+        "data: a new OUT_DIR, or one without its data.npz and dit_inputs.pt",
+    )
+    world.add_argument(
         "--decoder-only",
         action="store_true",
         help="fine-tune only the VAE decoder for --minutes (encoder frozen; may run beside the DiT stage)",
@@ -132,6 +142,7 @@ def _train_tiny_world(args: argparse.Namespace) -> int:
         lr=args.lr,
         self_forcing=args.self_forcing,
         turn_weight=args.turn_weight,
+        long_turns=args.long_turns,
     )
     print(f"trained tiny world: {path}")
     return 0

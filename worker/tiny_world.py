@@ -168,6 +168,28 @@ def sample_actions(rng: np.random.Generator, n_chunks: int, *, hold: float = 0.6
     return chunks
 
 
+def sample_long_turns(
+    rng: np.random.Generator, n_chunks: int, *, keep: float = 0.95, idle: float = 0.15
+) -> list[list[list[str]]]:
+    """Long turning: a direction (`j` or `l`) drawn at random and kept with probability `keep` per latent
+    frame; each latent frame after the start image turns that way, or pauses (idle) with probability `idle`.
+    So a session reaches views far from the start (6 degrees per turning latent frame) that `sample_actions`
+    rarely does, with pauses on the way as held-key turning has."""
+    chunks: list[list[list[str]]] = []
+    current = str(rng.choice(("j", "l")))
+    for chunk in range(n_chunks):
+        frames: list[list[str]] = []
+        for k in range(LATENT_FRAMES_PER_CHUNK):
+            if chunk == 0 and k == 0:
+                frames.append([])  # the start image, at the start pose
+                continue
+            if rng.random() > keep:
+                current = "l" if current == "j" else "j"
+            frames.append([] if rng.random() < idle else [current])
+        chunks.append(frames)
+    return chunks
+
+
 def held_actions(key: str | None, n_chunks: int) -> list[list[list[str]]]:
     """Hold one key (or none) for the whole session."""
     keys = [key] if key else []

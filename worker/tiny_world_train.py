@@ -20,6 +20,10 @@ Two stages, each resumable from its last checkpoint in OUT_DIR (written every fe
    2025). The target stays the ground truth, so the model learns to recover from its own drift.
    `--turn-weight W` weighs the loss of latent frames whose camera turns by 1 + W (any stage).
 
+Data: `--sessions` rendered sessions of random held-key turning, plus `--long-turns N` sessions that keep
+turning one way (with pauses) for the views far from the start; never a held-out benchmark case (hold `j` or
+`l` throughout).
+
 The result is OUT_DIR/model, a LingBot model directory `ardiff worker serve --model` loads.
 Reference recipe and its limits: shared/reference/tiny-world/README.md.
 """
@@ -127,17 +131,41 @@ def _atomic_torch_save(value: Any, path: Path) -> None:
 # -- data ---------------------------------------------------------------------------------------------------
 
 
-def make_dataset(out: Path, sessions: int, seed: int) -> dict[str, np.ndarray]:
-    """Rendered sessions (uint8 frames) and their actions, cached in OUT_DIR/data.npz."""
+def training_actions(sessions: int, seed: int, long_turns: int = 0) -> list[list[list[list[str]]]]:
+    """The training sessions' keys: `sessions` of random held-key turning (`world.sample_actions`), then
+    `long_turns` of long turning (`world.sample_long_turns`, from their own stream of the same seed). A
+    session that holds `j` or `l` throughout is skipped (the next one drawn instead): those are the quality
+    benchmark's held-out hold-`j`/hold-`l` cases, which training must not contain."""
+    held = [world.held_actions(key, N_CHUNKS) for key in ("j", "l")]
+    out: list[list[list[list[str]]]] = []
+    streams = (
+        (sessions, np.random.default_rng(seed), world.sample_actions),
+        (long_turns, np.random.default_rng([seed, 1]), world.sample_long_turns),
+    )
+    for count, rng, sample in streams:
+        drawn: list[list[list[list[str]]]] = []
+        while len(drawn) < count:
+            chunks = sample(rng, N_CHUNKS)
+            if chunks not in held:
+                drawn.append(chunks)
+        out.extend(drawn)
+    return out
+
+
+def make_dataset(out: Path, sessions: int, seed: int, long_turns: int = 0) -> dict[str, np.ndarray]:
+    """Rendered sessions (uint8 frames) and their actions (`training_actions`), cached in OUT_DIR/data.npz."""
     path = out / "data.npz"
     if path.is_file():
         data = np.load(path, allow_pickle=False)
+        if len(data["actions"]) != sessions + long_turns:
+            raise SystemExit(
+                f"{path} holds {len(data['actions'])} sessions, not --sessions + --long-turns = "
+                f"{sessions + long_turns}: use a new directory (or the options it was made with)"
+            )
         return {"clips": data["clips"], "actions": data["actions"]}
-    rng = np.random.default_rng(seed)
     cache: dict[float, np.ndarray] = {}
     clips, actions = [], []
-    for _ in range(sessions):
-        chunks = world.sample_actions(rng, N_CHUNKS)
+    for chunks in training_actions(sessions, seed, long_turns):
         yaws = world.frame_yaws(world.latent_yaws(chunks))
         frames = []
         for yaw in yaws:
@@ -471,8 +499,9 @@ def train_dit(
         return latents, torch.cat(conds, 2), torch.stack(cams)
 
     cache_path = out / "dit_inputs.pt"
-    if cache_path.is_file():
-        lat_all, cond_all, cam_all = torch.load(cache_path)
+    cached = torch.load(cache_path) if cache_path.is_file() else None
+    if cached is not None and len(cached[0]) == n:
+        lat_all, cond_all, cam_all = cached
     else:
         t0 = time.monotonic()
         parts = [prep(list(range(s, min(n, s + 16)))) for s in range(0, n, 16)]
@@ -637,6 +666,7 @@ def main(
     seed: int = 7,
     self_forcing: float = 0.0,
     turn_weight: float = 0.0,
+    long_turns: int = 0,
 ) -> Path:
     out = Path(out_dir).expanduser().resolve()
     if out.exists() and any(out.iterdir()) and not resume:
@@ -652,7 +682,7 @@ def main(
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     t0 = time.monotonic()
-    data = make_dataset(out, sessions, seed)
+    data = make_dataset(out, sessions, seed, long_turns)
     clips = data["clips"]
     print(f"data: {clips.shape[0]} sessions x {clips.shape[1]} frames ({time.monotonic() - t0:.0f}s)")
     vae_dir = train_vae(out, data["clips"], vae_minutes)
@@ -665,7 +695,7 @@ def main(
         minutes,
         batch=batch,
         lr=lr,
-        sessions=sessions,
+        sessions=sessions + long_turns,
         self_forcing=self_forcing,
         turn_weight=turn_weight,
     )

@@ -92,3 +92,35 @@ def test_the_turn_weight_marks_exactly_the_latent_frames_whose_yaw_changes(vllm_
         assert np.array_equal(row[1:], moved.astype(np.float64)), (row, yaws)
     assert marked[-1].sum() == 3 * N_CHUNKS - 1  # hold `j`: every latent frame after the start turns
     assert 0 < marked[:-1].mean() < 1
+
+
+def test_long_turns_add_far_turning_sessions_and_never_a_held_out_case() -> None:
+    """`train-tiny-world --long-turns N`: the --sessions random sessions are the seed's `sample_actions`
+    stream (unchanged by N), then N sessions that turn one way with pauses, reaching far from the start more
+    often than held-key turning does; none of them is the benchmark's held-out hold-`j`/hold-`l` session."""
+    from ardiff.worker.tiny_world_train import N_CHUNKS, training_actions
+
+    held = [world.held_actions(key, N_CHUNKS) for key in ("j", "l")]
+    plain = training_actions(40, 7)
+    mixed = training_actions(40, 7, long_turns=200)
+    assert len(plain) == 40
+    assert len(mixed) == 240
+    assert mixed[:40] == plain
+    rng = np.random.default_rng(7)
+    stream = [world.sample_actions(rng, N_CHUNKS) for _ in range(60)]
+    assert any(chunks in held for chunks in stream)  # seed 7 draws one: training skips it
+    assert plain == [chunks for chunks in stream if chunks not in held][:40]
+    assert not any(chunks in held for chunks in mixed)
+
+    def max_yaw_frames(chunks: list[list[list[str]]]) -> int:
+        steps = [{"j": -1, "l": 1}.get("".join(keys), 0) for chunk in chunks for keys in chunk]
+        return int(np.abs(np.cumsum(steps)).max())
+
+    for chunks in mixed[40:]:
+        assert len(chunks) == N_CHUNKS
+        assert all(len(chunk) == 3 for chunk in chunks)
+        assert chunks[0][0] == []  # the start image
+        assert all(keys in ([], ["j"], ["l"]) for chunk in chunks for keys in chunk)
+    far = np.mean([max_yaw_frames(c) >= 8 for c in mixed[40:]])  # >= 48 degrees from the start
+    assert far > 0.4
+    assert far > 2 * np.mean([max_yaw_frames(c) >= 8 for c in training_actions(200, 7)])
