@@ -93,6 +93,7 @@ SCRIPTS = (
     "note_snapshot",
     "ack_resumed_note",
     "expire_suspending",
+    "relocate_export",
 )
 # Scripts that never wait for replicas: a read, and a touch (losing one at a failover costs a stale
 # last_tick_ms and chunk_index, which the next tick rewrites, docs/contracts.md §2 "Failover"; waiting would
@@ -955,6 +956,24 @@ class PlacementStore:
             plan=_Plan(),
         )
         return tuple(_texts(reply[0]))
+
+    async def relocate_export(
+        self, pool: PoolId, session: str, *, from_location: str, to_location: str, tier: str
+    ) -> bool:
+        """A suspended session's export was copied to `tier` at `to_location` (a draining pod moves its host
+        tier's copies to the shared tier): the record points there now, if it still pointed at
+        `from_location` (its `location`, or the `resume_from` of a placement not imported yet). False: the
+        record moved on (resumed, closed) and the caller removes the new copy."""
+        keys = PoolKeys(_check_pool(pool))
+        check_name("session", session)
+        check_tier(tier)
+        for name, value in (("from_location", from_location), ("to_location", to_location)):
+            if not isinstance(value, str) or not value:
+                raise InvalidPlacementArgument(f"placement {name} must be a non-empty string, got {value!r}")
+        _, reply = await self._run(
+            "relocate_export", [keys.session(session)], [from_location, to_location, tier]
+        )
+        return int(reply[0]) == 1
 
     async def resumed(self, pool: PoolId, session: str, *, pod: str, epoch: int, note: str = "") -> None:
         """The worker holding the session at `epoch` imported its `resume_from`: clear it. `note` (JSON: how

@@ -69,7 +69,7 @@ class SessionState(StrEnum):
 
 
 Tier = Literal["shared", ""]
-TIERS = ("shared",)  # served tiers (`host` is specified, not served)
+TIERS = ("shared", "host")  # a volume every pod of the pool mounts; a pod's own host memory
 
 
 @dataclass(frozen=True)

@@ -429,7 +429,9 @@ def transfer_event(note: Mapping[str, Any]) -> tuple[str, str]:
     if note.get("source") == "direct":
         rate = f" ({size / seconds / 1e6:.0f} MB/s)" if size and seconds > 0 else ""
         return "Normal", f"{amount} pulled from pod {note.get('from')} by pod {to} in {seconds:.3f} s{rate}"
-    where = "its snapshot in the shared tier" if note.get("source") == "snapshot" else "the shared tier"
+    where = {"snapshot": "its snapshot in the shared tier", "host": "its own host memory"}.get(
+        str(note.get("source")), "the shared tier"
+    )
     message = f"{amount} read from {where} by pod {to} in {seconds:.3f} s"
     if note.get("direct_failed"):
         return "Warning", f"the direct transfer from pod {note.get('from')} failed; {message}"

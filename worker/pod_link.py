@@ -153,17 +153,25 @@ class PodLink:
     async def mark_reset_required(self, session: str) -> None:
         await self.store.mark_reset_required(self.pool, session, pod=self.pod, epoch=self.epoch)
 
-    async def mark_suspended(self, session: str, *, location: str, size: int, chunk_index: int) -> None:
-        """The session's export is in the shared tier (`location` ""= the export failed: it is evicted)."""
+    async def mark_suspended(
+        self, session: str, *, tier: str, location: str, size: int, chunk_index: int
+    ) -> None:
+        """The session's export is in `tier` (`location` ""= the export failed: it is evicted)."""
         await self.store.mark_suspended(
             self.pool,
             session,
             pod=self.pod,
             epoch=self.epoch,
-            tier="shared",
+            tier=tier,
             location=location,
             bytes=size,
             chunk_index=chunk_index,
+        )
+
+    async def relocate_export(self, session: str, *, from_location: str, to_location: str) -> bool:
+        """A host-tier copy now lies in the shared tier too (this pod is going); False: no longer needed."""
+        return await self.store.relocate_export(
+            self.pool, session, from_location=from_location, to_location=to_location, tier="shared"
         )
 
     async def request_resume(self, session: str) -> None:

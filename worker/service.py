@@ -51,6 +51,7 @@ from ardiff.worker.errors import (
     Unauthorized,
     UnknownSession,
 )
+from ardiff.worker.host_tier import HostCopy, HostTier, HostTierFull, host_holder
 from ardiff.worker.metrics import WorkerMetrics
 from ardiff.worker.runtime import SessionRuntime
 from ardiff.worker.session_book import CachedChunk, SessionBook, SessionStatus
@@ -161,6 +162,14 @@ def settings_family(settings: WorkerSettings) -> Any:
         return family_named("lingbot")  # the runtime's load reports the unknown pipeline
 
 
+def export_kind(location: str) -> str:
+    """What an export location holds: `host` (a pod's host-tier copy), a `snapshot` or a `suspend` export in
+    the shared tier."""
+    if host_holder(location) is not None:
+        return "host"
+    return "snapshot" if Path(location).name.startswith("snapshot-") else "suspend"
+
+
 def resume_note(
     record: SessionRecord,
     location: str,
@@ -171,8 +180,9 @@ def resume_note(
     pod: str,
 ) -> dict[str, Any]:
     """How a resume went, for the operator's Event (contracts §2 `resumed_note`): where the export came from
-    (`direct` from the pod that held it, else the shared tier's `suspend` or `snapshot` copy), its bytes and
-    the seconds until it was installed, and whether a direct pull failed first."""
+    (`direct` from the pod that held it, else this pod's own `host` tier or the shared tier's `suspend` or
+    `snapshot` copy), its bytes and the seconds until it was installed, and whether a direct pull failed
+    first."""
     direct = pulled.get(location)
     if direct is not None:
         source, size, took = "direct", direct.bytes, direct.seconds
@@ -183,7 +193,7 @@ def resume_note(
         "source": source,
         "bytes": size,
         "seconds": round(took, 4),
-        "from": direct_source(location) or "",
+        "from": host_holder(location) or direct_source(location) or "",
         "to": pod,
         "direct_failed": location in pulled and direct is None,
     }
@@ -211,6 +221,10 @@ class WorkerService:
             if settings.suspend_dir
             else None
         )
+        # The host tier: suspended sessions' exports in this pod's memory, within a byte budget.
+        self.host_tier = (
+            HostTier(settings.host_tier_bytes, settings.pod_name) if settings.host_tier_bytes else None
+        )
         self._snapshots: dict[str, str] = {}  # session -> the location of its latest snapshot
         self._held: dict[str, HeldForTransfer] = {}  # migrated sessions its new pod may pull from here
         # Held sessions being pulled right now, with when to stop waiting for them (a response whose body
@@ -235,6 +249,11 @@ class WorkerService:
         self.failure: BaseException | None = None
 
     # ---------------------------------------------------------------- lifecycle
+
+    @property
+    def exports_sessions(self) -> bool:
+        """A tier to suspend sessions to: evictions and migrations keep them instead of dropping them."""
+        return self.tier is not None or self.host_tier is not None
 
     @property
     def loaded(self) -> bool:
@@ -277,7 +296,7 @@ class WorkerService:
                 runtime.frame_size,
             )
             if self.link is not None:
-                self.link.exports = self.tier is not None and runtime.supports_export
+                self.link.exports = self.exports_sessions and runtime.supports_export
                 await self.link.register(self.capacity)
                 self._tasks.append(
                     asyncio.create_task(self.link.heartbeat_forever(self._fence), name="heartbeat")
@@ -285,7 +304,7 @@ class WorkerService:
                 self._tasks.append(
                     asyncio.create_task(self.link.events_forever(self.on_event), name="events")
                 )
-                if self.tier is not None:
+                if self.exports_sessions:
                     self._tasks.append(asyncio.create_task(self._sweep_tier_forever(), name="tier-sweep"))
         except Exception as exc:
             if isinstance(exc, ArdiffError):  # a user error (bad model, bad settings): no traceback
@@ -311,6 +330,7 @@ class WorkerService:
             except Exception as exc:
                 log.warning("could not mark pod draining in the placement store: %s", exc)
         await self._idle.wait()
+        await self._spill_host_tier()
         await self._await_handoffs()
 
     async def stop(self) -> None:
@@ -604,6 +624,44 @@ class WorkerService:
             session_id, kind, lambda out: runtime.export_session(session_id, out, book=book), holder=holder
         )
 
+    def _export_suspension(
+        self, session_id: str, book: SessionBook, holder: str | None
+    ) -> tuple[str, str, int]:
+        """On the forward thread: a suspended session's export; (tier, location, size). This pod's host memory
+        when it fits (no holder: a migration with a shared tier keeps the session in the runner instead),
+        else the shared tier; `HostTierFull` when neither takes it."""
+        assert self.runtime is not None
+        runtime = self.runtime
+        if self.host_tier is not None and holder is None:
+            try:
+                location, size = self.host_tier.write(
+                    session_id, lambda out: runtime.export_session(session_id, out, book=book)
+                )
+                return "host", location, size
+            except HostTierFull as exc:
+                if self.tier is None:
+                    raise
+                log.info("session %s goes to the shared tier: %s", session_id, exc)
+        location, size = self._export_to_tier(session_id, book, "suspend", holder)
+        return "shared", location, size
+
+    def _import_from_host(self, location: str) -> SessionBook:
+        """On the forward thread: install the export this pod keeps in its host memory at `location`."""
+        assert self.runtime is not None
+        if self.host_tier is None:
+            raise ExportCorrupt(
+                f"this worker keeps no host tier (ARDIFF_HOST_TIER_BYTES) to resume {location}"
+            )
+        return self.runtime.import_session(self.host_tier.get(location).reader())
+
+    def _forget_export(self, location: str) -> None:
+        """Remove an export this pod wrote that is no longer needed, in whichever tier it lies."""
+        if host_holder(location) is not None:
+            if self.host_tier is not None:
+                self.host_tier.remove(location)
+        elif self.tier is not None:
+            self.tier.remove(location)
+
     def _import_from_tier(self, location: str) -> SessionBook:
         """On the forward thread: install the export at `location`; the book that travelled with it."""
         assert self.tier is not None
@@ -654,12 +712,12 @@ class WorkerService:
                 "send reset=true with chunk_index=0"
             )
         book = self._books[session_id] = dataclasses.replace(book, token_sha256=record.token_sha256)
-        kind = "snapshot" if Path(location).name.startswith("snapshot-") else "suspend"
+        kind = export_kind(location)
         seconds = time.perf_counter() - started
         note = resume_note(record, location, kind, pulled, seconds, pod=self.link.pod)
         await self.link.resumed(session_id, note=json.dumps(note, sort_keys=True))
-        if kind == "suspend" and self.tier is not None:
-            self.tier.remove(location)
+        if kind != "snapshot":
+            self._forget_export(location)
         self.metrics.resumes.labels(note["source"]).inc()
         self.metrics.continuity_seconds.labels("import").observe(seconds)
         log.info("resumed session %s at chunk %d from its %s", session_id, book.next_chunk_index, kind)
@@ -676,9 +734,11 @@ class WorkerService:
         """Install the export at `location` as `session_id`; refused (typed) when it holds another one.
 
         A migration's export names the pod that still holds the session: it is pulled from there first
-        (`_pull`), and the shared tier's copy is read only when that fails."""
+        (`_pull`), and the shared tier's copy is read only when that fails. A host-tier export is read from
+        this pod's memory, or pulled from the pod that keeps it (it has no other copy)."""
         assert self.runtime is not None
         source = await self._transfer_source(location)
+        holder = host_holder(location)
         async with self._forward_lock:
             direct = None if source is None else await self._pull(session_id, *source)
             if source is not None:
@@ -687,6 +747,10 @@ class WorkerService:
                 book = direct[0]
             elif direct_only:
                 raise TransferFailed(f"session {session_id!r} could not be pulled from the pod holding it")
+            elif holder is not None and (self.link is None or holder != self.link.pod):
+                raise ExportCorrupt(f"the host-tier export {location} could not be pulled from pod {holder}")
+            elif holder is not None:
+                book = await self._on_forward_thread(self._import_from_host, location)
             elif self.tier is None:
                 raise ExportCorrupt("this worker mounts no shared tier (ARDIFF_SUSPEND_DIR) to resume from")
             else:
@@ -731,36 +795,40 @@ class WorkerService:
         # Its tick ends first: exports happen between ticks.
         while session_id in self._in_flight:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
-        location, size, chunk = "", 0, 0
-        # A migration keeps the session here for its new pod to pull (the pool shares a transfer token).
-        holder = self.link.pod if reason == "migrate" and self.settings.transfer_token else None
+        tier, location, size, chunk = "shared", "", 0, 0
+        # A migration keeps the session here for its new pod to pull (the pool shares a transfer token); its
+        # shared-tier copy is the fallback. Without a shared tier the host tier's copy is what is pulled.
+        migrating = reason == "migrate" and self.settings.transfer_token and self.tier is not None
+        holder = self.link.pod if migrating else None
         held = False
         started = time.perf_counter()
         with self._exclusive(session_id):
             book = self._books.get(session_id)
             resident = session_id in self.runtime.resident_sessions()
             if (
-                self.tier is not None
+                self.exports_sessions
                 and book is not None
                 and book.status is SessionStatus.ACTIVE
                 and resident
             ):
                 try:
                     async with self._forward_lock:
-                        location, size = await self._on_forward_thread(
-                            self._export_to_tier, session_id, book, "suspend", holder
+                        tier, location, size = await self._on_forward_thread(
+                            self._export_suspension, session_id, book, holder
                         )
                     chunk = book.next_chunk_index
-                except (SessionExportError, OSError) as exc:
+                except (SessionExportError, HostTierFull, OSError) as exc:
                     log.warning("session %s could not be exported (%s): evicted instead", session_id, exc)
             from ardiff.kv import errors as placement
 
             try:
-                await self.link.mark_suspended(session_id, location=location, size=size, chunk_index=chunk)
+                await self.link.mark_suspended(
+                    session_id, tier=tier, location=location, size=size, chunk_index=chunk
+                )
             except placement.SessionNotHere as exc:  # deleted or moved meanwhile: nothing to report
                 log.info("suspend of %s no longer applies (%s)", session_id, exc)
                 if location:
-                    self.tier.remove(location)
+                    self._forget_export(location)
             else:
                 held = bool(location and holder and book is not None)
         if held:
@@ -772,7 +840,13 @@ class WorkerService:
             self.metrics.continuity_bytes.labels("suspend").inc(size)
             self.metrics.continuity_seconds.labels("suspend").observe(time.perf_counter() - started)
         log.info(
-            "suspended session %s (%s) at chunk %d: %d bytes at %s", session_id, reason, chunk, size, location
+            "suspended session %s (%s) at chunk %d: %d bytes at %s (%s tier)",
+            session_id,
+            reason,
+            chunk,
+            size,
+            location,
+            tier,
         )
 
     # ---------------------------------------------------------------- pod-to-pod transfer (contracts §4)
@@ -864,18 +938,44 @@ class WorkerService:
         """Remove the tier's files of sessions the store has closed (deleted while suspended, or lost ones):
         one suspended when it was deleted has no pod to do it. Only `closed` counts, never a missing record:
         after Redis loses its data the operator rebuilds suspended records from their statuses (contracts
-        §2), and their exports must still be there. Closed records stay for an hour, several sweeps."""
+        §2), and their exports must still be there. Closed records stay for an hour, several sweeps. The host
+        tier is swept too (`sweep_host_tier`)."""
         while True:
             await asyncio.sleep(self.settings.tier_sweep_seconds)
             try:
                 await self.sweep_tier()
             except Exception as exc:  # Redis or the volume away: the next sweep tries again
-                log.warning("shared tier sweep failed: %s", exc)
+                log.warning("tier sweep failed: %s", exc)
+
+    async def sweep_host_tier(self) -> list[str]:
+        """The host tier's share of a sweep: copies the store no longer points at (closed, expired, resumed
+        from another copy); never one of a session without a record (the operator may restore it)."""
+        assert self.host_tier is not None
+        assert self.link is not None
+        copies = self.host_tier.copies()
+        bindings = await self.link.bindings([copy.session_id for copy in copies]) if copies else {}
+        dropped = []
+        for copy in copies:
+            binding = bindings.get(copy.session_id)
+            if binding is None or binding.state is SessionState.SUSPENDING:  # no verdict; being reported
+                continue
+            if binding.state is SessionState.CLOSED or copy.location not in (
+                binding.location,
+                binding.resume_from,
+            ):
+                self.host_tier.remove(copy.location)
+                dropped.append(copy.session_id)
+        if dropped:
+            log.info("removed %d host-tier exports nothing points at: %s", len(dropped), dropped[:10])
+        return dropped
 
     async def sweep_tier(self) -> list[str]:
         """One sweep (`_sweep_tier_forever`): the closed sessions whose files it removed."""
-        assert self.tier is not None
         assert self.link is not None
+        if self.host_tier is not None:
+            await self.sweep_host_tier()
+        if self.tier is None:
+            return []
         stored = await asyncio.to_thread(self.tier.sessions)
         bindings = await self.link.bindings(stored) if stored else {}
         closed = [
@@ -912,18 +1012,48 @@ class WorkerService:
         ):
             raise Unauthorized("missing or wrong pool transfer token")
 
-    def claim_transfer(self, session_id: str, authorization: str | None) -> HeldForTransfer:
-        """The held session a pull asks for, once (401 without the pool's transfer token, 404 if not held)."""
+    def claim_transfer(self, session_id: str, authorization: str | None) -> HeldForTransfer | HostCopy:
+        """The held session (or host-tier copy) a pull asks for, once (401 without the pool's transfer token,
+        404 if this pod has neither)."""
         self._check_pool_token(authorization)
-        held = self._held.pop(session_id, None)
+        held: HeldForTransfer | HostCopy | None = self._held.pop(session_id, None)
+        if held is None and self.host_tier is not None:
+            held = self.host_tier.take(session_id)
         if held is None:
             raise UnknownSession(f"session {session_id!r} is not held on this pod for a transfer")
         self._sending[session_id] = time.monotonic() + READ_TIMEOUT_SECONDS
         return held
 
-    async def send_transfer(self, session_id: str, held: HeldForTransfer) -> AsyncIterator[bytes]:
-        """The held session's export as it is written (the HTTP body of a pull); its state is released
-        afterwards either way: the puller has it, or falls back to the shared tier's copy."""
+    def send_transfer(self, session_id: str, held: HeldForTransfer | HostCopy) -> AsyncIterator[bytes]:
+        """The session's export, the HTTP body of a pull: a host-tier copy as it lies in memory, a held
+        session's as it is written (its state is released afterwards either way: the puller has it, or falls
+        back to the shared tier's copy)."""
+        if isinstance(held, HostCopy):
+            return self._send_pieces(session_id, held.pieces)
+        return self._send_held(session_id, held)
+
+    async def _send_pieces(self, session_id: str, pieces: tuple[bytes, ...]) -> AsyncIterator[bytes]:
+        started = time.perf_counter()
+        sent = 0
+        result = "failed"
+        self.metrics.transfers_in_progress.labels("out").inc()
+        try:
+            for piece in pieces:
+                yield piece
+                sent += len(piece)
+            result = "ok"
+        finally:
+            self._record_sent(session_id, result, sent, time.perf_counter() - started)
+
+    def _record_sent(self, session_id: str, result: str, sent: int, seconds: float) -> None:
+        self._sending.pop(session_id, None)
+        self.metrics.transfers_in_progress.labels("out").dec()
+        self.metrics.transfers.labels("out", result).inc()
+        self.metrics.transfer_bytes.labels("out").inc(sent)
+        self.metrics.transfer_seconds.labels("out").observe(seconds)
+        log.info("transfer of session %s: %s, %d bytes sent in %.3f s", session_id, result, sent, seconds)
+
+    async def _send_held(self, session_id: str, held: HeldForTransfer) -> AsyncIterator[bytes]:
         assert self.runtime is not None
         runtime = self.runtime
         loop = asyncio.get_running_loop()
@@ -952,24 +1082,12 @@ class WorkerService:
                 finally:
                     await self._on_forward_thread(runtime.close, session_id)
         finally:
-            self._sending.pop(session_id, None)
-            seconds = time.perf_counter() - started
-            self.metrics.transfers_in_progress.labels("out").dec()
-            self.metrics.transfers.labels("out", result).inc()
-            self.metrics.transfer_bytes.labels("out").inc(writer.sent)
-            self.metrics.transfer_seconds.labels("out").observe(seconds)
-            log.info(
-                "transfer of session %s: %s, %d bytes sent in %.3f s",
-                session_id,
-                result,
-                writer.sent,
-                seconds,
-            )
+            self._record_sent(session_id, result, writer.sent, time.perf_counter() - started)
 
     async def _transfer_source(self, location: str) -> tuple[str, str] | None:
         """(pod, endpoint) of the pod a migration's export names as holding the session, when this worker may
         pull from it; None to read the shared tier instead (no token, no holder, the holder gone)."""
-        pod = direct_source(location)
+        pod = host_holder(location) or direct_source(location)
         if self.link is None or not self.settings.transfer_token or pod is None or pod == self.link.pod:
             return None
         try:
@@ -978,7 +1096,7 @@ class WorkerService:
             log.warning("could not look up pod %s for a direct transfer: %s", pod, exc)
             return None
         if endpoint is None:
-            log.info("pod %s that held %s is gone: resuming from the shared tier", pod, location)
+            log.info("pod %s that held %s is gone: trying the session's other copies", pod, location)
             return None
         return pod, endpoint
 
@@ -1000,7 +1118,7 @@ class WorkerService:
         except Exception as exc:
             code = exc.code if isinstance(exc, SessionExportError | TransferFailed) else type(exc).__name__
             log.warning(
-                "direct transfer of session %s from pod %s failed (%s: %s); resuming from the shared tier",
+                "direct transfer of session %s from pod %s failed (%s: %s); trying its other copies",
                 session_id,
                 pod,
                 code,
@@ -1023,6 +1141,57 @@ class WorkerService:
         )
         return book, result
 
+    async def _spill_host_tier(self) -> None:
+        """Draining: the host tier's copies die with this pod, so each one the store still points at is copied
+        to the shared tier first. Without a shared tier they stay for pulls under way (`_await_handoffs`);
+        the others' sessions resume from their snapshot or need a reset (contracts §2)."""
+        if self.host_tier is None or self.tier is None or self.link is None:
+            return
+        tier = self.tier
+        for copy in self.host_tier.copies():
+            try:
+                location, _ = await asyncio.to_thread(tier.write, copy.session_id, "suspend", copy.write_to)
+            except OSError as exc:
+                log.warning("could not move session %s's host-tier export: %s", copy.session_id, exc)
+                continue
+            try:
+                moved = await self.link.relocate_export(
+                    copy.session_id, from_location=copy.location, to_location=location
+                )
+            except Exception as exc:
+                log.warning("could not record session %s's moved export: %s", copy.session_id, exc)
+                moved = False
+            if moved:
+                self.host_tier.remove(copy.location)
+                log.info("moved session %s's export from the host tier to %s", copy.session_id, location)
+            else:  # resumed or closed meanwhile
+                tier.remove(location)
+
+    async def _await_host_pulls(self) -> None:
+        """Draining without a shared tier: wait (up to `transfer_hold_seconds`) while host-tier copies are
+        about to be pulled by the pods their sessions were placed on, or wait to be placed (a migration)."""
+        if self.host_tier is None or self.tier is not None or self.link is None:
+            return
+        deadline = time.monotonic() + self.settings.transfer_hold_seconds
+        while time.monotonic() < deadline and (copies := self.host_tier.copies()):
+            try:
+                bindings = await self.link.bindings([copy.session_id for copy in copies])
+            except Exception as exc:
+                log.warning("could not check the host tier's sessions: %s", exc)
+                return
+            awaited = [
+                copy
+                for copy in copies
+                if (binding := bindings.get(copy.session_id)) is not None
+                and (
+                    binding.resume_from == copy.location
+                    or (binding.location == copy.location and binding.resume_requested_ms > 0)
+                )
+            ]
+            if not awaited:
+                return
+            await asyncio.sleep(0.1)
+
     async def _await_handoffs(self) -> None:
         """Draining (the pod goes): keep the held sessions whose new pod is about to pull them, each until its
         hold ends; a session nobody was placed for within `HANDOFF_PLACEMENT_SECONDS` resumes from the shared
@@ -1044,6 +1213,7 @@ class WorkerService:
                     await self._drop_held(session_id, "the pod is going")
             if self._held:
                 await asyncio.sleep(0.1)
+        await self._await_host_pulls()
         while self._sending and time.monotonic() < max(self._sending.values()):  # noqa: ASYNC110
             await asyncio.sleep(0.05)
 

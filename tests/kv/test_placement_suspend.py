@@ -214,6 +214,48 @@ async def test_a_suspension_its_worker_never_reports_ends_as_an_eviction(
     assert await store.check_invariants(pool) == []
 
 
+async def test_a_host_tier_export_moves_to_the_shared_tier_while_the_record_points_at_it(
+    store: PlacementStore, pool: PoolId
+) -> None:
+    """A draining pod copies its host tier to the shared tier: the record follows only while it still
+    points at the host copy (suspended, or placed again and not imported yet)."""
+    reg = await suspend_by_eviction(store, pool)
+    await store.mark_suspended(
+        pool, "idle", pod="w-a", epoch=reg.epoch, tier="host", location="host:w-a/idle/1", bytes=9, chunk_index=4
+    )
+    assert (await record(store, pool, "idle")).tier == "host"
+    moved = await store.relocate_export(
+        pool, "idle", from_location="host:w-a/idle/1", to_location="ns/p/idle/s.ardsess", tier="shared"
+    )
+    assert moved
+    held = await record(store, pool, "idle")
+    assert (held.state, held.tier, held.location, held.suspended_chunk) == (
+        SessionState.SUSPENDED,
+        "shared",
+        "ns/p/idle/s.ardsess",
+        4,
+    )
+    assert not await store.relocate_export(
+        pool, "idle", from_location="host:w-a/idle/1", to_location="ns/p/idle/t.ardsess", tier="shared"
+    )  # it no longer points at the host copy
+    # Placed again before importing: resume_from follows.
+    await store.request_resume(pool, "idle")
+    await store.release(pool, "new", reason="deleted")
+    back = await store.place(pool, spec("idle"), may_evict=True)
+    assert back.placement is not None
+    assert await store.relocate_export(
+        pool, "idle", from_location="ns/p/idle/s.ardsess", to_location="ns/p/idle/u.ardsess", tier="shared"
+    )
+    assert (await record(store, pool, "idle")).resume_from == "ns/p/idle/u.ardsess"
+    await store.release(pool, "idle", reason="deleted")
+    assert not await store.relocate_export(
+        pool, "idle", from_location="ns/p/idle/u.ardsess", to_location="ns/p/idle/v.ardsess", tier="shared"
+    )
+    with pytest.raises(InvalidPlacementArgument, match="tier"):
+        await store.relocate_export(pool, "idle", from_location="a", to_location="b", tier="disk")
+    assert await store.check_invariants(pool) == []
+
+
 async def test_mark_suspended_only_from_the_pod_that_holds_it(store: PlacementStore, pool: PoolId) -> None:
     reg = await suspend_by_eviction(store, pool)
     report = {"tier": "shared", "location": "/tier/x", "bytes": 1, "chunk_index": 1}
@@ -223,7 +265,7 @@ async def test_mark_suspended_only_from_the_pod_that_holds_it(store: PlacementSt
     with pytest.raises(PodFenced):
         await store.mark_suspended(pool, "idle", pod="w-a", epoch=reg.epoch - 1, **report)  # type: ignore[arg-type]
     with pytest.raises(InvalidPlacementArgument):
-        await store.mark_suspended(pool, "idle", pod="w-a", epoch=reg.epoch, **{**report, "tier": "host"})  # type: ignore[arg-type]
+        await store.mark_suspended(pool, "idle", pod="w-a", epoch=reg.epoch, **{**report, "tier": "disk"})  # type: ignore[arg-type]
     await store.mark_suspended(pool, "idle", pod="w-a", epoch=reg.epoch, **report)  # type: ignore[arg-type]
     before = await pool_state(store, pool)
     # A repeated report (its reply was lost) is a no-op; another location is not.
@@ -518,7 +560,7 @@ async def test_a_suspended_record_redis_lost_is_restored_from_the_status_and_res
     with pytest.raises(InvalidPlacementArgument, match="location"):
         await store.restore_suspended(pool, spec("x"), tier="shared", location="", size=1, chunk_index=0)
     with pytest.raises(InvalidPlacementArgument, match="tier"):
-        await store.restore_suspended(pool, spec("x"), tier="host", location="/tier/x", size=1, chunk_index=0)
+        await store.restore_suspended(pool, spec("x"), tier="disk", location="/tier/x", size=1, chunk_index=0)
 
     # A demand resumes it from the export like any suspended session.
     await store.release(pool, "new", reason="deleted")

@@ -333,6 +333,10 @@ def test_a_lost_session_with_a_snapshot_does_not_need_a_reset() -> None:
             },
             ("Normal", "its export read from its snapshot in the shared tier by pod p-b in 0.250 s"),
         ),
+        (
+            {"source": "host", "bytes": 2048, "seconds": 0.002, "from": "p-b", "to": "p-b"},
+            ("Normal", "2048 bytes read from its own host memory by pod p-b in 0.002 s"),
+        ),
     ],
 )
 def test_a_resume_is_reported_with_its_bytes_and_time(note, expected):
