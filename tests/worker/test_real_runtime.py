@@ -27,6 +27,7 @@ POOL = PoolId("default", f"wk-real-{uuid.uuid4().hex[:6]}")
 POD = "real-worker-0"
 TOKEN = "real-token"
 TRANSFER_TOKEN = "real-pool-transfer-token"
+HOST_TIER_BYTES = 256 << 20  # evictions wait in the worker's memory (a 64x64 session exports ~4 MB)
 
 
 def camera(*frames: list[str]) -> dict:
@@ -68,7 +69,16 @@ def real_worker(launch_worker, redis_url, tiny_model_cache, tier, pod: str, **se
 
 @pytest.fixture(scope="module")
 def worker(launch_worker, redis_url, tiny_model_cache, tier):
-    process = real_worker(launch_worker, redis_url, tiny_model_cache, tier, POD, wait=False, test_faults=1)
+    process = real_worker(
+        launch_worker,
+        redis_url,
+        tiny_model_cache,
+        tier,
+        POD,
+        wait=False,
+        test_faults=1,
+        host_tier_bytes=HOST_TIER_BYTES,
+    )
     for _ in range(600):  # HTTP comes up within seconds; loading vllm-omni and the model takes ~20 s more
         try:
             LOADING["healthz"] = process.client.get(f"{process.url}/healthz").status_code
@@ -288,6 +298,40 @@ def metric(worker, sample: str) -> float:
         if line.startswith(sample + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+async def test_an_eviction_waits_in_host_memory_and_resumes_bit_identically(worker, store, place):
+    """The real runner's state exported into the worker's host tier on eviction (its KV blocks freed) and
+    imported back from memory continues exactly as a twin that was never evicted."""
+    session, twin = await place(seed=31), await place(seed=31)
+    expected = [frames_of(worker.tick(twin, i, token=TOKEN, controls=[WALK[i % 3]])) for i in range(5)]
+    for i in range(3):
+        np.testing.assert_array_equal(
+            frames_of(worker.tick(session, i, token=TOKEN, controls=[WALK[i % 3]])), expected[i]
+        )
+    taken = kv_blocks(worker)["total"] - kv_blocks(worker)["free"]
+    assert await store.suspend(POOL, session, reason="evicted")
+    for _ in range(200):
+        record = await store.get_session(POOL, session)
+        if record.state is SessionState.SUSPENDED:
+            break
+        await asyncio.sleep(0.05)
+    assert (record.tier, record.suspended_chunk) == ("host", 3)
+    assert record.location.startswith(f"host:{POD}/")
+    assert record.bytes > 1_000_000
+    for _ in range(100):  # released from the runner right after it reported the export
+        if kv_blocks(worker)["total"] - kv_blocks(worker)["free"] < taken:
+            break
+        await asyncio.sleep(0.05)
+    listing = worker.client.get(f"{worker.url}/v1/sessions").json()
+    assert session not in {s["session_id"] for s in listing["sessions"]}
+    assert kv_blocks(worker)["total"] - kv_blocks(worker)["free"] < taken  # its KV blocks are free
+    await store.request_resume(POOL, session)
+    assert (await store.place(POOL, record.spec())).placement.pod == POD
+    for i in (3, 4):
+        frames = frames_of(worker.tick(session, i, token=TOKEN, controls=[WALK[i % 3]]))
+        np.testing.assert_array_equal(frames, expected[i])  # bit-identical to the twin
+    assert metric(worker, 'ardiff_session_resumes_total{source="host"}') == 1
 
 
 async def test_a_migration_pulled_pod_to_pod_continues_bit_identically(
