@@ -1,6 +1,8 @@
 """Issue 12 through the real operator and fake-runtime workers that export into a shared tier (a local
-directory on the dev cluster): eviction at max suspends the victim (it keeps its slot until exported), its
-status shows where the export lies, and a demand (what a tick does) brings it back without a reset."""
+directory on the dev cluster) or their host memory: eviction at max suspends the victim (it keeps its slot
+until exported), its status shows where the export lies, and a demand (what a tick does) brings it back
+without a reset; a roll and a due scale-down move live sessions pod to pod instead of waiting for them to
+end."""
 
 from __future__ import annotations
 
@@ -8,8 +10,10 @@ import asyncio
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,22 +36,27 @@ def tier() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def suspend_for_capacity(cluster: Cluster, env: list[dict[str, str]], session: str) -> dict[str, Any]:
+    """One pod at max with two slots: `session` (ticked once, so it has state to export) and a `pinned` one
+    (Never evicted); after a second of idleness `vip` (priority 5) makes `session` suspend. Its status."""
+    cluster.create_pool(replicas={"min": 1, "max": 1}, eviction={"minIdleSeconds": 1}, env=env)
+    cluster.create_session(session)
+    cluster.wait_phase(session, "Ready")
+    assert cluster.tick(session, 0).status_code == 200  # a session that never ticked has nothing to export
+    cluster.create_session("pinned", evictionPolicy="Never")
+    cluster.wait_phase("pinned", "Ready")
+    time.sleep(1.5)
+    cluster.create_session("vip", priority=5)
+    return cluster.wait_phase(session, "Suspended", reason="SuspendedForCapacity")
+
+
 async def test_eviction_at_max_suspends_and_a_demand_resumes_without_reset(
     cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tier: Path
 ) -> None:
     pool = PoolId(cluster.namespace, "pool")
     env = [*FAKE_WORKER_ENV, {"name": "ARDIFF_SUSPEND_DIR", "value": str(tier)}]
-    cluster.create_pool(replicas={"min": 1, "max": 1}, eviction={"minIdleSeconds": 1}, env=env)
-    cluster.create_session("old")
-    cluster.wait_phase("old", "Ready")
-    assert cluster.tick("old", 0).status_code == 200  # a session that never ticked has nothing to export
-    cluster.create_session("pinned", evictionPolicy="Never")
-    cluster.wait_phase("pinned", "Ready")
+    suspended = suspend_for_capacity(cluster, env, "old")
     assert all(p.exports for p in await store.list_pods(pool))
-    await asyncio.sleep(1.5)
-
-    cluster.create_session("vip", priority=5)
-    suspended = cluster.wait_phase("old", "Suspended", reason="SuspendedForCapacity")
     assert (suspended["tier"], suspended["resetRequired"]) == ("shared", False)
     assert suspended["bytes"] > 0
     assert suspended["message"] == "suspended to make room for session vip"
@@ -113,6 +122,64 @@ async def test_a_same_identity_roll_migrates_a_live_session_instead_of_waiting(
     assert await store.check_invariants(pool) == []
 
 
+async def test_a_due_scale_down_moves_the_emptier_pods_sessions_instead_of_waiting(
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tier: Path
+) -> None:
+    """Two pods of two slots hold three sessions; one ends, leaving one on each: after the scale-down delay
+    the operator drains one pod, its session moves to the other at a tick boundary (pulled pod to pod, no
+    reset), and the emptied pod goes."""
+    pool = PoolId(cluster.namespace, "pool")
+    env = [*FAKE_WORKER_ENV, {"name": "ARDIFF_SUSPEND_DIR", "value": str(tier)}]
+    cluster.create_pool(replicas={"min": 1, "max": 2}, scaleDownDelaySeconds=1, env=env)
+    for name in ("s1", "s2", "s3"):
+        cluster.create_session(name)
+    statuses = {name: cluster.wait_phase(name, "Ready", timeout=60) for name in ("s1", "s2", "s3")}
+    for name in statuses:
+        assert cluster.tick(name, 0).status_code == 200
+    by_pod: dict[str, list[str]] = {}
+    for name, status in statuses.items():
+        by_pod.setdefault(status["pod"], []).append(name)
+    assert sorted(len(names) for names in by_pod.values()) == [1, 2]
+    full = next(pod for pod, names in by_pod.items() if len(names) == 2)
+    cluster.delete("ardiffusionsessions", by_pod[full][0])  # one pod of each: one can go
+
+    def consolidated() -> bool:
+        live = {name: cluster.status(name) for name in statuses if name != by_pod[full][0]}
+        return len(cluster.pod_names()) == 1 and all(
+            s.get("phase") == "Ready" and s.get("pod") in cluster.pod_names() for s in live.values()
+        )
+
+    wait_until(consolidated, timeout=90, what="the pool consolidated on one pod")
+    [event] = wait_until(lambda: cluster.events("Transferred"), what="a Transferred event")
+    moved = event["involvedObject"]["name"]
+    assert "bytes pulled from pod" in event["message"]
+    answer = cluster.tick(moved, 1)
+    assert answer.status_code == 200, answer.text  # continues at chunk 1: no reset
+    assert cluster.status(moved).get("resetRequired") is not True
+    assert await store.check_invariants(pool) == []
+
+
+async def test_an_eviction_into_the_host_tier_resumes_without_reset(
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore
+) -> None:
+    """A pool whose workers keep evicted sessions in their own memory (no shared volume): the status says
+    `tier: host`, and a demand brings the session back on that pod from memory."""
+    pool = PoolId(cluster.namespace, "pool")
+    env = [*FAKE_WORKER_ENV, {"name": "ARDIFF_HOST_TIER_BYTES", "value": str(64 << 20)}]
+    suspended = suspend_for_capacity(cluster, env, "old")
+    assert (suspended["tier"], suspended["resetRequired"], suspended["suspendedChunk"]) == ("host", False, 1)
+    assert suspended["exportLocation"].startswith("host:")
+    cluster.wait_phase("vip", "Ready")
+    cluster.delete("ardiffusionsessions", "vip")
+    assert await store.request_resume(pool, "old") is SessionState.SUSPENDED  # what its next tick does
+    cluster.wait_phase("old", "Ready", resetRequired=False)
+    answer = cluster.tick("old", 1)
+    assert answer.status_code == 200, answer.text  # continues at chunk 1 from the host tier
+    [event] = wait_until(lambda: cluster.events("Transferred"), what="a Transferred event")
+    assert "read from its own host memory" in event["message"]
+    assert await store.check_invariants(pool) == []
+
+
 async def test_a_suspended_session_whose_record_redis_lost_resumes_from_its_export(
     cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tier: Path
 ) -> None:
@@ -120,15 +187,7 @@ async def test_a_suspended_session_whose_record_redis_lost_resumes_from_its_expo
     data), the operator rebuilds it as suspended, and a demand resumes it from the export without a reset."""
     pool = PoolId(cluster.namespace, "pool")
     env = [*FAKE_WORKER_ENV, {"name": "ARDIFF_SUSPEND_DIR", "value": str(tier)}]
-    cluster.create_pool(replicas={"min": 1, "max": 1}, eviction={"minIdleSeconds": 1}, env=env)
-    cluster.create_session("old")
-    cluster.wait_phase("old", "Ready")
-    assert cluster.tick("old", 0).status_code == 200
-    cluster.create_session("pinned", evictionPolicy="Never")
-    cluster.wait_phase("pinned", "Ready")
-    await asyncio.sleep(1.5)
-    cluster.create_session("vip", priority=5)
-    suspended = cluster.wait_phase("old", "Suspended", reason="SuspendedForCapacity")
+    suspended = suspend_for_capacity(cluster, env, "old")
     before = await store.get_session(pool, "old")
     assert before is not None
     assert suspended["exportLocation"] == before.location != ""
@@ -171,15 +230,7 @@ async def test_a_suspended_session_deleted_leaves_no_files_in_the_tier(
         {"name": "ARDIFF_SUSPEND_DIR", "value": str(tier)},
         {"name": "ARDIFF_TIER_SWEEP_SECONDS", "value": "0.5"},
     ]
-    cluster.create_pool(replicas={"min": 1, "max": 1}, eviction={"minIdleSeconds": 1}, env=env)
-    cluster.create_session("gone")
-    cluster.wait_phase("gone", "Ready")
-    assert cluster.tick("gone", 0).status_code == 200
-    cluster.create_session("pinned", evictionPolicy="Never")
-    cluster.wait_phase("pinned", "Ready")
-    await asyncio.sleep(1.5)
-    cluster.create_session("vip", priority=5)
-    cluster.wait_phase("gone", "Suspended")
+    suspend_for_capacity(cluster, env, "gone")
     pool_dir = tier / cluster.namespace / "pool"
     stranger = pool_dir / "stranger"
     await asyncio.to_thread(stranger.mkdir, parents=True)
