@@ -9,12 +9,14 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from ardiff.devcluster.core_validation import parse_quantity
 from ardiff.devcluster.core_validation import validate as core_validate
 from ardiff.devcluster.crd import CustomResourceDefinition, load_manifests, served_version
 from ardiff.kv.capacity import plan_for_pool
 from ardiff.kv.presets import get_preset
 from ardiff.operator.pods import build_worker_pod
 from ardiff.operator.specs import WorkerPoolSpec
+from ardiff.worker.settings import build_settings
 
 from .test_chart import CUSTOM_KINDS, KUBERNETES_VERSIONS, one
 from .test_crds import OUR_KINDS
@@ -94,10 +96,10 @@ def test_h200_pool_is_lingbot_world_480x832_bf16_on_one_h200_from_a_claim(chart,
     assert spec["runtimeClassName"] == "nvidia"
     assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
-    [volume] = spec["volumes"]
-    assert volume["persistentVolumeClaim"]["claimName"] == "lingbot-world-weights"
-    [mount] = spec["volumeMounts"]
-    assert spec["model"]["path"].startswith(mount["mountPath"] + "/")
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"]}
+    assert claims == {"weights": "lingbot-world-weights", "sessions": "lingbot-world-sessions"}
+    mounts = {m["name"]: m["mountPath"] for m in spec["volumeMounts"]}
+    assert spec["model"]["path"].startswith(mounts["weights"] + "/")
     assert spec["shmSize"] == "16Gi"
     assert spec["imagePullSecrets"] == [{"name": "ghcr-pull"}]  # the chart-wide value
 
@@ -141,3 +143,13 @@ def test_h200_worker_pod_passes_kubernetes_validate_and_pod_admission(chart, h20
     assert {"name": "ARDIFF_SESSION_CAPACITY", "value": "2"} in worker["env"]
     assert {"name": "weights", "mountPath": "/weights", "readOnly": True} in worker["volumeMounts"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in podspec["volumes"]
+    # Sessions survive eviction and moves: the shared tier on the RWX claim, the host tier within the limit.
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert {"name": "sessions", "mountPath": "/sessions"} in worker["volumeMounts"]
+    assert env["ARDIFF_SUSPEND_DIR"] == "/sessions"
+    host_tier = int(env["ARDIFF_HOST_TIER_BYTES"])
+    settings = build_settings(environ={k: v for k, v in env.items() if v is not None})
+    assert (settings.suspend_dir, settings.host_tier_bytes) == ("/sessions", host_tier)
+    limit, _ = parse_quantity(worker["resources"]["limits"]["memory"])
+    assert host_tier >= 2 * 26e9  # two 480x832 bf16 exports
+    assert limit - host_tier >= 160 << 30  # the weights' load and the runtime keep what they had
