@@ -61,6 +61,9 @@ class OperatorContext:
     notes: dict[SessionKey, str] = field(default_factory=dict)
     # Per pool, the API's last refusal of a Pod made from its current template, until a Pod is created.
     template_refusals: dict[PoolId, TemplateRefusal] = field(default_factory=dict)
+    # Sessions being deleted (uids) whose slot was released while someone else's finalizer holds them: each of
+    # their further events would release again; forgotten at their DELETED event.
+    released_uids: set[str] = field(default_factory=set)
     # Pools whose `<pool>-workers-redis` name is taken by a Secret they do not own (reported once).
     secret_conflicts: set[PoolId] = field(default_factory=set)
     # Issue 12: pods chosen for a scale-down by migration (drained; their sessions move; retired once empty),

@@ -203,10 +203,17 @@ def deleted(type: str, body: kopf.Body, **_: Any) -> bool:
 
 
 @kopf.on.event(GROUP, VERSION, SESSION_PLURAL, when=deleted)
-async def release_session(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    """Free the slot; the worker gets `close` through its pod's stream. The token Secret is owned. A DELETED
-    event the operator missed is made up for by the pool's sweep."""
-    await release(memo.ctx, SessionView.from_body(body), logger)
+async def release_session(type: str, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """Free the slot, once per deleted session; the worker gets `close` through its pod's stream. The token
+    Secret is owned. A DELETED event the operator missed is made up for by the pool's sweep."""
+    ctx, uid = memo.ctx, body.metadata.uid or ""
+    if uid in ctx.released_uids:
+        if type == "DELETED":
+            ctx.released_uids.discard(uid)
+        return
+    await release(ctx, SessionView.from_body(body), logger)
+    if type != "DELETED":  # still held by a foreign finalizer: more events follow
+        ctx.released_uids.add(uid)
 
 
 # --- pools ---------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.keys import PoolKeys
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionState
-from tests.operator.conftest import Cluster
+from tests.operator.conftest import MERGE, Cluster
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,6 +108,45 @@ async def test_delete_releases_the_slot_and_the_worker_gets_close(
     assert pending == 0
     assert await store.check_invariants(pool) == []
     cluster.wait_gone("secrets", "forest-token", core=True)  # owned by the session
+
+
+async def test_a_session_another_finalizer_holds_is_released_once(
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore
+) -> None:
+    """Deleted while someone else's finalizer keeps it: its slot is freed at once, and the events that follow
+    (the holder patching it, the final DELETED) release nothing again."""
+    pool = PoolId(cluster.namespace, "pool")
+    cluster.create_pool()
+    body = {
+        "apiVersion": "ardiffusion.dev/v1alpha1",
+        "kind": "ARDiffusionSession",
+        "metadata": {"name": "held", "finalizers": ["example.com/hold"]},
+        "spec": {"poolRef": "pool", "prompt": "a held world"},
+    }
+    path = f"/apis/ardiffusion.dev/v1alpha1/namespaces/{cluster.namespace}/ardiffusionsessions"
+    assert cluster.http.post(path, json=body).status_code == 201
+    cluster.wait_phase("held", "Ready")
+    cluster.delete("ardiffusionsessions", "held")
+
+    async def closed() -> bool:
+        record = await store.get_session(pool, "held")
+        return record is not None and record.state is SessionState.CLOSED
+
+    for _ in range(100):
+        if await closed():
+            break
+        await asyncio.sleep(0.1)
+    assert await closed()
+    assert cluster.get("ardiffusionsessions", "held") is not None  # the finalizer still holds it
+    for i in range(3):  # the holder's own updates: events of an object being deleted
+        patch = {"metadata": {"labels": {"step": str(i)}}}
+        assert cluster.http.patch(f"{path}/held", json=patch, headers=MERGE).status_code == 200
+    last = {"metadata": {"finalizers": []}}
+    assert cluster.http.patch(f"{path}/held", json=last, headers=MERGE).status_code == 200
+    cluster.wait_gone("ardiffusionsessions", "held")
+    await asyncio.sleep(1.0)  # the DELETED event reaches the operator
+    assert operator_process.log().count("session held released") == 1
+    assert await store.check_invariants(pool) == []
 
 
 def test_a_token_secret_owned_by_another_object_is_not_adopted(
