@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ardiff.kv.records import SessionBinding, SessionState
-from ardiff.operator.reconcile import placement_order
+from ardiff.operator.reconcile import placement_order, waits_for_a_slot
 from ardiff.operator.views import SessionView
 
 
@@ -83,3 +83,15 @@ def test_suspended_sessions_a_tick_asked_for_come_after_lost_ones() -> None:
     }
     ordered = sorted(views, key=lambda s: placement_order(s, records.get(s.name)))
     assert [s.name for s in ordered] == ["lost", "resume-vip", "resume-early", "resume-late", "new"]
+
+
+def test_only_sessions_without_a_slot_are_ordered_and_placed() -> None:
+    """A round orders only these (placed, suspending and closed ones, and suspended ones nobody asked for,
+    are left alone)."""
+    assert waits_for_a_slot(None)  # new, or Redis lost its record
+    for state in (SessionState.LOST, SessionState.EVICTED):
+        assert waits_for_a_slot(record("s", state, 0))
+    for state in (SessionState.PLACED, SessionState.SUSPENDING, SessionState.CLOSED, SessionState.SUSPENDED):
+        assert not waits_for_a_slot(record("s", state, 0))
+    demanded = SessionBinding("s", SessionState.SUSPENDED, "", 0, False, 0, 0, resume_requested_ms=7)
+    assert waits_for_a_slot(demanded)
