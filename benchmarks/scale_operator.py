@@ -10,21 +10,25 @@ real operator (`ardiff operator run`, real kopf) serving its Prometheus metrics:
 3. S sessions are seeded while the operator runs, `--seed-chunk` at a time, each chunk first into Redis
    through the store (32 placers, then one tick each) and then into the API as CRs (the template renamed, with
    the status the operator's own `build_session_status` derives from each record) through
-   `POST /devcluster/seed` (no 100k creates, no admission: an etcd restore). Seeded this way because kopf's
-   start over listed objects is quadratic (below); timed: until the operator's index has them all Ready;
+   `POST /devcluster/seed` (no 100k creates, no admission: an etcd restore). Seeded while it runs because
+   kopf's start over listed objects was quadratic (6, below); timed: until the operator's index has them all
+   Ready;
 4. idle rounds (nothing changes) for `--rounds` rounds: each round's time (the increase of
    `ardiff_pool_reconcile_seconds_sum` per new round, sampled every 0.5 s), the API writes made meanwhile
    (resourceVersion), the operator's RSS;
 5. a burst of `--burst` new sessions created by 8 clients (benchmarks/reconcile.py's `apply_sessions`):
    apply -> Ready p50 / p99 on a watch, and the rounds during it;
 6. up to `--restart-up-to` sessions: the operator restarted over them, until it serves and until its first
-   round (kopf gates handlers on its indexes being filled, one toggle per listed object, each one waking every
-   waiting worker: quadratic in the objects listed).
+   round (kopf gates handlers on its indexes being filled, one toggle per listed object; upstream kopf 1.45.2
+   wakes every waiting worker at each toggle, quadratic in the objects listed; operator/kopf_patch.py makes it
+   linear); with `--kopf-unpatched`, then restarted once more without that patch (ARDIFF_KOPF_UNPATCHED=1),
+   its first round awaited for at most `--unpatched-timeout` seconds.
 Also Redis `used_memory` per session (before and after 3) and the operator's peak RSS (VmHWM). The baseline is
 the first (smallest) size of the same run; every figure is also printed as a ratio of it.
 
     nice -n 10 .venv/bin/python benchmarks/scale_operator.py [--sizes 10x1000,100x10000,1000x100000]
-        [--burst 1000] [--rounds 5] [--restart-up-to 10000] [--seed-chunk 10000] [--profile DIR]
+        [--burst 1000] [--rounds 5] [--restart-up-to 10000] [--kopf-unpatched] [--unpatched-timeout 300]
+        [--seed-chunk 10000] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -47,10 +51,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.redis_server import free_port
-from ardiff.devcluster.scale_seed import PROMPT, SEED, percentile, place_sessions, seed_objects, used_memory
+from ardiff.devcluster.scale_seed import (
+    PROMPT,
+    SEED,
+    percentile,
+    place_sessions,
+    seed_objects,
+    seeded_session,
+    used_memory,
+)
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PodRecord, PoolId, SessionBinding
-from ardiff.operator.status import SessionObservation, build_session_status, rfc3339
+from ardiff.operator.kopf_patch import UNPATCHED_ENV
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # The burst is applied and watched as benchmarks/reconcile.py does it.
@@ -183,6 +195,8 @@ class SizeResult:
     caught_up_s: float  # the last seeded object in the API -> all of them Ready in the operator's index
     restart_ready_s: float | None  # a restart at this size: start -> liveness (None: not measured)
     restart_round_s: float | None  # a restart at this size: start -> its first round of the pool done
+    unpatched_ready_s: float | None  # the same without operator/kopf_patch.py (None: not measured)
+    unpatched_round_s: float | None  # (inf: no first round within --unpatched-timeout)
     rounds: list[float]  # idle rounds, seconds
     writes_per_round: float  # API writes during the idle rounds, per round
     operator_rss: int  # after the idle rounds
@@ -245,27 +259,6 @@ def boot_pool(http: httpx.Client, pods: int, capacity: int) -> dict[str, Any]:
     )
 
 
-def seeded_session(
-    template: dict[str, Any], name: str, binding: SessionBinding, pod: PodRecord, now_ms: int
-) -> dict[str, Any]:
-    """The template renamed, with the status the operator derives from the session's Redis record."""
-    observation = SessionObservation(record=binding, pod=pod, pod_ready=True, now_ms=now_ms)
-    status = build_session_status({}, observation, session=name, generation=1, now=rfc3339(now_ms))
-    meta = template["metadata"]
-    return {
-        "apiVersion": template["apiVersion"],
-        "kind": template["kind"],
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "annotations": meta.get("annotations", {}),
-            **({"finalizers": meta["finalizers"]} if meta.get("finalizers") else {}),
-        },
-        "spec": template["spec"],
-        "status": {k: v for k, v in status.items() if v is not None},
-    }
-
-
 async def seed_redis(
     url: str, names: list[str]
 ) -> tuple[dict[str, SessionBinding], dict[str, PodRecord], int, int]:
@@ -308,19 +301,33 @@ def burst_of(cluster: DevCluster, count: int) -> Phase:
     return Phase.of(*asyncio.run(applied))
 
 
-def restart(operator: OperatorProcess, metrics_url: str) -> tuple[float, float]:
-    """Stop and start the operator: seconds until it serves, and until its first round of the pool."""
+def restart(operator: OperatorProcess, metrics_url: str, timeout: float = TIMEOUT) -> tuple[float, float]:
+    """Stop and start the operator: seconds until it serves, and until its first round of the pool (inf: none
+    within `timeout`)."""
     operator.stop()
     started = time.monotonic()
     operator.start().wait_ready(timeout=TIMEOUT)
     ready_s = time.monotonic() - started
     sampler = RoundSampler(metrics_url).start()
     try:
-        sampler.wait_rounds(1, after=0)
+        sampler.wait_rounds(1, after=0, timeout=timeout)
+    except TimeoutError:
+        return ready_s, float("inf")
     finally:
         sampler.stop()
     first_round_seen, _ = sampler.rounds[0]
     return ready_s, first_round_seen - started
+
+
+def restart_unpatched(operator: OperatorProcess, metrics_url: str, timeout: float) -> tuple[float, float]:
+    """`restart` with kopf as upstream has it (ARDIFF_KOPF_UNPATCHED=1: operator/cli.py skips the patch)."""
+    env = operator.env
+    operator.env = {**env, UNPATCHED_ENV: "1"}
+    try:
+        return restart(operator, metrics_url, timeout)
+    finally:
+        operator.stop()
+        operator.env = env
 
 
 def measure(workdir: Path, pods: int, sessions: int, args: argparse.Namespace) -> SizeResult:
@@ -367,7 +374,13 @@ def measure(workdir: Path, pods: int, sessions: int, args: argparse.Namespace) -
             api_rss = psutil.Process(cluster.api.process.pid).memory_info().rss
         finally:
             sampler.stop()
-        restarted = restart(operator, metrics_url) if sessions <= args.restart_up_to else (None, None)
+        restarts = sessions <= args.restart_up_to
+        restarted = restart(operator, metrics_url) if restarts else (None, None)
+        unpatched = (
+            restart_unpatched(operator, metrics_url, args.unpatched_timeout)
+            if restarts and args.kopf_unpatched
+            else (None, None)
+        )
         operator.stop()
     return SizeResult(
         pods=pods,
@@ -378,6 +391,8 @@ def measure(workdir: Path, pods: int, sessions: int, args: argparse.Namespace) -
         caught_up_s=caught_up_s,
         restart_ready_s=restarted[0],
         restart_round_s=restarted[1],
+        unpatched_ready_s=unpatched[0],
+        unpatched_round_s=unpatched[1],
         rounds=rounds,
         writes_per_round=writes / len(rounds),
         operator_rss=operator_rss,
@@ -416,7 +431,7 @@ def print_table(results: list[SizeResult], burst: int) -> None:
         f"{'pods':>5} {'sessions':>8} {'seed redis/API s':>16} {'B/session':>9} {'caught up s':>11} "
         f"{'round p50/p99 s':>15} {'writes/round':>12} {'op RSS/peak MiB':>15} {'API MiB':>7} "
         f"{'burst p50/p99 s':>15} {'all Ready s':>11} {'rounds in burst (max s)':>23} "
-        f"{'restart: serving/1st round s':>28}"
+        f"{'restart: serving/1st round s':>28} {'kopf unpatched: serving/1st round s':>35}"
     )
     print(header)
     print("-" * len(header))
@@ -429,7 +444,8 @@ def print_table(results: list[SizeResult], burst: int) -> None:
             f"{pair(f['round p50 s'], f['round p99 s'], 3):>15} {r.writes_per_round:>12.1f} "
             f"{pair(f['op RSS MiB'], f['op peak MiB'], 0):>15} {r.api_rss / 2**20:>7.0f} "
             f"{pair(f['burst p50 s'], f['burst p99 s'], 2):>15} {r.burst.all_ready_s:>11.1f} {in_burst:>23} "
-            f"{pair(r.restart_ready_s, r.restart_round_s, 1):>28}"
+            f"{pair(r.restart_ready_s, r.restart_round_s, 1):>28} "
+            f"{pair(r.unpatched_ready_s, r.unpatched_round_s, 1):>35}"
         )
     base = row(results[0])
     print(f"\nratio to the baseline ({results[0].pods} pods x {results[0].sessions} sessions, same run):")
@@ -452,7 +468,18 @@ def main() -> None:
         "--restart-up-to",
         type=int,
         default=10_000,
-        help="restart the operator at sizes up to this many sessions (kopf's startup grows quadratically)",
+        help="restart the operator at sizes up to this many sessions",
+    )
+    parser.add_argument(
+        "--kopf-unpatched",
+        action="store_true",
+        help="after the restart, restart it once more without operator/kopf_patch.py (before/after)",
+    )
+    parser.add_argument(
+        "--unpatched-timeout",
+        type=float,
+        default=300.0,
+        help="seconds to wait for the unpatched operator's first round (upstream kopf is quadratic)",
     )
     parser.add_argument("--seed-chunk", type=int, default=10_000, help="sessions seeded per step")
     parser.add_argument("--profile", help="run the operator under cProfile; its stats go to this directory")

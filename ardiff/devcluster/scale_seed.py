@@ -17,7 +17,8 @@ import httpx
 
 from ardiff.devcluster.kube_api import SEED_PATH
 from ardiff.kv.placement import PlacementStore
-from ardiff.kv.records import PoolId, SessionBinding, SessionSpec
+from ardiff.kv.records import PodRecord, PoolId, SessionBinding, SessionSpec
+from ardiff.operator.status import SessionObservation, build_session_status, rfc3339
 
 T = TypeVar("T")
 TOKEN_SHA256 = hashlib.sha256(b"scale").hexdigest()
@@ -82,3 +83,26 @@ def seed_objects(api_url: str, items: Sequence[Mapping[str, Any]], chunk: int = 
         for start in range(0, len(items), chunk):
             response = client.post(SEED_PATH, json={"items": list(items[start : start + chunk])})
             response.raise_for_status()
+
+
+def seeded_session(
+    template: Mapping[str, Any], name: str, binding: SessionBinding, pod: PodRecord, now_ms: int
+) -> dict[str, Any]:
+    """A session object to seed: `template` (a session the operator admitted, as the API returns it: kopf's
+    annotations, the finalizers) renamed, with the status the operator derives from the session's Redis
+    record, so that an operator listing it finds nothing to write."""
+    observation = SessionObservation(record=binding, pod=pod, pod_ready=True, now_ms=now_ms)
+    status = build_session_status({}, observation, session=name, generation=1, now=rfc3339(now_ms))
+    meta = template["metadata"]
+    return {
+        "apiVersion": template["apiVersion"],
+        "kind": template["kind"],
+        "metadata": {
+            "name": name,
+            "namespace": meta["namespace"],
+            "annotations": meta.get("annotations", {}),
+            **({"finalizers": meta["finalizers"]} if meta.get("finalizers") else {}),
+        },
+        "spec": template["spec"],
+        "status": {k: v for k, v in status.items() if v is not None},
+    }
