@@ -8,6 +8,7 @@ real placement store (as the operator does) and releases them after the test.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import signal
@@ -26,7 +27,7 @@ import pytest
 
 from ardiff.devcluster.redis_server import free_port
 from ardiff.kv.placement import PlacementStore
-from ardiff.kv.records import PoolId, SessionSpec
+from ardiff.kv.records import PoolId, SessionRecord, SessionSpec, SessionState
 
 ROOT = Path(__file__).resolve().parents[2]
 CAMERA = {
@@ -240,3 +241,38 @@ def session_spec() -> Callable[..., SessionSpec]:
         )
 
     return build
+
+
+TRANSFER_TOKEN = "pool-transfer-secret"  # the pool's worker-to-worker token in the continuity tests
+
+
+def launch_fake_pod(launch_worker: LaunchWorker, redis_url: str, pool: PoolId, pod: str, **settings: Any):
+    """A fake-runtime worker of `pool` (two slots, a 5 s lease, the pool's transfer token `TRANSFER_TOKEN`):
+    the pods of the continuity tests, which add their tiers."""
+    return launch_worker(
+        runtime="fake",
+        redis_url=redis_url,
+        namespace=pool.namespace,
+        pool=pool.name,
+        pod_name=pod,
+        fake_capacity=2,
+        lease_seconds=5,
+        heartbeat_seconds=0.5,
+        transfer_token=TRANSFER_TOKEN,
+        **settings,
+    )
+
+
+async def suspend_and_wait(
+    store: PlacementStore, pool: PoolId, session: str, *, reason: str, within: float = 20.0
+) -> SessionRecord:
+    """What the operator does to evict (`evicted`) or move (`migrate`) a session: `store.suspend`; then wait
+    for its worker to report the export. The suspended record."""
+    assert await store.suspend(pool, session, reason=reason)
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        record = await store.get_session(pool, session)
+        if record is not None and record.state is SessionState.SUSPENDED:
+            return record
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"session {session} was not suspended within {within} s")

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 from ardiff.kv.records import PoolId, SessionState
+from tests.worker.conftest import TRANSFER_TOKEN, launch_fake_pod, suspend_and_wait
 from tests.worker.test_http_contract import error_of, wait_for
 
 POOL = PoolId("default", f"wk-cont-{uuid.uuid4().hex[:6]}")
 TOKEN = "continuity-token"
-TRANSFER_TOKEN = "pool-transfer-secret"
 
 
 @pytest.fixture(scope="module")
@@ -32,19 +32,9 @@ def tier(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def launch(launch_worker, redis_url, tier: Path, pod: str, **settings):
-    return launch_worker(
-        runtime="fake",
-        redis_url=redis_url,
-        namespace=POOL.namespace,
-        pool=POOL.name,
-        pod_name=pod,
-        fake_capacity=2,
-        lease_seconds=5,
-        heartbeat_seconds=0.5,
-        suspend_dir=str(tier),
-        snapshot_every_chunks=2,
-        transfer_token=TRANSFER_TOKEN,
-        **settings,
+    """A pod of this pool on the shared tier, snapshotting every 2 chunks."""
+    return launch_fake_pod(
+        launch_worker, redis_url, POOL, pod, suspend_dir=str(tier), snapshot_every_chunks=2, **settings
     )
 
 
@@ -99,17 +89,6 @@ def chunk_index_of(response) -> int:
     return json.loads(response.headers["ardiff-chunk-metadata"])["chunk_index"]
 
 
-async def suspend(store, worker, session: str) -> dict:
-    """What the operator does for a migration: ask the store to suspend; the worker exports and reports."""
-    assert await store.suspend(POOL, session, reason="evicted")
-
-    async def suspended():
-        record = await store.get_session(POOL, session)
-        return record if record.state is SessionState.SUSPENDED else None
-
-    return await wait_for(suspended)
-
-
 async def test_suspend_exports_to_the_tier_frees_the_slot_and_a_tick_demands_the_resume(
     pod_a, pod_b, store, on_a, tier
 ):
@@ -117,7 +96,7 @@ async def test_suspend_exports_to_the_tier_frees_the_slot_and_a_tick_demands_the
     twin = [frames_of(pod_a.tick(session, i, token=TOKEN)) for i in range(3)]
     pod = await store.get_pod(POOL, "cont-a")
     assert pod.exports
-    record = await suspend(store, pod_a, session)
+    record = await suspend_and_wait(store, POOL, session, reason="evicted")
     assert (record.tier, record.suspended_chunk) == ("shared", 3)
     assert record.bytes == (tier / record.location).stat().st_size > 0
     assert (await store.get_pod(POOL, "cont-a")).used == pod.used - 1  # a suspended session holds no slot
@@ -150,7 +129,7 @@ async def test_suspend_exports_to_the_tier_frees_the_slot_and_a_tick_demands_the
 async def test_an_export_that_cannot_be_read_needs_a_reset(pod_a, pod_b, store, on_a, tier):
     session = await on_a(seed=2)
     frames_of(pod_a.tick(session, 0, token=TOKEN))
-    record = await suspend(store, pod_a, session)
+    record = await suspend_and_wait(store, POOL, session, reason="evicted")
     (tier / record.location).write_bytes(b"ARDSESS\x00 not really")
     await store.request_resume(POOL, session)
     placed = await place_avoiding(store, record.spec(), "cont-b")
@@ -164,7 +143,7 @@ async def test_an_export_that_cannot_be_read_needs_a_reset(pod_a, pod_b, store, 
 async def test_a_corrupt_suspension_falls_back_to_the_snapshot(pod_a, pod_b, store, on_a, tier):
     session = await on_a(seed=6)
     twin = [frames_of(pod_a.tick(session, i, token=TOKEN)) for i in range(3)]  # a snapshot at chunk 2
-    record = await suspend(store, pod_a, session)
+    record = await suspend_and_wait(store, POOL, session, reason="evicted")
     assert (record.suspended_chunk, record.snapshot_chunk) == (3, 2)
     (tier / record.location).write_bytes((tier / record.location).read_bytes()[:-1])  # truncated
     await store.request_resume(POOL, session)
@@ -183,17 +162,6 @@ def metric(worker, sample: str) -> float:
     return 0.0
 
 
-async def migrate(store, session: str) -> object:
-    """What the operator does for a migration (scale-down, roll): suspend with the demand to resume."""
-    assert await store.suspend(POOL, session, reason="migrate")
-
-    async def suspended():
-        record = await store.get_session(POOL, session)
-        return record if record.state is SessionState.SUSPENDED else None
-
-    return await wait_for(suspended)
-
-
 def pull(worker, session: str, token: str | None):
     headers = {} if token is None else {"authorization": f"Bearer {token}"}
     return worker.client.get(f"{worker.url}/internal/v1/sessions/{session}/export", headers=headers)
@@ -208,7 +176,7 @@ async def test_a_migration_is_pulled_pod_to_pod_and_a_wrong_token_harms_nothing(
     for i in range(3):
         np.testing.assert_array_equal(frames_of(pod_a.tick(session, i, token=TOKEN)), expected[i])
     sent_before = metric(pod_a, 'ardiff_session_transfer_bytes_total{direction="out"}')
-    record = await migrate(store, session)
+    record = await suspend_and_wait(store, POOL, session, reason="migrate")
     assert record.location.endswith("@cont-a.ardsess")  # names the pod that holds it for a pull
     assert record.resume_requested_ms > 0  # a migration is its own demand: placed at once
     assert record.bytes == (tier / record.location).stat().st_size  # the fallback copy is written first
@@ -268,7 +236,7 @@ async def test_a_holder_killed_mid_transfer_falls_back_to_the_shared_tier(
         expected = [frames_of(pod_c.tick(twin, i, token=TOKEN)) for i in range(4)]
         for i in range(3):
             np.testing.assert_array_equal(frames_of(pod_c.tick(session, i, token=TOKEN)), expected[i])
-        record = await migrate(store, session)
+        record = await suspend_and_wait(store, POOL, session, reason="migrate")
         assert record.location.endswith("@cont-c.ardsess")
         await store.set_draining(POOL, "cont-c", draining=True)  # as the operator drains a pod it empties
         await store.set_draining(POOL, "cont-a", draining=True)
@@ -326,7 +294,7 @@ async def test_a_target_killed_mid_transfer_loses_nothing(
         expected = [frames_of(holder.tick(twin, i, token=TOKEN)) for i in range(3)]
         for i in range(2):
             frames_of(holder.tick(session, i, token=TOKEN))
-        record = await migrate(store, session)
+        record = await suspend_and_wait(store, POOL, session, reason="migrate")
         for pod in ("cont-h", "cont-a", "cont-b"):
             await store.set_draining(POOL, pod, draining=True)
         assert (await store.place(POOL, record.spec())).placement.pod == "cont-t"
@@ -374,7 +342,7 @@ async def test_a_draining_holder_finishes_the_pull_under_way_and_points_ticks_at
             for other in ("cont-a", "cont-b"):
                 await store.set_draining(POOL, other, draining=False)
         frames_of(pod_d.tick(session, 0, token=TOKEN))
-        record = await migrate(store, session)
+        record = await suspend_and_wait(store, POOL, session, reason="migrate")
         await store.set_draining(POOL, "cont-d", draining=True)
         await place_avoiding(store, record.spec(), "cont-a")
         pulled_before = metric(pod_b, 'ardiff_session_transfers_total{direction="in",result="ok"}')

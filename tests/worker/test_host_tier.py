@@ -17,12 +17,12 @@ import pytest
 from ardiff.kv.records import PoolId, SessionState
 from ardiff.worker.errors import ExportCorrupt
 from ardiff.worker.host_tier import HostTier, HostTierFull, host_holder
+from tests.worker.conftest import TRANSFER_TOKEN, launch_fake_pod, suspend_and_wait
 from tests.worker.test_continuity import chunk_index_of, frames_of, metric, pull
-from tests.worker.test_http_contract import error_of, wait_for
+from tests.worker.test_http_contract import error_of
 
 POOL = PoolId("default", f"wk-host-{uuid.uuid4().hex[:6]}")
 TOKEN = "host-tier-token"
-TRANSFER_TOKEN = "pool-transfer-secret"
 BUDGET = 64 << 20
 PODS = ("host-a", "host-b")
 
@@ -32,25 +32,10 @@ def tier(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("shared-tier")
 
 
-def launch(launch_worker, redis_url, pod: str, **settings):
-    return launch_worker(
-        runtime="fake",
-        redis_url=redis_url,
-        namespace=POOL.namespace,
-        pool=POOL.name,
-        pod_name=pod,
-        fake_capacity=2,
-        lease_seconds=5,
-        heartbeat_seconds=0.5,
-        transfer_token=TRANSFER_TOKEN,
-        **settings,
-    )
-
-
 @pytest.fixture(scope="module")
 def pod_a(launch_worker, redis_url):
     """Host memory only: no shared tier."""
-    worker = launch(launch_worker, redis_url, "host-a", host_tier_bytes=BUDGET)
+    worker = launch_fake_pod(launch_worker, redis_url, POOL, "host-a", host_tier_bytes=BUDGET)
     yield worker
     worker.stop()
 
@@ -58,7 +43,9 @@ def pod_a(launch_worker, redis_url):
 @pytest.fixture(scope="module")
 def pod_b(launch_worker, redis_url, tier):
     """A budget no export fits, and the shared tier."""
-    worker = launch(launch_worker, redis_url, "host-b", host_tier_bytes=1, suspend_dir=str(tier))
+    worker = launch_fake_pod(
+        launch_worker, redis_url, POOL, "host-b", host_tier_bytes=1, suspend_dir=str(tier)
+    )
     yield worker
     worker.stop()
 
@@ -76,17 +63,6 @@ async def place_on(store, spec, pod: str, others=PODS):
     assert placed.placement is not None
     assert placed.placement.pod == pod
     return placed
-
-
-async def evict(store, session: str):
-    """An eviction at capacity, as `place` starts it: the worker exports the session and reports it."""
-    assert await store.suspend(POOL, session, reason="evicted")
-
-    async def suspended():
-        record = await store.get_session(POOL, session)
-        return record if record.state is SessionState.SUSPENDED else None
-
-    return await wait_for(suspended)
 
 
 @pytest.fixture
@@ -116,7 +92,7 @@ async def test_an_evicted_session_waits_in_host_memory_and_resumes_on_its_pod_bi
     used = (await store.get_pod(POOL, "host-a")).used
     assert (await store.get_pod(POOL, "host-a")).exports  # a host tier alone is a tier
 
-    record = await evict(store, session)
+    record = await suspend_and_wait(store, POOL, session, reason="evicted")
     assert (record.tier, record.suspended_chunk, record.pod) == ("host", 3, "")
     assert host_holder(record.location) == "host-a"
     assert record.bytes > 0
@@ -145,7 +121,7 @@ async def test_another_pod_pulls_a_host_tier_export_once(pod_a, pod_b, store, se
     expected = [frames_of(pod_a.tick(twin, i, token=TOKEN)) for i in range(4)]
     for i in range(2):
         frames_of(pod_a.tick(session, i, token=TOKEN))
-    record = await evict(store, session)
+    record = await suspend_and_wait(store, POOL, session, reason="evicted")
     assert record.tier == "host"
     error_of(pull(pod_a, session, "not-the-token"), 401, "unauthorized")  # harms nothing
 
@@ -167,7 +143,7 @@ async def test_an_export_that_does_not_fit_the_budget_goes_to_the_shared_tier(po
     expected = [frames_of(pod_b.tick(twin, i, token=TOKEN)) for i in range(3)]
     for i in range(2):
         frames_of(pod_b.tick(session, i, token=TOKEN))
-    record = await evict(store, session)
+    record = await suspend_and_wait(store, POOL, session, reason="evicted")
     assert record.tier == "shared"
     assert (tier / record.location).stat().st_size == record.bytes
     await place_on(store, record.spec(), "host-b")
@@ -177,14 +153,16 @@ async def test_an_export_that_does_not_fit_the_budget_goes_to_the_shared_tier(po
 async def test_a_draining_pod_moves_its_host_tier_to_the_shared_tier(
     launch_worker, redis_url, pod_a, pod_b, store, sessions, tier
 ):
-    pod_c = launch(launch_worker, redis_url, "host-c", host_tier_bytes=BUDGET, suspend_dir=str(tier))
+    pod_c = launch_fake_pod(
+        launch_worker, redis_url, POOL, "host-c", host_tier_bytes=BUDGET, suspend_dir=str(tier)
+    )
     pods = (*PODS, "host-c")
     try:
         session, twin = await sessions("host-c", seed=11, others=pods)
         expected = [frames_of(pod_c.tick(twin, i, token=TOKEN)) for i in range(4)]
         for i in range(3):
             frames_of(pod_c.tick(session, i, token=TOKEN))
-        record = await evict(store, session)
+        record = await suspend_and_wait(store, POOL, session, reason="evicted")
         assert (record.tier, host_holder(record.location)) == ("host", "host-c")
         await store.release(POOL, twin, reason="done")  # the pod empties, as one the operator scales down
 
@@ -207,13 +185,13 @@ async def test_a_draining_pod_moves_its_host_tier_to_the_shared_tier(
 async def test_a_host_tier_export_whose_pod_died_needs_a_reset(
     launch_worker, redis_url, pod_a, store, sessions
 ):
-    pod_d = launch(launch_worker, redis_url, "host-d", host_tier_bytes=BUDGET)
+    pod_d = launch_fake_pod(launch_worker, redis_url, POOL, "host-d", host_tier_bytes=BUDGET)
     pods = (*PODS, "host-d")
     try:
         session, _ = await sessions("host-d", seed=2, others=pods)
         for i in range(2):
             frames_of(pod_d.tick(session, i, token=TOKEN))
-        record = await evict(store, session)
+        record = await suspend_and_wait(store, POOL, session, reason="evicted")
         assert host_holder(record.location) == "host-d"
         pod_d.process.send_signal(signal.SIGKILL)
         pod_d.process.wait()

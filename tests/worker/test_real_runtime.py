@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from ardiff.kv.records import PoolId, SessionState
+from tests.worker.conftest import suspend_and_wait
 
 pytestmark = pytest.mark.slow
 
@@ -310,12 +311,7 @@ async def test_an_eviction_waits_in_host_memory_and_resumes_bit_identically(work
             frames_of(worker.tick(session, i, token=TOKEN, controls=[WALK[i % 3]])), expected[i]
         )
     taken = kv_blocks(worker)["total"] - kv_blocks(worker)["free"]
-    assert await store.suspend(POOL, session, reason="evicted")
-    for _ in range(200):
-        record = await store.get_session(POOL, session)
-        if record.state is SessionState.SUSPENDED:
-            break
-        await asyncio.sleep(0.05)
+    record = await suspend_and_wait(store, POOL, session, reason="evicted")
     assert (record.tier, record.suspended_chunk) == ("host", 3)
     assert record.location.startswith(f"host:{POD}/")
     assert record.bytes > 1_000_000
@@ -351,12 +347,7 @@ async def test_a_migration_pulled_pod_to_pod_continues_bit_identically(
             frames = frames_of(worker.tick(session, i, token=TOKEN, controls=[WALK[i % 3]]))
             np.testing.assert_array_equal(frames, expected[i])
         target.wait_ready(timeout=240)
-        assert await store.suspend(POOL, session, reason="migrate")
-        for _ in range(200):
-            record = await store.get_session(POOL, session)
-            if record.state is SessionState.SUSPENDED:
-                break
-            await asyncio.sleep(0.05)
+        record = await suspend_and_wait(store, POOL, session, reason="migrate")
         assert record.location.endswith(f"@{POD}.ardsess")
         await store.set_draining(POOL, POD, draining=True)  # as the operator drains the pod it empties
         try:
