@@ -87,6 +87,8 @@ async def drop_toggles(self: ToggleSet, toggles: Iterable[Toggle]) -> None:
 
 
 PATCHED = {"make_toggle": make_toggle, "drop_toggle": drop_toggle, "drop_toggles": drop_toggles}
+# kopf's own methods, as imported (before `apply`): the tests compare both.
+UPSTREAM = {name: getattr(ToggleSet, name) for name in PATCHED}
 
 
 def installed_kopf_version() -> str:

@@ -29,7 +29,7 @@ from ardiff.kv.records import PoolId
 from ardiff.operator import kopf_patch
 from tests.operator.conftest import SIMULATED_NODE, Cluster
 
-UPSTREAM = {name: getattr(ToggleSet, name) for name in kopf_patch.PATCHED}
+UPSTREAM = kopf_patch.UPSTREAM
 # Short: each wait either resolves at once (the set's value changed) or must not resolve at all.
 SETTLE = 0.05
 
