@@ -5,7 +5,8 @@ For each resolution a child process loads the tiny LingBot-World model (the real
 streaming decoder), ticks one session until its KV window is full (9 chunks), then exports it at that tick
 boundary into memory `--repeats` times (read-only: every export is the same bytes) and imports it as often
 (each import closed again, the close not timed). The export carries the worker's book with its cached chunk.
-Sizes are split by what they hold (docs/contracts.md §9). Then the transfer path the worker uses: the
+Sizes are split by what they hold (docs/contracts.md §9). Then the host tier (`HostTier`: the export kept
+in the worker's memory and imported back from it), and the transfer path the worker uses: the
 export written into the shared tier (`SharedTier.write`: a `.part` file, fsync, rename), read back and
 imported from it, as bytes/s; and, in the same process, the tick that continues the resumed session (chunk 9)
 against a reset session's first tick (chunk 0: prompt and image encoded again, the KV empty). Last, the
@@ -51,6 +52,7 @@ GROUPS = {"kv/": "self KV", "cross/": "cross KV", "pipe/": "pipeline", "dec/": "
 def measure(size: int, repeats: int, model_cache: str) -> dict[str, Any]:
     from ardiff.worker import tick_rules
     from ardiff.worker.conditioning import Conditioning
+    from ardiff.worker.host_tier import HostTier
     from ardiff.worker.session_book import CachedChunk, SessionBook
     from ardiff.worker.session_export import ITEM_SIZES, ExportReader
     from ardiff.worker.settings import WorkerSettings
@@ -83,8 +85,19 @@ def measure(size: int, repeats: int, model_cache: str) -> dict[str, Any]:
         runtime.import_session(io.BytesIO(blob))
         imports.append(time.perf_counter() - started)
         runtime.close("a")
-    # The worker's transfer path: into the shared tier (fsync, rename) and back.
+    # The host tier: the export kept in the worker's memory (pieces of 1 MiB) and imported back from it.
     runtime.import_session(io.BytesIO(blob))
+    host, host_writes, host_reads = HostTier(4 * len(blob), "bench"), [], []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        location, _ = host.write("a", lambda out: runtime.export_session("a", out, book=book))
+        host_writes.append(time.perf_counter() - started)
+        runtime.close("a")
+        started = time.perf_counter()
+        runtime.import_session(host.get(location).reader())
+        host_reads.append(time.perf_counter() - started)
+        host.remove(location)
+    # The worker's transfer path: into the shared tier (fsync, rename) and back.
     writes, reads, resumed_ticks, reset_ticks = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="ardiff-tier-") as root:
         tier = SharedTier(root, "bench", "pool")
@@ -120,6 +133,8 @@ def measure(size: int, repeats: int, model_cache: str) -> dict[str, Any]:
         "groups": groups,
         "export_ms": 1000 * statistics.median(exports),
         "import_ms": 1000 * statistics.median(imports),
+        "host_write_ms": 1000 * statistics.median(host_writes),
+        "host_read_import_ms": 1000 * statistics.median(host_reads),
         "tier_write_ms": 1000 * statistics.median(writes),
         "tier_read_import_ms": 1000 * statistics.median(reads),
         "first_tick_after_resume_ms": 1000 * statistics.median(resumed_ticks),
@@ -151,20 +166,34 @@ def print_table(results: list[dict[str, Any]], threads: int) -> None:
     for r in results:
         split = " ".join(f"{r['groups'].get(label, 0):>10}" for label in labels)
         print(f"{r['size']:>4}^2  {r['bytes']:>11} {r['export_ms']:>10.2f} {r['import_ms']:>10.2f} {split}")
-    print("\nthrough the shared tier (a local directory here: write + fsync + rename; read + import)")
+    print(
+        "\nthrough the tiers: the host tier (the worker's memory, 1 MiB pieces) and the shared tier (a local "
+        "directory here: write + fsync + rename; read + import); ratio: shared / host"
+    )
     header = (
-        f"{'size':>7} {'tier write ms':>14} {'write MB/s':>11} {'read+import ms':>15} {'read MB/s':>10} "
-        f"{'tick after resume ms':>21} {'tick after reset ms':>20} {'ratio':>6}"
+        f"{'size':>7} {'host write ms':>14} {'host read+import ms':>20} {'tier write ms':>14} "
+        f"{'write MB/s':>11} {'read+import ms':>15} {'read MB/s':>10} {'ratio w/r':>10}"
     )
     print(header)
     print("-" * len(header))
     for r in results:
         mb = r["bytes"] / 1e6
+        write_ratio = r["tier_write_ms"] / r["host_write_ms"]
+        ratios = f"{write_ratio:.2f}/{r['tier_read_import_ms'] / r['host_read_import_ms']:.2f}"
+        print(
+            f"{r['size']:>4}^2  {r['host_write_ms']:>14.2f} {r['host_read_import_ms']:>20.2f} "
+            f"{r['tier_write_ms']:>14.2f} {mb / r['tier_write_ms'] * 1000:>11.0f} "
+            f"{r['tier_read_import_ms']:>15.2f} {mb / r['tier_read_import_ms'] * 1000:>10.0f} {ratios:>10}"
+        )
+    print("\nthe first tick of a resumed session (chunk 9) against a reset one's (chunk 0)")
+    header = f"{'size':>7} {'tick after resume ms':>21} {'tick after reset ms':>20} {'ratio':>6}"
+    print(header)
+    print("-" * len(header))
+    for r in results:
         ratio = r["first_tick_after_resume_ms"] / r["first_tick_after_reset_ms"]
         print(
-            f"{r['size']:>4}^2  {r['tier_write_ms']:>14.2f} {mb / r['tier_write_ms'] * 1000:>11.0f} "
-            f"{r['tier_read_import_ms']:>15.2f} {mb / r['tier_read_import_ms'] * 1000:>10.0f} "
-            f"{r['first_tick_after_resume_ms']:>21.1f} {r['first_tick_after_reset_ms']:>20.1f} {ratio:>6.2f}"
+            f"{r['size']:>4}^2  {r['first_tick_after_resume_ms']:>21.1f} "
+            f"{r['first_tick_after_reset_ms']:>20.1f} {ratio:>6.2f}"
         )
 
 
