@@ -6,6 +6,7 @@ store calls play the operator's part. Every resumed session's frames equal an un
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import uuid
@@ -180,6 +181,41 @@ async def test_a_draining_pod_moves_its_host_tier_to_the_shared_tier(
     finally:
         pod_c.stop()
         await store.remove_pod(POOL, "host-c")
+
+
+async def test_a_draining_pod_without_a_shared_tier_waits_for_its_migrations_to_be_pulled(
+    launch_worker, redis_url, pod_a, pod_b, store, sessions
+):
+    """No shared volume: a migration (roll, scale-down) leaves the export in the going pod's memory, and the
+    pod, SIGTERMed, stays until the pod the session was placed on has pulled it, then exits 0."""
+    pod_e = launch_fake_pod(launch_worker, redis_url, POOL, "host-e", host_tier_bytes=BUDGET)
+    pods = (*PODS, "host-e")
+    try:
+        session, twin = await sessions("host-e", seed=13, others=pods)
+        expected = [frames_of(pod_e.tick(twin, i, token=TOKEN)) for i in range(3)]
+        for i in range(2):
+            frames_of(pod_e.tick(session, i, token=TOKEN))
+        await store.release(POOL, twin, reason="done")
+        record = await suspend_and_wait(store, POOL, session, reason="migrate")
+        assert (record.tier, host_holder(record.location)) == ("host", "host-e")
+        assert record.resume_requested_ms > 0  # a migration is placed again at once
+
+        pod_e.signal(signal.SIGTERM)
+        await asyncio.sleep(1.0)
+        assert pod_e.process.poll() is None  # waiting for the pull
+        await store.set_draining(POOL, "host-a", draining=True)
+        try:
+            assert (await store.place(POOL, record.spec())).placement.pod == "host-b"
+        finally:
+            await store.set_draining(POOL, "host-a", draining=False)
+        response = pod_b.tick(session, 2, token=TOKEN)
+        np.testing.assert_array_equal(frames_of(response), expected[2])
+        assert pod_e.process.wait(timeout=30) == 0
+        note = json.loads((await store.get_session(POOL, session)).resumed_note)
+        assert (note["source"], note["from"]) == ("direct", "host-e")
+    finally:
+        pod_e.stop()
+        await store.remove_pod(POOL, "host-e")
 
 
 async def test_a_host_tier_export_whose_pod_died_needs_a_reset(
