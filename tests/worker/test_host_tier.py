@@ -15,12 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ardiff.kv.keys import PoolKeys
 from ardiff.kv.records import PoolId, SessionState
 from ardiff.worker.errors import ExportCorrupt
 from ardiff.worker.host_tier import HostTier, HostTierFull, host_holder
 from tests.worker.conftest import TRANSFER_TOKEN, launch_fake_pod, suspend_and_wait
 from tests.worker.test_continuity import chunk_index_of, frames_of, metric, pull
-from tests.worker.test_http_contract import error_of
+from tests.worker.test_http_contract import error_of, wait_for
 
 POOL = PoolId("default", f"wk-host-{uuid.uuid4().hex[:6]}")
 TOKEN = "host-tier-token"
@@ -239,6 +240,35 @@ async def test_a_host_tier_export_whose_pod_died_needs_a_reset(
         assert chunk_index_of(pod_a.tick(session, 0, token=TOKEN, reset=True)) == 0
     finally:
         pod_d.stop()
+
+
+async def test_the_sweep_drops_copies_of_deleted_sessions_but_not_of_unknown_ones(
+    launch_worker, redis_url, store, sessions
+):
+    """A session deleted while its export waits in a pod's memory has nobody to resume it: the pod's tier
+    sweep drops the copy once the store says `closed`; a session without a record keeps its copy (Redis may
+    have lost its data, and the operator rebuilds suspended records from their statuses)."""
+    pod_f = launch_fake_pod(
+        launch_worker, redis_url, POOL, "host-f", host_tier_bytes=BUDGET, tier_sweep_seconds=0.2
+    )
+    pods = (*PODS, "host-f")
+    try:
+        deleted, unknown = await sessions("host-f", seed=4, others=pods)
+        for name in (deleted, unknown):
+            frames_of(pod_f.tick(name, 0, token=TOKEN))
+            await suspend_and_wait(store, POOL, name, reason="evicted")
+        await store.release(POOL, deleted, reason="deleted")
+        await store.client.delete(PoolKeys(POOL).session(unknown))  # as when Redis loses its data
+
+        async def swept() -> bool:
+            return "removed 1 host-tier exports nothing points at" in pod_f.log()
+
+        await wait_for(swept)
+        error_of(pull(pod_f, deleted, TRANSFER_TOKEN), 404, "unknown_session")
+        assert pull(pod_f, unknown, TRANSFER_TOKEN).status_code == 200  # still there (sent, once)
+    finally:
+        pod_f.stop()
+        await store.remove_pod(POOL, "host-f")
 
 
 # ---- the tier itself --------------------------------------------------------------------------------------
