@@ -76,6 +76,8 @@ def test_printer_columns(crds: dict[str, CustomResourceDefinition]) -> None:
         ("Chunk", ".status.chunkIndex"),
         ("Age", ".metadata.creationTimestamp"),
     ]
+    wide = [(c.name, c.json_path) for c in crds[SESSIONS].version("v1alpha1").printer_columns if c.priority]
+    assert wide == [("Reason", ".status.reason"), ("Endpoint", ".status.endpoint"), ("Tier", ".status.tier")]
     assert default_columns(POOLS) == [
         ("Ready", ".status.readyReplicas"),
         ("Capacity", ".status.capacity"),
