@@ -220,8 +220,9 @@ async def test_a_host_tier_export_moves_to_the_shared_tier_while_the_record_poin
     """A draining pod copies its host tier to the shared tier: the record follows only while it still
     points at the host copy (suspended, or placed again and not imported yet)."""
     reg = await suspend_by_eviction(store, pool)
+    host_copy = "host:w-a/idle/1"
     await store.mark_suspended(
-        pool, "idle", pod="w-a", epoch=reg.epoch, tier="host", location="host:w-a/idle/1", bytes=9, chunk_index=4
+        pool, "idle", pod="w-a", epoch=reg.epoch, tier="host", location=host_copy, bytes=9, chunk_index=4
     )
     assert (await record(store, pool, "idle")).tier == "host"
     moved = await store.relocate_export(
