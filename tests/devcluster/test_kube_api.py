@@ -423,9 +423,9 @@ def test_tables_use_printer_columns(client: httpx.Client, kube_namespace: str) -
     ).json()
     assert table["kind"] == "Table"
     names = [c["name"] for c in table["columnDefinitions"]]
-    assert names == ["Name", "Phase", "Pool", "Pod", "Chunk", "Reason", "Endpoint", "Age"]
+    assert names == ["Name", "Phase", "Pool", "Pod", "Chunk", "Reason", "Endpoint", "Tier", "Age"]
     cells = table["rows"][0]["cells"]
-    assert cells[:6] == ["s1", "Ready", "tiny-world", "tiny-world-abcde", 7, None]
+    assert cells[:8] == ["s1", "Ready", "tiny-world", "tiny-world-abcde", 7, None, None, None]
     assert cells[-1].endswith("s")  # a human duration
     assert table["rows"][0]["object"]["kind"] == "PartialObjectMetadata"
 
