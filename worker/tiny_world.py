@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -151,21 +151,26 @@ def chunk_frame_slices(n_chunks: int) -> list[slice]:
     return [slice(0, first)] + [slice(first + per * k, first + per * (k + 1)) for k in range(n_chunks - 1)]
 
 
+def _session_keys(n_chunks: int, next_keys: Callable[[], list[str]]) -> list[list[list[str]]]:
+    """A session's keys per chunk and latent frame: none for the start image (the start pose), then
+    `next_keys()` for each latent frame after it, in order."""
+    return [
+        [[] if chunk == 0 and k == 0 else next_keys() for k in range(LATENT_FRAMES_PER_CHUNK)]
+        for chunk in range(n_chunks)
+    ]
+
+
 def sample_actions(rng: np.random.Generator, n_chunks: int, *, hold: float = 0.65) -> list[list[list[str]]]:
     """Random held-key turning: each latent frame keeps the previous keys with probability `hold`."""
-    chunks: list[list[list[str]]] = []
     current: tuple[str, ...] = ()
-    for chunk in range(n_chunks):
-        frames: list[list[str]] = []
-        for k in range(LATENT_FRAMES_PER_CHUNK):
-            if chunk == 0 and k == 0:
-                frames.append([])  # the start image, at the start pose
-                continue
-            if rng.random() > hold:
-                current = KEYS[int(rng.integers(len(KEYS)))]
-            frames.append(list(current))
-        chunks.append(frames)
-    return chunks
+
+    def next_keys() -> list[str]:
+        nonlocal current
+        if rng.random() > hold:
+            current = KEYS[int(rng.integers(len(KEYS)))]
+        return list(current)
+
+    return _session_keys(n_chunks, next_keys)
 
 
 def sample_long_turns(
@@ -175,19 +180,15 @@ def sample_long_turns(
     frame; each latent frame after the start image turns that way, or pauses (idle) with probability `idle`.
     So a session reaches views far from the start (6 degrees per turning latent frame) that `sample_actions`
     rarely does, with pauses on the way as held-key turning has."""
-    chunks: list[list[list[str]]] = []
     current = str(rng.choice(("j", "l")))
-    for chunk in range(n_chunks):
-        frames: list[list[str]] = []
-        for k in range(LATENT_FRAMES_PER_CHUNK):
-            if chunk == 0 and k == 0:
-                frames.append([])  # the start image, at the start pose
-                continue
-            if rng.random() > keep:
-                current = "l" if current == "j" else "j"
-            frames.append([] if rng.random() < idle else [current])
-        chunks.append(frames)
-    return chunks
+
+    def next_keys() -> list[str]:
+        nonlocal current
+        if rng.random() > keep:
+            current = "l" if current == "j" else "j"
+        return [] if rng.random() < idle else [current]
+
+    return _session_keys(n_chunks, next_keys)
 
 
 def held_actions(key: str | None, n_chunks: int) -> list[list[list[str]]]:
