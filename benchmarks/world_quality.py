@@ -1,13 +1,15 @@
 """How well a LingBot-World checkpoint renders the yaw-only world (issue 16 item 4), next to the random one.
 
-For held-out control sequences (hold `j`, hold `l`, and random held-key turning drawn from a seed the training
-data never used), each model runs a session of 4 chunks from the world's start image through the worker's
-normal path (`load_vllm_runtime` -> `ARDiffusionSessionAdapter.prepare/forward`: the real vllm-omni runner,
-paged KV, the session's streaming VAE decoder). Each chunk's frames are compared with the ray-caster's ground
-truth for the same camera path (`ardiff.worker.tiny_world`): PSNR and SSIM per chunk. Control response: for
-every (case, chunk) whose ground truth turns (net yaw over the chunk is not zero), the sign of the horizontal
-image shift from the chunk's first frame (chunk 0) or the previous chunk's last frame (later chunks) to the
-chunk's last frame, by phase correlation, in the generated frames against the ground truth's.
+For held-out control sequences (hold `j`, hold `l`, and random held-key turning from another seed than the
+training data's, skipping every sequence the measured model was trained on: its directory's `training.json`,
+`tiny_world_train.trained_on`), each model runs a session of 4 chunks from the world's start image through
+the worker's normal path (`load_vllm_runtime` -> `ARDiffusionSessionAdapter.prepare/forward`: the real
+vllm-omni runner, paged KV, the session's streaming VAE decoder). Each chunk's frames are compared with the
+ray-caster's ground truth for the same camera path (`ardiff.worker.tiny_world`): PSNR and SSIM per chunk.
+Control response: for every (case, chunk) whose ground truth turns (net yaw over the chunk is not zero), the
+sign of the horizontal image shift from the chunk's first frame (chunk 0) or the previous chunk's last frame
+(later chunks) to the chunk's last frame, by phase correlation, in the generated frames against the ground
+truth's.
 
 Each model runs in its own child process (one vllm-omni worker per process), the same cases in the same run.
 
@@ -32,17 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from ardiff.worker import tiny_world as world
+
 N_CHUNKS = 4
-
-
-def cases(n: int, seed: int) -> list[tuple[str, list[list[list[str]]]]]:
-    from ardiff.worker import tiny_world as world
-
-    out = [("hold-j", world.held_actions("j", N_CHUNKS)), ("hold-l", world.held_actions("l", N_CHUNKS))]
-    rng = np.random.default_rng(seed)
-    while len(out) < n:
-        out.append((f"random-{len(out) - 1}", world.sample_actions(rng, N_CHUNKS)))
-    return out[:n]
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -67,7 +61,6 @@ def ssim(a: np.ndarray, b: np.ndarray) -> float:
 
 def turn_checks(generated: np.ndarray, truth: np.ndarray) -> list[dict[str, float]]:
     """Per turning chunk: the ground truth's and the generated frames' horizontal shift over the chunk."""
-    from ardiff.worker import tiny_world as world
 
     checks = []
     for chunk, frames in enumerate(world.chunk_frame_slices(N_CHUNKS)):
@@ -83,13 +76,12 @@ def turn_checks(generated: np.ndarray, truth: np.ndarray) -> list[dict[str, floa
     return checks
 
 
-def run_model(model: str, n_cases: int, seed: int, model_cache: str) -> dict[str, Any]:
+def run_model(model: str, session_cases: list[tuple[str, world.Actions]], model_cache: str) -> dict[str, Any]:
     """In this process: every case through the worker's normal path; per-chunk figures."""
     import PIL.Image
     import torch
 
     from ardiff.worker import tick_rules
-    from ardiff.worker import tiny_world as world
     from ardiff.worker.conditioning import Conditioning
     from ardiff.worker.settings import WorkerSettings, resolve_model
     from ardiff.worker.vllm_runtime import load_vllm_runtime
@@ -105,7 +97,7 @@ def run_model(model: str, n_cases: int, seed: int, model_cache: str) -> dict[str
     )
     results = []
     try:
-        for name, actions in cases(n_cases, seed):
+        for name, actions in session_cases:
             session = f"q-{name}"
             frames = []
             for chunk, keys in enumerate(actions):
@@ -165,27 +157,29 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", help="write every figure here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--child-cases", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
     parser.add_argument("--model-cache", default=str(Path("~/.cache/ardiff/models").expanduser()))
     args = parser.parse_args()
     if args.child:
-        result = run_model(args.child, args.cases, args.seed, args.model_cache)
+        session_cases = [(name, actions) for name, actions in json.loads(Path(args.child_cases).read_text())]
+        result = run_model(args.child, session_cases, args.model_cache)
         Path(args.child_out).write_text(json.dumps(result))
         return 0
+    from ardiff.worker.settings import resolve_model
+    from ardiff.worker.tiny_world_train import trained_on
+
+    trained = trained_on(Path(resolve_model(args.model)))
+    session_cases, skipped = world.held_out_cases(args.cases, args.seed, N_CHUNKS, trained or [])
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1"}
     out: dict[str, Any] = {}
     for model in (args.model, args.baseline):
         with tempfile.TemporaryDirectory() as scratch:
             result = Path(scratch) / "result.json"
-            command = [sys.executable, __file__, "--child", model, "--child-out", str(result)]
-            command += [
-                "--cases",
-                str(args.cases),
-                "--seed",
-                str(args.seed),
-                "--model-cache",
-                args.model_cache,
-            ]
+            case_file = Path(scratch) / "cases.json"
+            case_file.write_text(json.dumps(session_cases))
+            command = [sys.executable, __file__, "--child", model, "--child-cases", str(case_file)]
+            command += ["--child-out", str(result), "--model-cache", args.model_cache]
             proc = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
             if proc.returncode or not result.is_file():
                 sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
@@ -196,6 +190,10 @@ def main() -> int:
     gain = trained["psnr_mean"] - baseline["psnr_mean"]
     share = trained["turns_right"] / max(1, trained["turns"])
     print(f"{args.cases} held-out cases x {N_CHUNKS} chunks (seed {args.seed}), 64x64, same run")
+    if trained is None:
+        print(f"{args.model} has no training record: the random cases are not checked against its training")
+    else:
+        print(f"none among its {len(trained)} training sessions ({skipped} random draws skipped as such)")
     print("| model | PSNR chunk 0/1/2/3 (dB) | mean PSNR | SSIM chunk 0/1/2/3 | mean SSIM | turn direction |")
     print("|---|---|---|---|---|---|")
     for model, row in rows.items():

@@ -28,6 +28,7 @@ TILE = 0.12
 FRAMES_PER_LATENT = 4
 LATENT_FRAMES_PER_CHUNK = 3
 KEYS = ((), ("j",), ("l",))  # idle, turn left, turn right
+Actions = list[list[list[str]]]  # a session's keys per chunk and latent frame
 PROMPT = "camera turning in the world"
 # (azimuth degrees, distance, radius, rgb): azimuth 0 is straight ahead at the start, positive to the right.
 PILLARS = (
@@ -151,7 +152,7 @@ def chunk_frame_slices(n_chunks: int) -> list[slice]:
     return [slice(0, first)] + [slice(first + per * k, first + per * (k + 1)) for k in range(n_chunks - 1)]
 
 
-def _session_keys(n_chunks: int, next_keys: Callable[[], list[str]]) -> list[list[list[str]]]:
+def _session_keys(n_chunks: int, next_keys: Callable[[], list[str]]) -> Actions:
     """A session's keys per chunk and latent frame: none for the start image (the start pose), then
     `next_keys()` for each latent frame after it, in order."""
     return [
@@ -160,7 +161,7 @@ def _session_keys(n_chunks: int, next_keys: Callable[[], list[str]]) -> list[lis
     ]
 
 
-def sample_actions(rng: np.random.Generator, n_chunks: int, *, hold: float = 0.65) -> list[list[list[str]]]:
+def sample_actions(rng: np.random.Generator, n_chunks: int, *, hold: float = 0.65) -> Actions:
     """Random held-key turning: each latent frame keeps the previous keys with probability `hold`."""
     current: tuple[str, ...] = ()
 
@@ -175,7 +176,7 @@ def sample_actions(rng: np.random.Generator, n_chunks: int, *, hold: float = 0.6
 
 def sample_long_turns(
     rng: np.random.Generator, n_chunks: int, *, keep: float = 0.95, idle: float = 0.15
-) -> list[list[list[str]]]:
+) -> Actions:
     """Long turning: a direction (`j` or `l`) drawn at random and kept with probability `keep` per latent
     frame; each latent frame after the start image turns that way, or pauses (idle) with probability `idle`.
     So a session reaches views far from the start (6 degrees per turning latent frame) that `sample_actions`
@@ -191,10 +192,34 @@ def sample_long_turns(
     return _session_keys(n_chunks, next_keys)
 
 
-def held_actions(key: str | None, n_chunks: int) -> list[list[list[str]]]:
+def held_actions(key: str | None, n_chunks: int) -> Actions:
     """Hold one key (or none) for the whole session."""
     keys = [key] if key else []
     return [[[] if chunk == 0 and k == 0 else list(keys) for k in range(3)] for chunk in range(n_chunks)]
+
+
+def held_out_cases(
+    n: int, seed: int, n_chunks: int, trained: Sequence[Actions]
+) -> tuple[list[tuple[str, Actions]], int]:
+    """`n` named control sequences to measure a model on: hold `j`, hold `l`, then random held-key turning
+    (`sample_actions`) from `seed`, skipping any sequence in `trained` (the model's training sessions) or
+    already a case. Returns the cases and how many random draws were skipped."""
+    out = [("hold-j", held_actions("j", n_chunks)), ("hold-l", held_actions("l", n_chunks))]
+    seen = {_key(actions) for actions in trained} | {_key(actions) for _, actions in out}
+    rng = np.random.default_rng(seed)
+    skipped = 0
+    while len(out) < n:
+        actions = sample_actions(rng, n_chunks)
+        if _key(actions) in seen:
+            skipped += 1
+            continue
+        seen.add(_key(actions))
+        out.append((f"random-{len(out) - 1}", actions))
+    return out[:n], skipped
+
+
+def _key(actions: Actions) -> tuple[tuple[tuple[str, ...], ...], ...]:
+    return tuple(tuple(tuple(keys) for keys in chunk) for chunk in actions)
 
 
 def start_image() -> np.ndarray:

@@ -56,6 +56,9 @@ VAE_CONFIG: dict[str, Any] = {
 }
 N_CHUNKS = 4
 SAVE_EVERY_SECONDS = 180.0
+# In OUT_DIR/model: which sessions the model was trained on (the data options of the directory's last run;
+# they include every earlier run's sessions when only --long-turns grew: `training_actions` draws them first).
+TRAINING_RECORD = "training.json"
 
 
 def transformer_config() -> dict[str, Any]:
@@ -150,6 +153,22 @@ def training_actions(sessions: int, seed: int, long_turns: int = 0) -> list[list
                 drawn.append(chunks)
         out.extend(drawn)
     return out
+
+
+def write_training_record(model_dir: Path, *, sessions: int, seed: int, long_turns: int) -> None:
+    """MODEL_DIR/training.json: the options `training_actions` drew the training sessions with, so a quality
+    benchmark can keep its held-out cases out of them (`trained_on`)."""
+    record = {"sessions": sessions, "seed": seed, "long_turns": long_turns}
+    (model_dir / TRAINING_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+def trained_on(model_dir: Path) -> list[list[list[list[str]]]] | None:
+    """The sessions a model directory was trained on, from its training record; None without one."""
+    path = model_dir / TRAINING_RECORD
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    return training_actions(record["sessions"], record["seed"], record["long_turns"])
 
 
 def make_dataset(out: Path, sessions: int, seed: int, long_turns: int = 0) -> dict[str, np.ndarray]:
@@ -686,7 +705,8 @@ def main(
     clips = data["clips"]
     print(f"data: {clips.shape[0]} sessions x {clips.shape[1]} frames ({time.monotonic() - t0:.0f}s)")
     vae_dir = train_vae(out, data["clips"], vae_minutes)
-    build_model_dir(out, vae_dir)
+    model_dir = build_model_dir(out, vae_dir)
+    write_training_record(model_dir, sessions=sessions, seed=seed, long_turns=long_turns)
     if decoder_only:
         return train_decoder(out, data["clips"], minutes)
     return train_dit(

@@ -124,3 +124,30 @@ def test_long_turns_add_far_turning_sessions_and_never_a_held_out_case() -> None
     far = np.mean([max_yaw_frames(c) >= 8 for c in mixed[40:]])  # >= 48 degrees from the start
     assert far > 0.4
     assert far > 2 * np.mean([max_yaw_frames(c) >= 8 for c in training_actions(200, 7)])
+
+
+def test_the_quality_cases_are_never_sessions_the_shipped_model_was_trained_on(tmp_path) -> None:
+    """The shipped checkpoint records the options its training sessions were drawn with (`training.json`);
+    `held_out_cases` (the quality benchmark's) skips every one of them, so its random cases are held out: with
+    seed 1000 some draws are training sessions, and exactly those are replaced by later draws."""
+    from ardiff.worker.settings import resolve_model
+    from ardiff.worker.tiny_world_train import N_CHUNKS, trained_on, training_actions, write_training_record
+
+    trained = trained_on(Path(resolve_model(TRAINED_WORLD_MODEL)))
+    assert trained == training_actions(384, 7, long_turns=192)
+    unchecked, none_skipped = world.held_out_cases(12, 1000, N_CHUNKS, [])
+    held_out, skipped = world.held_out_cases(12, 1000, N_CHUNKS, trained)
+    assert none_skipped == 0
+    assert skipped > 0
+    assert [name for name, _ in held_out[:2]] == ["hold-j", "hold-l"]
+    assert len(held_out) == 12
+    assert not any(actions in trained for _, actions in held_out)
+    assert sum(actions in trained for _, actions in unchecked) == skipped  # these draws and no others
+    kept = [actions for _, actions in unchecked if actions not in trained]
+    assert [actions for _, actions in held_out][: len(kept)] == kept  # the same draws, in order
+    distinct = {str(actions) for _, actions in held_out}
+    assert len(distinct) == 12
+
+    write_training_record(tmp_path, sessions=5, seed=3, long_turns=2)
+    assert trained_on(tmp_path) == training_actions(5, 3, long_turns=2)
+    assert trained_on(tmp_path / "elsewhere") is None
