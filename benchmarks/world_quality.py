@@ -169,8 +169,8 @@ def main() -> int:
     from ardiff.worker.settings import resolve_model
     from ardiff.worker.tiny_world_train import trained_on
 
-    trained = trained_on(Path(resolve_model(args.model)))
-    session_cases, skipped = world.held_out_cases(args.cases, args.seed, N_CHUNKS, trained or [])
+    training = trained_on(Path(resolve_model(args.model)))
+    session_cases, skipped = world.held_out_cases(args.cases, args.seed, N_CHUNKS, training or [])
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1"}
     out: dict[str, Any] = {}
     for model in (args.model, args.baseline):
@@ -190,10 +190,10 @@ def main() -> int:
     gain = trained["psnr_mean"] - baseline["psnr_mean"]
     share = trained["turns_right"] / max(1, trained["turns"])
     print(f"{args.cases} held-out cases x {N_CHUNKS} chunks (seed {args.seed}), 64x64, same run")
-    if trained is None:
+    if training is None:
         print(f"{args.model} has no training record: the random cases are not checked against its training")
     else:
-        print(f"none among its {len(trained)} training sessions ({skipped} random draws skipped as such)")
+        print(f"none among its {len(training)} training sessions ({skipped} random draws skipped as such)")
     print("| model | PSNR chunk 0/1/2/3 (dB) | mean PSNR | SSIM chunk 0/1/2/3 | mean SSIM | turn direction |")
     print("|---|---|---|---|---|---|")
     for model, row in rows.items():
