@@ -14,7 +14,7 @@ truth's.
 Each model runs in its own child process (one vllm-omni worker per process), the same cases in the same run.
 
     .venv/bin/python benchmarks/world_quality.py [--model tiny-world-trained] [--baseline tiny-lingbot-world]
-        [--cases 12] [--seed 1000] [--threads 1] [--json OUT.json]
+        [--cases 24] [--seed 1000] [--threads 1] [--json OUT.json]
 
 Targets: mean PSNR over chunks 0-3 at least 6 dB above the random checkpoint's; the turn direction right in
 at least 90% of the turning cases.
@@ -151,7 +151,7 @@ def main() -> int:
     parser.add_argument("--model", default="tiny-world-trained", help="the checkpoint measured")
     parser.add_argument("--baseline", default="tiny-lingbot-world", help="the random checkpoint beside it")
     parser.add_argument(
-        "--cases", type=int, default=12, help="held-out control sequences (2 held, rest random)"
+        "--cases", type=int, default=24, help="held-out control sequences (2 held, rest random)"
     )
     parser.add_argument("--seed", type=int, default=1000, help="the random sequences' seed (training uses 7)")
     parser.add_argument("--threads", type=int, default=1)
