@@ -6,15 +6,17 @@ training data's, skipping every sequence the measured model was trained on: its 
 the worker's normal path (`load_vllm_runtime` -> `ARDiffusionSessionAdapter.prepare/forward`: the real
 vllm-omni runner, paged KV, the session's streaming VAE decoder). Each chunk's frames are compared with the
 ray-caster's ground truth for the same camera path (`ardiff.worker.tiny_world`): PSNR and SSIM per chunk.
-Control response: for every (case, chunk) whose ground truth turns (net yaw over the chunk is not zero), the
+Control response: for every (case, chunk) whose ground truth turns (its frames move over the chunk), the
 sign of the horizontal image shift from the chunk's first frame (chunk 0) or the previous chunk's last frame
-(later chunks) to the chunk's last frame, by phase correlation, in the generated frames against the ground
-truth's.
+(later chunks) to the chunk's last frame (`tiny_world.horizontal_shift`: the move whose overlap differs
+least), in the generated frames against the ground truth's; beside it, the stricter count of shifts the right
+way and at least half as far, and the turn read another way: between the yaws whose true views are nearest the
+two generated frames (`tiny_world.nearest_yaw`).
 
 Each model runs in its own child process (one vllm-omni worker per process), the same cases in the same run.
 
     .venv/bin/python benchmarks/world_quality.py [--model tiny-world-trained] [--baseline tiny-lingbot-world]
-        [--cases 24] [--seed 1000] [--threads 1] [--json OUT.json]
+        [--cases 24] [--seed 1000] [--threads 1] [--json OUT.json] [--frames DIR]
 
 Targets: mean PSNR over chunks 0-3 at least 6 dB above the random checkpoint's; the turn direction right in
 at least 90% of the turning cases.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import subprocess
 import sys
@@ -70,14 +73,32 @@ def turn_checks(generated: np.ndarray, truth: np.ndarray) -> list[dict[str, floa
         if gt == 0:
             continue
         gen = world.horizontal_shift(generated[first], generated[last])
+        right = bool(np.sign(gen) == np.sign(gt))
+        # Two readings beside the target's: the right way and at least half as far; and the turn between the
+        # true views nearest the two generated frames (a left turn moves the picture right: the signs differ).
+        far_enough = right and abs(gen) >= abs(gt) / 2
+        view_turn = math.remainder(
+            world.nearest_yaw(generated[last]) - world.nearest_yaw(generated[first]), math.tau
+        )
         checks.append(
-            {"chunk": chunk, "gt_px": gt, "gen_px": gen, "right": bool(np.sign(gen) == np.sign(gt))}
+            {
+                "chunk": chunk,
+                "gt_px": gt,
+                "gen_px": gen,
+                "right": right,
+                "far_enough": far_enough,
+                "view_turn_degrees": math.degrees(view_turn),
+                "view_right": bool(np.sign(view_turn) == -np.sign(gt)),
+            }
         )
     return checks
 
 
-def run_model(model: str, session_cases: list[tuple[str, world.Actions]], model_cache: str) -> dict[str, Any]:
-    """In this process: every case through the worker's normal path; per-chunk figures."""
+def run_model(
+    model: str, session_cases: list[tuple[str, world.Actions]], model_cache: str, frames_out: Path | None
+) -> dict[str, Any]:
+    """In this process: every case through the worker's normal path; per-chunk figures (and, with
+    `frames_out`, every generated frame, by case name, to look at or measure again)."""
     import PIL.Image
     import torch
 
@@ -95,7 +116,7 @@ def run_model(model: str, session_cases: list[tuple[str, world.Actions]], model_
             model=resolve_model(model), height=world.HEIGHT, width=world.WIDTH, model_cache=model_cache
         )
     )
-    results = []
+    results, generated_frames = [], {}
     try:
         for name, actions in session_cases:
             session = f"q-{name}"
@@ -115,7 +136,7 @@ def run_model(model: str, session_cases: list[tuple[str, world.Actions]], model_
                 }
                 tick = tick_rules.parse_tick(session, body)
                 frames.append(adapter.forward(adapter.prepare(tick, conditioning)).frames)
-            generated = np.concatenate(frames)
+            generated = generated_frames[name] = np.concatenate(frames)
             truth = world.render_session(actions)
             slices = world.chunk_frame_slices(N_CHUNKS)
             results.append(
@@ -129,6 +150,8 @@ def run_model(model: str, session_cases: list[tuple[str, world.Actions]], model_
             )
     finally:
         adapter.shutdown()
+    if frames_out is not None:
+        np.savez_compressed(frames_out, **generated_frames)
     return {"model": model, "cases": results}
 
 
@@ -142,8 +165,14 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
         "ssim_per_chunk": ssims.mean(0).round(3).tolist(),
         "ssim_mean": round(float(ssims.mean()), 3),
         "turns_right": sum(turn["right"] for turn in turns),
+        "turns_far_enough": sum(turn["far_enough"] for turn in turns),
+        "turns_by_view": sum(turn["view_right"] for turn in turns),
         "turns": len(turns),
     }
+
+
+def _share(count: int, total: int) -> str:
+    return f"{count}/{total} ({100 * count / max(1, total):.0f}%)"
 
 
 def main() -> int:
@@ -156,14 +185,17 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1000, help="the random sequences' seed (training uses 7)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", help="write every figure here")
+    parser.add_argument("--frames", help="write each model's generated frames to DIR/<model>.npz, by case")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-cases", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
+    parser.add_argument("--child-frames", help=argparse.SUPPRESS)
     parser.add_argument("--model-cache", default=str(Path("~/.cache/ardiff/models").expanduser()))
     args = parser.parse_args()
     if args.child:
         session_cases = [(name, actions) for name, actions in json.loads(Path(args.child_cases).read_text())]
-        result = run_model(args.child, session_cases, args.model_cache)
+        frames_out = Path(args.child_frames) if args.child_frames else None
+        result = run_model(args.child, session_cases, args.model_cache, frames_out)
         Path(args.child_out).write_text(json.dumps(result))
         return 0
     from ardiff.worker.settings import resolve_model
@@ -180,6 +212,9 @@ def main() -> int:
             case_file.write_text(json.dumps(session_cases))
             command = [sys.executable, __file__, "--child", model, "--child-cases", str(case_file)]
             command += ["--child-out", str(result), "--model-cache", args.model_cache]
+            if args.frames:
+                Path(args.frames).mkdir(parents=True, exist_ok=True)
+                command += ["--child-frames", str(Path(args.frames) / f"{Path(model).name}.npz")]
             proc = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
             if proc.returncode or not result.is_file():
                 sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
@@ -194,14 +229,18 @@ def main() -> int:
         print(f"{args.model} has no training record: the random cases are not checked against its training")
     else:
         print(f"none among its {len(training)} training sessions ({skipped} random draws skipped as such)")
-    print("| model | PSNR chunk 0/1/2/3 (dB) | mean PSNR | SSIM chunk 0/1/2/3 | mean SSIM | turn direction |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| model | PSNR chunk 0/1/2/3 (dB) | mean PSNR | SSIM chunk 0/1/2/3 | mean SSIM | turn direction "
+        "| and at least half as far | by the nearest true views |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for model, row in rows.items():
         print(
             f"| `{model}` | {' / '.join(f'{v:.2f}' for v in row['psnr_per_chunk'])} | "
             f"{row['psnr_mean']:.2f} | "
             f"{' / '.join(f'{v:.3f}' for v in row['ssim_per_chunk'])} | {row['ssim_mean']:.3f} | "
-            f"{row['turns_right']}/{row['turns']} ({100 * row['turns_right'] / max(1, row['turns']):.0f}%) |"
+            f"{_share(row['turns_right'], row['turns'])} | {_share(row['turns_far_enough'], row['turns'])} | "
+            f"{_share(row['turns_by_view'], row['turns'])} |"
         )
     print(
         f"PSNR gain {gain:+.2f} dB (target >= +6): {'met' if gain >= 6 else 'NOT met'}; "

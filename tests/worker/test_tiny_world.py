@@ -40,6 +40,39 @@ def test_turning_left_moves_the_picture_right_and_right_left(vllm_omni_ready, ke
         assert all(7 <= abs(shift) <= 9 for shift in shifts), shifts
 
 
+def test_the_shift_measure_reads_blurred_noisy_turns_and_no_move_where_there_is_none(vllm_omni_ready) -> None:
+    """The quality benchmark's turn check reads generated frames, which are never sharp: the shift measure
+    must read a blurred, noisy copy of the true frames as the sharp ones (phase correlation read most of them
+    as 0 px), and a still or flat picture as no move (0 counts as a wrong turn)."""
+    from scipy.ndimage import gaussian_filter
+
+    noise = np.random.default_rng(0)
+    for key, direction in (("j", +1), ("l", -1)):
+        frames = world.render_session(world.held_actions(key, 2)).astype(np.float64)
+        blurred = gaussian_filter(frames, (0, 2, 2, 0)) + 20 * noise.standard_normal(frames.shape)
+        for first, last in ((0, 8), (8, 20), (4, 16)):
+            sharp = world.horizontal_shift(frames[first], frames[last])
+            assert np.sign(sharp) == direction
+            assert abs(world.horizontal_shift(blurred[first], blurred[last]) - sharp) <= 1
+    still = gaussian_filter(world.render(0.3).astype(np.float64), (2, 2, 0))
+    assert world.horizontal_shift(still, still + 20 * noise.standard_normal(still.shape)) == 0
+    flat = np.full((world.HEIGHT, world.WIDTH, 3), 128, dtype=np.uint8)
+    assert world.horizontal_shift(flat, flat) == 0
+
+
+def test_the_nearest_true_view_finds_where_a_blurred_noisy_picture_looks() -> None:
+    """The benchmark's second reading of a turn: `nearest_yaw` finds the yaw of a blurred, noisy true view to
+    within a degree on its 1-degree grid, all the way round (the sky hue and the pillars tell them apart)."""
+    from scipy.ndimage import gaussian_filter
+
+    noise = np.random.default_rng(1)
+    for degrees in (-170.0, -48.0, -6.0, 0.0, 30.0, 97.0, 179.0):
+        view = gaussian_filter(world.render(np.radians(degrees)).astype(np.float64), (2, 2, 0))
+        view += 20 * noise.standard_normal(view.shape)
+        found = np.degrees(world.nearest_yaw(view))
+        assert abs((found - degrees + 180) % 360 - 180) <= 1, (degrees, found)
+
+
 def test_the_name_resolves_to_the_shipped_checkpoint() -> None:
     settings = build_settings({"model": TRAINED_WORLD_MODEL}, environ={})
     assert settings.model.endswith("models/tiny-world-trained")
