@@ -134,19 +134,19 @@ def _atomic_torch_save(value: Any, path: Path) -> None:
 # -- data ---------------------------------------------------------------------------------------------------
 
 
-def training_actions(sessions: int, seed: int, long_turns: int = 0) -> list[list[list[list[str]]]]:
+def training_actions(sessions: int, seed: int, long_turns: int = 0) -> list[world.Actions]:
     """The training sessions' keys: `sessions` of random held-key turning (`world.sample_actions`), then
     `long_turns` of long turning (`world.sample_long_turns`, from their own stream of the same seed). A
     session that holds `j` or `l` throughout is skipped (the next one drawn instead): those are the quality
     benchmark's held-out hold-`j`/hold-`l` cases, which training must not contain."""
     held = [world.held_actions(key, N_CHUNKS) for key in ("j", "l")]
-    out: list[list[list[list[str]]]] = []
+    out: list[world.Actions] = []
     streams = (
         (sessions, np.random.default_rng(seed), world.sample_actions),
         (long_turns, np.random.default_rng([seed, 1]), world.sample_long_turns),
     )
     for count, rng, sample in streams:
-        drawn: list[list[list[list[str]]]] = []
+        drawn: list[world.Actions] = []
         while len(drawn) < count:
             chunks = sample(rng, N_CHUNKS)
             if chunks not in held:
@@ -162,7 +162,7 @@ def write_training_record(model_dir: Path, *, sessions: int, seed: int, long_tur
     (model_dir / TRAINING_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
-def trained_on(model_dir: Path) -> list[list[list[list[str]]]] | None:
+def trained_on(model_dir: Path) -> list[world.Actions] | None:
     """The sessions a model directory was trained on, from its training record; None without one."""
     path = model_dir / TRAINING_RECORD
     if not path.is_file():
