@@ -211,10 +211,11 @@ def held_out_cases(
     skipped = 0
     while len(out) < n:
         actions = sample_actions(rng, n_chunks)
-        if _key(actions) in seen:
+        key = _key(actions)
+        if key in seen:
             skipped += 1
             continue
-        seen.add(_key(actions))
+        seen.add(key)
         out.append((f"random-{len(out) - 1}", actions))
     return out[:n], skipped
 
@@ -246,9 +247,9 @@ def horizontal_shift(a: np.ndarray, b: np.ndarray) -> float:
 def nearest_yaw(frame: np.ndarray, step_degrees: float = 1.0) -> float:
     """The yaw (radians, in [-pi, pi)) whose true view is nearest `frame` (mean squared difference), on a grid
     of `step_degrees`: where in the world a generated picture says the camera looks, whatever it drew."""
-    views = _view_bank(step_degrees)
-    errors = ((views[1] - frame.astype(np.float32)[None]) ** 2).mean((1, 2, 3))
-    return float(views[0][int(np.argmin(errors))])
+    yaws, views = _view_bank(step_degrees)
+    errors = ((views - frame.astype(np.float32)[None]) ** 2).mean((1, 2, 3))
+    return float(yaws[int(np.argmin(errors))])
 
 
 @functools.cache
