@@ -1,20 +1,26 @@
-"""The whole local stack as one object: emulated API, Redis, pod runner and (given a command) the operator.
+"""The whole local stack as one object: a real control plane, process kubelets, add-ons, Redis and (given a
+command) the operator.
 
-    with DevCluster(Path(".ardiff-dev"), operator_command=["ardiff", "operator", "run", "--standalone"]) as c:
-        c.kubectl("apply", "-f", "examples/pool.yaml")
+    with DevCluster(Path(".ardiff-dev"), operator_command=OPERATOR_COMMAND) as cluster:
+        cluster.kubectl("apply", "-f", "examples/")
 
-The API runs as its own process (`python -m ardiff.devcluster.kube_api`, so it does not compete with
-the caller for the GIL), Redis as `redis-server`, the pod runner on a thread of the caller, the operator as
-a process with KUBECONFIG, ARDIFF_REDIS_URL and ARDIFF_WATCH_NAMESPACES set (`operator_process`; `start()`
-returns once it serves). Everything writes its log under `<workdir>/logs/` (Pods:
-`logs/pods/<namespace>_<pod>.log`); the Pods' emptyDir volumes are under `<workdir>/volumes/`. `stop()`
-tears down in reverse order. `ardiff up`/`down` run it in a background process (`ardiff.devcluster.daemon`);
-`ardiff demo` and tests/e2e run it in theirs.
+`start()` claims a network slot (`network`), starts the control plane (`controlplane`: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler), the kubelets (`kubelet`, one process per node in its namespace; two
+process nodes by default, plus `simulated_nodes`), applies kube-proxy and CoreDNS (`addons`) and the local
+volume provisioner's StorageClass, installs the CRDs (unless `install_crds=False`: `helm install` does it),
+starts `redis-server` on the root namespace's cluster address (Pods reach it there) and the operator, as a
+process of this machine outside the cluster with the admin kubeconfig, or `operator_in_cluster()`'s
+ServiceAccount token (the chart tests run it as the chart's Pod instead). Logs go to `<workdir>/logs/`
+(`kubelet-<node>.log`, the control plane's, the Pods' under `nodes/<node>/pods/`). `stop()` tears down in
+reverse order and removes every namespace the slot made. `ardiff up`/`down` run it in a background process
+(`ardiff.devcluster.daemon`); `ardiff demo` and the tests run it in theirs.
 This is a development harness; production runs on a real cluster through the Helm chart.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import subprocess
 import sys
 import time
@@ -23,22 +29,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
-import httpx
+import yaml
 
+from ardiff.devcluster import addons
+from ardiff.devcluster.binaries import ensure_kubernetes
+from ardiff.devcluster.controlplane import CLUSTER_DOMAIN, ComponentProcess, ControlPlane
+from ardiff.devcluster.images import build_image_table
+from ardiff.devcluster.kubeconfig import Credentials
 from ardiff.devcluster.kubectl import run_kubectl
-from ardiff.devcluster.operator_process import OperatorProcess, stop_process
-from ardiff.devcluster.pod_runner import PodCommand, PodRunner, container_command
-from ardiff.devcluster.redis_server import RedisServer, free_port
+from ardiff.devcluster.kubelet import KubeletConfig
+from ardiff.devcluster.network import ClusterNetwork, SlotLock, claimed_network, ip
+from ardiff.devcluster.operator_process import OperatorProcess
+from ardiff.devcluster.provisioner import storage_class
+from ardiff.devcluster.redis_server import RedisServer
+from ardiff.devcluster.waiting import wait_until
 
 if TYPE_CHECKING:
     from ardiff.client import KubeSessions
 
+CHECKOUT = Path(__file__).resolve().parents[2]
+CRD_DIR = CHECKOUT / "crds"
 # The real operator, as `ardiff up` and the demo run it.
 OPERATOR_COMMAND = ("ardiff", "operator", "run", "--standalone")
 # Interactive periods: statuses (and `kubectl get`'s Chunk column) follow ticks within about a second.
 INTERACTIVE_OPERATOR_ENV = {"ARDIFF_OPERATOR_RECONCILE_SECONDS": "1", "ARDIFF_OPERATOR_MIRROR_SECONDS": "1"}
 # Benchmark periods: a reconcile round every half second, so rounds add little to what is timed.
 BENCHMARK_OPERATOR_ENV = {"ARDIFF_OPERATOR_RECONCILE_SECONDS": "0.5", "ARDIFF_OPERATOR_MIRROR_SECONDS": "1"}
+PROCESS_NODE_LABEL = "ardiff.dev/process-node"
+# A process node's capacity: more than this machine has, as kwok's nodes advertise (the scheduler places by
+# it; the kubelet enforces no limit).
+PROCESS_NODE_CAPACITY = {"cpu": "32", "memory": "128Gi", "pods": "110", "ephemeral-storage": "200Gi"}
+SIMULATED_NODE_CAPACITY = {"cpu": "4000", "memory": "16000Gi", "pods": "1000", "ephemeral-storage": "20000Gi"}
 
 
 def tiny_pool(
@@ -69,64 +90,50 @@ def tiny_pool(
     }
 
 
-@dataclass
-class KubeAPIProcess:
-    """`python -m ardiff.devcluster.kube_api` on a free port; `url` and `kubeconfig` once started."""
+def load_manifests(directory: Path = CRD_DIR) -> list[dict[str, Any]]:
+    """Every document of the YAML files in `directory` (the CRDs by default)."""
+    documents: list[dict[str, Any]] = []
+    for path in sorted(directory.glob("*.yaml")):
+        documents += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return documents
 
-    kubeconfig: Path
-    log_path: Path
-    install_crds: bool = True
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+@dataclass(frozen=True)
+class NodeSpec:
+    """A node of the dev cluster: a process node (its own namespace, Pods as processes) or a simulated one."""
 
-    def start(self, timeout: float = 30) -> Self:
-        self.kubeconfig.unlink(missing_ok=True)
-        argv = [sys.executable, "-m", "ardiff.devcluster.kube_api", "--port", str(self.port)]
-        argv += ["--kubeconfig", str(self.kubeconfig), *(["--install-crds"] if self.install_crds else [])]
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
-        deadline = time.monotonic() + timeout
-        while not self.kubeconfig.exists():  # written once the API listens (and the CRDs are in)
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"the dev cluster API exited with {self.process.returncode}; see {self.log_path}"
-                )
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(
-                    f"the dev cluster API did not start within {timeout}s; see {self.log_path}"
-                )
-            time.sleep(0.05)
-        httpx.get(f"{self.url}/readyz", timeout=5).raise_for_status()
-        return self
+    name: str
+    simulated: bool = False
+    capacity: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: Sequence[Mapping[str, str]] = ()
 
-    def stop(self) -> None:
-        stop_process(self.process)
-        self.process = None
+
+def default_nodes(simulated: int = 0) -> list[NodeSpec]:
+    nodes = [NodeSpec(f"node-{n}") for n in (1, 2)]
+    return nodes + [NodeSpec(f"simulated-{n}", simulated=True) for n in range(1, simulated + 1)]
 
 
 @dataclass
 class DevCluster:
-    """API + Redis + pod runner (+ operator); see the module docstring."""
+    """Control plane + kubelets + add-ons + Redis (+ operator); see the module docstring."""
 
     workdir: Path
     operator_command: Sequence[str] | None = None
     namespace: str = "default"
     install_crds: bool = True  # False: the caller installs them (as `helm install` does from the chart)
-    pod_command: PodCommand = container_command
-    pod_env: Mapping[str, str] = field(default_factory=dict)
+    nodes: Sequence[NodeSpec] = field(default_factory=default_nodes)
+    worker_image: bool = True  # False: no worker venv (operator-only runs on simulated pods)
     operator_env: Mapping[str, str] = field(default_factory=dict)
-    simulated_pods: bool = False  # worker Pods without processes (pod_runner's simulated mode)
+    restart_backoff_seconds: float = 1.0
+    control_plane: ControlPlane | None = None
+    network: ClusterNetwork | None = None
     redis: RedisServer | None = None
-    api: KubeAPIProcess | None = None
-    runner: PodRunner | None = None
     operator: OperatorProcess | None = None
+    kubelets: dict[str, ComponentProcess] = field(default_factory=dict)
+    provisioner: ComponentProcess | None = None
+    _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    _lock: SlotLock | None = None
 
     @property
     def logs_dir(self) -> Path:
@@ -137,34 +144,64 @@ class DevCluster:
         return self.workdir / "kubeconfig"
 
     @property
+    def admin(self) -> Credentials:
+        assert self.control_plane is not None and self.control_plane.admin is not None, "not started"
+        return self.control_plane.admin
+
+    @property
     def redis_url(self) -> str:
         assert self.redis is not None, "the dev cluster is not started"
         return self.redis.url
 
     @property
-    def api_url(self) -> str:
-        assert self.api is not None, "the dev cluster is not started"
-        return self.api.url
+    def cluster_redis_url(self) -> str:
+        """Redis as Pods reach it (the root namespace's address on the cluster network)."""
+        assert self.redis is not None and self.network is not None, "the dev cluster is not started"
+        return self.redis.url_at(self.network.host_ip)
 
     def start(self) -> Self:
         """Start every part; on a failure the parts already started are stopped again."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self.redis = RedisServer().start()
-            self.api = KubeAPIProcess(
-                self.kubeconfig, self.logs_dir / "kube-api.log", install_crds=self.install_crds
+            self.network, self._lock = self._stack.enter_context(claimed_network())
+            binaries = ensure_kubernetes()
+            images = build_image_table(CHECKOUT, binaries, worker=self.worker_image)
+            images_file = self.workdir / "images.json"
+            images_file.write_text(images.to_json())
+            self.control_plane = ControlPlane(self.workdir / "control-plane", self.network, binaries).start()
+            self.admin.write_kubeconfig(self.kubeconfig, self.namespace)
+            for number, node in enumerate(self.nodes, start=1):
+                self._start_kubelet(number, node, images_file)
+            self._route_nodes()
+            self.control_plane.apply(
+                [
+                    *addons.kube_proxy(self.network, self.control_plane.server),
+                    *addons.coredns(self.network),
+                    storage_class(),
+                ]
+            )
+            self.provisioner = ComponentProcess(
+                "provisioner",
+                [
+                    sys.executable,
+                    "-m",
+                    "ardiff.devcluster.provisioner",
+                    str(self.kubeconfig),
+                    str(self.workdir / "volumes"),
+                ],
+                self.network.control_plane_namespace,
+                self.logs_dir / "provisioner.log",
             ).start()
+            if self.install_crds:
+                self.control_plane.apply(load_manifests())
+                self.wait_crds()
             if self.namespace != "default":
-                namespace = {"metadata": {"name": self.namespace}}
-                httpx.post(f"{self.api.url}/api/v1/namespaces", json=namespace, timeout=10).raise_for_status()
-            self.runner = PodRunner(
-                self.api.url,
-                command=self.pod_command,
-                logs_dir=self.logs_dir / "pods",
-                volumes_dir=self.workdir / "volumes",
-                extra_env=self.pod_env,
-                simulated=self.simulated_pods,
-            ).start()
+                self.control_plane.apply(
+                    [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}}]
+                )
+            self.redis = RedisServer(bind=("127.0.0.1", self.network.host_ip)).start()
+            self.wait_dns()
             if self.operator_command is not None:
                 self.operator = OperatorProcess(
                     self.operator_command,
@@ -172,13 +209,132 @@ class DevCluster:
                     redis_url=self.redis.url,
                     namespace=self.namespace,
                     log_path=self.logs_dir / "operator.log",
-                    env=self.operator_env,
+                    env={"ARDIFF_WORKER_REDIS_URL": self.cluster_redis_url, **self.operator_env},
                 ).start()
                 self.operator.wait_ready()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _start_kubelet(self, number: int, node: NodeSpec, images_file: Path) -> None:
+        assert self.network is not None and self.control_plane is not None
+        if node.simulated:
+            node_ip = str(self.network.underlay[200 + number])
+            namespace = self.network.control_plane_namespace
+        else:
+            namespace = self.network.add_node(number)
+            node_ip = self.network.node_ip(number)
+        credentials = self.control_plane.node_credentials(node.name)
+        serving = self.control_plane.kubelet_serving(node.name, node_ip)
+        state = self.workdir / "nodes" / node.name
+        config = KubeletConfig(
+            node_name=node.name,
+            node_number=0 if node.simulated else number,
+            node_ip=node_ip,
+            network_index=self.network.index,
+            kubeconfig=str(credentials.write_kubeconfig(state / "kubeconfig")),
+            serving_cert=str(serving.cert),
+            serving_key=str(serving.key),
+            ca=str(self.control_plane.ca.cert_path if self.control_plane.ca else ""),
+            state_dir=str(state),
+            images=str(images_file),
+            cluster_dns=self.network.dns_ip,
+            cluster_domain=CLUSTER_DOMAIN,
+            api_service_host=self.network.api_service_ip,
+            python=sys.executable,
+            capacity={
+                **(SIMULATED_NODE_CAPACITY if node.simulated else PROCESS_NODE_CAPACITY),
+                **node.capacity,
+            },
+            labels={**({} if node.simulated else {PROCESS_NODE_LABEL: "true"}), **node.labels},
+            taints=tuple(node.taints),
+            simulated=node.simulated,
+            restart_backoff_seconds=self.restart_backoff_seconds,
+        )
+        config_file = state / "kubelet.json"
+        config_file.write_text(config.to_json())
+        process = ComponentProcess(
+            f"kubelet {node.name}",
+            [sys.executable, "-m", "ardiff.devcluster.kubelet", str(config_file)],
+            namespace,
+            self.logs_dir / f"kubelet-{node.name}.log",
+        ).start()
+        self.kubelets[node.name] = process
+
+    def _route_nodes(self, timeout: float = 60) -> None:
+        """Once every node has its pod CIDR: routes to each from the root namespace and from the other nodes
+        (what a cloud's route controller does), and to the Service range through node 1's kube-proxy."""
+        assert self.network is not None and self.control_plane is not None
+        network = self.network
+
+        def cidrs() -> dict[str, tuple[str, str]] | None:
+            for process in self.kubelets.values():
+                process.check_running()
+            with self.admin.client() as client:
+                items = client.get("/api/v1/nodes").json()["items"]
+            found = {
+                n["metadata"]["name"]: (n["spec"].get("podCIDR", ""), n["status"]["addresses"][0]["address"])
+                for n in items
+                if n.get("spec", {}).get("podCIDR") and n.get("status", {}).get("addresses")
+            }
+            return found if len(found) == len(self.nodes) else None
+
+        found = wait_until(cidrs, timeout=timeout, what="every node to register with a pod CIDR")
+        process_nodes = [(n, number) for number, n in enumerate(self.nodes, start=1) if not n.simulated]
+        for node, number in process_nodes:
+            cidr, node_ip = found[node.name]
+            others = [network.node_namespace(m) for other, m in process_nodes if other is not node]
+            network.route_node_cidr(
+                cidr, node_ip, from_namespaces=[None, network.control_plane_namespace, *others]
+            )
+        if process_nodes:
+            ip("route", "replace", str(network.service_cidr), "via", network.node_ip(process_nodes[0][1]))
+        self.wait_nodes_ready(timeout)
+
+    def wait_nodes_ready(self, timeout: float = 60) -> None:
+        def ready() -> bool:
+            with self.admin.client() as client:
+                items = client.get("/api/v1/nodes").json()["items"]
+            return len(items) >= len(self.nodes) and all(
+                any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
+                for n in items
+            )
+
+        wait_until(ready, timeout=timeout, what="every node Ready")
+
+    def wait_crds(self, timeout: float = 30) -> None:
+        def established() -> bool:
+            with self.admin.client() as client:
+                items = client.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions").json()["items"]
+            ours = [c for c in items if c["spec"]["group"] == "ardiffusion.dev"]
+            return bool(ours) and all(
+                any(
+                    c["type"] == "Established" and c["status"] == "True"
+                    for c in crd["status"].get("conditions", [])
+                )
+                for crd in ours
+            )
+
+        wait_until(established, timeout=timeout, what="the CRDs Established")
+
+    def wait_dns(self, timeout: float = 90) -> None:
+        """Until kube-proxy runs on every process node and CoreDNS is Ready (Pods resolve Service names)."""
+        if not any(not n.simulated for n in self.nodes):
+            return
+
+        def ready() -> bool:
+            with self.admin.client() as client:
+                daemonset = client.get("/apis/apps/v1/namespaces/kube-system/daemonsets/kube-proxy").json()
+                deployment = client.get("/apis/apps/v1/namespaces/kube-system/deployments/coredns").json()
+            proxies = daemonset.get("status", {})
+            return (
+                proxies.get("numberReady", 0) >= 1
+                and proxies.get("numberReady") == proxies.get("desiredNumberScheduled")
+                and deployment.get("status", {}).get("readyReplicas", 0) >= 1
+            )
+
+        wait_until(ready, timeout=timeout, what="kube-proxy and CoreDNS ready", poll=0.3)
 
     def kubectl(
         self, *args: str, stdin: str | None = None, check: bool = True
@@ -189,19 +345,25 @@ class DevCluster:
         return run_kubectl([*prefix, *args], kubeconfig=self.kubeconfig, stdin=stdin, check=check)
 
     def stop(self) -> None:
-        """Operator first (it must not see Pods vanish), then Pods, the API and Redis."""
+        """Operator first (it must not see Pods vanish), then the kubelets, the control plane, Redis and the
+        network (which kills whatever still runs in its namespaces)."""
         if self.operator is not None:
             self.operator.stop()
             self.operator = None
-        if self.runner is not None:
-            self.runner.stop()
-            self.runner = None
-        if self.api is not None:
-            self.api.stop()
-            self.api = None
+        for process in self.kubelets.values():
+            process.stop()
+        self.kubelets.clear()
+        if self.provisioner is not None:
+            self.provisioner.stop()
+            self.provisioner = None
+        if self.control_plane is not None:
+            self.control_plane.stop()
+            self.control_plane = None
         if self.redis is not None:
             self.redis.stop()
             self.redis = None
+        self._stack.close()
+        self.network = None
 
     def sessions(self) -> KubeSessions:
         """The Python client's Kubernetes part, for this cluster's namespace."""
@@ -209,18 +371,25 @@ class DevCluster:
 
         return KubeSessions(self.namespace, kubeconfig=self.kubeconfig)
 
-    def processes(self) -> list[int]:
-        """The pids of every process the cluster runs now: API, Redis, operator and worker Pods."""
-        candidates = [
-            self.api.process.pid if self.api is not None and self.api.process is not None else None,
-            self.redis.process.pid if self.redis is not None and self.redis.process is not None else None,
-            self.operator.pid if self.operator is not None else None,
-            *(info.pid for info in (self.runner.pods() if self.runner is not None else [])),
-        ]
-        return sorted(pid for pid in candidates if pid is not None)
-
     def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def pod_pid(pod: Mapping[str, Any], container: str | None = None) -> int | None:
+    """The pid of a Pod's container process (the kubelet's containerID is `process://<pid>`)."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if container in (None, status["name"]) and "running" in status.get("state", {}):
+            container_id = status.get("containerID", "")
+            if container_id.startswith("process://"):
+                return int(container_id.removeprefix("process://"))
+    return None
+
+
+def in_cidr(address: str, cidr: str) -> bool:
+    return ipaddress.ip_address(address) in ipaddress.ip_network(cidr)
+
+
+__all__ = ["OPERATOR_COMMAND", "DevCluster", "NodeSpec", "load_manifests", "pod_pid", "time", "tiny_pool"]

@@ -80,7 +80,8 @@ class RedisServer(_ServerProcess):
 
     `replica_of`: the port of a master on 127.0.0.1 this server replicates (a replica started with
     `--replicaof`); `cluster`: a Redis Cluster node (`--cluster-enabled yes`, see `RedisCluster`);
-    `extra_args`: more `--name value` settings."""
+    `extra_args`: more `--name value` settings; `bind`: the addresses it listens on (loopback by default; the
+    dev cluster adds the root namespace's cluster address, where Pods reach it: `url_at`)."""
 
     port: int = field(default_factory=free_port)
     password: str | None = None
@@ -90,17 +91,24 @@ class RedisServer(_ServerProcess):
     cluster: bool = False
     cluster_port: int = field(default_factory=free_port)  # the bus; port + 10000 may not exist
     extra_args: Sequence[str] = ()
+    bind: Sequence[str] = ("127.0.0.1",)
 
     @property
     def url(self) -> str:
+        return self.url_at("127.0.0.1")
+
+    def url_at(self, host: str) -> str:
+        """The URL through another of the addresses it binds."""
+        if host not in self.bind:
+            raise ValueError(f"redis server binds {list(self.bind)}, not {host}")
         auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
+        return f"redis://{auth}{host}:{self.port}/0"
 
     def start(self) -> Self:
         args = [
             redis_server_binary(),
             "--bind",
-            "127.0.0.1",
+            *self.bind,
             "--port",
             str(self.port),
             "--save",
