@@ -209,14 +209,18 @@ def _checked_pixels(param: str, array: np.ndarray) -> np.ndarray:
 
 
 def vector(value: Any, field: str, size: int) -> np.ndarray:
+    """`size` finite numbers as float32; the length (and an array's dtype) is checked before any conversion,
+    so nothing is allocated for what could never fit."""
     param = f"observation.{field}"
+    if isinstance(value, np.ndarray):
+        fits = value.dtype.kind in "biuf" and value.size == size
+    else:
+        fits = isinstance(value, list) and len(value) == size
     try:
-        array = np.asarray(value if isinstance(value, list | np.ndarray) else [], dtype=np.float64).reshape(
-            -1
-        )
-    except (TypeError, ValueError):
-        array = np.zeros(0)
-    if array.shape != (size,) or not np.all(np.isfinite(array)):
+        array = np.asarray(value, dtype=np.float64).reshape(-1) if fits else None
+    except (TypeError, ValueError, OverflowError):
+        array = None
+    if array is None or array.shape != (size,) or not np.all(np.isfinite(array)):
         raise InvalidTick(f"{param} must be {size} finite numbers", param=param)
     return array.astype(np.float32)
 
