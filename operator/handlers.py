@@ -27,6 +27,7 @@ from ardiff.operator.config import OperatorConfig
 from ardiff.operator.context import OperatorContext
 from ardiff.operator.kube import KubeApi
 from ardiff.operator.metrics import OperatorMetrics, PoolSample
+from ardiff.operator.permissions import missing_permissions
 from ardiff.operator.pods import COMPONENT_LABEL, POOL_LABEL, WORKER_COMPONENT
 from ardiff.operator.reconcile import (
     ensure_service,
@@ -90,6 +91,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     memo.ctx = OperatorContext(
         config=config, store=PlacementStore.from_url(config.redis_url), kube=KubeApi(login)
     )
+    missing = await missing_permissions(memo.ctx.kube, None if config.all_namespaces else config.namespaces)
+    if missing:
+        raise kopf.PermanentError(
+            f"the operator's service account may not: {'; '.join(missing)}. Grant them (the chart's Role "
+            "`<release>-ardiff-operator` has them all: charts/ardiff/templates/rbac.yaml) and restart it."
+        )
     if config.metrics is not None:
         memo.ctx.metrics = OperatorMetrics()
         memo.ctx.metrics.serve(config.metrics)

@@ -109,9 +109,17 @@ class NodeSpec:
     taints: Sequence[Mapping[str, str]] = ()
 
 
-def default_nodes(simulated: int = 0) -> list[NodeSpec]:
+SIMULATED_NODE = "simulated-node"
+SIMULATED_TAINT = {"key": "ardiff.dev/simulated", "value": "true", "effect": "NoSchedule"}
+
+
+def default_nodes(*, simulated: bool = False) -> list[NodeSpec]:
+    """Two process nodes; with `simulated`, also `SIMULATED_NODE`, tainted so that only Pods which tolerate
+    `ardiff.dev/simulated` (and select it) land there."""
     nodes = [NodeSpec(f"node-{n}") for n in (1, 2)]
-    return nodes + [NodeSpec(f"simulated-{n}", simulated=True) for n in range(1, simulated + 1)]
+    return nodes + (
+        [NodeSpec(SIMULATED_NODE, simulated=True, taints=(SIMULATED_TAINT,))] if simulated else []
+    )
 
 
 @dataclass
@@ -126,14 +134,17 @@ class DevCluster:
     worker_image: bool = True  # False: no worker venv (operator-only runs on simulated pods)
     operator_env: Mapping[str, str] = field(default_factory=dict)
     restart_backoff_seconds: float = 1.0
-    control_plane: ControlPlane | None = None
+    # Given: used as they are, and left running (the tests' session claims the network and starts Redis
+    # before the cluster, so that Redis binds the root namespace's cluster address).
     network: ClusterNetwork | None = None
     redis: RedisServer | None = None
+    control_plane: ControlPlane | None = None
     operator: OperatorProcess | None = None
     kubelets: dict[str, ComponentProcess] = field(default_factory=dict)
     provisioner: ComponentProcess | None = None
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     _lock: SlotLock | None = None
+    _owns_redis: bool = True
 
     @property
     def logs_dir(self) -> Path:
@@ -159,12 +170,22 @@ class DevCluster:
         assert self.redis is not None and self.network is not None, "the dev cluster is not started"
         return self.redis.url_at(self.network.host_ip)
 
+    def redis_url_for_pods(self, url: str) -> str:
+        """A loopback Redis URL of this machine as the cluster's Pods reach it (the server must bind the root
+        namespace's cluster address, as the session's and this cluster's own do)."""
+        assert self.network is not None, "the dev cluster is not started"
+        return url.replace("@127.0.0.1:", f"@{self.network.host_ip}:").replace(
+            "//127.0.0.1:", f"//{self.network.host_ip}:"
+        )
+
     def start(self) -> Self:
         """Start every part; on a failure the parts already started are stopped again."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
+        self._owns_redis = self.redis is None
         try:
-            self.network, self._lock = self._stack.enter_context(claimed_network())
+            if self.network is None:
+                self.network, self._lock = self._stack.enter_context(claimed_network())
             binaries = ensure_kubernetes()
             images = build_image_table(CHECKOUT, binaries, worker=self.worker_image)
             images_file = self.workdir / "images.json"
@@ -200,7 +221,8 @@ class DevCluster:
                 self.control_plane.apply(
                     [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}}]
                 )
-            self.redis = RedisServer(bind=("127.0.0.1", self.network.host_ip)).start()
+            if self.redis is None:
+                self.redis = RedisServer(bind=("127.0.0.1", self.network.host_ip)).start()
             self.wait_dns()
             if self.operator_command is not None:
                 self.operator = OperatorProcess(
@@ -359,11 +381,13 @@ class DevCluster:
         if self.control_plane is not None:
             self.control_plane.stop()
             self.control_plane = None
-        if self.redis is not None:
+        if self.redis is not None and self._owns_redis:
             self.redis.stop()
             self.redis = None
-        self._stack.close()
-        self.network = None
+        if self._lock is not None:
+            self._stack.close()
+            self.network = None
+            self._lock = None
 
     def sessions(self) -> KubeSessions:
         """The Python client's Kubernetes part, for this cluster's namespace."""

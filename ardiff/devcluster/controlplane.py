@@ -33,6 +33,18 @@ from ardiff.devcluster.pki import CertificateAuthority, KeyPair, service_account
 API_PORT = 6443
 CLUSTER_DOMAIN = "cluster.local"
 SERVICE_ACCOUNT_ISSUER = f"https://kubernetes.default.svc.{CLUSTER_DOMAIN}"
+# The audit log keeps what service accounts outside kube-system ask (at Metadata level: who, verb, resource,
+# answer): the tests derive the least-privilege Roles from it. Nothing else is logged.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [
+        {"level": "None", "userGroups": ["system:serviceaccounts:kube-system"]},  # the controllers, add-ons
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+        {"level": "None"},
+    ],
+}
 STOP_SECONDS = 15.0
 
 
@@ -110,6 +122,11 @@ class ControlPlane:
     def logs_dir(self) -> Path:
         return self.workdir / "logs"
 
+    @property
+    def audit_log(self) -> Path:
+        """JSON lines, one `audit.k8s.io/v1` Event per request of a service account."""
+        return self.logs_dir / "audit.log"
+
     def _issue_client(self, name: str, user: str, groups: Sequence[str] = ()) -> Credentials:
         assert self.ca is not None
         pair = self.ca.issue(name, common_name=user, organizations=groups, client=True)
@@ -173,6 +190,8 @@ class ControlPlane:
         self.admin = self._issue_client("admin", "kubernetes-admin", ["system:masters"])
         controller_manager = self._issue_client("controller-manager", "system:kube-controller-manager")
         scheduler = self._issue_client("scheduler", "system:kube-scheduler")
+        audit_policy = self.workdir / "audit-policy.json"
+        audit_policy.write_text(json.dumps(AUDIT_POLICY))
         kcm_config = controller_manager.write_kubeconfig(self.workdir / "controller-manager.kubeconfig")
         scheduler_config = scheduler.write_kubeconfig(self.workdir / "scheduler.kubeconfig")
         ca = str(self.ca.cert_path)
@@ -218,6 +237,12 @@ class ControlPlane:
                 f"--service-account-key-file={sa.cert}",
                 f"--service-account-signing-key-file={sa.key}",
                 "--allow-privileged=true",
+                f"--audit-policy-file={audit_policy}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
+                "--audit-log-maxsize=200",
+                "--audit-log-mode=batch",
+                "--audit-log-batch-max-wait=1s",
                 f"--requestheader-client-ca-file={front_proxy.cert_path}",
                 "--requestheader-allowed-names=front-proxy-client",
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",

@@ -75,6 +75,16 @@ class ImageDirectory:
 
 
 @dataclass(frozen=True)
+class ImageUser:
+    """An account the image's /etc/passwd and /etc/group have (a Dockerfile's `useradd`)."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str = "/nonexistent"
+
+
+@dataclass(frozen=True)
 class Image:
     """One image's config and the files its layers add (see the module docstring)."""
 
@@ -87,6 +97,7 @@ class Image:
     workdir: str = "/"
     files: Mapping[str, str] = field(default_factory=dict)  # container path -> host file (read-only)
     directories: tuple[ImageDirectory, ...] = ()
+    users: tuple[ImageUser, ...] = ()
 
     def argv(self, command: Sequence[str], args: Sequence[str]) -> list[str]:
         """Kubernetes' rule: `command` replaces the entrypoint (and drops cmd), `args` replaces cmd."""
@@ -97,6 +108,7 @@ class Image:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["directories"] = [asdict(d) for d in self.directories]
+        data["users"] = [asdict(u) for u in self.users]
         return data
 
     @classmethod
@@ -111,7 +123,16 @@ class Image:
             workdir=data["workdir"],
             files=dict(data["files"]),
             directories=tuple(ImageDirectory(**d) for d in data["directories"]),
+            users=tuple(ImageUser(**u) for u in data["users"]),
         )
+
+    def account_files(self, passwd: str, group: str) -> tuple[str, str]:
+        """This machine's /etc/passwd and /etc/group with the image's accounts added (as its layer has them)."""
+        names = {line.split(":", 1)[0] for line in passwd.splitlines()}
+        users = [u for u in self.users if u.name not in names]
+        passwd += "".join(f"{u.name}:x:{u.uid}:{u.gid}::{u.home}:/usr/sbin/nologin\n" for u in users)
+        group += "".join(f"{u.name}:x:{u.gid}:\n" for u in users)
+        return passwd, group
 
 
 class ImageNotFound(LookupError):
@@ -223,17 +244,15 @@ def build_image_table(checkout: Path, binaries: KubernetesBinaries, *, worker: b
             user=10001,
             group=10001,
             directories=tuple(python_home),
+            users=(ImageUser("ardiff", 10001, 10001),),
         ),
         Image(
             REDIS_IMAGE,
-            entrypoint=("docker-entrypoint.sh",),
             cmd=("redis-server",),
             env={"PATH": DEFAULT_PATH},
-            user=999,
-            group=999,
             workdir="/data",
-            files={"/usr/local/bin/docker-entrypoint.sh": "/usr/bin/env"},
             directories=(ImageDirectory("/data", 999, 999),),
+            users=(ImageUser("redis", 999, 999, "/data"),),
         ),
         Image(
             KUBE_PROXY_IMAGE,
@@ -273,6 +292,7 @@ def build_image_table(checkout: Path, binaries: KubernetesBinaries, *, worker: b
                     ImageDirectory("/home/ardiff", 1000, 1000),
                     ImageDirectory("/home/ardiff/.cache", 1000, 1000),
                 ),
+                users=(ImageUser("ardiff", 1000, 1000, "/home/ardiff"),),
             )
         )
     return ImageTable({image.repository: image for image in images})

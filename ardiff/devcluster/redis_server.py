@@ -109,6 +109,10 @@ class RedisServer(_ServerProcess):
             redis_server_binary(),
             "--bind",
             *self.bind,
+            # Without a password Redis only answers loopback clients; the other addresses it binds are the dev
+            # cluster's (its Pods'), which nothing outside this machine routes to.
+            "--protected-mode",
+            "yes" if set(self.bind) <= {"127.0.0.1", "::1"} else "no",
             "--port",
             str(self.port),
             "--save",

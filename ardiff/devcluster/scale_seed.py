@@ -1,7 +1,7 @@
 """Bulk seeding and measuring helpers for simulations at scale (`benchmarks/scale_store.py`,
 `benchmarks/scale_operator.py`): sessions go into Redis through the placement store's own `place` (bounded
-concurrency), objects into the emulated API through `POST /devcluster/seed` in chunks (an etcd restore: no
-admission), never through 100,000 API creates.
+concurrency), objects into the API server as any client makes them — a create and a status write each, with
+`SEED_CONCURRENCY` requests in flight.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-import httpx
 
-from ardiff.devcluster.kube_api import SEED_PATH
+from ardiff.devcluster.kubeconfig import Credentials
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PodRecord, PoolId, SessionBinding, SessionSpec
 from ardiff.operator.status import SessionObservation, build_session_status, rfc3339
@@ -25,8 +24,7 @@ TOKEN_SHA256 = hashlib.sha256(b"scale").hexdigest()
 # A realistic record: a prompt of a sentence, a token digest, a seed, no inline image.
 PROMPT = "a lighthouse on a cliff at dusk, waves, slow dolly in"
 SEED = 7
-# Objects per seed request: ~2 KB each keeps a request well under the API's 3 MiB body limit.
-SEED_CHUNK = 500
+SEED_CONCURRENCY = 16
 
 
 def session_spec(name: str) -> SessionSpec:
@@ -77,12 +75,31 @@ async def place_sessions(
     return await store.get_bindings(pool, names)
 
 
-def seed_objects(api_url: str, items: Sequence[Mapping[str, Any]], chunk: int = SEED_CHUNK) -> None:
-    """Put `items` into the emulated API as an etcd restore would (`ObjectStore.seed`), `chunk` a request."""
-    with httpx.Client(base_url=api_url, timeout=120) as client:
-        for start in range(0, len(items), chunk):
-            response = client.post(SEED_PATH, json={"items": list(items[start : start + chunk])})
-            response.raise_for_status()
+def seed_objects(
+    credentials: Credentials,
+    plural_path: str,
+    items: Sequence[Mapping[str, Any]],
+    concurrency: int = SEED_CONCURRENCY,
+) -> None:
+    """Create each of `items` under `plural_path` (e.g. `/apis/g/v/namespaces/ns/things`) and write its
+    `status` through the status subresource, `concurrency` objects at a time."""
+
+    async def seed() -> None:
+        async with credentials.async_client(timeout=120) as client:
+
+            async def one(item: Mapping[str, Any]) -> None:
+                body = {k: v for k, v in item.items() if k != "status"}
+                created = await client.post(plural_path, json=body)
+                created.raise_for_status()
+                if item.get("status"):
+                    obj = created.json()
+                    obj["status"] = item["status"]
+                    reply = await client.put(f"{plural_path}/{obj['metadata']['name']}/status", json=obj)
+                    reply.raise_for_status()
+
+            await bounded([lambda item=item: one(item) for item in items], concurrency)
+
+    asyncio.run(seed())
 
 
 def seeded_session(

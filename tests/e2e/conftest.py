@@ -1,14 +1,18 @@
-"""The end-to-end tier: the local cluster (`DevCluster`: emulated API, real Redis, the real operator, worker
-Pods run as local `ardiff worker serve` processes), driven through the Python client and the real kubectl.
+"""The end-to-end tier: the session's real cluster, and per module a namespace with its own Redis and the real
+operator (a process of this machine, as the dev cluster runs it) whose worker Pods the kubelets run from the
+worker image (`ardiff worker serve` in its own network namespace), driven through the Python client and the
+real kubectl.
 
-A module shares one cluster (workers are expensive: ~15 s to import vllm-omni, ~1 GB each); its tests create
-their own sessions with `stack.session(...)`, which are deleted (and waited for) when the test ends.
+A module shares one stack (workers are expensive: ~15 s to import vllm-omni, ~1 GB each); its tests create
+their own sessions with `stack.session(...)`, which are deleted (and waited for) when the test ends. A module's
+Redis is its own, so a test may restart it (every key lost) without touching another module's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,13 +23,14 @@ import pytest
 import yaml
 
 from ardiff.client import KubeSessions, SessionClient
-from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster, tiny_pool
+from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster, pod_pid, tiny_pool
+from ardiff.devcluster.operator_process import OperatorProcess
+from ardiff.devcluster.redis_server import RedisServer
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
-NAMESPACE = "e2e"
 # Short periods keep the tier within its budget; a dead worker is noticed within a few seconds.
 OPERATOR_ENV = {
     "ARDIFF_OPERATOR_RECONCILE_SECONDS": "0.5",
@@ -61,30 +66,46 @@ def build_pool(
 
 @dataclass
 class Stack:
-    """A running dev cluster with one pool, and what the tests need to look at it."""
+    """A module's namespace on the session's cluster with one pool, its Redis and its operator, and what the
+    tests need to look at them."""
 
-    cluster: DevCluster
+    kube: DevCluster
+    namespace: str
+    redis: RedisServer
+    operator: OperatorProcess
     pool: str
     sessions: KubeSessions = field(init=False)
     created: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.sessions = self.cluster.sessions()
+        self.sessions = KubeSessions(self.namespace, kubeconfig=self.kube.kubeconfig)
 
     @property
     def pool_id(self) -> PoolId:
-        return PoolId(NAMESPACE, self.pool)
+        return PoolId(self.namespace, self.pool)
+
+    @property
+    def redis_url(self) -> str:
+        return self.redis.url
 
     # --- Kubernetes -------------------------------------------------------------------------------------
 
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> Any:
+        """kubectl in the stack's namespace (unless `args` name one)."""
+        namespaced = any(a in ("-n", "--namespace", "-A", "--all-namespaces") for a in args)
+        return self.kube.kubectl(
+            *([] if namespaced else ["-n", self.namespace]), *args, stdin=stdin, check=check
+        )
+
     def api(self, path: str) -> Any:
-        response = httpx.get(f"{self.cluster.api_url}{path}", timeout=10)
+        with self.kube.admin.client(timeout=10) as client:
+            response = client.get(path)
         response.raise_for_status()
         return response.json()
 
     def pods(self) -> dict[str, dict[str, Any]]:
         """The pool's worker Pods that are not being deleted, by name."""
-        items = self.api(f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
+        items = self.api(f"/api/v1/namespaces/{self.namespace}/pods")["items"]
         return {
             p["metadata"]["name"]: p
             for p in items
@@ -127,7 +148,7 @@ class Stack:
         """Run `use(store)` against the cluster's Redis (a fresh client: Redis may have restarted)."""
 
         async def run() -> T:
-            async with PlacementStore.from_url(self.cluster.redis_url) as store:
+            async with PlacementStore.from_url(self.redis.url) as store:
                 return await use(store)
 
         return asyncio.run(run())
@@ -136,39 +157,66 @@ class Stack:
         return self.placement(lambda store: store.check_invariants(self.pool_id))
 
     def worker(self, pod: str) -> dict[str, Any]:
-        """The worker's `GET /v1/sessions` (capacity, admitted sessions, KV blocks)."""
-        info = self.cluster.runner.info(pod, NAMESPACE) if self.cluster.runner else None
-        assert info is not None, f"no local process for pod {pod}"
-        return httpx.get(f"http://127.0.0.1:{info.port}/v1/sessions", timeout=10).json()
+        """The worker's `GET /v1/sessions` (capacity, admitted sessions, KV blocks), at the Pod's address."""
+        ip = self.pods()[pod]["status"]["podIP"]
+        return httpx.get(f"http://{ip}:8000/v1/sessions", timeout=10).json()
+
+    def kill(self, pod: str, sig: int) -> int:
+        """Signal a worker Pod's container process (`kill -9` on its node); its pid."""
+        pid = pod_pid(self.pods()[pod])
+        assert pid is not None, f"pod {pod} has no running container"
+        os.kill(pid, sig)
+        return pid
 
     def diagnostics(self) -> str:
-        logs = self.cluster.logs_dir
-        parts = []
-        for path in [logs / "operator.log", *sorted((logs / "pods").glob("*.log"))]:
-            if path.exists():
-                parts.append(f"----- {path.name}\n{path.read_text(errors='replace')[-6000:]}")
+        parts = [f"----- operator\n{self.operator.log()[-6000:]}"]
+        for name in self.pods():
+            with contextlib.suppress(httpx.HTTPError):
+                with self.kube.admin.client(timeout=10) as client:
+                    log = client.get(f"/api/v1/namespaces/{self.namespace}/pods/{name}/log").text
+                parts.append(f"----- pod {name}\n{log[-6000:]}")
         return "\n".join(parts)
 
 
-@pytest.fixture(scope="session")
-def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One cache for every real worker of the run: the embedded tiny model is generated once."""
-    return tmp_path_factory.mktemp("ardiff-model-cache")
-
-
 @contextlib.contextmanager
-def running_stack(workdir: Path, pool: dict[str, Any], pod_env: dict[str, str]) -> Iterator[Stack]:
-    """A dev cluster with `pool` applied, stopped (every process) on exit."""
-    cluster = DevCluster(
-        workdir,
-        operator_command=OPERATOR_COMMAND,
-        namespace=NAMESPACE,
-        operator_env=OPERATOR_ENV,
-        pod_env=pod_env,
-    )
-    with cluster:
-        cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(pool))
-        yield Stack(cluster, pool["metadata"]["name"])
+def running_stack(
+    kube: DevCluster,
+    namespace: str,
+    workdir: Path,
+    pool: dict[str, Any],
+    operator_env: dict[str, str] | None = None,
+) -> Iterator[Stack]:
+    """`namespace` on the session's cluster with its own Redis, the operator and `pool` applied; on exit the
+    namespace is deleted (its Pods stopped by their kubelets) and the operator and Redis stopped."""
+    network = kube.network
+    assert network is not None
+    kube.control_plane.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}])
+    with RedisServer(bind=("127.0.0.1", network.host_ip)) as redis:
+        operator = OperatorProcess(
+            OPERATOR_COMMAND,
+            kubeconfig=kube.kubeconfig,
+            redis_url=redis.url,
+            namespace=namespace,
+            log_path=workdir / "operator.log",
+            env={
+                **OPERATOR_ENV,
+                "ARDIFF_WORKER_REDIS_URL": redis.url_at(network.host_ip),
+                **(operator_env or {}),
+            },
+        ).start()
+        try:
+            operator.wait_ready()
+            stack = Stack(kube, namespace, redis, operator, pool["metadata"]["name"])
+            stack.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(pool))
+            yield stack
+        finally:
+            with kube.admin.client() as client:
+                client.delete(
+                    f"/apis/ardiffusion.dev/v1alpha1/namespaces/{namespace}/ardiffusionworkerpools/{pool['metadata']['name']}"
+                )
+            operator.stop()
+            with kube.admin.client() as client:
+                client.delete(f"/api/v1/namespaces/{namespace}")
 
 
 @pytest.hookimpl(hookwrapper=True)

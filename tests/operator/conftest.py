@@ -1,14 +1,15 @@
 """The operator tier: the real operator process (`ardiff operator run`, started as the dev cluster starts it:
-`ardiff.devcluster.operator_process.OperatorProcess`), the dev cluster's emulated API and pod runner, real
-Redis, and worker Pods running the real worker app over the fake runtime.
+`ardiff.devcluster.operator_process.OperatorProcess`), the session's real cluster (its kubelets run the worker
+Pods the operator creates), real Redis, and worker Pods running the real worker app over the fake runtime.
 
 Every test gets its own namespace (`kube_namespace`) and its own operator watching only that namespace
-(the default, namespaced mode). `Cluster` is a small synchronous client with the waits the tests need.
+(the default, namespaced mode). `Cluster` is a small synchronous client (the cluster's admin) with the waits the tests need.
 """
 
 from __future__ import annotations
 
 import base64
+import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,10 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from ardiff.devcluster.cluster import OPERATOR_COMMAND
-from ardiff.devcluster.kube_api import KubeAPIThread
+from ardiff.devcluster.cluster import OPERATOR_COMMAND, SIMULATED_NODE, DevCluster, pod_pid
 from ardiff.devcluster.operator_process import OperatorProcess
-from ardiff.devcluster.pod_runner import PodRunner
 from ardiff.devcluster.waiting import wait_until
 
 GROUP_PATH = "/apis/ardiffusion.dev/v1alpha1/namespaces/{ns}"
@@ -45,15 +44,14 @@ FAKE_WORKER_ENV = [
 
 @dataclass
 class Cluster:
-    """The test's namespace on the emulated API, through plain HTTP."""
+    """The test's namespace on the session's cluster, through HTTP as its admin."""
 
-    api: KubeAPIThread
-    runner: PodRunner
+    kube: DevCluster
     namespace: str
     http: httpx.Client = field(init=False)
 
     def __post_init__(self) -> None:
-        self.http = httpx.Client(base_url=self.api.url, timeout=10)
+        self.http = self.kube.admin.client(timeout=10)
 
     # --- objects ---------------------------------------------------------------------------------------
 
@@ -147,6 +145,22 @@ class Cluster:
     def events(self, reason: str | None = None) -> list[dict[str, Any]]:
         return [e for e in self.items("events", core=True) if reason is None or e.get("reason") == reason]
 
+    def kill(self, pod: str, sig: int) -> int:
+        """Signal a worker Pod's container process (as `kill -9` on its node would); its pid."""
+        found = self.get("pods", pod, core=True)
+        pid = None if found is None else pod_pid(found)
+        assert pid is not None, f"pod {pod} has no running container: {found and found.get('status')}"
+        os.kill(pid, sig)
+        return pid
+
+    def pod_log(self, pod: str, previous: bool = False) -> str:
+        """`kubectl logs`: the API server asks the Pod's kubelet."""
+        reply = self.http.get(
+            self._path("pods", pod, core=True) + "/log", params={"previous": str(previous).lower()}
+        )
+        reply.raise_for_status()
+        return reply.text
+
     def token(self, session: str) -> str:
         secret = self.get("secrets", f"{session}-token", core=True)
         assert secret is not None, f"session {session} has no token secret"
@@ -181,15 +195,15 @@ class Cluster:
         env: Mapping[str, str] | None = None,
     ) -> OperatorProcess:
         """`ardiff operator run` (standalone by default) for this namespace, with `env` over OPERATOR_ENV; not
-        started yet."""
-        assert self.api.kubeconfig is not None, "the emulated API was started without a kubeconfig"
+        started yet. Its worker Pods get the session's Redis at the address Pods reach."""
+        worker_redis = {"ARDIFF_WORKER_REDIS_URL": self.kube.redis_url_for_pods(redis_url)}
         return OperatorProcess(
             command,
-            kubeconfig=self.api.kubeconfig,
+            kubeconfig=self.kube.kubeconfig,
             redis_url=redis_url,
             namespace=self.namespace,
             log_path=log_path,
-            env={**OPERATOR_ENV, **(env or {})},
+            env={**OPERATOR_ENV, **worker_redis, **(env or {})},
         )
 
     # --- waits -----------------------------------------------------------------------------------------
@@ -247,29 +261,17 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(kube_api: KubeAPIThread, pod_runner: PodRunner, kube_namespace: str) -> Iterator[Cluster]:
-    client = Cluster(kube_api, pod_runner, kube_namespace)
+def cluster(dev_cluster: DevCluster, kube_namespace: str) -> Iterator[Cluster]:
+    client = Cluster(dev_cluster, kube_namespace)
     yield client
     client.http.close()
 
 
-# The simulated runner's node: a pool pins its Pods there with `nodeSelector` (HOSTNAME_LABEL), so the
-# session-wide runner (real worker processes) leaves them alone.
-SIMULATED_NODE = "simulated-node"
-
-
-@pytest.fixture
-def simulated_runner(kube_api: KubeAPIThread, kube_namespace: str, tmp_path: Path) -> Iterator[PodRunner]:
-    """A pod runner in simulated mode for the test's namespace: worker Pods pinned to `SIMULATED_NODE`
-    register in Redis through the worker's link and go Ready, with no process."""
-    with PodRunner(
-        kube_api.url,
-        node_name=SIMULATED_NODE,
-        namespace=kube_namespace,
-        logs_dir=tmp_path / "simulated-pods",
-        simulated=True,
-    ) as runner:
-        yield runner
+# A pool pins its Pods to the session's simulated node (registered in Redis, Ready, no process) with these.
+SIMULATED_PLACEMENT = {
+    "nodeSelector": {"kubernetes.io/hostname": SIMULATED_NODE},
+    "tolerations": [{"key": "ardiff.dev/simulated", "operator": "Exists", "effect": "NoSchedule"}],
+}
 
 
 @pytest.fixture

@@ -30,7 +30,8 @@ async def test_session_becomes_ready_with_its_pod_endpoint_and_token(
 
     (pod,) = cluster.wait_pods(1)
     assert status["pod"] == pod
-    assert status["endpoint"] == f"http://127.0.0.1:{cluster.runner.info(pod, cluster.namespace).port}"
+    pod_ip = cluster.get("pods", pod, core=True)["status"]["podIP"]
+    assert status["endpoint"] == f"http://{pod_ip}:8000"
     assert status["resetRequired"] is False
     assert status["tokenSecretRef"] == {"name": "forest-token", "key": "token"}
     assert [(c["type"], c["status"], c["reason"]) for c in status["conditions"]] == [

@@ -1,0 +1,89 @@
+"""What the operator may do on the API, checked once at start.
+
+kopf retries a forbidden call quietly and forever, which looks like a hang. So before it handles anything the
+operator asks the API server (one SelfSubjectAccessReview per rule below and watched namespace, or cluster-wide)
+whether it may do each thing it does, and refuses to start naming every one it may not, with the Role the
+chart renders as the fix. `REQUIRED` is the chart's `ardiff.operatorRules` (charts/ardiff/templates/rbac.yaml)
+as data: tests/chart keeps the two identical.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ardiff.operator.kube import KubeApi
+
+
+@dataclass(frozen=True)
+class Permission:
+    """One verb on one resource (`resource/subresource`) of an API group ("" is the core group)."""
+
+    group: str
+    resource: str
+    verb: str
+
+    def __str__(self) -> str:
+        group = self.group or "core"
+        return f"{self.verb} {self.resource} ({group})"
+
+
+def _rules(group: str, resources: Sequence[str], verbs: Sequence[str]) -> list[Permission]:
+    return [Permission(group, r, v) for r in resources for v in verbs]
+
+
+def required(*, cluster_wide: bool) -> list[Permission]:
+    """Every permission the operator's calls need (the chart grants exactly these)."""
+    peerings = "clusterkopfpeerings" if cluster_wide else "kopfpeerings"
+    rules = [
+        *_rules(
+            "ardiffusion.dev", ["ardiffusionworkerpools", "ardiffusionsessions"], ["list", "watch", "patch"]
+        ),
+        *_rules(
+            "ardiffusion.dev", ["ardiffusionworkerpools/status", "ardiffusionsessions/status"], ["patch"]
+        ),
+        *_rules(
+            "ardiffusion.dev",
+            ["ardiffusionworkerpools/finalizers", "ardiffusionsessions/finalizers"],
+            ["update"],
+        ),
+        *_rules("", ["pods"], ["create", "delete", "list", "watch", "patch"]),
+        *_rules("", ["services"], ["create"]),
+        *_rules("", ["secrets"], ["create", "get", "patch"]),
+        *_rules("", ["configmaps"], ["get"]),
+        *_rules("", ["events"], ["create"]),
+        *_rules("policy", ["poddisruptionbudgets"], ["create", "get", "patch"]),
+        *_rules("kopf.dev", [peerings], ["list", "watch", "patch"]),
+    ]
+    if cluster_wide:
+        rules += _rules("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"])
+    return rules
+
+
+def _review(permission: Permission, namespace: str | None) -> dict[str, object]:
+    resource, _, subresource = permission.resource.partition("/")
+    attributes: dict[str, str] = {"group": permission.group, "resource": resource, "verb": permission.verb}
+    if subresource:
+        attributes["subresource"] = subresource
+    if namespace is not None and resource not in ("customresourcedefinitions", "clusterkopfpeerings"):
+        attributes["namespace"] = namespace
+    return {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": attributes},
+    }
+
+
+async def missing_permissions(kube: KubeApi, namespaces: Sequence[str] | None) -> list[str]:
+    """`<permission> in namespace <ns>` (or `cluster-wide`) for each one the API server denies."""
+    scopes: Sequence[str | None] = list(namespaces) if namespaces else [None]
+    checks = [(p, ns) for ns in scopes for p in required(cluster_wide=not namespaces)]
+    replies = await asyncio.gather(
+        *(kube.create_review("selfsubjectaccessreviews", _review(p, ns)) for p, ns in checks)
+    )
+    return [
+        f"{permission} {'in namespace ' + ns if ns else 'cluster-wide'}"
+        for (permission, ns), reply in zip(checks, replies, strict=True)
+        if not (reply.get("status") or {}).get("allowed")
+    ]
