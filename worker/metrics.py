@@ -87,6 +87,12 @@ class WorkerMetrics:
             ["direction"],
             registry=r,
         )
+        self.background_restarts = Counter(
+            "ardiff_background_task_restarts",
+            "Long-lived worker tasks restarted after they failed, by task",
+            ["task"],
+            registry=r,
+        )
         self.streams_open = Gauge("ardiff_streams_open", "Open session streams (WebSockets)", registry=r)
         self.stream_closes = Counter(
             "ardiff_stream_closes",

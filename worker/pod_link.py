@@ -89,7 +89,9 @@ class PodLink:
                 log.warning("heartbeat of pod %s failed: %s", self.pod, exc)
 
     async def events_forever(self, handle: EventHandler) -> None:
-        """Consume the pod's close/evict stream until cancelled; an entry is acked once it was handled."""
+        """Consume the pod's close/evict stream until cancelled; an entry is acked once it was handled. No
+        Redis error ends it: an ack that fails leaves its entries pending, so they are delivered again (the
+        handlers are idempotent)."""
         while True:
             try:
                 events = await self.store.read_events(self.pool, self.pod, block_ms=EVENT_BLOCK_MS, count=32)
@@ -116,8 +118,12 @@ class PodLink:
                         self.epoch,
                     )
                 handled.append(event.id)
-            if handled:
-                await self.store.ack_events(self.pool, self.pod, handled)
+            try:
+                if handled:
+                    await self.store.ack_events(self.pool, self.pod, handled)
+            except Exception as exc:
+                log.warning("acknowledging %d event(s) of pod %s failed: %s", len(handled), self.pod, exc)
+                handled = []
             if len(handled) < len(events):
                 await asyncio.sleep(RETRY_SECONDS)
 

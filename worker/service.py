@@ -17,7 +17,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +75,7 @@ RuntimeLoader = Callable[[], SessionRuntime]
 # Stopping: how often a cancel is repeated, how long background tasks get to end (see cancel_and_wait).
 RECANCEL_SECONDS = 0.05
 STOP_TIMEOUT_SECONDS = 5.0
+RESTART_SECONDS = 1.0  # how soon a failed long-lived task (heartbeat, events, tier sweep) runs again
 # Draining with sessions held for a transfer: how long one still unplaced may wait for its new pod (the
 # operator places a migrated session within a round or two; a pod cannot wait longer than its grace period).
 HANDOFF_PLACEMENT_SECONDS = 5.0
@@ -150,6 +151,30 @@ async def cancel_and_wait(
             grace_seconds,
             sorted(t.get_name() for t in pending),
         )
+
+
+def supervised(
+    name: str,
+    run: Callable[[], Awaitable[None]],
+    metrics: WorkerMetrics,
+    *,
+    restart_seconds: float = RESTART_SECONDS,
+) -> asyncio.Task[None]:
+    """A long-lived task that never dies silently: `run()` again after `restart_seconds` whenever it raises
+    (logged with its traceback, counted in `ardiff_background_task_restarts_total`); a return ends it (the
+    heartbeat of a fenced pod), and so does a cancel (the worker stopping)."""
+
+    async def forever() -> None:
+        while True:
+            try:
+                await run()
+                return
+            except Exception:
+                log.exception("background task %s failed; restarting it in %.1f s", name, restart_seconds)
+                metrics.background_restarts.labels(name).inc()
+            await asyncio.sleep(restart_seconds)
+
+    return asyncio.create_task(forever(), name=name)
 
 
 def settings_family(settings: WorkerSettings) -> Any:
@@ -298,14 +323,15 @@ class WorkerService:
             if self.link is not None:
                 self.link.exports = self.exports_sessions and runtime.supports_export
                 await self.link.register(self.capacity)
+                link = self.link
                 self._tasks.append(
-                    asyncio.create_task(self.link.heartbeat_forever(self._fence), name="heartbeat")
+                    supervised("heartbeat", lambda: link.heartbeat_forever(self._fence), self.metrics)
                 )
                 self._tasks.append(
-                    asyncio.create_task(self.link.events_forever(self.on_event), name="events")
+                    supervised("events", lambda: link.events_forever(self.on_event), self.metrics)
                 )
                 if self.exports_sessions:
-                    self._tasks.append(asyncio.create_task(self._sweep_tier_forever(), name="tier-sweep"))
+                    self._tasks.append(supervised("tier-sweep", self._sweep_tier_forever, self.metrics))
         except Exception as exc:
             if isinstance(exc, ArdiffError):  # a user error (bad model, bad settings): no traceback
                 log.error("worker failed to start: %s", exc)
@@ -861,7 +887,7 @@ class WorkerService:
         self._held[session_id] = HeldForTransfer(book, location, until)
         self._tasks = [task for task in self._tasks if not task.done()]
         if self._offering is None or self._offering.done():
-            self._offering = asyncio.create_task(self._offer_held(), name="offer-held")
+            self._offering = supervised("offer-held", self._offer_held, self.metrics)
             self._tasks.append(self._offering)
         self._tasks.append(
             asyncio.create_task(self._drop_held_at(session_id, until), name=f"hold-{session_id}")
