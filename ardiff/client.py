@@ -158,6 +158,13 @@ class AtCapacity(WorkerAPIError):
     code = "at_capacity"
 
 
+class TooManyRequests(WorkerAPIError):
+    """The session has as many requests under way on its worker as it takes at once (final for this one)."""
+
+    status = 429
+    code = "too_many_requests"
+
+
 class NotReady(WorkerAPIError):
     """The worker is loading or draining, or cannot reach the placement store (retryable)."""
 
@@ -216,6 +223,7 @@ ERRORS_BY_CODE: dict[str, type[WorkerAPIError]] = {
         BodyTooLarge,
         Misdirected,
         AtCapacity,
+        TooManyRequests,
         NotReady,
         PlacementRecovering,
         Resuming,

@@ -2,7 +2,7 @@
 
 - `openpi`: a WebSocket message of the `/openpi` route, through everything before the runtime sees it: the
   msgpack-numpy decoder (`openpi.unpack`), the tick it becomes (`openpi.tick_of`) and the DreamZero family's
-  checks (`dreamzero.parse_tick`). The only answer allowed is a `WorkerError` (a 4xx).
+  checks (`dreamzero.parse_tick`, `decode_tick`). The only answer allowed is a `WorkerError` (a 4xx).
 - `export`: a session export (docs/contracts.md §9) imported by the fake runtime (`ExportReader`: preamble,
   headers, tensor index, tensors, checksum, the book). The only answer allowed is a `SessionExportError`.
 
@@ -69,7 +69,7 @@ def fuzz_openpi(data: bytes) -> None:
     try:
         message = openpi.unpack(data)
         body = openpi.tick_of(message, request_id="fuzz-0", chunk_index=0, reset=True)
-        dreamzero.parse_tick("fuzz", body)
+        dreamzero.decode_tick(dreamzero.parse_tick("fuzz", body))
     except WorkerError:
         pass
 

@@ -207,7 +207,7 @@ def measure_robot(size: int, ticks: int, warmup: int, model_cache: str) -> dict[
         for chunk in range(warmup + ticks)
     ]
     # The in-process caller holds decoded arrays: its ticks are built before the clock starts.
-    parsed = [dreamzero.parse_tick("inproc", body) for body in bodies]
+    parsed = [dreamzero.decode_tick(dreamzero.parse_tick("inproc", body)) for body in bodies]
     request_bytes = len(json.dumps(bodies[-1]))
 
     def in_process(chunk: int) -> tuple[float, float, int]:

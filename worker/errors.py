@@ -105,6 +105,13 @@ class AtCapacity(WorkerError):
     code = "at_capacity"
 
 
+class TooManyRequests(WorkerError):
+    """More requests for one session (and credential) are under way on this worker than it takes at once."""
+
+    status = 429
+    code = "too_many_requests"
+
+
 class NotReady(WorkerError):
     status = 503
     code = "not_ready"

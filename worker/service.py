@@ -10,6 +10,7 @@ at most `capacity` sessions, releasing first those the placement store no longer
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -47,6 +48,7 @@ from ardiff.worker.errors import (
     SessionEvicted,
     SessionExportError,
     TickInProgress,
+    TooManyRequests,
     TransferFailed,
     Unauthorized,
     UnknownSession,
@@ -76,6 +78,12 @@ RuntimeLoader = Callable[[], SessionRuntime]
 RECANCEL_SECONDS = 0.05
 STOP_TIMEOUT_SECONDS = 5.0
 RESTART_SECONDS = 1.0  # how soon a failed long-lived task (heartbeat, events, tier sweep) runs again
+# Requests of one session (and credential) under way at once: a client has a tick in flight and perhaps a
+# retry; more are refused (429) before they cost a Redis read, a wait for a migration or a decode.
+MAX_REQUESTS_PER_SESSION = 4
+# Threads that decode ticks' pictures (a robot tick's three cameras), off the event loop; at most one tick per
+# session gets there (the in-flight check comes first), so the queue is bounded by the sessions placed here.
+DECODE_THREADS = 2
 # Draining with sessions held for a transfer: how long one still unplaced may wait for its new pod (the
 # operator places a migrated session within a round or two; a pod cannot wait longer than its grace period).
 HANDOFF_PLACEMENT_SECONDS = 5.0
@@ -267,6 +275,8 @@ class WorkerService:
         self._idle.set()
         self._forward_lock = asyncio.Lock()  # asyncio.Lock wakes its waiters in arrival order: FIFO fairness
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ardiff-forward")
+        self._decoder = ThreadPoolExecutor(max_workers=DECODE_THREADS, thread_name_prefix="ardiff-decode")
+        self._requests: collections.Counter[tuple[str, str]] = collections.Counter()
         self._load: Future[SessionRuntime] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._draining = False
@@ -370,6 +380,7 @@ class WorkerService:
             await self._on_forward_thread(self.runtime.shutdown)
         if self._pull_client is not None:
             self._pull_client.close()
+        self._decoder.shutdown(wait=True)
         self._executor.shutdown(wait=True)
 
     async def _on_forward_thread(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -493,6 +504,24 @@ class WorkerService:
 
     # ---------------------------------------------------------------- ticks
 
+    @contextlib.contextmanager
+    def _counted(self, session_id: str, authorization: str | None) -> Iterator[None]:
+        """At most `MAX_REQUESTS_PER_SESSION` requests of a session under way; more are 429 at once. Counted
+        per presented credential, so requests with a wrong token (401 after one Redis read) never crowd out
+        the session's own client."""
+        key = (session_id, bearer_token_sha256(authorization) or "")
+        if self._requests[key] >= MAX_REQUESTS_PER_SESSION:
+            raise TooManyRequests(
+                f"session {session_id!r} has {MAX_REQUESTS_PER_SESSION} requests under way on this worker"
+            )
+        self._requests[key] += 1
+        try:
+            yield
+        finally:
+            self._requests[key] -= 1
+            if not self._requests[key]:
+                del self._requests[key]
+
     async def tick(
         self,
         session_id: str,
@@ -503,6 +532,14 @@ class WorkerService:
     ) -> TickOutcome:
         """Generate the session's next chunk (or replay the last one for a retried request id); every
         contract of docs/contracts.md §4 is checked here, for the HTTP tick and the stream alike."""
+        with self._counted(session_id, authorization):
+            return await self._tick(session_id, body, authorization=authorization, inject_fault=inject_fault)
+
+    async def _tick(
+        self, session_id: str, body: dict[str, Any], *, authorization: str | None, inject_fault: bool
+    ) -> TickOutcome:
+        """`tick`, its cheap checks first (placement, token, the body's shape, one tick in flight, the chunk
+        order), then the family's decoding (pictures) in the decode pool, then the forward."""
         arrived = time.perf_counter()
         if self._draining:
             await self._misdirect_while_draining(session_id, authorization)
@@ -537,6 +574,8 @@ class WorkerService:
             conditioning = Conditioning(
                 seed=record.seed if record else 0, prompt=prompt, image=record.image if record else b""
             )
+            loop = asyncio.get_running_loop()
+            tick = await loop.run_in_executor(self._decoder, self.family.decode_tick, tick)
             prepared = await asyncio.to_thread(runtime.prepare, tick, conditioning)
             await self._admit(session_id, record)
             async with self._forward_lock:
@@ -1381,7 +1420,8 @@ class WorkerService:
 
     async def reset(self, session_id: str, authorization: str | None) -> dict[str, Any]:
         runtime = self.require_ready()
-        record = await self._placed_record(session_id, authorization)
+        with self._counted(session_id, authorization):
+            record = await self._placed_record(session_id, authorization)
         with self._exclusive(session_id):
             book = self._books.get(session_id)
             if book is None and record is None:
@@ -1397,7 +1437,8 @@ class WorkerService:
 
     async def describe(self, session_id: str, authorization: str | None) -> dict[str, Any]:
         self._require_loaded()
-        record = await self._placed_record(session_id, authorization)
+        with self._counted(session_id, authorization):
+            record = await self._placed_record(session_id, authorization)
         if session_id not in self._books and record is None:
             raise UnknownSession(f"no session {session_id!r} on this worker")
         return self._view(session_id, record)
@@ -1405,7 +1446,8 @@ class WorkerService:
     async def open_stream(self, session_id: str, authorization: str | None) -> dict[str, Any]:
         """A stream may open for a session that may tick here (the checks of a tick); its view."""
         self.require_ready()
-        record = await self._placed_record(session_id, authorization)
+        with self._counted(session_id, authorization):
+            record = await self._placed_record(session_id, authorization)
         return self._view(session_id, record)
 
     def _view(self, session_id: str, record: SessionRecord | None) -> dict[str, Any]:

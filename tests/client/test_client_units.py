@@ -59,7 +59,7 @@ def answer(error: worker_errors.WorkerError) -> httpx.Response:
 
 def test_the_client_knows_every_code_of_the_contract_with_its_status() -> None:
     codes = contract_codes()
-    assert len(codes) == 17
+    assert len(codes) == 18
     assert {code: cls.status for code, cls in client.ERRORS_BY_CODE.items()} == codes
 
 

@@ -82,7 +82,9 @@ def run_tick(adapter, session: str, chunk: int, seed: int, *, reset: bool = Fals
     from ardiff.worker.families import dreamzero
 
     body = {"request_id": f"{session}-{chunk}", "chunk_index": chunk, "reset": reset}
-    tick = dreamzero.parse_tick(session, {**body, "observation": observation(seed, chunk)})
+    tick = dreamzero.decode_tick(
+        dreamzero.parse_tick(session, {**body, "observation": observation(seed, chunk)})
+    )
     prepared = adapter.prepare(tick, Conditioning(seed=seed, prompt="pick up the red cup"))
     return adapter.forward(prepared)
 

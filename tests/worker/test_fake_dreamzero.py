@@ -37,7 +37,7 @@ def robot_tick(session: str, chunk: int, seed: int, *, return_frames: bool = Fal
             "gripper_position": [seed / 10],
         },
     }
-    return dreamzero.parse_tick(session, body)
+    return dreamzero.decode_tick(dreamzero.parse_tick(session, body))
 
 
 def forward(runtime: FakeRuntime, tick, seed: int = 1):

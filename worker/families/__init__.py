@@ -52,7 +52,12 @@ class ModelFamily(Protocol):
 
     def loading(self, model_dir: Path) -> AbstractContextManager[None]: ...
 
-    def parse_tick(self, session_id: str, body: dict[str, Any]) -> Any: ...
+    def parse_tick(self, session_id: str, body: dict[str, Any]) -> Any:
+        """The tick's cheap checks (a 400 names the field); run on the event loop, before the order checks."""
+
+    def decode_tick(self, tick: Any) -> Any:
+        """What is dear to read (pictures): run in the worker's decode pool once the tick passed its order
+        checks; a 400 names the field."""
 
     def prepare(self, adapter: Any, tick: Any, conditioning: Conditioning) -> PreparedTick: ...
 

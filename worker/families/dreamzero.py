@@ -109,18 +109,21 @@ def loading(model_dir: Path) -> Iterator[None]:
 
 @dataclasses.dataclass(frozen=True)
 class RobotTick:
-    """vllm-omni's tick with the decoded observation (what `prepare` turns into `robot_obs`)."""
+    """vllm-omni's tick with the observation: the vectors checked, the cameras as sent (`images`) until
+    `decode_tick` has read them into `robot_obs` (what `prepare` turns into the pipeline's `robot_obs`)."""
 
     tick: Any
     robot_obs: dict[str, Any]
     return_frames: bool
+    images: dict[str, Any] = dataclasses.field(default_factory=dict)  # empty once decoded
 
     def __getattr__(self, item: str) -> Any:  # session_id, request_id, chunk_index, reset, prompt, ...
         return getattr(self.tick, item)
 
 
 def parse_tick(session_id: str, body: dict[str, Any]) -> RobotTick:
-    """vllm-omni's tick rules, then the observation: every camera decoded and of one shape, the vectors."""
+    """vllm-omni's tick rules, then the observation's cheap part: all three cameras present, the vectors.
+    No picture is read here: the worker decodes them (`decode_tick`) once the tick passed its checks."""
     tick = tick_rules.parse_tick(session_id, body)
     observation = body.get("observation")
     if not isinstance(observation, dict):
@@ -131,7 +134,17 @@ def parse_tick(session_id: str, body: dict[str, Any]) -> RobotTick:
         raise InvalidTick(
             f"observation.images lacks camera(s) {missing}", param=f"observation.images.{missing[0]}"
         )
-    pixels = {camera: decode_image(camera, images[camera]) for camera in CAMERAS}
+    robot_obs: dict[str, Any] = {}
+    for field, size in (("joint_position", 7), ("cartesian_position", 6), ("gripper_position", 1)):
+        robot_obs[f"observation/{field}"] = vector(observation.get(field), field, size)
+    cameras = {camera: images[camera] for camera in CAMERAS}
+    return RobotTick(tick, robot_obs, bool(body.get("return_frames", False)), cameras)
+
+
+def decode_tick(tick: RobotTick) -> RobotTick:
+    """The tick with its cameras decoded (PNG/JPEG/raw, up to 3 x 1024x1024 pixels: the dear part, run off the
+    event loop), every camera of one shape."""
+    pixels = {camera: decode_image(camera, image) for camera, image in tick.images.items()}
     shapes = {camera: array.shape for camera, array in pixels.items()}
     if len(set(shapes.values())) != 1:
         camera = next(c for c in CAMERAS if shapes[c] != shapes[CAMERAS[0]])
@@ -140,10 +153,8 @@ def parse_tick(session_id: str, body: dict[str, Any]) -> RobotTick:
             f"{camera} is {list(shapes[camera])}",
             param=f"observation.images.{camera}.shape",
         )
-    robot_obs: dict[str, Any] = {f"observation/{camera}": array for camera, array in pixels.items()}
-    for field, size in (("joint_position", 7), ("cartesian_position", 6), ("gripper_position", 1)):
-        robot_obs[f"observation/{field}"] = vector(observation.get(field), field, size)
-    return RobotTick(tick, robot_obs, bool(body.get("return_frames", False)))
+    robot_obs = {**{f"observation/{camera}": array for camera, array in pixels.items()}, **tick.robot_obs}
+    return dataclasses.replace(tick, robot_obs=robot_obs, images={})
 
 
 def decode_image(camera: str, image: dict[str, Any]) -> np.ndarray:

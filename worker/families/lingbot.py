@@ -69,6 +69,11 @@ def parse_tick(session_id: str, body: dict[str, Any]) -> Any:
     return tick_rules.parse_tick(session_id, body)
 
 
+def decode_tick(tick: Any) -> Any:
+    """Nothing left to decode: a LingBot tick's controls are read by `parse_tick`."""
+    return tick
+
+
 @dataclasses.dataclass(frozen=True)
 class RunnerTick:
     """What `forward` runs: the pre-processed engine request, and whether to close the session after it.
