@@ -277,7 +277,7 @@ def measure_wire(total_bytes: int) -> dict[str, Any]:
 
     def consume(body: Any) -> int:
         reader = ExportReader(body)
-        return sum(len(t.data) for t in reader.tensors())
+        return sum(len(t.data) for t in reader.tensors(lambda name, dtype, shape: None))  # a synthetic export
 
     rates = []
     with pull_client() as client:

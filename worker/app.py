@@ -304,7 +304,7 @@ def create_app(service: WorkerService) -> FastAPI:
     @app.get(TRANSFER_PATH, include_in_schema=False)  # pod to pod, not for clients: contracts §4 "Transfer"
     async def export_for_transfer(session_id: str, credentials: Credentials = None) -> StreamingResponse:
         """A migrated session's export, streamed to the pod it was placed on (the pool's transfer token)."""
-        held = service.claim_transfer(session_id, authorization(credentials))
+        held = await service.claim_transfer(session_id, authorization(credentials))
         return StreamingResponse(
             service.send_transfer(session_id, held), media_type="application/octet-stream"
         )

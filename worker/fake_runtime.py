@@ -36,7 +36,16 @@ from ardiff.worker.errors import (
 )
 from ardiff.worker.runtime import ChunkOutput, KVBlocks, PreparedTick
 from ardiff.worker.session_book import SessionBook
-from ardiff.worker.session_export import ExportReader, Readable, Writable, check_identity, write_export
+from ardiff.worker.session_export import (
+    BOOK_FRAMES,
+    ExportReader,
+    Readable,
+    Writable,
+    check_book_frames,
+    check_identity,
+    refuse_tensor,
+    write_export,
+)
 
 FIRST_CHUNK_FRAMES = 9
 CHUNK_FRAMES = 12
@@ -200,7 +209,13 @@ class FakeRuntime:
         reader = ExportReader(source)
         check_identity(reader.identity, self.identity)
         session_id = reader.session_id
-        for _ in reader.tensors():  # none of its own; this reads the book's frames and checks the digest
+
+        def check(name: str, dtype: str, shape: tuple[int, ...]) -> None:  # the book's frames, nothing else
+            if name != BOOK_FRAMES:
+                refuse_tensor(name, dtype, shape, "no tensor but the book's frames")
+            check_book_frames(name, dtype, shape, self.frame_size)
+
+        for _ in reader.tensors(check):  # none of its own; this reads the book's frames and checks the digest
             pass
         book = reader.book()
         next_chunk = reader.state.get("next_chunk")

@@ -3,7 +3,9 @@ byte budget per pod (`ARDIFF_HOST_TIER_BYTES`).
 
 An eviction frees the session's slot and its KV blocks in the runner; the export (docs/contracts.md §9)
 waits here instead of on the shared volume: resuming on this pod imports it from memory, another pod pulls
-it over the transfer endpoint (worker/transfer.py) as it pulls a migrated session. What does not fit the
+it over the transfer endpoint (worker/transfer.py) as it pulls a migrated session. A pull does not consume the
+copy: it stays until the store no longer points at it (`copy_needed`: the puller reported it resumed, or the
+session was closed), so a refusal or a failure on the pulling pod loses nothing. What does not fit the
 budget goes to the shared tier (when the pod mounts one), else the session is evicted as before. A copy is
 volatile: it dies with the pod, so a draining pod moves its copies to the shared tier, and a session whose
 copy is gone resumes from its snapshot or needs a reset (contracts §2).
@@ -19,6 +21,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ardiff.kv.records import SessionBinding, SessionState
 from ardiff.worker.errors import ExportCorrupt
 from ardiff.worker.session_export import Writable
 from ardiff.worker.transfer import PIECE_BYTES, BodyReader
@@ -32,6 +35,16 @@ def host_holder(location: str) -> str | None:
         return None
     pod = location[len(HOST_PREFIX) :].partition("/")[0]
     return pod or None
+
+
+def copy_needed(binding: SessionBinding | None, location: str) -> bool:
+    """Whether the store may still send someone to the copy at `location`: a session without a record (no
+    verdict: the operator may restore it), one being suspended (its report is on the way), one placed to
+    import it (`resume_from`, a `lost` one included) or suspended at it. Closed, resumed, evicted or
+    re-exported sessions no longer need it."""
+    if binding is None or binding.state is SessionState.SUSPENDING or binding.resume_from == location:
+        return True
+    return binding.state is SessionState.SUSPENDED and binding.location == location
 
 
 class HostTierFull(Exception):
@@ -130,13 +143,10 @@ class HostTier:
             raise ExportCorrupt(f"no export {location!r} in this pod's host tier (the pod restarted?)")
         return copy
 
-    def take(self, session_id: str) -> HostCopy | None:
-        """Remove and return the session's copy (a pull sends it once), None when there is none."""
+    def copy_of(self, session_id: str) -> HostCopy | None:
+        """The session's copy (kept: a pull does not consume it), None when there is none."""
         with self._lock:
-            copy = self._copies.pop(session_id, None)
-            if copy is not None:
-                self._used -= copy.size
-            return copy
+            return self._copies.get(session_id)
 
     def remove(self, location: str) -> None:
         """Forget the copy at `location` (resumed, closed, or moved to the shared tier)."""

@@ -34,6 +34,7 @@ from ardiff.worker.errors import (
     AtCapacity,
     ChunkOutOfOrder,
     ExportCorrupt,
+    ExportIdentityMismatch,
     ExportNoCapacity,
     ForwardFailed,
     InvalidTick,
@@ -53,7 +54,7 @@ from ardiff.worker.errors import (
     Unauthorized,
     UnknownSession,
 )
-from ardiff.worker.host_tier import HostCopy, HostTier, HostTierFull, host_holder
+from ardiff.worker.host_tier import HostCopy, HostTier, HostTierFull, copy_needed, host_holder
 from ardiff.worker.metrics import WorkerMetrics
 from ardiff.worker.runtime import SessionRuntime
 from ardiff.worker.session_book import CachedChunk, SessionBook, SessionStatus
@@ -739,9 +740,10 @@ class WorkerService:
     ) -> SessionBook:
         """Import the export the store placed here (`resume_from`) before the session's first tick.
 
-        An export that cannot be used (corrupt, truncated, another identity) falls back to the session's
-        snapshot when there is one (the client is then told `rewound`), else the session needs a reset. A
-        worker without room for the export answers 429 and leaves everything as it was (retried later).
+        An export that cannot be used (corrupt, truncated) falls back to the session's snapshot when there is
+        one (the client is then told `rewound`), else the session needs a reset. A refusal loses nothing: a
+        worker without room for the export answers 429 and leaves everything as it was (retried later), one of
+        another identity gives the session back, suspended at the same copy (`_give_back`).
         `direct_only` (a prefetch, no tick waiting): only a pull from the holding pod; any failure leaves
         everything as it was for the first tick to resume the usual way.
         """
@@ -764,6 +766,8 @@ class WorkerService:
                 if direct_only:
                     self._books.pop(session_id, None)
                     raise
+                if isinstance(exc, ExportIdentityMismatch) and location == record.location:
+                    await self._give_back(session_id, record, exc)  # a refusal: the export itself is fine
                 log.warning("session %s could not be resumed from %s: %s", session_id, location, exc)
                 failures.append(exc.code)
                 continue
@@ -787,6 +791,25 @@ class WorkerService:
         self.metrics.continuity_seconds.labels("import").observe(seconds)
         log.info("resumed session %s at chunk %d from its %s", session_id, book.next_chunk_index, kind)
         return book
+
+    async def _give_back(self, session_id: str, record: SessionRecord, refusal: Exception) -> NoReturn:
+        """This worker cannot import the session's export (another model, resolution, dtype: another
+        identity): the session goes back to `suspended` at the same copy, its slot here freed, so a pod that
+        can import it resumes it on the next demand. The tick is told to retry (`resuming`)."""
+        assert self.link is not None
+        self._books.pop(session_id, None)
+        await self.link.mark_suspended(
+            session_id,
+            tier=record.tier,
+            location=record.location,
+            size=record.bytes,
+            chunk_index=record.suspended_chunk,
+        )
+        log.warning("gave session %s back: this worker cannot import its export (%s)", session_id, refusal)
+        raise Resuming(
+            f"session {session_id!r} was placed on a worker that cannot import its export ({refusal}); it "
+            "waits suspended for one that can, retry"
+        )
 
     async def _import(
         self,
@@ -1013,21 +1036,15 @@ class WorkerService:
                 log.warning("tier sweep failed: %s", exc)
 
     async def sweep_host_tier(self) -> list[str]:
-        """The host tier's share of a sweep: copies the store no longer points at (closed, expired, resumed
-        from another copy); never one of a session without a record (the operator may restore it)."""
+        """The host tier's share of a sweep: copies the store no longer points at (`copy_needed`: closed,
+        expired, resumed); never one of a session without a record (the operator may restore it)."""
         assert self.host_tier is not None
         assert self.link is not None
         copies = self.host_tier.copies()
         bindings = await self.link.bindings([copy.session_id for copy in copies]) if copies else {}
         dropped = []
         for copy in copies:
-            binding = bindings.get(copy.session_id)
-            if binding is None or binding.state is SessionState.SUSPENDING:  # no verdict; being reported
-                continue
-            if binding.state is SessionState.CLOSED or copy.location not in (
-                binding.location,
-                binding.resume_from,
-            ):
+            if not copy_needed(bindings.get(copy.session_id), copy.location):
                 self.host_tier.remove(copy.location)
                 dropped.append(copy.session_id)
         if dropped:
@@ -1077,38 +1094,69 @@ class WorkerService:
         ):
             raise Unauthorized("missing or wrong pool transfer token")
 
-    def claim_transfer(self, session_id: str, authorization: str | None) -> HeldForTransfer | HostCopy:
-        """The held session (or host-tier copy) a pull asks for, once (401 without the pool's transfer token,
-        404 if this pod has neither)."""
+    async def claim_transfer(self, session_id: str, authorization: str | None) -> HeldForTransfer | HostCopy:
+        """The held session (sent once) or host-tier copy (kept until the store no longer points at it) a pull
+        asks for (401 without the pool's transfer token, 404 if this pod has neither, or a copy nothing needs
+        any more: it is dropped)."""
         self._check_pool_token(authorization)
         held: HeldForTransfer | HostCopy | None = self._held.pop(session_id, None)
         if held is None and self.host_tier is not None:
-            held = self.host_tier.take(session_id)
+            held = self.host_tier.copy_of(session_id)
+            if held is not None and not await self._copy_still_needed(held):
+                held = None
         if held is None:
             raise UnknownSession(f"session {session_id!r} is not held on this pod for a transfer")
         self._sending[session_id] = time.monotonic() + READ_TIMEOUT_SECONDS
         return held
+
+    async def _copy_still_needed(self, copy: HostCopy) -> bool:
+        """Whether the store still points at a host-tier copy (`copy_needed`); one it no longer does is
+        dropped. A store that cannot be asked is no verdict: the copy stays."""
+        assert self.host_tier is not None
+        if self.link is None:
+            return True
+        try:
+            binding = (await self.link.bindings([copy.session_id]))[copy.session_id]
+        except Exception as exc:
+            log.warning("could not check session %s's host-tier copy: %s", copy.session_id, exc)
+            return True
+        if copy_needed(binding, copy.location):
+            return True
+        self.host_tier.remove(copy.location)
+        log.info("dropped session %s's host-tier copy: nothing points at it any more", copy.session_id)
+        return False
+
+    async def _drop_copy_once_resumed(self, copy: HostCopy) -> None:
+        """After a pull of a host-tier copy: drop it as soon as the puller reported it resumed (its slot in
+        the budget is wanted), looking for `transfer_hold_seconds`; the sweep takes over after that."""
+        deadline = time.monotonic() + self.settings.transfer_hold_seconds
+        while time.monotonic() < deadline and await self._copy_still_needed(copy):  # noqa: ASYNC110 (the store)
+            await asyncio.sleep(OFFER_POLL_SECONDS)
 
     def send_transfer(self, session_id: str, held: HeldForTransfer | HostCopy) -> AsyncIterator[bytes]:
         """The session's export, the HTTP body of a pull: a host-tier copy as it lies in memory, a held
         session's as it is written (its state is released afterwards either way: the puller has it, or falls
         back to the shared tier's copy)."""
         if isinstance(held, HostCopy):
-            return self._send_pieces(session_id, held.pieces)
+            return self._send_pieces(held)
         return self._send_held(session_id, held)
 
-    async def _send_pieces(self, session_id: str, pieces: tuple[bytes, ...]) -> AsyncIterator[bytes]:
+    async def _send_pieces(self, copy: HostCopy) -> AsyncIterator[bytes]:
         started = time.perf_counter()
         sent = 0
         result = "failed"
         self.metrics.transfers_in_progress.labels("out").inc()
         try:
-            for piece in pieces:
+            for piece in copy.pieces:
                 yield piece
                 sent += len(piece)
             result = "ok"
         finally:
-            self._record_sent(session_id, result, sent, time.perf_counter() - started)
+            self._record_sent(copy.session_id, result, sent, time.perf_counter() - started)
+        self._tasks = [task for task in self._tasks if not task.done()]
+        self._tasks.append(
+            asyncio.create_task(self._drop_copy_once_resumed(copy), name=f"sent-{copy.session_id}")
+        )
 
     def _record_sent(self, session_id: str, result: str, sent: int, seconds: float) -> None:
         self._sending.pop(session_id, None)
@@ -1180,6 +1228,8 @@ class WorkerService:
             book, result = await self._on_forward_thread(
                 pull, self._pull_client, endpoint, session_id, token, self.runtime.import_session
             )
+        except (ExportNoCapacity, ExportIdentityMismatch):
+            raise  # this worker refuses the session: no other copy would do, and the holder's stays
         except Exception as exc:
             code = exc.code if isinstance(exc, SessionExportError | TransferFailed) else type(exc).__name__
             log.warning(

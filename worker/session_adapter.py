@@ -56,12 +56,16 @@ from ardiff.worker.errors import (
 from ardiff.worker.runtime import ChunkOutput, KVBlocks, PreparedTick
 from ardiff.worker.session_book import SessionBook
 from ardiff.worker.session_export import (
+    BOOK_FRAMES,
     ExportReader,
     Readable,
     ReadTensor,
+    TensorCheck,
     TensorPart,
     Writable,
+    check_book_frames,
     check_identity,
+    refuse_tensor,
     write_export,
 )
 
@@ -82,6 +86,13 @@ _DTYPE_CODES = {
     torch.bool: "BOOL",
 }
 _DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
+# The fixed tensors of LingBot's session state (`pipe/<name>`, written by `_capture_pipeline` when present).
+_PIPELINE_TENSORS = (
+    "generator_state",
+    "condition_fixed_point",
+    "camera_tail/poses",
+    "camera_tail/intrinsics",
+)
 # LingBot's `_LingBotARSessionState` fields this exporter carries; one it does not know refuses the export.
 _PIPELINE_FIELDS = frozenset(
     {
@@ -311,15 +322,13 @@ class ARDiffusionSessionAdapter:
         if len(self._runner._sessions) >= self.capacity:
             # The runner would silently evict its least recently used session to make room.
             raise ExportNoCapacity(f"this worker holds {self.capacity} sessions, its capacity")
-        try:
-            needed = sum(int(b["num_blocks"]) for b in state["kv_branches"].values())
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ExportCorrupt(f"session export state lacks its KV branches: {exc}") from None
+        check = self._tensor_check(state)
+        needed = sum(int(b["num_blocks"]) for b in state["kv_branches"].values())
         free = self.kv_blocks().free
         if needed > free:
             raise ExportNoCapacity(f"the session needs {needed} KV blocks, this worker has {free} free")
         try:
-            book = self._install(reader)
+            book = self._install(reader, check)
         except BaseException as exc:
             self._runner._release_session(
                 session_id, reset_model=False, reason="import_failed", suppress_errors=True
@@ -466,9 +475,59 @@ class ARDiffusionSessionAdapter:
             "encoder_cache": _pack_list(state.encoder_cache, "pipe/encoder_cache", parts),
         }
 
-    def _install(self, reader: ExportReader) -> SessionBook:
-        """Build the session from `reader`: the KV pool first (each part copied in as it arrives), the rest
-        once every part is in and the checksum held. The caller releases it on any failure."""
+    def _tensor_check(self, state: dict[str, Any]) -> TensorCheck:
+        """This runtime's spec of an export's tensors, from its KV geometry and the export's own state
+        (checked first: its branches are this runner's, its block counts whole numbers): every KV page tensor
+        is `(blocks, *page)` of the pool's dtype, every cross-attention one `(1, length, heads, head_size)`,
+        the book's frames this worker's size. The pipeline's and decoder's caches (shapes of the model's
+        internals) are only those the state names; the reader holds no more of them than arrives."""
+        kv = self._runner.kv_cache
+        branches = [branch.name for branch in kv.kv_branches]
+        try:
+            blocks = {name: int(branch["num_blocks"]) for name, branch in state["kv_branches"].items()}
+            named = {
+                entry["t"]
+                for section, key in (("pipeline", "encoder_cache"), ("decoder", "feat_map"))
+                for entry in ((state[section] or {}).get(key) or [])
+                if isinstance(entry, dict) and "t" in entry
+            }
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ExportCorrupt(f"session export state lacks its KV branches or caches: {exc}") from None
+        if not set(blocks) <= set(branches) or any(n < 0 for n in blocks.values()):
+            raise ExportCorrupt(f"session export KV branches {blocks} do not fit this runner's {branches}")
+        named |= {f"pipe/{name}" for name in _PIPELINE_TENSORS}
+        code, page, layers = _DTYPE_CODES[kv.dtype], tuple(kv.key_cache(0).shape[1:]), range(kv.num_layers)
+        spec = {
+            f"kv/{branch}/{kind}/{layer}": (code, (count, *page))
+            for branch, count in blocks.items()
+            for kind in ("k", "v")
+            for layer in layers
+        }
+        spec |= {
+            f"cross/{cache}/{branch}/{kind}/{layer}": (code, (1, int(length), heads, int(kv.head_size)))
+            for cache, length in kv.cross_attention_lengths.items()
+            for heads in (int(kv.cross_attention_kv_heads[cache]),)
+            for branch in branches
+            for kind in ("k", "v")
+            for layer in layers
+        }
+
+        def check(name: str, dtype: str, shape: tuple[int, ...]) -> None:
+            if name == BOOK_FRAMES:
+                check_book_frames(name, dtype, shape, self.frame_size)
+            elif name not in named:
+                expected = spec.get(name)
+                if expected is None:
+                    refuse_tensor(name, dtype, shape, "the tensors of its KV branches, caches and pipeline")
+                if (dtype, shape) != expected:
+                    refuse_tensor(name, dtype, shape, f"{expected[0]} {list(expected[1])}")
+
+        return check
+
+    def _install(self, reader: ExportReader, check: TensorCheck) -> SessionBook:
+        """Build the session from `reader`: its KV blocks allocated first; the tensors read (each declared one
+        checked against `check` before anything is read); the KV pages written only once every part is in and
+        the checksum held, then the rest. The caller releases it on any failure."""
         kv, pipe, state = self._runner.kv_cache, self._pipeline, reader.state
         session_id = reader.session_id
         session = self._runner._get_or_create_session(session_id)
@@ -483,15 +542,17 @@ class ARDiffusionSessionAdapter:
                     f"branch {name}: allocated {len(table)} blocks, expected {branch['num_blocks']}"
                 )
             block_ids[name] = torch.tensor(table, dtype=torch.long, device=kv.device)
+        pages: list[tuple[str, torch.Tensor]] = []  # written once the checksum held: never an altered page
         rest: dict[str, torch.Tensor] = {}
-        for part in reader.tensors():
-            tensor = _tensor(part)
+        for part in reader.tensors(check):
             if part.name.startswith("kv/"):
-                branch, kind, layer = part.name.removeprefix("kv/").rsplit("/", 2)
-                pool = kv.key_cache(int(layer)) if kind == "k" else kv.value_cache(int(layer))
-                pool.index_copy_(0, block_ids[branch], tensor.to(kv.device))
+                pages.append((part.name, _tensor(part)))
             else:
-                rest[part.name] = tensor
+                rest[part.name] = _tensor(part)
+        for name, tensor in pages:
+            branch, kind, layer = name.removeprefix("kv/").rsplit("/", 2)
+            pool = kv.key_cache(int(layer)) if kind == "k" else kv.value_cache(int(layer))
+            pool.index_copy_(0, block_ids[branch], tensor.to(kv.device))
         book = reader.book()
         for name, branch in state["kv_branches"].items():
             adapter = session.adapter(name)

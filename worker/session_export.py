@@ -21,7 +21,7 @@ import math
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from ardiff.worker.errors import ExportCorrupt, ExportIdentityMismatch
 from ardiff.worker.session_book import SessionBook
@@ -32,6 +32,11 @@ FORMAT = "ardiff-session-export"
 DIGEST_BYTES = 32
 # Bounds on the two JSON headers: a corrupted length must not make a reader allocate gigabytes.
 MAX_HEADER_BYTES = 64 << 20
+# A tensor is read in pieces of at most this size into a buffer that grows as they arrive: what a reader holds
+# is what the stream carried, whatever the index declared.
+READ_BYTES = 1 << 20
+# The most frames a cached chunk may hold (a LingBot chunk has 9 or 12): the book's one tensor is bounded.
+MAX_BOOK_FRAMES = 64
 # safetensors dtype codes and their item sizes (the subset the runtimes use).
 ITEM_SIZES = {
     "F64": 8,
@@ -49,6 +54,11 @@ BOOK_FRAMES = "book/last_chunk/frames"
 
 _PREAMBLE = struct.Struct("<8sIQ")  # magic, version, header length
 _U64 = struct.Struct("<Q")
+
+
+# A runtime's spec of the tensors it imports: `check(name, dtype, shape)` raises `ExportCorrupt` (use
+# `refuse_tensor`) for a tensor it would not take, before the reader allocates anything for it.
+TensorCheck = Callable[[str, str, tuple[int, ...]], None]
 
 
 class Writable(Protocol):
@@ -87,6 +97,24 @@ class ReadTensor:
     dtype: str
     shape: tuple[int, ...]
     data: bytearray
+
+
+def refuse_tensor(name: str, dtype: str, shape: tuple[int, ...], expected: str) -> NoReturn:
+    raise ExportCorrupt(
+        f"session export tensor {name} is {dtype} {list(shape)}; this worker expects {expected}"
+    )
+
+
+def check_book_frames(name: str, dtype: str, shape: tuple[int, ...], frame_size: tuple[int, int]) -> None:
+    """The cached chunk's frames: uint8 `(F, H, W, 3)` at this worker's frame size, 1 to `MAX_BOOK_FRAMES`."""
+    height, width = frame_size
+    if (
+        dtype != "U8"
+        or len(shape) != 4
+        or shape[1:] != (height, width, 3)
+        or not 1 <= shape[0] <= MAX_BOOK_FRAMES
+    ):
+        refuse_tensor(name, dtype, shape, f"U8 [1..{MAX_BOOK_FRAMES}, {height}, {width}, 3] frames")
 
 
 def check_identity(export: Mapping[str, Any], worker: Mapping[str, Any]) -> None:
@@ -203,8 +231,11 @@ class ExportReader:
     def tensor_shapes(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         return {t.name: (t.dtype, t.shape) for t in self._layout}
 
-    def tensors(self) -> Iterator[ReadTensor]:
-        """Each tensor in order (the book's frames are kept, not yielded); then the digest is checked."""
+    def tensors(self, check: TensorCheck) -> Iterator[ReadTensor]:
+        """Each tensor in order (the book's frames are kept, not yielded), once `check` accepted every one the
+        index declares; then the digest is checked. Until the iteration has ended, nothing read is trusted."""
+        for entry in self._layout:
+            check(entry.name, entry.dtype, entry.shape)
         for entry in self._layout:
             data = self._read_into(math.prod(entry.shape) * ITEM_SIZES[entry.dtype], entry.name)
             if entry.name == BOOK_FRAMES:
@@ -253,17 +284,16 @@ class ExportReader:
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _read_into(self, size: int, what: str) -> bytearray:
-        """`size` bytes into a fresh buffer, filled as they arrive (no joined copy: a tensor part is the
-        largest thing a reader holds, up to gigabytes at real sizes)."""
-        data = bytearray(size)
-        view, filled = memoryview(data), 0
-        while filled < size:
-            chunk = self._source.read(size - filled)
+        """`size` bytes into a fresh buffer that grows as they arrive, at most `READ_BYTES` a read (no joined
+        copy: a tensor part is the largest thing a reader holds, up to gigabytes at real sizes; and a stream
+        cut short never made the reader hold what it only declared)."""
+        data = bytearray()
+        while len(data) < size:
+            chunk = self._source.read(min(size - len(data), READ_BYTES))
             if not chunk:
-                raise ExportCorrupt(f"session export is truncated in {what} ({filled} of {size} bytes)")
-            view[filled : filled + len(chunk)] = chunk
+                raise ExportCorrupt(f"session export is truncated in {what} ({len(data)} of {size} bytes)")
+            data += chunk
             self._digest.update(chunk)
-            filled += len(chunk)
         return data
 
     def _read(self, size: int, what: str) -> bytes:

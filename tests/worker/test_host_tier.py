@@ -140,6 +140,56 @@ async def test_another_pod_pulls_a_host_tier_export_once(pod_a, pod_b, store, se
     error_of(pull(pod_a, session, TRANSFER_TOKEN), 404, "unknown_session")  # sent once, then forgotten
 
 
+async def test_a_refusal_on_the_pulling_pod_loses_no_copy(launch_worker, redis_url, pod_a, store, sessions):
+    """The session is placed on a pod that cannot import its export (another frame size: another identity).
+    That pod gives it back (suspended again, at the same copy; 503 `resuming`) and the holder keeps its copy,
+    so the session resumes on a pod that can, bit-identically. Before: the pull took the holder's only copy,
+    the refusal counted as a failed transfer, and the session needed a reset."""
+    pod_g = launch_fake_pod(launch_worker, redis_url, POOL, "host-g", host_tier_bytes=BUDGET, height=32)
+    pods = (*PODS, "host-g")
+    try:
+        session, twin = await sessions("host-a", seed=6, others=pods)
+        expected = [frames_of(pod_a.tick(twin, i, token=TOKEN)) for i in range(4)]
+        for i in range(2):
+            frames_of(pod_a.tick(session, i, token=TOKEN))
+        record = await suspend_and_wait(store, POOL, session, reason="evicted")
+        assert host_holder(record.location) == "host-a"
+
+        await place_on(store, record.spec(), "host-g", pods)
+        error = error_of(pod_g.tick(session, 2, token=TOKEN), 503, "resuming")
+        assert "cannot import" in error["message"]
+        back = await store.get_session(POOL, session)
+        assert (back.state, back.location, back.tier, back.reset_required) == (
+            SessionState.SUSPENDED,
+            record.location,
+            "host",
+            False,
+        )
+        assert (await store.get_pod(POOL, "host-g")).used == 0  # its slot given back too
+
+        await place_on(store, back.spec(), "host-a", pods)
+        for i in (2, 3):
+            np.testing.assert_array_equal(frames_of(pod_a.tick(session, i, token=TOKEN)), expected[i])
+    finally:
+        pod_g.stop()
+        await store.remove_pod(POOL, "host-g")
+
+
+async def test_the_holder_keeps_its_copy_until_the_puller_resumed(pod_a, pod_b, store, sessions):
+    """A pull that never reaches an import (the puller went away mid-body) leaves the copy where it was: the
+    next pull gets it again. Once a pod reported it resumed, the copy is gone."""
+    session, twin = await sessions("host-a", seed=9)
+    expected = [frames_of(pod_a.tick(twin, i, token=TOKEN)) for i in range(3)]
+    for i in range(2):
+        frames_of(pod_a.tick(session, i, token=TOKEN))
+    record = await suspend_and_wait(store, POOL, session, reason="evicted")
+    assert pull(pod_a, session, TRANSFER_TOKEN).status_code == 200  # pulled, imported by nobody
+    assert pull(pod_a, session, TRANSFER_TOKEN).status_code == 200  # still there
+    await place_on(store, record.spec(), "host-b")
+    np.testing.assert_array_equal(frames_of(pod_b.tick(session, 2, token=TOKEN)), expected[2])
+    error_of(pull(pod_a, session, TRANSFER_TOKEN), 404, "unknown_session")  # resumed elsewhere: dropped
+
+
 async def test_an_export_that_does_not_fit_the_budget_goes_to_the_shared_tier(pod_b, store, sessions, tier):
     session, twin = await sessions("host-b", seed=5)
     expected = [frames_of(pod_b.tick(twin, i, token=TOKEN)) for i in range(3)]
@@ -274,7 +324,7 @@ async def test_the_sweep_drops_copies_of_deleted_sessions_but_not_of_unknown_one
 # ---- the tier itself --------------------------------------------------------------------------------------
 
 
-def test_the_budget_counts_every_copy_and_a_copy_is_taken_once() -> None:
+def test_the_budget_counts_every_copy_and_a_copy_stays_until_removed() -> None:
     tier = HostTier(10, "p")
     first, size = tier.write("s1", lambda out: out.write(b"abcdef") or 6)
     assert (host_holder(first), size, tier.used_bytes) == ("p", 6, 6)
@@ -286,8 +336,9 @@ def test_the_budget_counts_every_copy_and_a_copy_is_taken_once() -> None:
     with pytest.raises(ExportCorrupt):
         tier.get(first)  # the replaced location is gone
     assert tier.get(replaced).reader().read(100) == b"0123456789"
-    copy = tier.take("s1")
+    copy = tier.copy_of("s1")
     assert copy is not None
-    assert copy.size == 10
-    assert (tier.take("s1"), tier.used_bytes) == (None, 0)
+    assert (copy.size, copy.location, tier.copy_of("s1")) == (10, replaced, copy)  # a read keeps it
+    tier.remove(replaced)
+    assert (tier.copy_of("s1"), tier.used_bytes) == (None, 0)
     assert host_holder("ns/pool/s1/suspend-1.ardsess") is None

@@ -32,6 +32,7 @@ from ardiff.worker.errors import (
 )
 from ardiff.worker.session_book import CachedChunk, SessionBook
 from ardiff.worker.settings import WorkerSettings
+from tests.worker.test_session_export import with_index
 
 pytestmark = pytest.mark.slow
 
@@ -351,3 +352,50 @@ def test_a_pipeline_without_export_support_says_so(adapter, exported, monkeypatc
         export(adapter, "a", book)
     with pytest.raises(ExportUnsupported, match="reset-on-evict"):
         adapter.import_session(io.BytesIO(blob))
+
+
+# ---- imports refuse before they write (issue 23 item 5) -------------------------------------------------
+
+
+def kv_pool(adapter) -> list[torch.Tensor]:
+    kv = adapter._runner.kv_cache
+    return [cache(layer) for layer in range(kv.num_layers) for cache in (kv.key_cache, kv.value_cache)]
+
+
+def test_an_altered_export_writes_no_kv_page(adapter, exported):
+    """Only the last byte (the checksum) differs: every tensor reads well, the digest does not hold. Before:
+    the KV pages were written as the parts arrived, before the checksum was read."""
+    _, _, blob = exported
+    assert adapter.resident_sessions() == ()
+    for tensor in kv_pool(adapter):
+        tensor.fill_(7.0)  # free blocks only (no session is resident): whatever an import writes shows
+    with pytest.raises(ExportCorrupt, match="checksum mismatch"):
+        adapter.import_session(io.BytesIO(flip(blob, len(blob) - 1)))
+    assert all(bool((tensor == 7.0).all()) for tensor in kv_pool(adapter))
+    assert adapter.resident_sessions() == ()
+    imported = adapter.import_session(io.BytesIO(blob))  # the export itself imports
+    assert imported.session_id == "a"
+    adapter.close("a")
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [
+        ("kv/main/k/0", [1 << 20, 16, 2, 32]),
+        ("cross/text/main/v/1", [1, 512, 2, 3200]),
+        ("kv/main/v/1", [9, 16]),
+    ],
+)
+def test_a_tensor_declared_outside_the_spec_is_refused_before_anything_is_read(
+    adapter, exported, name, shape
+):
+    """A KV page tensor must be (blocks, *page) of the pool's dtype, a cross-attention one (1, length, heads,
+    head size): anything else is refused before its bytes are read or a buffer made for them. Before: no
+    declared shape was checked; the reader made a buffer of each declared size (here up to 512 MiB) and read
+    on until the stream ran out."""
+    _, _, blob = exported
+    before = adapter.kv_blocks()
+    with pytest.raises(ExportCorrupt, match=f"{name} is F32 .* this worker expects F32"):
+        adapter.import_session(io.BytesIO(with_index(blob, lambda index: index[name].update(shape=shape))))
+    assert adapter.resident_sessions() == ()
+    assert adapter.kv_blocks() == before

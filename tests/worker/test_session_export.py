@@ -22,7 +22,7 @@ from ardiff.worker.errors import (
 )
 from ardiff.worker.fake_runtime import FakeRuntime, fake_frames
 from ardiff.worker.session_book import CachedChunk, SessionBook
-from ardiff.worker.session_export import DIGEST_BYTES, ExportReader, TensorPart, write_export
+from ardiff.worker.session_export import DIGEST_BYTES, ITEM_SIZES, ExportReader, TensorPart, write_export
 
 CONDITIONING = Conditioning(seed=7, prompt="a forest")
 
@@ -108,7 +108,8 @@ def test_the_tensor_section_is_a_safetensors_document_written_part_by_part() -> 
     np.testing.assert_array_equal(tensors["a"], first)
     np.testing.assert_array_equal(tensors["b"], second)
     reader = ExportReader(io.BytesIO(blob))
-    read = [(t.name, np.frombuffer(t.data, dtype=np.float32).reshape(t.shape)) for t in reader.tensors()]
+    tensors = reader.tensors(lambda name, dtype, shape: None)  # any tensor: this test is the format's
+    read = [(t.name, np.frombuffer(t.data, dtype=np.float32).reshape(t.shape)) for t in tensors]
     assert [name for name, _ in read] == ["a", "b"]
     np.testing.assert_array_equal(read[1][1], second)
     assert reader.book().to_dict() == book.to_dict()
@@ -158,3 +159,73 @@ def test_import_refuses_a_foreign_a_duplicate_and_a_full_runtime() -> None:
     assert full.resident_sessions() == ("other",)
     with pytest.raises(ExportNotIdle):
         source.export_session("nobody", io.BytesIO(), book=SessionBook("nobody"))
+
+
+# ---- declared sizes against the spec, before anything is allocated (issue 23 item 5) -----------------------
+
+
+def with_index(blob: bytes, change) -> bytes:
+    """`blob` with its tensor index changed by `change(index)` (offsets laid out again) and no tensor data:
+    an export that declares what it does not carry."""
+    (header_len,) = struct.unpack("<Q", blob[12:20])
+    start = 20 + header_len
+    (index_len,) = struct.unpack("<Q", blob[start : start + 8])
+    index = json.loads(blob[start + 8 : start + 8 + index_len])
+    change(index)
+    offset = 0
+    for info in index.values():
+        size = int(np.prod(info["shape"])) * ITEM_SIZES[info["dtype"]]
+        info["data_offsets"] = [offset, offset + size]
+        offset += size
+    encoded = json.dumps(index).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    return blob[:start] + struct.pack("<Q", len(encoded)) + encoded
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda index: index.update({"kv/main/k/0": {"dtype": "F32", "shape": [1 << 28]}}), "kv/main/k/0"),
+        (lambda index: index["book/last_chunk/frames"].update(shape=[12, 8, 4096, 3]), "frames"),
+        (lambda index: index["book/last_chunk/frames"].update(shape=[100_000, 8, 8, 3]), "frames"),
+        (lambda index: index["book/last_chunk/frames"].update(dtype="F32"), "frames"),
+        (lambda index: index["book/last_chunk/frames"].update(shape=[12, 8, 8]), "frames"),
+    ],
+)
+def test_a_declared_tensor_outside_the_spec_is_refused_before_it_is_read(change, message: str) -> None:
+    import tracemalloc
+
+    source, target = FakeRuntime(height=8, width=8, capacity=2), FakeRuntime(height=8, width=8, capacity=2)
+    blob = with_index(export(source, "s", ticked(source, "s", 1)), change)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ExportCorrupt, match=f"{message}.* this worker expects"):
+            target.import_session(io.BytesIO(blob))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20  # nothing of the declared sizes (up to 1 GiB) was allocated
+    assert target.resident_sessions() == ()
+
+
+def test_a_reader_allocates_what_arrives_not_what_is_declared() -> None:
+    """A stream that declares a 64 GiB tensor and ends after 1 MiB of it: `export_corrupt` (truncated),
+    having held about what arrived. Before: the reader made a buffer of the declared size first (a
+    MemoryError here)."""
+    import tracemalloc
+
+    source = FakeRuntime(height=8, width=8, capacity=2)
+    declared = with_index(
+        export(source, "s", ticked(source, "s", 1)),
+        lambda index: index.update({"big": {"dtype": "U8", "shape": [64 << 30]}}),
+    )
+    reader = ExportReader(io.BytesIO(declared + bytes(12 * 8 * 8 * 3) + bytes(1 << 20)))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ExportCorrupt, match="truncated in big"):
+            for _ in reader.tensors(lambda name, dtype, shape: None):
+                pass
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20
