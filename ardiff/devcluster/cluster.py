@@ -58,7 +58,13 @@ BENCHMARK_OPERATOR_ENV = {"ARDIFF_OPERATOR_RECONCILE_SECONDS": "0.5", "ARDIFF_OP
 PROCESS_NODE_LABEL = "ardiff.dev/process-node"
 # A process node's capacity: more than this machine has, as kwok's nodes advertise (the scheduler places by
 # it; the kubelet enforces no limit).
-PROCESS_NODE_CAPACITY = {"cpu": "32", "memory": "128Gi", "pods": "110", "ephemeral-storage": "200Gi"}
+PROCESS_NODE_CAPACITY = {
+    "cpu": "32",
+    "memory": "128Gi",
+    "pods": "110",
+    "ephemeral-storage": "200Gi",
+    "nvidia.com/gpu": "8",
+}
 SIMULATED_NODE_CAPACITY = {"cpu": "4000", "memory": "16000Gi", "pods": "1000", "ephemeral-storage": "20000Gi"}
 
 
@@ -388,6 +394,21 @@ class DevCluster:
             self._stack.close()
             self.network = None
             self._lock = None
+
+    def processes(self) -> list[int]:
+        """The pids of every process the cluster runs itself: control plane, kubelets, provisioner, Redis (if
+        its own) and operator (the Pods' run in the slot's namespaces, which `stop` and a reclaim empty)."""
+        components = [
+            *(self.control_plane.components if self.control_plane is not None else []),
+            *self.kubelets.values(),
+            *([self.provisioner] if self.provisioner is not None else []),
+        ]
+        pids = [c.process.pid for c in components if c.process is not None]
+        if self.redis is not None and self._owns_redis and self.redis.process is not None:
+            pids.append(self.redis.process.pid)
+        if self.operator is not None and self.operator.pid is not None:
+            pids.append(self.operator.pid)
+        return sorted(pids)
 
     def sessions(self) -> KubeSessions:
         """The Python client's Kubernetes part, for this cluster's namespace."""

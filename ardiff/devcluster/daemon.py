@@ -1,15 +1,18 @@
 """`ardiff up` / `ardiff down`: the local cluster (a development harness) in a background process.
 
 `up` starts `python -m ardiff.devcluster.daemon --state-dir DIR` in its own session. That process runs a
-`DevCluster` (emulated API, Redis, pod runner, the real operator; workers as the operator creates Pods) and
-writes `DIR/cluster.json` once all of it serves; then, every second, it records there every process the
-cluster runs (pid and start time, so a reused pid is never mistaken for ours). `up` returns when the file
-exists. `down` sends SIGTERM to that process, which stops the cluster in order, then kills whatever the file
-still lists (the daemon itself may have died): no process is left behind. Both are idempotent and hold
-`DIR/.lock` while they work.
+`DevCluster` (a real control plane, two process nodes, Redis, the real operator; workers as the operator
+creates Pods) and writes `DIR/cluster.json` once all of it serves; then, every second, it records there every
+process the cluster runs (pid and start time, so a reused pid is never mistaken for ours) and its network slot.
+`up` returns when the file exists. `down` sends SIGTERM to that process, which stops the cluster in order, then
+kills whatever the file still lists and removes the slot's namespaces and links (the daemon itself may have
+died): nothing is left behind. Both are idempotent and hold `DIR/.lock` while they work. Namespaces and bridges
+need root: both say so when they do not run as root.
 
 Layout of DIR (default `.ardiff-dev/`): `cluster.json`, `kubeconfig`, `kubectl-cache/`, `logs/cluster.log`
-(this process), `logs/operator.log`, `logs/kube-api.log`, `logs/pods/<namespace>_<pod>.log`.
+(this process), `logs/operator.log`, `logs/kubelet-<node>.log`, `control-plane/logs/` (etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler), `nodes/<node>/pods/<namespace>_<pod>_<uid>/logs/` (each container's
+output, what `kubectl logs` reads).
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ardiff.devcluster.cluster import INTERACTIVE_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster
+from ardiff.devcluster.network import NetworkError, reclaim, require_root
 from ardiff.errors import ArdiffError
 
 STATE_FILE = "cluster.json"
-UP_TIMEOUT_SECONDS = 120.0
+# A first start builds the image venvs (a minute or two); later ones start in about half a minute.
+UP_TIMEOUT_SECONDS = 600.0
 DOWN_TIMEOUT_SECONDS = 60.0
 
 
@@ -87,6 +92,7 @@ class ClusterState:
     redis_url: str
     kubeconfig: str
     namespace: str
+    network_slot: int
     processes: tuple[ProcessRef, ...] = ()
 
     def to_json(self) -> str:
@@ -101,6 +107,7 @@ class ClusterState:
             redis_url=data["redis_url"],
             kubeconfig=data["kubeconfig"],
             namespace=data["namespace"],
+            network_slot=data["network_slot"],
             processes=tuple(ProcessRef(**p) for p in data["processes"]),
         )
 
@@ -149,10 +156,11 @@ def serve(state_dir: Path, namespace: str) -> None:
                 if current != recorded:
                     state = ClusterState(
                         daemon=daemon,
-                        api_url=cluster.api_url,
+                        api_url=cluster.admin.server,
                         redis_url=cluster.redis_url,
                         kubeconfig=str(cluster.kubeconfig.resolve()),
                         namespace=namespace,
+                        network_slot=cluster.network.index if cluster.network else -1,
                         processes=current,
                     )
                     write_state(state_dir, state)
@@ -169,6 +177,10 @@ def serve(state_dir: Path, namespace: str) -> None:
 
 def up(state_dir: Path, namespace: str = "default") -> tuple[ClusterState, bool]:
     """Start the cluster unless it runs; returns its state and whether this call started it."""
+    try:
+        require_root("ardiff up")
+    except NetworkError as exc:
+        raise DevClusterError(str(exc)) from None
     state_dir = state_dir.resolve()
     with locked(state_dir):
         state = read_state(state_dir)
@@ -223,6 +235,8 @@ def _stop(state_dir: Path, state: ClusterState) -> None:
     # Only what still runs: what a daemon that died (or hung) left behind. Worker Pods lead their own groups.
     for process in (state.daemon, *state.processes):
         process.signal(signal.SIGKILL, group=True)
+    if state.network_slot >= 0:
+        reclaim(state.network_slot)  # the namespaces, links and what still runs in them
     (state_dir / STATE_FILE).unlink(missing_ok=True)
 
 
@@ -239,10 +253,10 @@ def usage(state: ClusterState, started: bool) -> str:
     kubectl, ardiff = bin_dir / "kubectl", bin_dir / "ardiff"
     return "\n".join(
         [
-            f"ardiff dev cluster {'is up' if started else 'was already up'} (a development harness: emulated "
-            "Kubernetes API, real Redis, operator and workers)",
+            f"ardiff dev cluster {'is up' if started else 'was already up'} (a development harness: a real "
+            "Kubernetes control plane, process kubelets, real Redis, operator and workers)",
             f"  API {state.api_url}, Redis {state.redis_url}, operator watching namespace {state.namespace}",
-            f"  state and logs: {root} (logs/operator.log, logs/pods/)",
+            f"  state and logs: {root} (logs/, control-plane/logs/; kubectl logs works for every Pod)",
             "",
             f"  export KUBECONFIG={state.kubeconfig}",
             f"  {kubectl} apply -f examples/",

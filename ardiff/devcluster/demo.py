@@ -29,8 +29,7 @@ import httpx
 import numpy as np
 
 from ardiff.client import TERMINAL_PHASES, KubeSessions, camera, hold, is_ready, write_mp4, write_strip
-from ardiff.devcluster.cluster import INTERACTIVE_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster
-from ardiff.devcluster.crd import load_manifests
+from ardiff.devcluster.cluster import INTERACTIVE_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster, load_manifests
 from ardiff.errors import ArdiffError
 from ardiff.kv.capacity import PodPlan, format_bytes, plan_for_pool
 from ardiff.kv.placement import PlacementStore
@@ -390,10 +389,11 @@ def run_demo(settings: DemoSettings, out: TextIO = sys.stdout) -> list[SessionRe
         print(f"$ kubectl apply -f {settings.examples}", file=out)
         print(kubectl(cluster, "apply", "-f", str(settings.examples)), file=out, end="", flush=True)
         sessions = cluster.sessions()
-        pools_url = cluster.api_url + POOLS_PATH.format(namespace=NAMESPACE)
+        pools_path = POOLS_PATH.format(namespace=NAMESPACE)
 
         def pools() -> list[dict[str, Any]]:
-            return httpx.get(pools_url, timeout=10).json()["items"]
+            with cluster.admin.client(timeout=10) as client:
+                return client.get(pools_path).json()["items"]
 
         wait_until_ready(sessions, names, pools, timeout=settings.timeout, out=out)
         for pool in pools_applied:

@@ -32,6 +32,8 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,12 +43,14 @@ from ardiff.devcluster.binaries import KubernetesBinaries
 
 IMAGES_CACHE = Path(os.environ.get("ARDIFF_IMAGES_CACHE", Path.home() / ".cache" / "ardiff" / "images"))
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+UNUSED_SECONDS = 86400.0
 WORKER_IMAGE = "ghcr.io/ardiff/ardiff-worker"
 OPERATOR_IMAGE = "ghcr.io/ardiff/ardiff-operator"
 REDIS_IMAGE = "docker.io/library/redis"
 KUBE_PROXY_IMAGE = "registry.k8s.io/kube-proxy"
 COREDNS_IMAGE = "registry.k8s.io/coredns/coredns"
-# The checkout's package sources: what `pip install .` copies into an image.
+# What the Dockerfiles COPY into the image's build context before `pip install`.
+_CONTEXT_FILES = ("pyproject.toml", "README.md")
 _SOURCE_DIRS = ("ardiff", "kv", "operator", "worker")
 
 
@@ -166,16 +170,28 @@ class ImageTable:
 def source_digest(checkout: Path) -> str:
     """A digest of what `pip install .` would copy (pyproject, README, the package folders' files)."""
     digest = hashlib.sha256()
-    files = [checkout / "pyproject.toml", checkout / "README.md"]
-    for folder in _SOURCE_DIRS:
-        files += sorted(
-            p
-            for p in (checkout / folder).rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc",)
-        )
-    for path in files:
+    for path in _context_files(checkout):
         digest.update(str(path.relative_to(checkout)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def _context_files(checkout: Path) -> list[Path]:
+    files = [checkout / name for name in _CONTEXT_FILES]
+    for folder in _SOURCE_DIRS:
+        files += sorted(
+            p for p in (checkout / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+        )
+    return files
+
+
+def build_context(checkout: Path, destination: Path) -> Path:
+    """The files the Dockerfiles COPY (pyproject.toml, README.md, the four package folders) in `destination`:
+    what `pip install .` sees there is what an image build sees, and the checkout gets no `build/` folder."""
+    for path in _context_files(checkout):
+        target = destination / path.relative_to(checkout)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    return destination
 
 
 @contextlib.contextmanager
@@ -199,24 +215,34 @@ def build_image_venv(checkout: Path, extra: str, *, base_site_packages: Path | N
     name = f"{extra}-{source_digest(checkout)}"
     venv = IMAGES_CACHE / name
     with _locked(IMAGES_CACHE / f".{extra}.lock"):
+        _remove_unused(extra, keep=venv)
         if (venv / ".complete").exists():
+            (venv / ".complete").touch()  # in use: kept by the sweep
             return venv
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         if base_site_packages is not None:
             (_site_packages(venv) / "zz-base-image.pth").write_text(f"{base_site_packages}\n")
         pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        # Not from inside the checkout: its `operator/` folder would shadow the standard library's module.
-        done = subprocess.run(
-            [*pip, f"{checkout}[{extra}]"], cwd=venv, capture_output=True, text=True, check=False
-        )
+        with tempfile.TemporaryDirectory(prefix="ardiff-image-context-") as tmp:
+            context = build_context(checkout, Path(tmp) / "context")
+            # Not from inside the context: its `operator/` folder would shadow the standard library's module.
+            done = subprocess.run(
+                [*pip, f"{context}[{extra}]"], cwd=tmp, capture_output=True, text=True, check=False
+            )
         if done.returncode != 0:
             raise RuntimeError(f"pip install '.[{extra}]' into {venv} failed:\n{done.stdout}\n{done.stderr}")
-        for stale in IMAGES_CACHE.glob(f"{extra}-*"):
-            if stale != venv:
-                shutil.rmtree(stale, ignore_errors=True)
         (venv / ".complete").touch()
     return venv
+
+
+def _remove_unused(extra: str, keep: Path) -> None:
+    """Image venvs of older sources not used for `UNUSED_SECONDS` (another run may still use a recent one)."""
+    for stale in IMAGES_CACHE.glob(f"{extra}-*"):
+        marker = stale / ".complete"
+        age = time.time() - (marker.stat().st_mtime if marker.exists() else stale.stat().st_mtime)
+        if stale != keep and age > UNUSED_SECONDS:
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def dev_site_packages() -> Path:
@@ -267,6 +293,7 @@ def build_image_table(checkout: Path, binaries: KubernetesBinaries, *, worker: b
             files={"/coredns": str(binaries.coredns)},
             user=65532,
             group=65532,
+            users=(ImageUser("nonroot", 65532, 65532, "/home/nonroot"),),
         ),
     ]
     if worker:

@@ -304,3 +304,15 @@ def claimed_network(preferred: Sequence[int] = ()) -> Iterator[tuple[ClusterNetw
             lock.release()
         return
     raise NetworkError(f"all {SLOTS} dev cluster network slots are in use ({STATE_DIR})")
+
+
+def reclaim(index: int) -> bool:
+    """Remove what slot `index` left behind if its owner is gone (its lock is free); False while it lives."""
+    lock = _try_lock(index)
+    if lock is None:
+        return False
+    try:
+        ClusterNetwork(index).down()
+    finally:
+        lock.release()
+    return True

@@ -1,6 +1,6 @@
 """The real operator (`ardiff operator run`) as a process of the dev cluster: it can be stopped and restarted.
 
-It reaches the emulated API through `KUBECONFIG` and Redis through `ARDIFF_REDIS_URL`, watches
+It reaches the API server through `KUBECONFIG` and Redis through `ARDIFF_REDIS_URL`, watches
 `ARDIFF_WATCH_NAMESPACES`, and serves kopf's liveness probe on a loopback port (`--liveness` is appended to
 the command, unless the command serves its own on `liveness_port`, as the chart's does): the probe answers
 once the startup handlers ran, which is how `wait_ready` knows it serves. The dev cluster, the operator tests,
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,11 +21,20 @@ from typing import Self
 import httpx
 
 from ardiff.devcluster.kubectl import kube_env
-from ardiff.devcluster.pod_runner import resolve_executable
 from ardiff.devcluster.redis_server import free_port
 from ardiff.errors import ArdiffError
 
 STOP_TIMEOUT_SECONDS = 30.0
+
+
+def resolve_executable(name: str) -> list[str]:
+    """`ardiff` and `python` mean this virtualenv's, whatever PATH says."""
+    if name == "ardiff":
+        script = Path(sys.executable).with_name("ardiff")
+        return [str(script)] if script.exists() else [sys.executable, "-m", "ardiff.cli"]
+    if name in ("python", "python3"):
+        return [sys.executable]
+    return [name]
 
 
 def stop_process(process: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> None:

@@ -755,10 +755,20 @@ class PodWorker:
             mounts.append(
                 {"source": str(etc / name), "target": f"/etc/{name}", "read_only": False, "file": True}
             )
-        for target, host_file in image.files.items():
-            mounts.append({"source": host_file, "target": target, "read_only": True, "file": True})
         container_dir = self.directory / "containers" / spec["name"]
         shutil.rmtree(container_dir, ignore_errors=True)  # a restarted container starts from its image again
+        accounts = container_dir / "accounts"
+        accounts.mkdir(parents=True)
+        passwd, group = image.account_files(Path("/etc/passwd").read_text(), Path("/etc/group").read_text())
+        (accounts / "passwd").write_text(passwd)
+        (accounts / "group").write_text(group)
+        image_files = {
+            **image.files,
+            "/etc/passwd": str(accounts / "passwd"),
+            "/etc/group": str(accounts / "group"),
+        }
+        for target, host_file in image_files.items():
+            mounts.append({"source": host_file, "target": target, "read_only": True, "file": True})
         return {
             "argv": argv,
             "env": env,

@@ -4,8 +4,8 @@ worker image (`ardiff worker serve` in its own network namespace), driven throug
 real kubectl.
 
 A module shares one stack (workers are expensive: ~15 s to import vllm-omni, ~1 GB each); its tests create
-their own sessions with `stack.session(...)`, which are deleted (and waited for) when the test ends. A module's
-Redis is its own, so a test may restart it (every key lost) without touching another module's.
+their own sessions with `stack.session(...)`, which are deleted (and waited for) when the test ends. A
+module's Redis is its own, so a test may restart it (every key lost) without touching another module's.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,6 +37,13 @@ OPERATOR_ENV = {
     "ARDIFF_OPERATOR_MIRROR_SECONDS": "1",
     "ARDIFF_OPERATOR_CANCELLATION_POLLING_SECONDS": "0.5",
 }
+SHARED_TIER_CLAIM = {
+    "apiVersion": "v1",
+    "kind": "PersistentVolumeClaim",
+    "metadata": {"name": "shared-tier"},
+    "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+}
+SHARED_TIER_PATH = "/var/lib/ardiff/tier"
 WORKER_LEASE_ENV = [
     {"name": "ARDIFF_LEASE_SECONDS", "value": "5"},
     {"name": "ARDIFF_HEARTBEAT_SECONDS", "value": "1"},
@@ -62,6 +69,20 @@ def build_pool(
         scale_down_delay_seconds=3600,  # pods stay for the whole module
         env=env,
     )
+
+
+def with_shared_tier(pool: dict[str, Any], *, snapshot_every_chunks: int = 0) -> dict[str, Any]:
+    """`pool` with every worker mounting the shared tier claim (`SHARED_TIER_CLAIM`) as its suspend dir."""
+    spec = dict(pool["spec"])
+    env = [*spec.get("env", []), {"name": "ARDIFF_SUSPEND_DIR", "value": SHARED_TIER_PATH}]
+    if snapshot_every_chunks:
+        env.append({"name": "ARDIFF_SNAPSHOT_EVERY_CHUNKS", "value": str(snapshot_every_chunks)})
+    spec["env"] = env
+    spec["volumes"] = [
+        {"name": "tier", "persistentVolumeClaim": {"claimName": SHARED_TIER_CLAIM["metadata"]["name"]}}
+    ]
+    spec["volumeMounts"] = [{"name": "tier", "mountPath": SHARED_TIER_PATH}]
+    return {**pool, "spec": spec}
 
 
 @dataclass
@@ -161,6 +182,9 @@ class Stack:
         ip = self.pods()[pod]["status"]["podIP"]
         return httpx.get(f"http://{ip}:8000/v1/sessions", timeout=10).json()
 
+    def restart_count(self, pod: str) -> int:
+        return self.pods()[pod]["status"]["containerStatuses"][0]["restartCount"]
+
     def kill(self, pod: str, sig: int) -> int:
         """Signal a worker Pod's container process (`kill -9` on its node); its pid."""
         pid = pod_pid(self.pods()[pod])
@@ -184,13 +208,22 @@ def running_stack(
     namespace: str,
     workdir: Path,
     pool: dict[str, Any],
+    *,
+    claims: Sequence[dict[str, Any]] = (),
     operator_env: dict[str, str] | None = None,
 ) -> Iterator[Stack]:
-    """`namespace` on the session's cluster with its own Redis, the operator and `pool` applied; on exit the
-    namespace is deleted (its Pods stopped by their kubelets) and the operator and Redis stopped."""
+    """`namespace` on the session's cluster with its own Redis, the operator, `claims` and `pool` applied; on
+    exit the pool and the namespace are deleted (its Pods stopped by their kubelets), the operator and Redis
+    stopped."""
     network = kube.network
     assert network is not None
+    assert kube.control_plane is not None
     kube.control_plane.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}])
+    with kube.admin.client() as client:
+        for claim in claims:
+            client.post(
+                f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", json=claim
+            ).raise_for_status()
     with RedisServer(bind=("127.0.0.1", network.host_ip)) as redis:
         operator = OperatorProcess(
             OPERATOR_COMMAND,
@@ -210,10 +243,9 @@ def running_stack(
             stack.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(pool))
             yield stack
         finally:
+            pools = f"/apis/ardiffusion.dev/v1alpha1/namespaces/{namespace}/ardiffusionworkerpools"
             with kube.admin.client() as client:
-                client.delete(
-                    f"/apis/ardiffusion.dev/v1alpha1/namespaces/{namespace}/ardiffusionworkerpools/{pool['metadata']['name']}"
-                )
+                client.delete(f"{pools}/{pool['metadata']['name']}")
             operator.stop()
             with kube.admin.client() as client:
                 client.delete(f"/api/v1/namespaces/{namespace}")

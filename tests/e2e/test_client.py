@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from ardiff import client
+from ardiff.devcluster.cluster import DevCluster
 from ardiff.devcluster.waiting import wait_until
 from tests.e2e.conftest import Stack, build_pool, running_stack
 
@@ -25,8 +26,8 @@ POOL = build_pool("fake", capacity=1, min_replicas=2, max_replicas=2, fake=True)
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with running_stack(tmp_path_factory.mktemp("e2e-client"), POOL, {}) as running:
+def stack(dev_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with running_stack(dev_cluster, "e2e-client", tmp_path_factory.mktemp("e2e-client"), POOL) as running:
         wait_until(lambda: len(running.ready_pods()) == 2, timeout=60, what="two ready fake worker pods")
         yield running
 
@@ -124,14 +125,14 @@ def test_kubernetes_errors_are_typed(stack: Stack) -> None:
 
 
 def test_the_tick_command_reports_errors_without_a_traceback(stack: Stack, tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "ardiff.cli", "session", "tick", "missing", "-n", "e2e"]
+    command = [sys.executable, "-m", "ardiff.cli", "session", "tick", "missing", "-n", stack.namespace]
     command += [
         "--chunks",
         "1",
         "--out",
         str(tmp_path / "x.mp4"),
         "--kubeconfig",
-        str(stack.cluster.kubeconfig),
+        str(stack.kube.kubeconfig),
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 1
@@ -149,8 +150,19 @@ def test_the_tick_command_continues_a_session_and_resets_only_when_asked(
         session.http.headers["ardiff-test-fault"] = "forward"
         with pytest.raises(client.ForwardFailed):
             session.tick([client.hold("w")])
-    command = [sys.executable, "-m", "ardiff.cli", "session", "tick", name, "-n", "e2e", "--chunks", "2"]
-    command += ["--kubeconfig", str(stack.cluster.kubeconfig), "--keys", "wj"]
+    command = [
+        sys.executable,
+        "-m",
+        "ardiff.cli",
+        "session",
+        "tick",
+        name,
+        "-n",
+        stack.namespace,
+        "--chunks",
+        "2",
+    ]
+    command += ["--kubeconfig", str(stack.kube.kubeconfig), "--keys", "wj"]
 
     refused = subprocess.run(
         [*command, "--out", str(tmp_path / "a.mp4")], capture_output=True, text=True, check=False

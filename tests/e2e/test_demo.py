@@ -45,9 +45,9 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
-def test_demo_runs_the_examples_and_writes_a_video_per_session(tmp_path: Path, model_cache: Path) -> None:
+def test_demo_runs_the_examples_and_writes_a_video_per_session(tmp_path: Path) -> None:
     token = uuid.uuid4().hex
-    env = {**os.environ, "ARDIFF_MODEL_CACHE": str(model_cache), "ARDIFF_DEMO_TEST": token}
+    env = {**os.environ, "ARDIFF_DEMO_TEST": token}
     command = [
         sys.executable,
         "-m",
@@ -137,10 +137,10 @@ def restore_default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_ctrl_c_tears_the_demo_down(tmp_path: Path, model_cache: Path) -> None:
+def test_ctrl_c_tears_the_demo_down(tmp_path: Path) -> None:
     """Ctrl-C while the workers load: the terminal's SIGINT reaches the demo's whole process group."""
     token = uuid.uuid4().hex
-    env = {**os.environ, "ARDIFF_MODEL_CACHE": str(model_cache), "ARDIFF_DEMO_TEST": token}
+    env = {**os.environ, "ARDIFF_DEMO_TEST": token}
     command = [sys.executable, "-m", "ardiff.cli", "demo", "--examples", str(REPO / "examples")]
     demo = subprocess.Popen(
         command,

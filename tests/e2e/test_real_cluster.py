@@ -25,9 +25,10 @@ import pytest
 import yaml
 
 from ardiff import client
+from ardiff.devcluster.cluster import DevCluster
 from ardiff.devcluster.tick_recorder import TickRecorder
 from ardiff.devcluster.waiting import wait_until
-from tests.e2e.conftest import NAMESPACE, Stack, build_pool, running_stack
+from tests.e2e.conftest import SHARED_TIER_CLAIM, Stack, build_pool, running_stack, with_shared_tier
 
 pytestmark = pytest.mark.slow
 
@@ -39,15 +40,12 @@ WALK = [client.hold("w"), client.camera("w", "wj", "j"), client.camera("d", "d",
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> Iterator[Stack]:
-    # Every worker mounts the same shared tier: evicted sessions are suspended there, not dropped.
-    tier = tmp_path_factory.mktemp("shared-tier")
-    pod_env = {
-        "ARDIFF_MODEL_CACHE": str(model_cache),
-        "ARDIFF_SUSPEND_DIR": str(tier),
-        "ARDIFF_SNAPSHOT_EVERY_CHUNKS": "2",  # a session whose pod dies resumes from its last snapshot
-    }
-    with running_stack(tmp_path_factory.mktemp("e2e-real"), POOL, pod_env) as running:
+def stack(dev_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    workdir = tmp_path_factory.mktemp("e2e-real")
+    # Every worker mounts the same shared tier (a ReadWriteMany claim): evicted sessions are suspended there,
+    # not dropped; a session whose pod dies resumes from its last snapshot.
+    pool = with_shared_tier(POOL, snapshot_every_chunks=2)
+    with running_stack(dev_cluster, "e2e-real", workdir, pool, claims=[SHARED_TIER_CLAIM]) as running:
         wait_until(lambda: running.ready_pods(), timeout=WORKER_START_TIMEOUT, what="the first worker pod")
         yield running
 
@@ -86,11 +84,11 @@ def test_apply_ready_and_ticks_return_frames(stack: Stack, tmp_path: Path) -> No
     session = {
         "apiVersion": "ardiffusion.dev/v1alpha1",
         "kind": "ARDiffusionSession",
-        "metadata": {"name": "first", "namespace": NAMESPACE},
+        "metadata": {"name": "first", "namespace": stack.namespace},
         "spec": {"poolRef": stack.pool, "prompt": "a lighthouse on a cliff at dusk", "seed": 7},
     }
     stack.created.append("first")
-    stack.cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(session))
+    stack.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(session))
     status = ready(stack, "first")
     assert status["pod"] in stack.ready_pods()
     with stack.connect("first") as first:
@@ -103,7 +101,7 @@ def test_apply_ready_and_ticks_return_frames(stack: Stack, tmp_path: Path) -> No
             assert chunk.server_timing["forward"] > 0
 
     def listing_at_chunk_3() -> str | None:
-        out = stack.cluster.kubectl("get", "ardiffusionsessions").stdout
+        out = stack.kubectl("get", "ardiffusionsessions").stdout
         return out if " 3 " in out else None
 
     listed = wait_until(listing_at_chunk_3, timeout=15, what="kubectl get to show chunk 3")
@@ -119,11 +117,11 @@ def test_apply_ready_and_ticks_return_frames(stack: Stack, tmp_path: Path) -> No
         "tick",
         "first",
         "-n",
-        NAMESPACE,
+        stack.namespace,
         "--chunks",
         "2",
     ]
-    command += ["--out", str(video), "--kubeconfig", str(stack.cluster.kubeconfig)]
+    command += ["--out", str(video), "--kubeconfig", str(stack.kube.kubeconfig)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr
     assert "first chunk 3: 12 frames 64x64" in result.stdout
@@ -240,8 +238,7 @@ def test_killing_a_worker_mid_session_resumes_its_session_from_a_snapshot_bit_id
     before = ready(stack, doomed)
     killed_pod, other_pod = before["pod"], ready(stack, bystander)["pod"]
     assert killed_pod != other_pod
-    info = stack.cluster.runner.info(killed_pod, NAMESPACE)
-    assert info is not None
+    restarts_before = stack.restart_count(killed_pod)
     failures: list[BaseException] = []
 
     def keep_ticking(session: client.SessionClient) -> None:
@@ -256,7 +253,7 @@ def test_killing_a_worker_mid_session_resumes_its_session_from_a_snapshot_bit_id
         ticking = threading.Thread(target=keep_ticking, args=(doomed_client,))
         ticking.start()
         wait_until(lambda: doomed_client.next_chunk_index >= 3, timeout=60, what="a snapshot or two")
-        stack.cluster.runner.kill(killed_pod, signal.SIGKILL, NAMESPACE)
+        stack.kill(killed_pod, signal.SIGKILL)
         killed_at = time.monotonic()
         ticking.join(60)
         assert [type(f) for f in failures] == [client.WorkerUnreachable]
@@ -289,9 +286,7 @@ def test_killing_a_worker_mid_session_resumes_its_session_from_a_snapshot_bit_id
             chunk = doomed_client.tick([client.hold("w")])
         print(f"resumed at chunk {resumed_at if resumed_at is not None else reached} (had reached {reached})")
         assert_frames(bystander_client.tick([client.hold("d")]), 1)  # the other pod's session kept its KV
-    restarted = stack.cluster.runner.info(killed_pod, NAMESPACE)
-    assert restarted is not None
-    assert restarted.restart_count == info.restart_count + 1
+    assert stack.restart_count(killed_pod) == restarts_before + 1
     assert_consistent(stack, [doomed, bystander])
 
 
@@ -303,8 +298,8 @@ def test_operator_restart_and_redis_losing_its_data_converge(stack: Stack) -> No
         for session in clients.values():
             session.tick([client.hold("w")])
 
-        stack.cluster.operator.stop(signal.SIGKILL)  # a crash
-        stack.cluster.operator.start().wait_ready()
+        stack.operator.stop(signal.SIGKILL)  # a crash
+        stack.operator.start().wait_ready()
         time.sleep(2)  # a few reconcile rounds
         for name, session in clients.items():
             status = stack.sessions.status(name)
@@ -312,10 +307,10 @@ def test_operator_restart_and_redis_losing_its_data_converge(stack: Stack) -> No
             assert_frames(session.tick([client.hold("w")]), 1)
         assert_consistent(stack, names)
 
-        stack.cluster.operator.stop()
-        stack.cluster.redis.restart()  # same port, every key lost
+        stack.operator.stop()
+        stack.redis.restart()  # same port, every key lost
         assert stack.placement(lambda store: store.get_sessions(stack.pool_id, names)) == {}
-        stack.cluster.operator.start().wait_ready()
+        stack.operator.start().wait_ready()
 
         def converged() -> bool:
             records = stack.placement(lambda store: store.get_sessions(stack.pool_id, names))
@@ -354,7 +349,7 @@ def test_while_redis_restarts_empty_ticks_are_only_told_to_retry(stack: Stack) -
 
         # 1. Redis alone: the operator rebuilds the bindings within a round. The window runs from the moment
         # Redis is back, empty (as benchmarks/e2e.py measures it): a tick sent before the kill may succeed.
-        stack.cluster.redis.restart(signal.SIGKILL)
+        stack.redis.restart(signal.SIGKILL)
         crashed = time.monotonic()
         wait_until(lambda: recorder.first_success_since(crashed), timeout=60, what="ride-a ticking again")
         alone = recorder.first_success_since(crashed).sent - crashed
@@ -362,14 +357,14 @@ def test_while_redis_restarts_empty_ticks_are_only_told_to_retry(stack: Stack) -
         assert late.metadata.chunk_index == 1
 
         # 2. Redis and the operator together: recovery waits for the new operator.
-        stack.cluster.operator.stop(signal.SIGKILL)
-        stack.cluster.redis.restart(signal.SIGKILL)
+        stack.operator.stop(signal.SIGKILL)
+        stack.redis.restart(signal.SIGKILL)
         crashed = time.monotonic()
         ticked: list[client.Chunk] = []
         rider = threading.Thread(target=lambda: ticked.append(clients["ride-b"].tick([client.hold("a")])))
         rider.start()
         time.sleep(3)  # the operator stays down
-        stack.cluster.operator.start().wait_ready()
+        stack.operator.start().wait_ready()
         wait_until(lambda: recorder.first_success_since(crashed), timeout=60, what="ride-a ticking again")
         with_operator = recorder.first_success_since(crashed).sent - crashed
         rider.join(timeout=120)
@@ -530,14 +525,14 @@ def test_hostile_input_gets_4xx_and_leaves_other_sessions_alone(stack: Stack) ->
             manifest = {
                 "apiVersion": "ardiffusion.dev/v1alpha1",
                 "kind": "ARDiffusionSession",
-                "metadata": {"name": "hostile", "namespace": NAMESPACE},
+                "metadata": {"name": "hostile", "namespace": stack.namespace},
                 "spec": spec,
             }
-            refused = stack.cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest), check=False)
+            refused = stack.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest), check=False)
             assert refused.returncode != 0, label
             assert "is invalid" in refused.stderr, (label, refused.stderr)
             assert field in refused.stderr, (label, refused.stderr)
-        assert stack.cluster.kubectl("get", "adsession", "hostile", check=False).returncode != 0
+        assert stack.kubectl("get", "adsession", "hostile", check=False).returncode != 0
 
         # Nothing of the above reached a forward, closed a session, or cost a slot.
         assert_frames(target_client.tick([client.hold("w")]), 1)

@@ -24,8 +24,9 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
+from ardiff.devcluster.cluster import DevCluster
 from ardiff.devcluster.waiting import wait_until
-from tests.e2e.conftest import NAMESPACE, REPO, Stack, build_pool, running_stack
+from tests.e2e.conftest import REPO, Stack, build_pool, running_stack
 
 pytestmark = pytest.mark.slow
 
@@ -36,8 +37,8 @@ SCREENSHOT = REPO / "demo-out" / "viewer.png"
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with running_stack(tmp_path_factory.mktemp("e2e-viewer"), POOL, {}) as running:
+def stack(dev_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with running_stack(dev_cluster, "e2e-viewer", tmp_path_factory.mktemp("e2e-viewer"), POOL) as running:
         wait_until(lambda: running.ready_pods(), timeout=60, what="a ready fake worker pod")
         yield running
 
@@ -59,8 +60,8 @@ class Viewer:
     """`ardiff view NAME` as a user runs it: a process that prints the page's URL."""
 
     def __init__(self, stack: Stack, name: str) -> None:
-        command = [sys.executable, "-m", "ardiff.cli", "view", name, "-n", NAMESPACE, "--port", "0"]
-        command += ["--kubeconfig", str(stack.cluster.kubeconfig)]
+        command = [sys.executable, "-m", "ardiff.cli", "view", name, "-n", stack.namespace, "--port", "0"]
+        command += ["--kubeconfig", str(stack.kube.kubeconfig)]
         self.process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ}
         )
@@ -140,8 +141,7 @@ def test_the_viewer_follows_the_session_when_its_worker_dies(stack: Stack, brows
     try:
         browser.get(viewer.url)
         wait_until(lambda: len(page_log(browser)["chunks"]) >= 2, timeout=30, what="the first chunks")
-        assert stack.cluster.runner is not None
-        stack.cluster.runner.kill(before["pod"], signal.SIGKILL, NAMESPACE)
+        stack.kill(before["pod"], signal.SIGKILL)
         # The session is placed again (its KV is gone); the viewer reconnects and the page is told to reset.
         wait_until(lambda: page_log(browser)["readies"] >= 2, timeout=60, what="a second ready")
         wait_until(
@@ -170,8 +170,8 @@ def test_the_viewer_follows_the_session_when_its_worker_dies(stack: Stack, brows
 
 
 def test_an_unknown_session_is_a_clear_cli_error(stack: Stack) -> None:
-    command = [sys.executable, "-m", "ardiff.cli", "view", "nobody", "-n", NAMESPACE, "--port", "0"]
-    command += ["--kubeconfig", str(stack.cluster.kubeconfig)]
+    command = [sys.executable, "-m", "ardiff.cli", "view", "nobody", "-n", stack.namespace, "--port", "0"]
+    command += ["--kubeconfig", str(stack.kube.kubeconfig)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 1
     assert "error: session_not_found" in result.stderr
