@@ -15,7 +15,8 @@ extrapolation to a LingBot-World 480x832 bf16 session: its self-attention KV fro
 export, moved at the measured tier bytes/s and at 100 Gb/s.
 
 Then the pod-to-pod transfer (issue 12 item 3): the transfer code alone on loopback (a synthetic export of
-`--wire-gib` through the worker's streaming writer, uvicorn, httpx and the export reader with its SHA-256),
+`--wire-gib` through the holder's piece collector, uvicorn, the puller's download and the export reader with
+its SHA-256),
 and a migration between two real worker processes per `--migrations` resolution (Redis, a shared tier, the
 transfer token): the pulled bytes/s (pull and import into the runner) and the stall of the client's next
 tick, in ticks.
@@ -230,9 +231,11 @@ def print_extrapolation(results: list[dict[str, Any]], wire: dict[str, Any] | No
 
 def measure_wire(total_bytes: int) -> dict[str, Any]:
     """The transfer code alone on loopback, without a runtime: a synthetic export of `total_bytes` (16 MiB
-    tensors) written through the worker's `QueueWriter` into a uvicorn `StreamingResponse` and pulled with
-    `transfer.pull` into an `ExportReader` (every tensor read and the SHA-256 checked), as the worker does."""
+    tensors) written into the holder's `PieceCollector`, sent by a uvicorn `StreamingResponse`, downloaded
+    with `transfer.download` and read by an `ExportReader` (every tensor read and the SHA-256 checked), as the
+    worker does; timed from the request to the last tensor read."""
     import asyncio
+    import sys
     import threading
 
     import uvicorn
@@ -242,31 +245,20 @@ def measure_wire(total_bytes: int) -> dict[str, Any]:
     from ardiff.devcluster.redis_server import free_port
     from ardiff.worker.session_book import SessionBook
     from ardiff.worker.session_export import ExportReader, TensorPart, write_export
-    from ardiff.worker.transfer import QUEUE_PIECES, QueueWriter, pull, pull_client, stream_pieces
+    from ardiff.worker.transfer import BodyReader, PieceCollector, download, pull_client
 
     part = bytes(16 << 20)
     parts = [TensorPart(f"kv/{i}", "U8", (len(part),), lambda: part) for i in range(total_bytes // len(part))]
+    collector = PieceCollector(sys.maxsize)
+    size = write_export(
+        collector, session_id="wire", identity={}, book=SessionBook("wire"), state={}, tensors=parts
+    )
+    pieces = collector.finish()
     app = FastAPI()
 
     @app.get("/internal/v1/sessions/{session_id}/export")
     async def export(session_id: str) -> StreamingResponse:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=QUEUE_PIECES)
-        writer = QueueWriter(loop, queue)
-
-        def produce() -> None:
-            write_export(
-                writer,
-                session_id=session_id,
-                identity={},
-                book=SessionBook(session_id),
-                state={},
-                tensors=parts,
-            )
-            writer.finish()
-
-        job = loop.run_in_executor(None, produce)
-        return StreamingResponse(stream_pieces(queue, job, writer), media_type="application/octet-stream")
+        return StreamingResponse(iter(pieces), media_type="application/octet-stream")
 
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -275,19 +267,22 @@ def measure_wire(total_bytes: int) -> dict[str, Any]:
     while not server.started:
         time.sleep(0.05)
 
-    def consume(body: Any) -> int:
-        reader = ExportReader(body)
-        return sum(len(t.data) for t in reader.tensors(lambda name, dtype, shape: None))  # a synthetic export
+    async def pulls() -> list[float]:
+        rates = []
+        async with pull_client() as client:
+            for _ in range(3):
+                started = time.perf_counter()
+                received, _ = await download(client, f"http://127.0.0.1:{port}", "wire", "-", size=size)
+                reader = ExportReader(BodyReader(iter(received)))
+                tensor_bytes = sum(len(t.data) for t in reader.tensors(lambda name, dtype, shape: None))
+                assert tensor_bytes == len(parts) * len(part)
+                rates.append(size / (time.perf_counter() - started))
+        return rates
 
-    rates = []
-    with pull_client() as client:
-        for _ in range(3):
-            tensor_bytes, result = pull(client, f"http://127.0.0.1:{port}", "wire", "-", consume)
-            assert tensor_bytes == len(parts) * len(part)
-            rates.append(result.bytes / result.seconds)
+    rates = asyncio.run(pulls())
     server.should_exit = True
     thread.join(timeout=10)
-    return {"bytes": result.bytes, "bytes_per_second": statistics.median(rates), "runs": len(rates)}
+    return {"bytes": size, "bytes_per_second": statistics.median(rates), "runs": len(rates)}
 
 
 def launch_worker(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:

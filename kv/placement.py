@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import importlib.resources
 import json
+import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -27,7 +28,6 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ardiff.kv.errors import (
     CapacityBelowUsed,
@@ -68,6 +68,16 @@ DEFAULT_STREAM_MAXLEN = 1_000
 DEFAULT_SENTINEL_PORT = 26379
 DEFAULT_CLUSTER_PORT = 6379
 DEFAULT_WAIT_TIMEOUT_MS = 100
+# Every client's sockets (issue 23 item 6): a master that stops answering fails a call after
+# SOCKET_TIMEOUT_SECONDS instead of hanging it (the scripts take milliseconds; WAIT at most wait_timeout_ms),
+# one that cannot be reached after SOCKET_CONNECT_TIMEOUT_SECONDS; TCP keepalive notices a peer gone silent on
+# an idle connection after 10 + 3 x 5 s.
+SOCKET_TIMEOUT_SECONDS = 3.0
+SOCKET_CONNECT_TIMEOUT_SECONDS = 2.0
+TCP_KEEPALIVE = {socket.TCP_KEEPIDLE: 10, socket.TCP_KEEPINTVL: 5, socket.TCP_KEEPCNT: 3}
+# The longest blocking stream read: well inside the socket timeout, so a block that ends with nothing is never
+# taken for a dead master.
+MAX_BLOCK_MS = int(SOCKET_TIMEOUT_SECONDS * 1000) // 2
 SENTINEL_WAIT_REPLICAS = 1  # the default of redis+sentinel:// URLs (docs/contracts.md §2 "Failover")
 # Store options a URL may carry in its query (`?wait_replicas=1&wait_timeout_ms=100`); the rest is Redis'.
 URL_OPTIONS = ("wait_replicas", "wait_timeout_ms")
@@ -158,10 +168,18 @@ def split_url_options(url: str) -> tuple[str, dict[str, int]]:
 def _connection_options() -> dict[str, Any]:
     # A Redis restart leaves every pooled connection dead; reconnect and resend instead of failing the call.
     # A resent script may run twice if only its reply was lost: the scripts are idempotent, except that a
-    # repeated register_pod mints one more epoch and a repeated evict_lru evicts one more session.
+    # repeated register_pod mints one more epoch and a repeated evict_lru evicts one more session. A timeout
+    # is not retried: a master that stopped answering would hold each call for every attempt's timeout (four
+    # times 5 s with redis-py's defaults), and the caller (a 503, the next round) retries anyway.
     return {
-        "retry": Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=3),
-        "retry_on_error": [RedisConnectionError, RedisTimeoutError],
+        "retry": Retry(
+            ExponentialBackoff(cap=0.5, base=0.02), retries=3, supported_errors=(RedisConnectionError,)
+        ),
+        "retry_on_error": [RedisConnectionError],
+        "socket_timeout": SOCKET_TIMEOUT_SECONDS,
+        "socket_connect_timeout": SOCKET_CONNECT_TIMEOUT_SECONDS,
+        "socket_keepalive": True,
+        "socket_keepalive_options": TCP_KEEPALIVE,
     }
 
 
@@ -551,7 +569,11 @@ class PlacementStore:
         `ack_events`."""
         keys = PoolKeys(_check_pool(pool))
         check_name("pod", pod)
-        check_non_negative_int("block_ms", block_ms)
+        if check_non_negative_int("block_ms", block_ms) > MAX_BLOCK_MS:
+            raise InvalidPlacementArgument(
+                f"placement block_ms must be at most {MAX_BLOCK_MS} (inside the socket timeout), "
+                f"got {block_ms}"
+            )
         _positive_int("count", count)
         stream = keys.events(pod)
         for _ in range(2):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from ardiff.kv.records import SessionBinding, SessionState
 from ardiff.worker.errors import ExportCorrupt
 from ardiff.worker.session_export import Writable
-from ardiff.worker.transfer import PIECE_BYTES, BodyReader
+from ardiff.worker.transfer import BodyReader, PieceCollector
 
 HOST_PREFIX = "host:"
 
@@ -73,33 +73,6 @@ class HostCopy:
         return self.size
 
 
-class _Collector:
-    """A `Writable` gathering an export in `PIECE_BYTES` pieces; `HostTierFull` past `room` bytes."""
-
-    def __init__(self, room: int) -> None:
-        self.room = room
-        self.pieces: list[bytes] = []
-        self._buffer = bytearray()
-        self.size = 0
-
-    def write(self, data: bytes | bytearray | memoryview) -> int:
-        view = memoryview(data).cast("B")
-        self.size += view.nbytes
-        if self.size > self.room:
-            raise HostTierFull(f"the export passed the {self.room} bytes left in the host tier")
-        self._buffer += view
-        while len(self._buffer) >= PIECE_BYTES:
-            self.pieces.append(bytes(self._buffer[:PIECE_BYTES]))
-            del self._buffer[:PIECE_BYTES]
-        return view.nbytes
-
-    def finish(self) -> tuple[bytes, ...]:
-        if self._buffer:
-            self.pieces.append(bytes(self._buffer))
-            self._buffer.clear()
-        return tuple(self.pieces)
-
-
 class HostTier:
     """Exports by session, within `budget_bytes`. Written on the forward thread, read and dropped on the
     event loop: one lock guards the copies and the bytes they use."""
@@ -122,7 +95,7 @@ class HostTier:
         with self._lock:
             previous = self._copies.get(session_id)
             room = self.budget_bytes - self._used + (previous.size if previous else 0)
-        collector = _Collector(room)
+        collector = PieceCollector(room, HostTierFull)
         export(collector)
         pieces = collector.finish()
         location = f"{HOST_PREFIX}{self._pod}/{session_id}/{uuid.uuid4().hex[:12]}"

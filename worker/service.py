@@ -17,6 +17,7 @@ import functools
 import hmac
 import json
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -62,13 +63,13 @@ from ardiff.worker.settings import WorkerSettings
 from ardiff.worker.shared_tier import ExportKind, SharedTier, direct_source
 from ardiff.worker.transfer import (
     PREFETCH_PATH,
-    QUEUE_PIECES,
     READ_TIMEOUT_SECONDS,
-    QueueWriter,
+    STALL_AFTER_BYTES,
+    BodyReader,
+    PieceCollector,
     TransferResult,
-    pull,
+    download,
     pull_client,
-    stream_pieces,
 )
 
 log = logging.getLogger(__name__)
@@ -266,7 +267,7 @@ class WorkerService:
         self._sending: dict[str, float] = {}
         self._offering: asyncio.Task[None] | None = None  # `_offer_held`, while sessions are held
         self._prefetching: dict[str, asyncio.Task[None]] = {}  # pulls offered by the holder, under way
-        self._pull_client: httpx.Client | None = None  # made at the first pull, used on the forward thread
+        self._pull_client: httpx.AsyncClient | None = None  # made at the first pull
         self.runtime: SessionRuntime | None = None
         self.capacity = 0
         self._loader = loader
@@ -380,7 +381,7 @@ class WorkerService:
         if self.runtime is not None:
             await self._on_forward_thread(self.runtime.shutdown)
         if self._pull_client is not None:
-            self._pull_client.close()
+            await self._pull_client.aclose()
         self._decoder.shutdown(wait=True)
         self._executor.shutdown(wait=True)
 
@@ -758,7 +759,8 @@ class WorkerService:
         pulled: dict[str, TransferResult | None] = {}  # pod-to-pod attempts by location (None: failed)
         for location in candidates:
             try:
-                book = await self._import(session_id, location, pulled, direct_only=direct_only)
+                size = record.bytes if location == record.location else 0
+                book = await self._import(session_id, location, pulled, size=size, direct_only=direct_only)
             except ExportNoCapacity as exc:
                 self._books.pop(session_id, None)
                 raise AtCapacity(f"no room to resume session {session_id!r} here: {exc}") from None
@@ -817,9 +819,11 @@ class WorkerService:
         location: str,
         pulled: dict[str, TransferResult | None],
         *,
+        size: int,
         direct_only: bool = False,
     ) -> SessionBook:
-        """Install the export at `location` as `session_id`; refused (typed) when it holds another one.
+        """Install the export at `location` (`size` bytes, as the store recorded it) as `session_id`; refused
+        (typed) when it holds another one.
 
         A migration's export names the pod that still holds the session: it is pulled from there first
         (`_pull`), and the shared tier's copy is read only when that fails. A host-tier export is read from
@@ -827,10 +831,10 @@ class WorkerService:
         assert self.runtime is not None
         source = await self._transfer_source(location)
         holder = host_holder(location)
+        direct = None if source is None else await self._pull(session_id, *source, size=size)
+        if source is not None:
+            pulled[location] = None if direct is None else direct[1]
         async with self._forward_lock:
-            direct = None if source is None else await self._pull(session_id, *source)
-            if source is not None:
-                pulled[location] = None if direct is None else direct[1]
             if direct is not None:
                 book = direct[0]
             elif direct_only:
@@ -1134,68 +1138,66 @@ class WorkerService:
             await asyncio.sleep(OFFER_POLL_SECONDS)
 
     def send_transfer(self, session_id: str, held: HeldForTransfer | HostCopy) -> AsyncIterator[bytes]:
-        """The session's export, the HTTP body of a pull: a host-tier copy as it lies in memory, a held
-        session's as it is written (its state is released afterwards either way: the puller has it, or falls
-        back to the shared tier's copy)."""
+        """The session's export, the HTTP body of a pull: a host-tier copy as it lies in memory (kept), a held
+        session's written into memory first and released (the puller has it, or reads the shared tier's
+        copy). No forward lock is held while the body goes out."""
         if isinstance(held, HostCopy):
-            return self._send_pieces(held)
+            return self._send_copy(held)
         return self._send_held(session_id, held)
 
-    async def _send_pieces(self, copy: HostCopy) -> AsyncIterator[bytes]:
-        started = time.perf_counter()
-        sent = 0
-        result = "failed"
-        self.metrics.transfers_in_progress.labels("out").inc()
-        try:
-            for piece in copy.pieces:
-                yield piece
-                sent += len(piece)
-            result = "ok"
-        finally:
-            self._record_sent(copy.session_id, result, sent, time.perf_counter() - started)
+    async def _send_copy(self, copy: HostCopy) -> AsyncIterator[bytes]:
+        async for piece in self._send_pieces(copy.session_id, copy.pieces):
+            yield piece
         self._tasks = [task for task in self._tasks if not task.done()]
         self._tasks.append(
             asyncio.create_task(self._drop_copy_once_resumed(copy), name=f"sent-{copy.session_id}")
         )
 
+    async def _send_held(self, session_id: str, held: HeldForTransfer) -> AsyncIterator[bytes]:
+        assert self.runtime is not None
+        runtime = self.runtime
+        collector = PieceCollector(sys.maxsize)
+        try:
+            async with self._forward_lock:
+                try:
+                    await self._on_forward_thread(
+                        runtime.export_session, session_id, collector, book=held.book
+                    )
+                finally:
+                    await self._on_forward_thread(runtime.close, session_id)
+        except BaseException:
+            self._record_sent(session_id, "failed", 0, 0.0)
+            raise
+        async for piece in self._send_pieces(session_id, collector.finish()):
+            yield piece
+
+    async def _send_pieces(self, session_id: str, pieces: tuple[bytes, ...]) -> AsyncIterator[bytes]:
+        """Send an export's pieces, counted. The test fault (`ARDIFF_TEST_TRANSFER_STALL_SECONDS`) stops after
+        the first `STALL_AFTER_BYTES` for that long: a holder that dies, or stalls, mid-transfer."""
+        stall = self.settings.test_transfer_stall_seconds if self.settings.test_faults else 0.0
+        started = time.perf_counter()
+        sent = 0
+        result = "failed"
+        self.metrics.transfers_in_progress.labels("out").inc()
+        try:
+            for piece in pieces:
+                if stall and sent == 0 and len(piece) > STALL_AFTER_BYTES:
+                    yield piece[:STALL_AFTER_BYTES]
+                    sent, piece = STALL_AFTER_BYTES, piece[STALL_AFTER_BYTES:]
+                    await asyncio.sleep(stall)
+                yield piece
+                sent += len(piece)
+            result = "ok"
+        finally:
+            self.metrics.transfers_in_progress.labels("out").dec()
+            self._record_sent(session_id, result, sent, time.perf_counter() - started)
+
     def _record_sent(self, session_id: str, result: str, sent: int, seconds: float) -> None:
         self._sending.pop(session_id, None)
-        self.metrics.transfers_in_progress.labels("out").dec()
         self.metrics.transfers.labels("out", result).inc()
         self.metrics.transfer_bytes.labels("out").inc(sent)
         self.metrics.transfer_seconds.labels("out").observe(seconds)
         log.info("transfer of session %s: %s, %d bytes sent in %.3f s", session_id, result, sent, seconds)
-
-    async def _send_held(self, session_id: str, held: HeldForTransfer) -> AsyncIterator[bytes]:
-        assert self.runtime is not None
-        runtime = self.runtime
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=QUEUE_PIECES)
-        stall = self.settings.test_transfer_stall_seconds if self.settings.test_faults else 0.0
-        writer = QueueWriter(loop, queue, stall=stall)
-
-        def export() -> None:  # on the forward thread
-            try:
-                runtime.export_session(session_id, writer, book=held.book)
-            except BaseException as exc:
-                writer.finish(exc)
-                raise
-            writer.finish()
-
-        started = time.perf_counter()
-        result = "failed"
-        self.metrics.transfers_in_progress.labels("out").inc()
-        try:
-            async with self._forward_lock:
-                job = loop.run_in_executor(self._executor, export)
-                try:
-                    async for piece in stream_pieces(queue, job, writer):
-                        yield piece
-                    result = "ok"
-                finally:
-                    await self._on_forward_thread(runtime.close, session_id)
-        finally:
-            self._record_sent(session_id, result, writer.sent, time.perf_counter() - started)
 
     async def _transfer_source(self, location: str) -> tuple[str, str] | None:
         """(pod, endpoint) of the pod a migration's export names as holding the session, when this worker may
@@ -1214,20 +1216,24 @@ class WorkerService:
         return pod, endpoint
 
     async def _pull(
-        self, session_id: str, pod: str, endpoint: str
+        self, session_id: str, pod: str, endpoint: str, *, size: int
     ) -> tuple[SessionBook, TransferResult] | None:
-        """With the forward lock held: import the session streamed from the pod that holds it; None (logged,
-        counted) when that fails, so the caller reads the shared tier's copy instead."""
+        """Download the session's export from the pod that holds it (without the forward lock: a holder that
+        stalls holds up nobody else's tick; at most `size` bytes, within the transfer deadline), then import
+        it under the lock. None (logged, counted) when that fails, so the caller reads the shared tier's
+        copy instead; this worker's refusals (no room, another identity) are raised: no copy would do."""
         assert self.runtime is not None
         token = self.settings.transfer_token
         assert token is not None
         self.metrics.transfers_in_progress.labels("in").inc()
         try:
+            if not size:
+                raise TransferFailed("the store records no size for the export: nothing bounds the pull")
             if self._pull_client is None:
                 self._pull_client = pull_client()
-            book, result = await self._on_forward_thread(
-                pull, self._pull_client, endpoint, session_id, token, self.runtime.import_session
-            )
+            pieces, result = await download(self._pull_client, endpoint, session_id, token, size=size)
+            async with self._forward_lock:
+                book = await self._on_forward_thread(self.runtime.import_session, BodyReader(iter(pieces)))
         except (ExportNoCapacity, ExportIdentityMismatch):
             raise  # this worker refuses the session: no other copy would do, and the holder's stays
         except Exception as exc:
@@ -1444,6 +1450,12 @@ class WorkerService:
         except placement.PodFenced:
             self._fence()
             raise NotReady("this pod was fenced by a newer incarnation") from None
+        except Exception as exc:  # Redis away or not answering: the chunk stands, a retry of it replays it
+            log.warning("could not record session %s's tick in the placement store: %s", session_id, exc)
+            raise NotReady(
+                f"placement store unavailable ({type(exc).__name__}); the chunk is kept: retry the same "
+                "request"
+            ) from exc
 
     async def _mark_reset_required(self, session_id: str) -> None:
         if self.link is None:

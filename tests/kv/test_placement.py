@@ -18,7 +18,7 @@ from ardiff.kv.errors import (
     UnknownSession,
 )
 from ardiff.kv.keys import PoolKeys, pool_of_key
-from ardiff.kv.placement import PlacementStore
+from ardiff.kv.placement import MAX_BLOCK_MS, PlacementStore
 from ardiff.kv.records import PodRegistration, PoolId, SessionBinding, SessionSpec, SessionState
 
 TOKEN = hashlib.sha256(b"token").hexdigest()
@@ -238,7 +238,7 @@ async def test_read_events_heals_a_missing_group(store: PlacementStore, pool: Po
 async def test_blocking_read_wakes_on_a_new_event(store: PlacementStore, pool: PoolId) -> None:
     await register(store, pool, "w-a", capacity=1)
     await store.place(pool, spec("s1"))
-    reader = asyncio.create_task(store.read_events(pool, "w-a", block_ms=5_000))
+    reader = asyncio.create_task(store.read_events(pool, "w-a", block_ms=MAX_BLOCK_MS))
     await asyncio.sleep(0.05)
     await store.release(pool, "s1", reason="bye")
     events = await asyncio.wait_for(reader, timeout=5)
