@@ -5,7 +5,8 @@
 -- ARGV[1] session   ARGV[2] reason   ARGV[3] closed_ttl_ms   ARGV[4] stream maxlen   ARGV[5...] plan
 --
 -- A placed (or suspending) session frees its slot and a `close` event goes to its pod's stream. The record stays with
--- state=closed for closed_ttl_ms, so the worker can still answer 410 for it.
+-- state=closed for closed_ttl_ms, so the worker can still answer 410 for it; its image (up to 1 MiB) and prompt go at
+-- once (nothing reads them from a closed record, and an hour of them per deleted session is unbounded memory).
 -- Returns {OK, previous state or false (no record)} | {STALE_PLAN, {pod}, {}}
 local session_key = KEYS[1]
 local open_key = KEYS[2]
@@ -39,5 +40,6 @@ if s[1] == 'placed' or s[1] == 'suspending' then
   post_event(plan.stream_keys[owner], ARGV[4], 'close', session, ARGV[2], s[3])
 end
 redis.call('HSET', session_key, 'state', 'closed')
+redis.call('HDEL', session_key, 'image', 'prompt')
 redis.call('PEXPIRE', session_key, ARGV[3])
 return {OK, s[1]}
