@@ -123,6 +123,22 @@ class HeldForTransfer:
 
 
 @dataclass(frozen=True)
+class UnreportedExport:
+    """A suspension's export written but not yet reported (`mark_suspended` failed): a retry of the suspend
+    reports it again instead of writing another, which would leave this one behind."""
+
+    tier: str
+    location: str
+    size: int
+    chunk: int
+    holder: str | None
+
+    def fits(self, book: SessionBook, holder: str | None) -> bool:
+        """Still the session's state (no tick since: a suspending session is not ticked) and kind."""
+        return self.chunk == book.next_chunk_index and self.holder == holder
+
+
+@dataclass(frozen=True)
 class TickResponse:
     body: bytes
     media_type: MediaType
@@ -261,6 +277,7 @@ class WorkerService:
             HostTier(settings.host_tier_bytes, settings.pod_name) if settings.host_tier_bytes else None
         )
         self._snapshots: dict[str, str] = {}  # session -> the location of its latest snapshot
+        self._unreported: dict[str, UnreportedExport] = {}  # suspensions whose report failed, for the retry
         self._held: dict[str, HeldForTransfer] = {}  # migrated sessions its new pod may pull from here
         # Held sessions being pulled right now, with when to stop waiting for them (a response whose body
         # never started would never say it ended).
@@ -789,6 +806,11 @@ class WorkerService:
         await self.link.resumed(session_id, note=json.dumps(note, sort_keys=True))
         if kind != "snapshot":
             self._forget_export(location)
+        # The snapshot the session continues with, written here or by the pod it came from: this pod's next
+        # snapshot replaces it (and removes it), as it replaces its own.
+        adopted = location if kind == "snapshot" else record.snapshot_location
+        if adopted:
+            self._snapshots[session_id] = adopted
         self.metrics.resumes.labels(note["source"]).inc()
         self.metrics.continuity_seconds.labels("import").observe(seconds)
         log.info("resumed session %s at chunk %d from its %s", session_id, book.next_chunk_index, kind)
@@ -865,9 +887,14 @@ class WorkerService:
                 location, size = await self._on_forward_thread(
                     self._export_to_tier, session_id, book, "snapshot"
                 )
-            await self.link.note_snapshot(session_id, location=location, chunk_index=book.next_chunk_index)
         except Exception as exc:
             log.warning("snapshot of session %s failed: %s", session_id, exc)
+            return
+        try:
+            await self.link.note_snapshot(session_id, location=location, chunk_index=book.next_chunk_index)
+        except Exception as exc:  # nothing points at it: it would stay until the session is closed
+            log.warning("snapshot of session %s failed: %s (removed)", session_id, exc)
+            self.tier.remove(location)
             return
         previous, self._snapshots[session_id] = self._snapshots.get(session_id), location
         if previous:
@@ -897,12 +924,23 @@ class WorkerService:
         with self._exclusive(session_id):
             book = self._books.get(session_id)
             resident = session_id in self.runtime.resident_sessions()
-            if (
+            unreported = self._unreported.pop(session_id, None)
+            if unreported is not None and book is not None and unreported.fits(book, holder):
+                # A retried suspend (the report failed): the export written then is reported again.
+                tier, location, size, chunk = (
+                    unreported.tier,
+                    unreported.location,
+                    unreported.size,
+                    unreported.chunk,
+                )
+            elif (
                 self.exports_sessions
                 and book is not None
                 and book.status is SessionStatus.ACTIVE
                 and resident
             ):
+                if unreported is not None:
+                    self._forget_export(unreported.location)
                 try:
                     async with self._forward_lock:
                         tier, location, size = await self._on_forward_thread(
@@ -911,6 +949,8 @@ class WorkerService:
                     chunk = book.next_chunk_index
                 except (SessionExportError, HostTierFull, OSError) as exc:
                     log.warning("session %s could not be exported (%s): evicted instead", session_id, exc)
+            if location:
+                self._unreported[session_id] = UnreportedExport(tier, location, size, chunk, holder)
             from ardiff.kv import errors as placement
 
             try:
@@ -923,6 +963,7 @@ class WorkerService:
                     self._forget_export(location)
             else:
                 held = bool(location and holder and book is not None)
+            self._unreported.pop(session_id, None)  # reported, or of no use (any other failure keeps it)
         if held:
             assert book is not None
             self._hold_for_transfer(session_id, book, location)
@@ -1411,6 +1452,9 @@ class WorkerService:
         snapshot = self._snapshots.pop(session_id, None)
         if snapshot and reason != "suspend" and self.tier is not None:  # closed: its snapshot is of no use
             self.tier.remove(snapshot)
+        unreported = self._unreported.pop(session_id, None)
+        if unreported is not None:  # closed or evicted before its suspension was reported
+            self._forget_export(unreported.location)
         if held:
             self.metrics.evictions.labels(reason).inc()
             log.info("released session %s (%s)", session_id, reason)

@@ -21,11 +21,20 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Literal
 
+from ardiff.kv.records import check_name
 from ardiff.worker.errors import ExportCorrupt
 
 ExportKind = Literal["suspend", "snapshot"]
 SUFFIX = ".ardsess"
 HOLDER_MARK = "@"
+
+
+def is_session_name(name: str) -> bool:
+    try:
+        check_name("session", name)
+    except ValueError:
+        return False
+    return True
 
 
 def direct_source(location: str) -> str | None:
@@ -86,11 +95,14 @@ class SharedTier:
             path.unlink(missing_ok=True)
 
     def sessions(self) -> list[str]:
-        """The sessions of this pool that have files in the tier."""
+        """The sessions of this pool that have files in the tier: directories named as a session can be (a
+        volume's `lost+found`, or anything else put there, is not one of ours and is left alone)."""
         pool_dir = self.root / self._pool_dir
         if not pool_dir.is_dir():
             return []
-        return sorted(entry.name for entry in pool_dir.iterdir() if entry.is_dir())
+        return sorted(
+            entry.name for entry in pool_dir.iterdir() if entry.is_dir() and is_session_name(entry.name)
+        )
 
     def forget_session(self, session_id: str) -> None:
         """Remove every file of a session (it was deleted: nothing will resume from them)."""
