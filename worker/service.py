@@ -1512,16 +1512,23 @@ class WorkerService:
     # ---------------------------------------------------------------- other routes
 
     async def close(self, session_id: str, authorization: str | None) -> dict[str, Any]:
-        """DELETE: close the session in the runner (idempotent); the operator's release frees the slot."""
+        """DELETE: close the session in the runner (idempotent); the operator's release frees the slot.
+
+        A closed book (410 until the operator's `close` event is consumed) is kept only for a session of this
+        pod: one it holds a book for, or one placed here. Any other (suspended, evicted, lost, deleted
+        through whichever pod its client asked) gets no `close` event here, so its book would outlive it and
+        answer 410 to a later session of the same name placed here."""
         runtime = self._require_loaded()
-        await self._placed_record(session_id, authorization, any_state=True)
+        record = await self._placed_record(session_id, authorization, any_state=True)
+        self._held.pop(session_id, None)  # deleted while held for a transfer: nothing to pull
         async with self._forward_lock:
             await self._on_forward_thread(runtime.close, session_id)
             book = self._books.get(session_id) or SessionBook(session_id)
-            if self.link is None:
-                self._books.pop(session_id, None)  # standalone: the id is free again
+            ours = session_id in self._books or (record is not None and self.link.is_here(record))
+            if self.link is not None and ours:
+                self._books[session_id] = book.closed()
             else:
-                self._books[session_id] = book.closed()  # 410 until the operator's release is consumed
+                self._books.pop(session_id, None)  # standalone, or not this pod's: the id is free again
         return {**book.closed().describe(), "resident": False}
 
     async def reset(self, session_id: str, authorization: str | None) -> dict[str, Any]:
