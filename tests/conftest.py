@@ -13,11 +13,15 @@ Rules for sharing them (worker processes started per module register in Redis):
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
+import re
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -25,6 +29,7 @@ import pytest
 from ardiff.devcluster.cluster import DevCluster, default_nodes
 from ardiff.devcluster.network import ClusterNetwork, claimed_network
 from ardiff.devcluster.redis_server import RedisServer
+from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.placement import PlacementStore
 
 # The tests run torch on CPU next to other processes: one thread each keeps 2-core machines usable.
@@ -110,3 +115,154 @@ def kube_namespace(dev_cluster: DevCluster, request: pytest.FixtureRequest) -> I
         client.post("/api/v1/namespaces", json={"metadata": {"name": name}}).raise_for_status()
         yield name
         client.delete(f"/api/v1/namespaces/{name}")
+
+
+# ------------------------------------------------------------------ judging objects on the real API server
+
+DRY_RUN_NAMESPACE = "dry-run"
+_WARNING = re.compile(r'^\d{3} \S+ "(?P<text>(?:[^"\\]|\\.)*)"')
+_UNKNOWN_FIELD = re.compile(r'^unknown field "(?P<path>.+)"$')
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The API server's answer to a write: the object as it would be stored (defaults applied, unknown fields
+    pruned), or its refusal (a `Status`: `message`, `details.causes`), and the warnings it sent either way."""
+
+    code: int
+    body: dict[str, Any]
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def admitted(self) -> bool:
+        return self.code in (200, 201)
+
+    @property
+    def obj(self) -> dict[str, Any]:
+        """The admitted object; fails with the server's message if it was refused."""
+        assert self.admitted, f"{self.code}: {self.body.get('message', self.body)}"
+        return self.body
+
+    @property
+    def message(self) -> str:
+        """The refusal's message; fails if the object was admitted."""
+        assert not self.admitted, f"admitted: {self.body}"
+        return str(self.body["message"])
+
+    @property
+    def reason(self) -> str:
+        return str(self.body.get("reason", ""))
+
+    @property
+    def causes(self) -> list[dict[str, str]]:
+        return list(self.body.get("details", {}).get("causes", []))
+
+    @property
+    def errors(self) -> list[str]:
+        """Each cause as the server's message lists it: `<field>: <message>`."""
+        return [f"{c['field']}: {c['message']}" if c.get("field") else c["message"] for c in self.causes]
+
+    @property
+    def pruned(self) -> list[str]:
+        """The fields the server dropped as unknown, from its `unknown field "<path>"` warnings."""
+        found = (_UNKNOWN_FIELD.match(warning) for warning in self.warnings)
+        return [match["path"] for match in found if match]
+
+
+def _warning_text(header: str) -> str:
+    """The text of one `Warning` header (`299 - "<text>"`, quotes escaped)."""
+    match = _WARNING.match(header)
+    return re.sub(r"\\(.)", r"\1", match["text"]) if match else header
+
+
+class Admission:
+    """Judges objects on the session's real API server with server-side dry-run (`?dryRun=All`: the whole
+    admission chain, defaulting, pruning, OpenAPI and CEL validation; nothing is stored). Unknown fields are
+    pruned and warned about (`fieldValidation=Warn`, `Verdict.pruned`), as a client that does not ask for
+    strict decoding sees it.
+
+    `create(obj)` judges a new object, namespaced ones in `namespace` (this helper's empty namespace unless
+    given; the object's own `metadata.namespace` is replaced). `update(old, new, namespace=)` creates `old`
+    for real in `namespace` (a test's `kube_namespace`), then judges `new` as a dry-run PUT over it, so CEL
+    transition rules see both; `subresource="status"` judges a status write (a create drops `status`)."""
+
+    def __init__(self, client: httpx.Client, namespace: str) -> None:
+        self.client = client
+        self.namespace = namespace
+        self._resources: dict[tuple[str, str], tuple[str, bool]] = {}
+
+    def collection(self, obj: dict[str, Any], namespace: str | None = None) -> str:
+        """The URL of `obj`'s collection (its resource found through discovery)."""
+        api_version, kind = obj["apiVersion"], obj["kind"]
+        prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        if (api_version, kind) not in self._resources:
+            listed = self.client.get(prefix)
+            listed.raise_for_status()
+            for resource in listed.json()["resources"]:
+                if "/" not in resource["name"]:
+                    self._resources[api_version, resource["kind"]] = (
+                        resource["name"],
+                        resource["namespaced"],
+                    )
+        plural, namespaced = self._resources[api_version, kind]
+        return (
+            f"{prefix}/namespaces/{namespace or self.namespace}/{plural}"
+            if namespaced
+            else f"{prefix}/{plural}"
+        )
+
+    def _placed(self, obj: dict[str, Any], namespace: str | None) -> tuple[str, dict[str, Any]]:
+        url = self.collection(obj, namespace)
+        placed = copy.deepcopy(obj)
+        metadata = placed.setdefault("metadata", {})
+        if "/namespaces/" in url:
+            metadata["namespace"] = namespace or self.namespace
+        else:
+            metadata.pop("namespace", None)
+        return url, placed
+
+    @staticmethod
+    def _verdict(response: httpx.Response) -> Verdict:
+        warnings = tuple(_warning_text(w) for w in response.headers.get_list("warning"))
+        return Verdict(response.status_code, response.json(), warnings)
+
+    def create(self, obj: dict[str, Any], *, namespace: str | None = None) -> Verdict:
+        url, placed = self._placed(obj, namespace)
+        return self._verdict(
+            self.client.post(url, params={"dryRun": "All", "fieldValidation": "Warn"}, json=placed)
+        )
+
+    def store(self, obj: dict[str, Any], *, namespace: str) -> dict[str, Any]:
+        """Creates `obj` for real in `namespace`; the stored object."""
+        url, placed = self._placed(obj, namespace)
+        response = self.client.post(url, json=placed)
+        assert response.status_code == 201, response.text
+        return dict(response.json())
+
+    def update(
+        self, old: dict[str, Any], new: dict[str, Any], *, namespace: str, subresource: str | None = None
+    ) -> Verdict:
+        stored = self.store(old, namespace=namespace)
+        url, placed = self._placed(new, namespace)
+        placed["metadata"]["resourceVersion"] = stored["metadata"]["resourceVersion"]
+        name = stored["metadata"]["name"]
+        path = f"{url}/{name}" + (f"/{subresource}" if subresource else "")
+        return self._verdict(
+            self.client.put(path, params={"dryRun": "All", "fieldValidation": "Warn"}, json=placed)
+        )
+
+
+@pytest.fixture(scope="session")
+def admission(dev_cluster: DevCluster) -> Iterator[Admission]:
+    """Judges objects on the session's API server (server-side dry-run; see `Admission`)."""
+    with dev_cluster.admin.client() as client:
+        client.post("/api/v1/namespaces", json={"metadata": {"name": DRY_RUN_NAMESPACE}}).raise_for_status()
+
+        def default_account() -> bool:
+            url = f"/api/v1/namespaces/{DRY_RUN_NAMESPACE}/serviceaccounts/default"
+            return client.get(url).status_code == 200
+
+        # Pods name a ServiceAccount, which the ServiceAccount admission plugin looks up.
+        wait_until(default_account, timeout=30, what=f"the default ServiceAccount of {DRY_RUN_NAMESPACE}")
+        yield Admission(client, DRY_RUN_NAMESPACE)
+        client.delete(f"/api/v1/namespaces/{DRY_RUN_NAMESPACE}")

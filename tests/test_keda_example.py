@@ -1,6 +1,7 @@
 """examples/autoscaling/keda-scaledobject.yaml against KEDA's upstream ScaledObject CRD (vendored under
 tests/vendor/keda/, source and version in its header) with `jsonschema`, and against our pool: the target
-serves the scale subresource, the query reads a metric the operator exports for that pool, the bounds fit."""
+serves the scale subresource (the pool admitted by the session's real API server: server-side dry-run), the
+query reads a metric the operator exports for that pool, the bounds fit."""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ import jsonschema
 import pytest
 import yaml
 
-from ardiff.devcluster.crd import load_crds, load_manifests
+from ardiff.devcluster.cluster import load_manifests
 from ardiff.operator.metrics import OperatorMetrics
+from tests.conftest import Admission
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "autoscaling" / "keda-scaledobject.yaml"
 KEDA_CRD = ROOT / "tests" / "vendor" / "keda" / "keda.sh_scaledobjects.yaml"
-POOLS = "ardiffusionworkerpools.ardiffusion.dev"
 
 
 def strict(schema: Any) -> Any:
@@ -51,7 +52,7 @@ def scaled_object_schema() -> dict[str, Any]:
 
 
 def documents() -> dict[str, dict[str, Any]]:
-    return {doc["kind"]: doc for doc in load_manifests(EXAMPLE)}
+    return {doc["kind"]: doc for doc in yaml.safe_load_all(EXAMPLE.read_text()) if doc}
 
 
 def test_the_scaled_object_is_valid_against_kedas_crd(scaled_object_schema: dict[str, Any]) -> None:
@@ -69,16 +70,16 @@ def test_the_scaled_object_is_valid_against_kedas_crd(scaled_object_schema: dict
         jsonschema.validate(no_target, scaled_object_schema)
 
 
-def test_it_drives_the_pools_scale_subresource_on_the_pending_sessions_metric() -> None:
+def test_it_drives_the_pools_scale_subresource_on_the_pending_sessions_metric(admission: Admission) -> None:
     docs = documents()
     pool, scaled = docs["ARDiffusionWorkerPool"], docs["ScaledObject"]
     target = scaled["spec"]["scaleTargetRef"]
     assert (target["apiVersion"], target["kind"]) == ("ardiffusion.dev/v1alpha1", "ARDiffusionWorkerPool")
     assert target["name"] == pool["metadata"]["name"]
     # The pool is admitted by our CRD unpruned, and its CRD serves the Scale KEDA's HPA reads and writes.
-    crd = load_crds()[POOLS]
-    admitted = crd.version("v1alpha1").admit(copy.deepcopy(pool))
-    assert admitted.pruned == ()
+    admitted = admission.create(pool)
+    assert admitted.admitted, admitted.body
+    assert admitted.pruned == []
     pool_crd = yaml.safe_load((ROOT / "crds" / "ardiffusionworkerpools.yaml").read_text())
     version = pool_crd["spec"]["versions"][0]
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas.min"

@@ -43,7 +43,7 @@ def _is_harness(module: str) -> bool:
 def test_the_scan_sees_every_import_form(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text(
-        "import ardiff.devcluster.kube_api\n"
+        "import ardiff.devcluster.kubelet\n"
         "from ardiff.devcluster.redis_server import free_port\n"
         "from ardiff import devcluster\n"
         "from .. import devcluster as dc\n"

@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
+from kubernetes.utils import parse_quantity
 
-from ardiff.devcluster.core_validation import parse_quantity
-from ardiff.devcluster.core_validation import validate as core_validate
-from ardiff.devcluster.crd import CustomResourceDefinition, load_manifests, served_version
+from ardiff.devcluster.cluster import DevCluster
 from ardiff.kv.capacity import plan_for_pool
 from ardiff.kv.presets import get_preset
 from ardiff.operator.pods import build_worker_pod
 from ardiff.operator.specs import WorkerPoolSpec
 from ardiff.worker.settings import build_settings
+from tests.conftest import Admission
 
 from .test_chart import CUSTOM_KINDS, KUBERNETES_VERSIONS, one
 from .test_crds import OUR_KINDS
@@ -67,21 +68,34 @@ def test_h200_objects_pass_kubernetes_validate_strict(h200, kubernetes_version):
         kubernetes_validate.validate(obj, kubernetes_version, strict=True)
 
 
-def _admitted_pool(chart, h200) -> dict[str, Any]:
-    """The default pool as the apiserver stores it: pruned, defaulted, CEL-checked against the chart's CRDs
-    (those of the kinds rendered here: the pool's and the peering's)."""
-    files = [chart.path / "crds" / name for name in ("ardiffusionworkerpools.yaml", "kopfpeerings.yaml")]
-    crds = {crd.name: crd for crd in map(CustomResourceDefinition.from_manifest, load_manifests(files))}
+def _admitted_pool(admission: Admission, h200) -> dict[str, Any]:
+    """The default pool as the real apiserver would store it (server-side dry-run): pruned, defaulted,
+    CEL-checked against the CRDs it serves (crds/, identical to the chart's: tests/chart/test_crds.py); the
+    peering passes too."""
     for obj in h200:
         if obj["kind"] in OUR_KINDS:
-            admitted = served_version(crds, obj["apiVersion"], obj["kind"]).admit(obj)
-            assert admitted.pruned == (), obj["kind"]  # nothing the file says is silently dropped
-    pool = one(h200, "ARDiffusionWorkerPool")
-    return served_version(crds, pool["apiVersion"], pool["kind"]).admit(pool).obj
+            admitted = admission.create(obj)
+            assert admitted.admitted, (obj["kind"], admitted.body)
+            assert admitted.pruned == [], obj["kind"]  # nothing the file says is silently dropped
+    return admission.create(one(h200, "ARDiffusionWorkerPool")).obj
 
 
-def test_h200_pool_is_lingbot_world_480x832_bf16_on_one_h200_from_a_claim(chart, h200):
-    pool = _admitted_pool(chart, h200)
+@pytest.fixture(scope="module")
+def nvidia_runtime_class(dev_cluster: DevCluster) -> Iterator[str]:
+    """The RuntimeClass the H200 example names, as the NVIDIA GPU Operator installs it (the RuntimeClass
+    admission plugin refuses a Pod naming one that does not exist); removed afterwards if made here."""
+    runtime_class = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"}}
+    url = "/apis/node.k8s.io/v1/runtimeclasses"
+    with dev_cluster.admin.client() as client:
+        created = client.post(url, json={**runtime_class, "handler": "nvidia"})
+        assert created.status_code in (201, 409), created.text
+        yield "nvidia"
+        if created.status_code == 201:
+            client.delete(f"{url}/nvidia")
+
+
+def test_h200_pool_is_lingbot_world_480x832_bf16_on_one_h200_from_a_claim(admission, h200):
+    pool = _admitted_pool(admission, h200)
     spec = pool["spec"]
     assert spec["model"] == {
         "path": "/weights/lingbot-world-base-cam",  # the chart's default model.name is dropped, not merged
@@ -112,8 +126,8 @@ def test_h200_renders_are_repeatable_and_hold_no_password(chart, h200):
     assert set(redis["stringData"]) == {"redis.conf"}
 
 
-def test_h200_capacity_is_the_planners_and_the_comment_cites_it(chart, h200):
-    spec = _admitted_pool(chart, h200)["spec"]
+def test_h200_capacity_is_the_planners_and_the_comment_cites_it(chart, admission, h200):
+    spec = _admitted_pool(admission, h200)["spec"]
     plan = plan_for_pool(
         get_preset("lingbot-world-480x832"),
         device_memory_bytes=141 << 30,
@@ -127,14 +141,19 @@ def test_h200_capacity_is_the_planners_and_the_comment_cites_it(chart, h200):
 
 
 @pytest.mark.parametrize("kubernetes_version", KUBERNETES_VERSIONS)
-def test_h200_worker_pod_passes_kubernetes_validate_and_pod_admission(chart, h200, kubernetes_version):
-    pool = _admitted_pool(chart, h200)
+def test_h200_worker_pod_passes_kubernetes_validate_and_pod_admission(
+    admission, h200, nvidia_runtime_class, kubernetes_version
+):
+    pool = _admitted_pool(admission, h200)
     spec = WorkerPoolSpec.from_resource(pool["spec"])
     pod = build_worker_pod(
         pool["metadata"]["namespace"], pool["metadata"]["name"], spec, pod_name="lingbot-world-ab12c"
     )
     kubernetes_validate.validate(pod, kubernetes_version, strict=True)
-    assert core_validate("pods", pod) == []
+    admitted = admission.create(pod)  # the whole admission chain, ServiceAccount and RuntimeClass included
+    assert admitted.admitted, admitted.body
+    assert admitted.warnings == ()
+    assert admitted.obj["spec"]["runtimeClassName"] == nvidia_runtime_class
     podspec = pod["spec"]
     assert podspec["runtimeClassName"] == "nvidia"
     [worker] = podspec["containers"]
@@ -150,6 +169,6 @@ def test_h200_worker_pod_passes_kubernetes_validate_and_pod_admission(chart, h20
     host_tier = int(env["ARDIFF_HOST_TIER_BYTES"])
     settings = build_settings(environ={k: v for k, v in env.items() if v is not None})
     assert (settings.suspend_dir, settings.host_tier_bytes) == ("/sessions", host_tier)
-    limit, _ = parse_quantity(worker["resources"]["limits"]["memory"])
+    limit = parse_quantity(worker["resources"]["limits"]["memory"])
     assert host_tier >= 2 * 26e9  # two 480x832 bf16 exports
     assert limit - host_tier >= 160 << 30  # the weights' load and the runtime keep what they had

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from ardiff import client
-from ardiff.devcluster.kube_api import write_kubeconfig
+from ardiff.devcluster.kubeconfig import Credentials
+from ardiff.devcluster.pki import CertificateAuthority
 from ardiff.devcluster.redis_server import free_port
 from ardiff.errors import ArdiffError
 from ardiff.worker import errors as worker_errors
@@ -172,7 +173,14 @@ def test_kube_sessions_without_credentials_is_a_clear_error(tmp_path: Path) -> N
 
 
 def test_an_unreachable_kubernetes_api_is_a_clear_error(tmp_path: Path) -> None:
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{free_port()}")
+    """A kubeconfig as the dev cluster writes one (its CA, a token), naming a port nothing listens on."""
+    credentials = Credentials(
+        server=f"https://127.0.0.1:{free_port()}",
+        ca=CertificateAuthority(tmp_path / "pki").cert_path,
+        user="tester",
+        token="t0ken",
+    )
+    kubeconfig = credentials.write_kubeconfig(tmp_path / "kubeconfig")
     sessions = client.KubeSessions("default", kubeconfig=kubeconfig)
     with pytest.raises(client.KubernetesError, match="get session walk: cannot reach the Kubernetes API"):
         sessions.get("walk")

@@ -8,25 +8,25 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 
-from ardiff.devcluster.kube_api import KubeAPIThread
+from ardiff.devcluster.cluster import DevCluster
+from ardiff.devcluster.kubeconfig import Credentials
 
 
 class Watcher:
     """Reads a watch stream on a thread (with its own client) and collects its events."""
 
-    def __init__(self, base_url: str, url: str, **params: str) -> None:
+    def __init__(self, credentials: Credentials, url: str, **params: str) -> None:
         self.events: list[dict[str, Any]] = []
         self._ready = threading.Event()
-        args = (base_url, url, {"watch": "true", "timeoutSeconds": "6", **params})
+        args = (credentials, url, {"watch": "true", "timeoutSeconds": "6", **params})
         threading.Thread(target=self._read, args=args, daemon=True).start()
         assert self._ready.wait(5)
 
-    def _read(self, base_url: str, url: str, params: dict[str, str]) -> None:
+    def _read(self, credentials: Credentials, url: str, params: dict[str, str]) -> None:
         with (
-            httpx.Client(base_url=base_url, timeout=None) as client,
+            credentials.client(timeout=30) as client,  # the server ends the stream after 6 s
             client.stream("GET", url, params=params) as response,
         ):
             self._ready.set()
@@ -43,6 +43,7 @@ class Watcher:
 
 
 @pytest.fixture
-def watch(kube_api: KubeAPIThread) -> Callable[..., Watcher]:
-    """`watch(url, **params)`: a Watcher on the emulated API (a `?watch=true` stream, closed after 6 s)."""
-    return lambda url, **params: Watcher(kube_api.url, url, **params)
+def watch(dev_cluster: DevCluster) -> Callable[..., Watcher]:
+    """`watch(url, **params)`: a Watcher on the session's API server as its admin (a `?watch=true` stream,
+    closed after 6 s)."""
+    return lambda url, **params: Watcher(dev_cluster.admin, url, **params)

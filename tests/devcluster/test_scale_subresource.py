@@ -1,19 +1,19 @@
-"""The scale subresource of the pool CRD as kube-apiserver serves it (issue 11 item 1): `autoscaling/v1`
-Scale on GET/PUT/PATCH `.../ardiffusionworkerpools/<name>/scale`, discovery naming it, the real
-`kubectl scale`, and CRD creation refusing scale paths outside `.spec`/`.status` like the apiserver."""
+"""The scale subresource of the pool CRD as the session's real kube-apiserver serves it (issue 11 item 1):
+`autoscaling/v1` Scale on GET/PUT/PATCH `.../ardiffusionworkerpools/<name>/scale`, discovery naming it, the
+real `kubectl scale`, and the server refusing a CRD whose scale paths lie outside `.spec`/`.status`
+(server-side dry-run of the changed CRD)."""
 
 from __future__ import annotations
 
 import copy
 import subprocess
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from ardiff.devcluster.crd import CRD_DIR, CustomResourceDefinition, load_manifests
-from ardiff.devcluster.kube_api import KubeAPIThread
-from ardiff.devcluster.kubectl import run_kubectl
-from ardiff.devcluster.validation import InvalidObject
+from ardiff.devcluster.cluster import CRD_DIR, DevCluster, load_manifests
+from tests.conftest import Admission
 
 GROUP = "/apis/ardiffusion.dev/v1alpha1"
 
@@ -32,8 +32,8 @@ def _pool(name: str = "scaled", **replicas: int) -> dict:
 
 
 @pytest.fixture
-def client(kube_api: KubeAPIThread):
-    with httpx.Client(base_url=kube_api.url, timeout=10) as http:
+def client(dev_cluster: DevCluster) -> Iterator[httpx.Client]:
+    with dev_cluster.admin.client() as http:
         yield http
 
 
@@ -100,7 +100,14 @@ def test_put_and_patch_set_the_warm_floor_and_are_admitted_like_the_pool(
     assert "max must be >= min" in refused.json()["message"]
     negative = client.patch(f"{pool_url}/scale", json={"spec": {"replicas": -1}}, headers=merge)
     assert negative.status_code == 422
-    assert negative.json()["details"]["causes"][0]["field"] == "spec.replicas"
+    # Named at the pool's field (its schema's minimum), then at the scale path (a Scale's own rule).
+    assert [(c["field"], c["message"]) for c in negative.json()["details"]["causes"]] == [
+        (
+            "spec.replicas.min",
+            "Invalid value: -1: spec.replicas.min in body should be greater than or equal to 0",
+        ),
+        (".spec.replicas.min", "Invalid value: -1: should be a non-negative integer"),
+    ]
     assert client.get(pool_url).json()["spec"]["replicas"]["min"] == 3
 
 
@@ -109,10 +116,9 @@ def test_a_resource_without_a_scale_subresource_has_none(client: httpx.Client, k
     assert client.get(url).status_code == 404
 
 
-def test_kubectl_scale_sets_the_warm_floor(kube_api: KubeAPIThread, pool_url: str, kube_namespace: str):
+def test_kubectl_scale_sets_the_warm_floor(dev_cluster: DevCluster, pool_url: str, kube_namespace: str):
     def kubectl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        assert kube_api.kubeconfig is not None
-        return run_kubectl(["-n", kube_namespace, *args], kubeconfig=kube_api.kubeconfig, check=check)
+        return dev_cluster.kubectl("-n", kube_namespace, *args, check=check)
 
     scaled = kubectl("scale", "adpool/scaled", "--replicas=2")
     assert scaled.stdout.strip() == "ardiffusionworkerpool.ardiffusion.dev/scaled scaled"
@@ -123,7 +129,10 @@ def test_kubectl_scale_sets_the_warm_floor(kube_api: KubeAPIThread, pool_url: st
     assert "Expected replicas to be 1, was 2" in refused.stderr
     too_many = kubectl("scale", "adpool/scaled", "--replicas=9", check=False)
     assert too_many.returncode != 0
-    assert "max must be >= min" in too_many.stderr
+    assert too_many.stderr == (
+        'The ARDiffusionWorkerPool "scaled" is invalid: '
+        "spec.replicas.max: Invalid value: max must be >= min\n"
+    )
 
 
 def _pool_crd() -> dict:
@@ -132,13 +141,12 @@ def _pool_crd() -> dict:
 
 
 def test_the_pool_crd_declares_the_scale_subresource() -> None:
-    version = CustomResourceDefinition.from_manifest(_pool_crd()).version("v1alpha1")
-    assert version.scale is not None
-    assert (version.scale.spec_replicas_path, version.scale.status_replicas_path) == (
-        ".spec.replicas.min",
-        ".status.replicas",
-    )
-    assert version.scale.label_selector_path == ".status.selector"
+    (version,) = _pool_crd()["spec"]["versions"]
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas.min",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
 
 
 @pytest.mark.parametrize(
@@ -148,12 +156,12 @@ def test_the_pool_crd_declares_the_scale_subresource() -> None:
         (
             {"specReplicasPath": ".status.replicas", "statusReplicasPath": ".status.replicas"},
             "specReplicasPath",
-            "should be a json path under .spec",
+            'Invalid value: ".status.replicas": should be a json path under .spec',
         ),
         (
             {"specReplicasPath": ".spec.replicas.min", "statusReplicasPath": ".spec.replicas.max"},
             "statusReplicasPath",
-            "should be a json path under .status",
+            'Invalid value: ".spec.replicas.max": should be a json path under .status',
         ),
         (
             {
@@ -162,14 +170,16 @@ def test_the_pool_crd_declares_the_scale_subresource() -> None:
                 "labelSelectorPath": ".metadata.labels",
             },
             "labelSelectorPath",
-            "should be a json path under either .spec or .status",
+            'Invalid value: ".metadata.labels": should be a json path under either .spec or .status',
         ),
     ],
 )
-def test_crd_creation_refuses_scale_paths_like_the_apiserver(scale: dict, field: str, message: str) -> None:
+def test_crd_creation_refuses_scale_paths_like_the_apiserver(
+    admission: Admission, scale: dict, field: str, message: str
+) -> None:
     doc = copy.deepcopy(_pool_crd())
     doc["spec"]["versions"][0]["subresources"]["scale"] = scale
-    with pytest.raises(InvalidObject) as caught:
-        CustomResourceDefinition.from_manifest(doc)
-    assert f"spec.versions[0].subresources.scale.{field}" in str(caught.value)
-    assert message in str(caught.value)
+    refused = admission.create(doc)
+    assert refused.code == 422, refused.body
+    # A CRD whose one version has subresources: the server names them at spec.subresources.
+    assert refused.errors == [f"spec.subresources.scale.{field}: {message}"]
