@@ -822,13 +822,18 @@ class WorkerService:
         can import it resumes it on the next demand. The tick is told to retry (`resuming`)."""
         assert self.link is not None
         self._books.pop(session_id, None)
-        await self.link.mark_suspended(
-            session_id,
-            tier=record.tier,
-            location=record.location,
-            size=record.bytes,
-            chunk_index=record.suspended_chunk,
-        )
+        try:
+            await self.link.mark_suspended(
+                session_id,
+                tier=record.tier,
+                location=record.location,
+                size=record.bytes,
+                chunk_index=record.suspended_chunk,
+            )
+        except Exception as exc:  # still placed here: the next tick refuses it again and gives it back
+            raise NotReady(
+                f"could not give session {session_id!r} back to the placement store: {exc}"
+            ) from exc
         log.warning("gave session %s back: this worker cannot import its export (%s)", session_id, refusal)
         raise Resuming(
             f"session {session_id!r} was placed on a worker that cannot import its export ({refusal}); it "
@@ -925,7 +930,10 @@ class WorkerService:
             book = self._books.get(session_id)
             resident = session_id in self.runtime.resident_sessions()
             unreported = self._unreported.pop(session_id, None)
-            if unreported is not None and book is not None and unreported.fits(book, holder):
+            if unreported is not None and not (book is not None and unreported.fits(book, holder)):
+                self._forget_export(unreported.location)  # of another state or kind: no use any more
+                unreported = None
+            if unreported is not None:
                 # A retried suspend (the report failed): the export written then is reported again.
                 tier, location, size, chunk = (
                     unreported.tier,
@@ -939,8 +947,6 @@ class WorkerService:
                 and book.status is SessionStatus.ACTIVE
                 and resident
             ):
-                if unreported is not None:
-                    self._forget_export(unreported.location)
                 try:
                     async with self._forward_lock:
                         tier, location, size = await self._on_forward_thread(
