@@ -25,12 +25,14 @@ import asyncio
 import contextlib
 import datetime
 import ipaddress
+import itertools
 import json
 import logging
 import secrets
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -110,6 +112,7 @@ class Kubelet:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.pod_cidr: ipaddress.IPv4Network | None = None
         self._used_ips: dict[str, str] = {}  # pod uid -> address
+        self._ip_lock = threading.Lock()
         self.probe_client = httpx.AsyncClient(verify=False, follow_redirects=False)
 
     # --- the Node ------------------------------------------------------------------------------------------
@@ -330,7 +333,8 @@ class Kubelet:
     def _forget(self, uid: str, task: asyncio.Task[None]) -> None:
         self.workers.pop(uid, None)
         self.tasks.pop(uid, None)
-        self._used_ips.pop(uid, None)
+        with self._ip_lock:
+            self._used_ips.pop(uid, None)
         if not task.cancelled() and task.exception() is not None:
             log.error("pod worker %s failed", uid, exc_info=task.exception())
 
@@ -376,15 +380,17 @@ class Kubelet:
             await self.api.post(f"/api/v1/namespaces/{meta['namespace']}/events", json=event)
 
     def allocate_ip(self, uid: str) -> str:
-        """The next free address of the node's pod CIDR (the bridge holds the first)."""
+        """The next free address of the node's pod CIDR (the bridge holds the first). Sandboxes are made on
+        threads, several at once: the lock keeps two Pods from one address."""
         assert self.pod_cidr is not None
-        if uid in self._used_ips:
-            return self._used_ips[uid]
-        used = set(self._used_ips.values())
-        for host in list(self.pod_cidr.hosts())[1:]:
-            if str(host) not in used:
-                self._used_ips[uid] = str(host)
-                return str(host)
+        with self._ip_lock:
+            if uid in self._used_ips:
+                return self._used_ips[uid]
+            used = set(self._used_ips.values())
+            for host in itertools.islice(self.pod_cidr.hosts(), 1, None):
+                if str(host) not in used:
+                    self._used_ips[uid] = str(host)
+                    return str(host)
         raise NetworkError(f"node {self.config.node_name}: no address left in {self.pod_cidr}")
 
     def make_sandbox(self, worker: PodWorker) -> Sandbox:

@@ -517,6 +517,8 @@ class PodWorker:
             self._remove_sandbox()
             if self.volumes is not None:
                 self.volumes.remove()
+            # The containers' layers go with the Pod; its logs stay in the Pod's directory for a post-mortem.
+            shutil.rmtree(self.directory / "containers", ignore_errors=True)
 
     async def _prepare(self) -> bool:
         """Sandbox and volumes; False when the Pod went first."""

@@ -62,7 +62,8 @@ class Chart:
 
     @property
     def fullname(self) -> str:
-        return f"{self.release}-ardiff"
+        """The chart's `ardiff.fullname`: the release name, plus `-ardiff` unless it contains it."""
+        return self.release if "ardiff" in self.release else f"{self.release}-ardiff"
 
     def helm(self, *args: str | Path) -> subprocess.CompletedProcess[str]:
         """Runs helm; the caller checks the return code."""

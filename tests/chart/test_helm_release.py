@@ -1,37 +1,39 @@
-"""The real `helm install`, `upgrade`, `test` and `uninstall` on the dev cluster: nothing of ours is left.
+"""The real `helm install`, `upgrade`, `test` and `uninstall` on the session's real cluster, with helm's own
+release storage (Secrets).
 
-helm keeps its release in PostgreSQL (`HELM_DRIVER=sql`, `ardiff.devcluster.postgres_server`), since the
-emulated API cannot store helm's protobuf Secrets; everything else is helm talking to the emulated API.
-Nothing there runs StatefulSets or Jobs, so the test does their part: the operator runs as the dev cluster's
-`OperatorProcess` (the chart's own command line is covered by test_devcluster_install.py), and the
-hooks' containers (the pre-delete Job's, the `helm test` Pod's) run as local processes with their rendered
-commands and arguments, their status then written the way the Job controller or the kubelet would, which is
-what helm waits for.
+Everything is the cluster's own doing: the StatefulSet controller makes the operator's Pod, which runs
+the operator image (a non-editable install of the checkout) under the chart's ServiceAccount and Role,
+so every call it makes is judged by the real RBAC authorizer; the bundled Redis runs as its StatefulSet's
+Pod and the operator reaches it by its Service's DNS name; the Job controller runs the pre-delete hook;
+the `helm test` Pod and the worker Pods run on the process kubelets. The release namespace enforces
+PodSecurity `restricted` (the real admission plugin): every Pod the chart and the operator make passes it.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
+import re
 import subprocess
-import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
-from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster
-from ardiff.devcluster.crd import load_manifests
-from ardiff.devcluster.kubectl import kube_env
-from ardiff.devcluster.operator_process import OperatorProcess
-from ardiff.devcluster.pod_runner import resolve_executable
-from ardiff.devcluster.postgres_server import PostgresServer
+from ardiff.devcluster.cluster import DevCluster, load_manifests
+from ardiff.devcluster.images import OPERATOR_IMAGE, WORKER_IMAGE, ImageTable
 from ardiff.devcluster.waiting import wait_until
+from tests.chart.conftest import Chart
 
 pytestmark = pytest.mark.slow
 
 GROUP = "/apis/ardiffusion.dev/v1alpha1/namespaces/{ns}"
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/warn": "restricted",
+}
 FAKE_POOL = {
     "enabled": True,
     "name": "fake-pool",
@@ -41,82 +43,250 @@ FAKE_POOL = {
         "replicas": {"min": 1, "max": 1},
     },
 }
+# A worker Pod of the fake runtime is Ready within seconds; the operator's own Pod imports kopf first.
+READY_SECONDS = 180
+_release_counter = itertools.count()
 
 
-class HookRunner(threading.Thread):
-    """The Job controller and the kubelet for helm's hooks: runs the container of each new hook Job and of
-    each `helm test` Pod as a local process (the dev cluster's executables, its kubeconfig), then writes the
-    status their controllers would (a Job's Complete/Failed condition, a Pod's Succeeded/Failed phase)."""
+class Release:
+    """One release of the chart in a namespace of its own on the session's cluster."""
 
-    def __init__(self, api: str, namespace: str, kubeconfig: Path) -> None:
-        super().__init__(daemon=True, name="hook-runner")
-        self.api, self.namespace, self.kubeconfig = api, namespace, kubeconfig
-        self.finished: dict[str, subprocess.CompletedProcess[str]] = {}  # by object name
-        self.stopped = threading.Event()
+    def __init__(self, cluster: DevCluster, workdir: Path, *, labels: dict[str, str] | None = None) -> None:
+        self.cluster = cluster
+        self.namespace = f"helm-{next(_release_counter)}"
+        self.chart = Chart(namespace=self.namespace, release="ardiff")
+        self.home = workdir / "helm"
+        self.http = cluster.admin.client(timeout=15)
+        body = {"metadata": {"name": self.namespace, "labels": labels or {}}}
+        self.http.post("/api/v1/namespaces", json=body).raise_for_status()
 
-    def run(self) -> None:
-        jobs = f"/apis/batch/v1/namespaces/{self.namespace}/jobs"
-        pods = f"/api/v1/namespaces/{self.namespace}/pods?labelSelector=app.kubernetes.io/component%3Dtest"
-        with httpx.Client(base_url=self.api, timeout=10) as client:
-            while not self.stopped.wait(0.2):
-                for path, spec in (
-                    (jobs, lambda o: o["spec"]["template"]["spec"]),
-                    (pods, lambda o: o["spec"]),
-                ):
-                    for obj in client.get(path).json()["items"]:
-                        if obj["metadata"]["uid"] not in self.finished:
-                            self._run(client, path.split("?")[0], obj, spec(obj))
-
-    def _run(self, client: httpx.Client, path: str, obj: dict[str, Any], pod_spec: dict[str, Any]) -> None:
-        [container] = pod_spec["containers"]
-        command = [*container.get("command", []), *container.get("args", [])]
-        argv = [*resolve_executable(command[0]), *command[1:]]
-        result = subprocess.run(
-            argv, env=kube_env(self.kubeconfig), capture_output=True, text=True, timeout=300, check=False
-        )
-        self.finished[obj["metadata"]["uid"]] = result
-        ok = result.returncode == 0
-        if obj["kind"] == "Job":
-            condition = {"type": "Complete" if ok else "Failed", "status": "True"}
-            status = {"conditions": [condition], "succeeded" if ok else "failed": 1}
-        else:
-            status = {"phase": "Succeeded" if ok else "Failed"}
-        client.patch(
-            f"{path}/{obj['metadata']['name']}/status",
-            json={"status": status},
-            headers={"Content-Type": "application/merge-patch+json"},
+    def helm(self, *args: str, timeout: float = 420) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.cluster.kubeconfig),
+            "HELM_CACHE_HOME": str(self.home / "cache"),
+            "HELM_CONFIG_HOME": str(self.home / "config"),
+            "HELM_DATA_HOME": str(self.home / "data"),
+        }
+        return subprocess.run(
+            [str(self.chart.helm_binary), *args, "--namespace", self.namespace],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
 
-    def output(self, name_suffix: str) -> subprocess.CompletedProcess[str]:
-        [result] = [r for r in self.finished.values() if r.args[-1:] and name_suffix in " ".join(r.args)]
-        return result
+    def get(self, path: str) -> dict[str, Any] | None:
+        reply = self.http.get(path)
+        if reply.status_code == 404:
+            return None
+        reply.raise_for_status()
+        return reply.json()
+
+    def items(self, path: str) -> list[dict[str, Any]]:
+        found = self.get(path)
+        return [] if found is None else found["items"]
+
+    def pods(self) -> list[dict[str, Any]]:
+        return self.items(f"/api/v1/namespaces/{self.namespace}/pods")
+
+    def operator_pod(self) -> dict[str, Any] | None:
+        return self.get(f"/api/v1/namespaces/{self.namespace}/pods/{self.chart.fullname}-operator-0")
+
+    def log(self, pod: str, *, previous: bool = False) -> str:
+        reply = self.http.get(
+            f"/api/v1/namespaces/{self.namespace}/pods/{pod}/log", params={"previous": str(previous).lower()}
+        )
+        return reply.text if reply.status_code == 200 else ""
+
+    def ours(self) -> dict[str, list[str]]:
+        """Every object left in the namespace, by kind, besides what the cluster itself keeps there (the
+        default ServiceAccount and the root CA ConfigMap)."""
+        ns = self.namespace
+        paths = {
+            "pods": f"/api/v1/namespaces/{ns}/pods",
+            "services": f"/api/v1/namespaces/{ns}/services",
+            "secrets": f"/api/v1/namespaces/{ns}/secrets",
+            "configmaps": f"/api/v1/namespaces/{ns}/configmaps",
+            "persistentvolumeclaims": f"/api/v1/namespaces/{ns}/persistentvolumeclaims",
+            "serviceaccounts": f"/api/v1/namespaces/{ns}/serviceaccounts",
+            "statefulsets": f"/apis/apps/v1/namespaces/{ns}/statefulsets",
+            "jobs": f"/apis/batch/v1/namespaces/{ns}/jobs",
+            "roles": f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+            "rolebindings": f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+            "networkpolicies": f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
+            "poddisruptionbudgets": f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
+            "ardiffusionsessions": GROUP.format(ns=ns) + "/ardiffusionsessions",
+            "ardiffusionworkerpools": GROUP.format(ns=ns) + "/ardiffusionworkerpools",
+            "kopfpeerings": f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings",
+        }
+        kept = {("serviceaccounts", "default"), ("configmaps", "kube-root-ca.crt")}
+        left = {
+            kind: [
+                i["metadata"]["name"] for i in self.items(path) if (kind, i["metadata"]["name"]) not in kept
+            ]
+            for kind, path in paths.items()
+        }
+        return {kind: names for kind, names in left.items() if names}
+
+    def delete_namespace(self) -> None:
+        self.http.delete(f"/api/v1/namespaces/{self.namespace}")
+
+    def diagnostics(self) -> str:
+        """The namespace's Events, Pods and their logs (printed when a test fails)."""
+        events = self.items(f"/api/v1/namespaces/{self.namespace}/events")
+        parts = [
+            f"{e.get('type')} {e['involvedObject']['name']} {e.get('reason')}: {e.get('message')}"
+            for e in events
+        ]
+        for pod in self.pods():
+            name = pod["metadata"]["name"]
+            parts += [f"----- pod {name}: {pod.get('status', {}).get('phase')}", self.log(name)[-4000:]]
+        return "\n".join(parts)
 
 
 @pytest.fixture
-def postgres() -> Iterator[PostgresServer]:
-    with PostgresServer() as server:
-        yield server
+def releases(dev_cluster: DevCluster, tmp_path: Path) -> Iterator[Callable[..., Release]]:
+    """`releases(labels=...)`: a Release in a namespace of its own; their diagnostics are printed at the end
+    (pytest shows them for a failed test)."""
+    made: list[Release] = []
+
+    def make(*, labels: dict[str, str] | None = None) -> Release:
+        made.append(Release(dev_cluster, tmp_path / f"release-{len(made)}", labels=labels))
+        return made[-1]
+
+    yield make
+    for release in made:
+        print(f"===== {release.namespace}\n{release.diagnostics()}")
+        release.http.close()
 
 
-def helm(
-    chart, postgres: PostgresServer, cluster: DevCluster, *args: str
-) -> subprocess.CompletedProcess[str]:
-    home = cluster.workdir / "helm"
-    env = {
-        **kube_env(cluster.kubeconfig),
-        **postgres.helm_env(),
-        "HELM_CACHE_HOME": str(home / "cache"),
-        "HELM_CONFIG_HOME": str(home / "config"),
-        "HELM_DATA_HOME": str(home / "data"),
+def operator_running(release: Release) -> dict[str, Any] | None:
+    pod = release.operator_pod()
+    statuses = (pod or {}).get("status", {}).get("containerStatuses") or []
+    return pod if statuses and statuses[0].get("ready") else None
+
+
+def test_helm_install_upgrade_test_then_uninstall_leaves_nothing_behind(
+    dev_cluster: DevCluster, releases: Callable[..., Release], tmp_path: Path
+) -> None:
+    release = releases(labels=RESTRICTED)
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"defaultPool": FAKE_POOL, "uninstall": {"timeoutSeconds": 120}}))
+    installed = release.helm("install", "ardiff", str(release.chart.path), "-f", str(values), "--wait")
+    assert installed.returncode == 0, installed.stderr
+    assert release.helm("list", "-q").stdout.split() == ["ardiff"]
+    # helm's own storage: the release is a Secret of type helm.sh/release.v1 (no SQL driver any more).
+    [stored] = [
+        s
+        for s in release.items(f"/api/v1/namespaces/{release.namespace}/secrets")
+        if s["type"] == "helm.sh/release.v1"
+    ]
+    assert stored["metadata"]["labels"]["name"] == "ardiff"
+
+    # The operator is the StatefulSet's Pod, on a node the scheduler chose, running as the chart says.
+    pod = wait_until(lambda: operator_running(release), timeout=READY_SECONDS, what="the operator Pod Ready")
+    assert pod["metadata"]["ownerReferences"][0]["kind"] == "StatefulSet"
+    assert pod["spec"]["nodeName"] in {"node-1", "node-2"}
+    assert pod["spec"]["serviceAccountName"] == f"{release.chart.fullname}-operator"
+
+    # It brings the default pool up and a session to Ready: its calls pass the real authorizer, its worker
+    # Pods pass PodSecurity `restricted`.
+    sessions = GROUP.format(ns=release.namespace) + "/ardiffusionsessions"
+    session = {
+        "apiVersion": "ardiffusion.dev/v1alpha1",
+        "kind": "ARDiffusionSession",
+        "metadata": {"name": "s"},
+        "spec": {"poolRef": "fake-pool", "prompt": "a forest"},
     }
-    return subprocess.run(
-        [str(chart.helm_binary), *args, "--namespace", chart.namespace],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
+    assert release.http.post(sessions, json=session).status_code == 201
+    wait_until(
+        lambda: ((release.get(f"{sessions}/s") or {}).get("status") or {}).get("phase") == "Ready",
+        timeout=READY_SECONDS,
+        what="session s Ready",
     )
+
+    # helm upgrade to a changed chart: the CRDs first (the README's step: helm never upgrades crds/), then
+    # the release; the pool follows the new values and the generated Redis password is kept (`lookup`).
+    secret = release.get(f"/api/v1/namespaces/{release.namespace}/secrets/{release.chart.fullname}-redis")
+    assert secret is not None
+    crds = dev_cluster.kubectl("apply", "-f", str(release.chart.path / "crds"), check=False)
+    assert crds.returncode == 0, crds.stderr
+    assert sorted(crds.stdout.splitlines()) == sorted(
+        f"customresourcedefinition.apiextensions.k8s.io/{crd['metadata']['name']} configured"
+        for crd in load_manifests(release.chart.path / "crds")
+    )
+    pool = {**FAKE_POOL, "spec": {**FAKE_POOL["spec"], "replicas": {"min": 1, "max": 2}}}
+    values.write_text(yaml.safe_dump({"defaultPool": pool, "uninstall": {"timeoutSeconds": 120}}))
+    upgraded = release.helm("upgrade", "ardiff", str(release.chart.path), "--reuse-values", "-f", str(values))
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert "REVISION: 2" in upgraded.stdout
+    pools = GROUP.format(ns=release.namespace) + "/ardiffusionworkerpools"
+    assert (release.get(f"{pools}/fake-pool") or {})["spec"]["replicas"] == {"min": 1, "max": 2}
+    again = release.get(f"/api/v1/namespaces/{release.namespace}/secrets/{release.chart.fullname}-redis")
+    assert again is not None
+    assert again["data"]["password"] == secret["data"]["password"]
+
+    # helm test: its Pod (the operator image) creates a session on the default pool, waits for Ready, ticks it
+    # once and deletes it; the Pod is deleted once it succeeded (hook-succeeded): the operator's log shows it.
+    tested = release.helm("test", "ardiff", "--timeout", "300s")
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    assert "Phase:          Succeeded" in tested.stdout
+    operator_log = release.log(f"{release.chart.fullname}-operator-0")
+    assert re.search(r"session helm-test-[a-z0-9]+ released", operator_log), operator_log[-3000:]
+
+    # helm uninstall: the pre-delete Job (the Job controller runs it) deletes sessions and pools while the
+    # operator still runs; then helm deletes the release; garbage collection takes what they owned.
+    uninstalled = release.helm("uninstall", "ardiff", "--wait", "--timeout", "300s")
+    assert uninstalled.returncode == 0, uninstalled.stderr
+    assert release.helm("list", "-q").stdout.split() == []
+    wait_until(lambda: not release.ours(), timeout=120, what=f"nothing of ours left: {release.ours()}")
+    assert not [p for p in release.pods() if p["metadata"].get("deletionTimestamp")]
+    # Nothing stuck: the namespace itself goes (no finalizer of ours holds anything in it).
+    release.delete_namespace()
+    wait_until(
+        lambda: release.get(f"/api/v1/namespaces/{release.namespace}") is None,
+        timeout=120,
+        what=f"namespace {release.namespace} deleted",
+    )
+
+
+def test_an_operator_without_a_permission_names_it_and_does_not_start(
+    releases: Callable[..., Release],
+) -> None:
+    """kopf would retry a 403 quietly (a hang): the operator checks its rights at start. One rule taken out
+    of the chart's Role: the operator's Pod exits naming exactly that permission, and restarts (CrashLoop)."""
+    release = releases()
+    installed = release.helm("install", "ardiff", str(release.chart.path), "--wait")
+    assert installed.returncode == 0, installed.stderr
+    wait_until(lambda: operator_running(release), timeout=READY_SECONDS, what="the operator Pod Ready")
+
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{release.namespace}"
+    role_path = f"{rbac}/roles/{release.chart.fullname}-operator"
+    role = release.get(role_path)
+    assert role is not None
+    kept = [r for r in role["rules"] if r["resources"] != ["configmaps"]]
+    assert len(kept) == len(role["rules"]) - 1
+    release.http.put(role_path, json={**role, "rules": kept}).raise_for_status()
+    release.http.delete(f"/api/v1/namespaces/{release.namespace}/pods/{release.chart.fullname}-operator-0")
+
+    def refused() -> str | None:
+        pod = release.operator_pod()
+        statuses = (pod or {}).get("status", {}).get("containerStatuses") or []
+        if not statuses or not statuses[0]["restartCount"]:
+            return None
+        return release.log(pod["metadata"]["name"], previous=True) or None
+
+    log = wait_until(refused, timeout=READY_SECONDS, what="the operator to exit for a missing permission")
+    assert (
+        f"the operator's service account may not: get configmaps (core) in namespace {release.namespace}"
+        in log
+    )
+    assert "Traceback" not in log.split("may not:")[0][-2000:]
+    uninstalled = release.helm("uninstall", "ardiff", "--no-hooks", "--wait", "--timeout", "120s")
+    assert uninstalled.returncode == 0, uninstalled.stderr
+    release.delete_namespace()
 
 
 def test_the_readme_upgrade_steps_are_the_ones_tested_here(chart) -> None:
@@ -130,120 +300,15 @@ def test_the_readme_upgrade_steps_are_the_ones_tested_here(chart) -> None:
     ]
 
 
-def ours(api: str, namespace: str) -> dict[str, list[str]]:
-    """Every object left in the namespace, by kind (its plural), besides what the cluster itself keeps."""
-    paths = {
-        "pods": f"/api/v1/namespaces/{namespace}/pods",
-        "services": f"/api/v1/namespaces/{namespace}/services",
-        "secrets": f"/api/v1/namespaces/{namespace}/secrets",
-        "serviceaccounts": f"/api/v1/namespaces/{namespace}/serviceaccounts",
-        "statefulsets": f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
-        "jobs": f"/apis/batch/v1/namespaces/{namespace}/jobs",
-        "roles": f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles",
-        "poddisruptionbudgets": f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets",
-        "ardiffusionsessions": GROUP.format(ns=namespace) + "/ardiffusionsessions",
-        "ardiffusionworkerpools": GROUP.format(ns=namespace) + "/ardiffusionworkerpools",
-        "kopfpeerings": f"/apis/kopf.dev/v1/namespaces/{namespace}/kopfpeerings",
-    }
-    found = {kind: httpx.get(api + path, timeout=10).json()["items"] for kind, path in paths.items()}
-    return {kind: [item["metadata"]["name"] for item in items] for kind, items in found.items() if items}
-
-
-def test_helm_install_upgrade_test_then_uninstall_leaves_nothing_behind(
-    chart, postgres, tmp_path: Path
-) -> None:
-    with DevCluster(tmp_path / "cluster", namespace=chart.namespace, install_crds=False) as cluster:
-        values = tmp_path / "values.yaml"
-        values.write_text(yaml.safe_dump({"defaultPool": FAKE_POOL, "uninstall": {"timeoutSeconds": 60}}))
-        installed = helm(
-            chart, postgres, cluster, "install", chart.release, str(chart.path), "-f", str(values)
+def test_the_images_run_the_installed_package_not_the_checkout(dev_cluster: DevCluster) -> None:
+    """The images the cluster runs are non-editable installs (as the Dockerfiles make them): their `ardiff`
+    package, every subpackage included, lives in the image's venv, not in the checkout."""
+    table = ImageTable.from_json((dev_cluster.workdir / "images.json").read_text())
+    probe = "import ardiff, ardiff.worker.families, ardiff.kv, ardiff.operator; print(ardiff.__file__)"
+    for image in (OPERATOR_IMAGE, WORKER_IMAGE):
+        bin_dir = Path(table.resolve(image).env["PATH"].split(":")[0])
+        done = subprocess.run(
+            [str(bin_dir / "python"), "-I", "-c", probe], capture_output=True, text=True, check=False
         )
-        assert installed.returncode == 0, installed.stderr
-        listed = helm(chart, postgres, cluster, "list", "-q")
-        assert listed.stdout.split() == [chart.release]
-
-        # The operator (its StatefulSet's part) brings the default pool up and a session to Ready.
-        cluster.operator = OperatorProcess(
-            OPERATOR_COMMAND,
-            kubeconfig=cluster.kubeconfig,
-            redis_url=cluster.redis_url,
-            namespace=chart.namespace,
-            log_path=cluster.logs_dir / "operator.log",
-            env={"ARDIFF_OPERATOR_CANCELLATION_POLLING_SECONDS": "0.5"},
-        ).start()
-        cluster.operator.wait_ready()
-        sessions = cluster.api_url + GROUP.format(ns=chart.namespace) + "/ardiffusionsessions"
-        session = {"metadata": {"name": "s"}, "spec": {"poolRef": "fake-pool", "prompt": "a forest"}}
-        assert httpx.post(sessions, json=session, timeout=10).status_code == 201
-        wait_until(
-            lambda: (
-                (httpx.get(f"{sessions}/s", timeout=10).json().get("status") or {}).get("phase") == "Ready"
-            ),
-            timeout=60,
-            what="session s Ready",
-        )
-        # helm upgrade: the pool follows the new values; the generated Redis password is kept (`lookup`).
-        redis = f"{cluster.api_url}/api/v1/namespaces/{chart.namespace}/secrets/{chart.fullname}-redis"
-        password = httpx.get(redis, timeout=10).json()["data"]["password"]
-        pool = {**FAKE_POOL, "spec": {**FAKE_POOL["spec"], "replicas": {"min": 1, "max": 2}}}
-        values.write_text(yaml.safe_dump({"defaultPool": pool, "uninstall": {"timeoutSeconds": 60}}))
-        # The README's upgrade: the chart's CRDs first (helm never upgrades crds/), applied over helm's own.
-        crds = cluster.kubectl("apply", "-f", str(chart.path / "crds"), check=False)
-        assert crds.returncode == 0, crds.stderr
-        assert sorted(crds.stdout.splitlines()) == sorted(
-            f"customresourcedefinition.apiextensions.k8s.io/{crd['metadata']['name']} configured"
-            for crd in load_manifests(chart.path / "crds")
-        )
-        upgraded = helm(
-            chart,
-            postgres,
-            cluster,
-            "upgrade",
-            chart.release,
-            str(chart.path),
-            "--reuse-values",
-            "-f",
-            str(values),
-        )
-        assert upgraded.returncode == 0, upgraded.stderr
-        assert "REVISION: 2" in upgraded.stdout
-        pools = cluster.api_url + GROUP.format(ns=chart.namespace) + "/ardiffusionworkerpools"
-        assert httpx.get(f"{pools}/fake-pool", timeout=10).json()["spec"]["replicas"] == {"min": 1, "max": 2}
-        assert httpx.get(redis, timeout=10).json()["data"]["password"] == password
-
-        before = ours(cluster.api_url, chart.namespace)
-        assert {
-            "pods",
-            "secrets",
-            "poddisruptionbudgets",
-            "ardiffusionsessions",
-            "ardiffusionworkerpools",
-        } <= set(before)
-
-        hooks = HookRunner(cluster.api_url, chart.namespace, cluster.kubeconfig)
-        hooks.start()
-        try:
-            # helm test: a session on the default pool, Ready, ticked once, deleted.
-            tested = helm(chart, postgres, cluster, "test", chart.release, "--timeout", "120s")
-            smoke = hooks.output("smoke-test")
-            assert smoke.returncode == 0, smoke.stdout + smoke.stderr
-            assert tested.returncode == 0, tested.stderr
-            assert f"{chart.fullname}-test" in tested.stdout
-            assert "Succeeded" in tested.stdout
-            assert "tick 0 of helm-test-" in smoke.stdout
-            assert ": HTTP 200," in smoke.stdout
-            uninstalled = helm(chart, postgres, cluster, "uninstall", chart.release, "--timeout", "120s")
-        finally:
-            hooks.stopped.set()
-            hooks.join(10)
-        hook = hooks.output("uninstall")
-        assert hook.returncode == 0, hook.stdout + hook.stderr
-        assert uninstalled.returncode == 0, uninstalled.stderr + cluster.operator.log()[-5000:]
-        assert f"no session, pool or worker pod is left in {chart.namespace}" in hook.stdout
-        assert helm(chart, postgres, cluster, "list", "-q").stdout.split() == []
-        # Owned objects (token and workers' Secrets, the busy budget) go through garbage collection.
-        wait_until(
-            lambda: not ours(cluster.api_url, chart.namespace),
-            timeout=15,
-            what=f"nothing of ours left, still {ours(cluster.api_url, chart.namespace)}",
-        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(str(bin_dir.parent)), done.stdout
