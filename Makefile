@@ -13,7 +13,7 @@ QUIET_PIP := grep -v -e 'is ignored: it is neither a file nor a directory' || tr
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: help setup test lint format demo up down clean
+.PHONY: help packages kubernetes setup test lint format demo up down clean
 
 help:
 	@echo "make demo    run the whole system locally on CPU (dev cluster, real workers, MP4s in ./demo-out)"
@@ -29,18 +29,20 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[worker,operator,client,test]' 2>&1 | $(QUIET_PIP)
 	touch $@
 
-setup: $(STAMP)
-	@# Debian packages: Redis for the placement store, Chromium and its driver for the viewer's browser test,
-	@# PostgreSQL for helm's release storage on the dev cluster (tests/chart/test_helm_release.py).
+# Debian packages: Redis for the placement store; iptables and conntrack for kube-proxy (in the dev cluster's
+# node namespaces); Chromium and its driver for the viewer's browser test.
+packages: $(STAMP)
 	@command -v redis-server >/dev/null && command -v chromium >/dev/null && command -v chromedriver >/dev/null && \
-		ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
-		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server chromium chromium-driver postgresql; }
-	$(BIN)/python -m ardiff.devcluster.binaries --bin-dir $(BIN)
-ifneq ($(HAS_GPU),1)
-	@# Last step on CPU: PyPI's torchvision/torchaudio/torchcodec cannot load beside the CPU torch build
-	@# (any later pip install of the vllm stack brings them back, hence last).
-	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | grep -v -e 'not installed' -e 'is ignored' || true
-endif
+		command -v iptables >/dev/null && command -v conntrack >/dev/null || \
+		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server chromium chromium-driver iptables conntrack; }
+	$(BIN)/python -m ardiff.devcluster.binaries --helm $(BIN)
+
+# The dev cluster's Kubernetes (kube-apiserver, controller-manager, scheduler, kube-proxy, etcd, CoreDNS) built
+# from Go modules into ~/.cache/ardiff/kubernetes/: about 12 minutes the first time on 2 cores, then nothing.
+kubernetes: packages
+	$(BIN)/python -m ardiff.devcluster.binaries --kubernetes
+
+setup: packages kubernetes
 
 lint: setup
 	$(BIN)/ruff check .

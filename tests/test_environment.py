@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,18 +9,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _has_cuda() -> bool:
-    return shutil.which("nvidia-smi") is not None
+TORCHVISION_PROBE = """
+import torch, torchaudio, torchcodec, torchvision
+from torchvision.ops import nms
+from torchvision.transforms import v2
+boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
+print(torch.__version__, torchvision.__version__, nms(boxes, torch.tensor([0.9, 0.8]), 0.5).tolist(),
+      tuple(v2.Resize((4, 4))(torch.zeros(3, 8, 8)).shape))
+"""
 
 
-def test_torchvision_family_matches_the_platform() -> None:
-    present = [name for name in ("torchvision", "torchaudio", "torchcodec") if importlib.util.find_spec(name)]
-    if _has_cuda():
-        # The GPU install keeps the vllm stack as PyPI ships it.
-        assert "torchvision" in present
-    else:
-        # PyPI's builds cannot load beside the CPU torch; `make setup` removes them as its last step.
-        assert present == []
+def test_the_torchvision_family_loads_beside_torch_as_pypi_ships_them() -> None:
+    """PyPI's torch is a CUDA build now (no CPU wheel): vllm's pinned torchvision, torchaudio and
+    torchcodec load and run beside it with or without a GPU, so nothing removes or stubs them any more."""
+    out = subprocess.run([sys.executable, "-c", TORCHVISION_PROBE], capture_output=True, text=True, check=True)
+    torch_version, vision_version, kept, shape = out.stdout.split(" ", 3)
+    assert torch_version.split("+")[0] == "2.13.0"
+    assert vision_version.split("+")[0] == "0.28.0"
+    assert (kept, shape.strip()) == ("[0]", "(3, 4, 4)")
 
 
 def test_operator_import_name_does_not_shadow_stdlib() -> None:

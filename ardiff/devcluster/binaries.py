@@ -239,12 +239,15 @@ def ensure_kubernetes() -> KubernetesBinaries:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bin-dir", type=Path, required=True, help="where helm goes")
-    parser.add_argument("--no-kubernetes", action="store_true", help="fetch helm only")
+    parser.add_argument("--helm", type=Path, metavar="BIN_DIR", help="put the pinned helm into BIN_DIR")
+    parser.add_argument("--kubernetes", action="store_true", help="build the pinned Kubernetes unless cached")
     args = parser.parse_args()
-    helm = ensure_helm(args.bin_dir)
-    print(f"helm {helm_version(helm)} at {helm}")
-    if not args.no_kubernetes:
+    if args.helm is None and not args.kubernetes:
+        parser.error("nothing to do: give --helm BIN_DIR and/or --kubernetes")
+    if args.helm is not None:
+        helm = ensure_helm(args.helm)
+        print(f"helm {helm_version(helm)} at {helm}")
+    if args.kubernetes:
         try:
             binaries = ensure_kubernetes()
         except BuildError as exc:
