@@ -146,7 +146,8 @@ class KubeApi:
 
     async def create_review(self, plural: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST a review to `authorization.k8s.io/v1` (e.g. `selfsubjectaccessreviews`); the reply."""
-        return await self._request("POST", f"/apis/authorization.k8s.io/v1/{plural}", absent=-1, body=body) or {}
+        path = f"/apis/authorization.k8s.io/v1/{plural}"
+        return await self._request("POST", path, absent=-1, body=body) or {}
 
     async def list_names(self, resource: ApiResource, namespace: str | None) -> set[tuple[str, str]]:
         """(namespace, name) of every object in `namespace`, or in all namespaces (None); names only, in pages

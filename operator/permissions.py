@@ -1,10 +1,10 @@
 """What the operator may do on the API, checked once at start.
 
-kopf retries a forbidden call quietly and forever, which looks like a hang. So before it handles anything the
-operator asks the API server (one SelfSubjectAccessReview per rule below and watched namespace, or cluster-wide)
-whether it may do each thing it does, and refuses to start naming every one it may not, with the Role the
-chart renders as the fix. `REQUIRED` is the chart's `ardiff.operatorRules` (charts/ardiff/templates/rbac.yaml)
-as data: tests/chart keeps the two identical.
+kopf retries a forbidden call quietly and forever, which looks like a hang. So before it handles anything
+the operator asks the API server (one SelfSubjectAccessReview per rule below and watched namespace, or
+cluster-wide) whether it may do each thing it does, and refuses to start naming every one it may not, with
+the Role the chart renders as the fix. `required()` is the chart's `ardiff.operatorRules`
+(charts/ardiff/templates/rbac.yaml) as data: a test keeps the two identical.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ print(torch.__version__, torchvision.__version__, nms(boxes, torch.tensor([0.9, 
 def test_the_torchvision_family_loads_beside_torch_as_pypi_ships_them() -> None:
     """PyPI's torch is a CUDA build now (no CPU wheel): vllm's pinned torchvision, torchaudio and
     torchcodec load and run beside it with or without a GPU, so nothing removes or stubs them any more."""
-    out = subprocess.run([sys.executable, "-c", TORCHVISION_PROBE], capture_output=True, text=True, check=True)
+    probe = [sys.executable, "-c", TORCHVISION_PROBE]
+    out = subprocess.run(probe, capture_output=True, text=True, check=True)
     torch_version, vision_version, kept, shape = out.stdout.split(" ", 3)
     assert torch_version.split("+")[0] == "2.13.0"
     assert vision_version.split("+")[0] == "0.28.0"

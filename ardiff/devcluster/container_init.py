@@ -1,13 +1,14 @@
-"""The first process of every container the process kubelet starts: it makes the container, then execs its command.
+"""The first process of every container the process kubelet starts: it makes the container, then execs
+its command.
 
 Run as `python -I -S container_init.py SPEC STATUS_FD` (standard library only, so that it starts fast and
 needs none of the dev venv), as root, with the JSON `SPEC` file the kubelet wrote:
 1. joins the pod's network namespace (`netns`; absent for hostNetwork pods: the node's, which it is in);
-2. gets a mount and a UTS namespace of its own (mounts made here never reach the machine; the hostname is the
-   Pod's);
-3. mounts the container's root: an overlay whose lower layer is this machine's `/` and whose upper layer is the
-   container's own directory, so that what the container writes anywhere outside its volumes stays in it and
-   goes with it (`/proc`, `/dev` and `/sys` are the machine's, bound in);
+2. gets a mount and a UTS namespace of its own (mounts made here never reach the machine; the hostname is
+   the Pod's);
+3. mounts the container's root: an overlay whose lower layer is this machine's `/` and whose upper layer is
+   the container's own directory, so that what the container writes anywhere outside its volumes stays in
+   it and goes with it (`/proc`, `/dev` and `/sys` are the machine's, bound in);
 4. adds the image's layer (`directories`, `files`) and the Pod's mounts (`mounts`: volumes, subPaths, the
    kubelet's /etc/hosts, /etc/resolv.conf and /etc/hostname), each resolved inside the new root;
 5. makes the root read-only when the container asks for `readOnlyRootFilesystem`;

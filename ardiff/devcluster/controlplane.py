@@ -2,11 +2,11 @@
 kube-scheduler, built from their Go modules (`ardiff.devcluster.binaries`), in the network namespace of the
 slot's control-plane host (`ardiff.devcluster.network`).
 
-`ControlPlane.start()` makes the certificates (`pki`), starts etcd (loopback, no fsync), the API server (secure
-serving on 10.K.0.2:6443, `Node,RBAC` authorization, service-account issuer and keys, the default admission
-plugins plus NodeRestriction and OwnerReferencesPermissionEnforcement), then the controller-manager (every
-controller, each with its own service account) and the scheduler, and returns once `/readyz` is ok and the
-controller-manager has made the `default` service account. Credentials: `admin` (a `system:masters`
+`ControlPlane.start()` makes the certificates (`pki`), starts etcd (loopback, no fsync), the API server
+(secure serving on 10.K.0.2:6443, `Node,RBAC` authorization, service-account issuer and keys, the default
+admission plugins plus NodeRestriction and OwnerReferencesPermissionEnforcement), then the controller-manager
+(every controller, each with its own service account) and the scheduler, and returns once `/readyz` is ok and
+the controller-manager has made the `default` service account. Credentials: `admin` (a `system:masters`
 certificate), `node_credentials(name)` (a kubelet's `system:node:<name>`), `service_account_token(...)`.
 `stop()` ends them in reverse order; everything lives under `workdir` (pki/, etcd/, logs/).
 """

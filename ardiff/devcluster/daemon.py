@@ -3,14 +3,14 @@
 `up` starts `python -m ardiff.devcluster.daemon --state-dir DIR` in its own session. That process runs a
 `DevCluster` (a real control plane, two process nodes, Redis, the real operator; workers as the operator
 creates Pods) and writes `DIR/cluster.json` once all of it serves; then, every second, it records there every
-process the cluster runs (pid and start time, so a reused pid is never mistaken for ours) and its network slot.
-`up` returns when the file exists. `down` sends SIGTERM to that process, which stops the cluster in order, then
-kills whatever the file still lists and removes the slot's namespaces and links (the daemon itself may have
-died): nothing is left behind. Both are idempotent and hold `DIR/.lock` while they work. Namespaces and bridges
-need root: both say so when they do not run as root.
+process the cluster runs (pid and start time, so a reused pid is never mistaken for ours) and its network
+slot. `up` returns when the file exists. `down` sends SIGTERM to that process, which stops the cluster in
+order, then kills whatever the file still lists and removes the slot's namespaces and links (the daemon itself
+may have died): nothing is left behind. Both are idempotent and hold `DIR/.lock` while they work. Namespaces
+and bridges need root: both say so when they do not run as root.
 
 Layout of DIR (default `.ardiff-dev/`): `cluster.json`, `kubeconfig`, `kubectl-cache/`, `logs/cluster.log`
-(this process), `logs/operator.log`, `logs/kubelet-<node>.log`, `control-plane/logs/` (etcd, kube-apiserver,
+(this process), `logs/kubelet-<node>.log`, `control-plane/logs/` (etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler), `nodes/<node>/pods/<namespace>_<pod>_<uid>/logs/` (each container's
 output, what `kubectl logs` reads).
 """
@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ardiff.devcluster.cluster import INTERACTIVE_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster
+from ardiff.devcluster.cluster import INTERACTIVE_OPERATOR_ENV, DevCluster
 from ardiff.devcluster.network import NetworkError, reclaim, require_root
 from ardiff.errors import ArdiffError
 
@@ -141,11 +141,9 @@ def serve(state_dir: Path, namespace: str) -> None:
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.set())
+    # The operator and its Redis are the chart's: `helm install` as a user runs it (its CRDs included).
     cluster = DevCluster(
-        state_dir,
-        operator_command=OPERATOR_COMMAND,
-        namespace=namespace,
-        operator_env=INTERACTIVE_OPERATOR_ENV,
+        state_dir, chart=True, install_crds=False, namespace=namespace, operator_env=INTERACTIVE_OPERATOR_ENV
     )
     try:
         with cluster:
@@ -255,7 +253,8 @@ def usage(state: ClusterState, started: bool) -> str:
         [
             f"ardiff dev cluster {'is up' if started else 'was already up'} (a development harness: a real "
             "Kubernetes control plane, process kubelets, real Redis, operator and workers)",
-            f"  API {state.api_url}, Redis {state.redis_url}, operator watching namespace {state.namespace}",
+            f"  API {state.api_url}; the chart's operator (StatefulSet ardiff-operator) and Redis in "
+            f"namespace {state.namespace}, which the operator watches",
             f"  state and logs: {root} (logs/, control-plane/logs/; kubectl logs works for every Pod)",
             "",
             f"  export KUBECONFIG={state.kubeconfig}",

@@ -29,7 +29,7 @@ import httpx
 import numpy as np
 
 from ardiff.client import TERMINAL_PHASES, KubeSessions, camera, hold, is_ready, write_mp4, write_strip
-from ardiff.devcluster.cluster import INTERACTIVE_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster, load_manifests
+from ardiff.devcluster.cluster import INTERACTIVE_OPERATOR_ENV, DevCluster, load_manifests
 from ardiff.errors import ArdiffError
 from ardiff.kv.capacity import PodPlan, format_bytes, plan_for_pool
 from ardiff.kv.placement import PlacementStore
@@ -374,9 +374,11 @@ def run_demo(settings: DemoSettings, out: TextIO = sys.stdout) -> list[SessionRe
     pools_applied = pool_manifests(settings.examples)
     for pool in pools_applied:
         print(format_plan(pool), file=out, flush=True)
+    # The operator and its Redis are the chart's: `helm install` as a user runs it (its CRDs included).
     cluster = DevCluster(
         settings.state_dir,
-        operator_command=OPERATOR_COMMAND,
+        chart=True,
+        install_crds=False,
         namespace=NAMESPACE,
         operator_env=INTERACTIVE_OPERATOR_ENV,
     )

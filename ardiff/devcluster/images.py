@@ -4,16 +4,16 @@ An `Image` is what a container runtime would take from an image's config and lay
 its environment, its user, working directory, and the files its layers add on top of this machine's root
 filesystem (a container's root is an overlay of `/`; see `ardiff.devcluster.container_init`). The table:
 
-| image (repository, any tag)         | what runs                                                                  |
-|-------------------------------------|----------------------------------------------------------------------------|
-| `ghcr.io/ardiff/ardiff-worker`      | a venv made by a non-editable `pip install '.[worker]'` of the checkout     |
-|                                     | over the dev venv's packages (the vllm-omni base image's role), as         |
-|                                     | worker/Dockerfile installs over that image; user 1000, its ENV              |
-| `ghcr.io/ardiff/ardiff-operator`    | a venv made by a non-editable `pip install '.[operator]'` (nothing else),  |
-|                                     | as operator/Dockerfile; user 10001                                          |
-| `docker.io/library/redis`           | Debian's `redis-server` and `redis-cli` (user 999)                         |
-| `registry.k8s.io/kube-proxy`        | the kube-proxy built from k8s.io/kubernetes, at /usr/local/bin/kube-proxy  |
-| `registry.k8s.io/coredns/coredns`   | the CoreDNS built from github.com/coredns/coredns, at /coredns             |
+| image (any tag)                   | what runs                                                              |
+|-----------------------------------|------------------------------------------------------------------------|
+| `ghcr.io/ardiff/ardiff-worker`    | a venv made by a non-editable `pip install '.[worker]'` of the sources |
+|                                   | over the dev venv's packages (the vllm-omni base image's role), as     |
+|                                   | worker/Dockerfile installs over that image; user 1000, its ENV         |
+| `ghcr.io/ardiff/ardiff-operator`  | a venv made by a non-editable `pip install '.[operator]'` only, as     |
+|                                   | operator/Dockerfile; user 10001                                        |
+| `docker.io/library/redis`         | Debian's `redis-server` and `redis-cli` (the `redis` user 999)         |
+| `registry.k8s.io/kube-proxy`      | the kube-proxy built from k8s.io/kubernetes, /usr/local/bin/kube-proxy |
+| `registry.k8s.io/coredns/coredns` | the CoreDNS built from github.com/coredns/coredns, at /coredns         |
 
 Image venvs are built once per content of the checkout's package sources (`source_digest`) into
 `~/.cache/ardiff/images/`, so a test run builds them once and a changed module builds them again. The table is
@@ -131,7 +131,8 @@ class Image:
         )
 
     def account_files(self, passwd: str, group: str) -> tuple[str, str]:
-        """This machine's /etc/passwd and /etc/group with the image's accounts added (as its layer has them)."""
+        """This machine's /etc/passwd and /etc/group with the image's accounts added (as its layer has
+        them)."""
         names = {line.split(":", 1)[0] for line in passwd.splitlines()}
         users = [u for u in self.users if u.name not in names]
         passwd += "".join(f"{u.name}:x:{u.uid}:{u.gid}::{u.home}:/usr/sbin/nologin\n" for u in users)
@@ -164,7 +165,7 @@ class ImageTable:
         return cls({name: Image.from_dict(data) for name, data in json.loads(text).items()})
 
 
-# --- image venvs -----------------------------------------------------------------------------------------------
+# --- image venvs -------------------------------------------------------------------------------------------
 
 
 def source_digest(checkout: Path) -> str:
@@ -179,7 +180,9 @@ def _context_files(checkout: Path) -> list[Path]:
     files = [checkout / name for name in _CONTEXT_FILES]
     for folder in _SOURCE_DIRS:
         files += sorted(
-            p for p in (checkout / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+            p
+            for p in (checkout / folder).rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
         )
     return files
 

@@ -4,9 +4,9 @@ here), doing what a kubelet does for the control plane.
 `python -m ardiff.devcluster.kubelet CONFIG` (a `KubeletConfig` JSON), in the node's network namespace:
 - authenticates as `system:node:<name>` with its own client certificate (the Node authorizer and
   NodeRestriction judge every call; it holds no other credential);
-- registers its Node (labels, taints; capacity and allocatable as configured — they may advertise more than this
-  machine has, as kwok's nodes do), patches its status (conditions, addresses, daemon endpoint, node info) and
-  renews its Lease in `kube-node-lease` every `LEASE_RENEW_SECONDS`;
+- registers its Node (labels, taints; capacity and allocatable as configured — they may advertise more than
+  this machine has, as kwok's nodes do), patches its status (conditions, addresses, daemon endpoint, node
+  info) and renews its Lease in `kube-node-lease` every `LEASE_RENEW_SECONDS`;
 - waits for the controller-manager's `spec.podCIDR`, then makes the node's pod bridge;
 - watches the Pods the scheduler binds to it and runs each under a `PodWorker` (`pod_worker`), one process per
   container in the Pod's own network namespace;
@@ -113,6 +113,7 @@ class Kubelet:
         self.pod_cidr: ipaddress.IPv4Network | None = None
         self._used_ips: dict[str, str] = {}  # pod uid -> address
         self._ip_lock = threading.Lock()
+        self._deleting: set[asyncio.Future[None]] = set()  # final deletes of finished Pods in flight
         self.probe_client = httpx.AsyncClient(verify=False, follow_redirects=False)
 
     # --- the Node ------------------------------------------------------------------------------------------
@@ -314,7 +315,8 @@ class Kubelet:
         phase = (pod.get("status") or {}).get("phase")
         if phase in ("Succeeded", "Failed"):
             if pod["metadata"].get("deletionTimestamp"):
-                asyncio.ensure_future(self.delete_pod(pod))
+                self._deleting.add(task := asyncio.ensure_future(self.delete_pod(pod)))
+                task.add_done_callback(self._deleting.discard)
             return
         worker = PodWorker(
             self,
@@ -394,7 +396,7 @@ class Kubelet:
         raise NetworkError(f"node {self.config.node_name}: no address left in {self.pod_cidr}")
 
     def make_sandbox(self, worker: PodWorker) -> Sandbox:
-        """The Pod's network namespace (or the node's for hostNetwork) and its /etc files (runs on a thread)."""
+        """The Pod's network namespace (the node's for hostNetwork) and its /etc files (runs on a thread)."""
         etc = worker.directory / "etc"
         etc.mkdir(parents=True, exist_ok=True)
         if worker.host_network:

@@ -1,22 +1,23 @@
 """The dev cluster's network: Linux network namespaces and veth pairs, one instance per slot, nothing routed
 beyond them.
 
-One instance (slot `k` of `SLOTS`, held by a lock file for as long as its owner runs) owns every name that starts
-with `ard<k>` — network namespaces `ard<k>-*`, the root namespace's link `ard<k>` — and these addresses:
+One instance (slot `k` of `SLOTS`, held by a lock file for as long as its owner runs) owns every name that
+starts with `ard<k>` — network namespaces `ard<k>-*`, the root namespace's link `ard<k>` — and these
+addresses:
 
     10.(100+k).0.0/24     the underlay: a bridge in namespace `ard<k>-net` (a switch, no address), joined by
                           the root namespace (10.K.0.1: this machine — tests, the operator run outside the
                           cluster, their Redis), the control plane's namespace `ard<k>-cp` (10.K.0.2: etcd,
                           the API server, controller-manager, scheduler) and each node (10.K.0.(10+n): its
                           kubelet's API, hostNetwork pods)
-    10.(100+k).128.0/17   the cluster CIDR: the controller-manager gives each Node a /22 of it (`spec.podCIDR`);
+    10.(100+k).128.0/17   the cluster CIDR: the controller-manager gives each Node a /22 (`spec.podCIDR`);
                           the node's bridge `cbr0` holds the first address, pods the next ones
     10.(150+k).0.0/16     Services (kube-proxy DNATs them in each node's namespace); .10 is the cluster DNS
 
 Every process of the cluster runs in one of the slot's namespaces, so removing them stops it all. Each node is
-a network namespace `ard<k>-n<n>` with IP forwarding on (its pods reach the other node and the root
-namespace through it); each pod has a namespace `ard<k>-p<id>` with `eth0` on its node's bridge. No namespace has
-a route beyond these prefixes and the root namespace never forwards, so pod traffic can only reach the
+a network namespace `ard<k>-n<n>` with IP forwarding on (its pods reach the other node and the root namespace
+through it); each pod has a namespace `ard<k>-p<id>` with `eth0` on its node's bridge. No namespace has a
+route beyond these prefixes and the root namespace never forwards, so pod traffic can only reach the
 instance's own addresses. The next owner of a slot whose owner died removes what is left (`reclaim`).
 """
 

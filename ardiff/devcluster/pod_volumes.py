@@ -1,18 +1,19 @@
 """A Pod's volumes as the process kubelet makes them: one host directory per volume, bind-mounted into each
 container that mounts it (`container_init`).
 
-Kinds: `emptyDir` (a directory, mode 0777, gone with the Pod; `medium: Memory` is a directory too),
-`secret`, `configMap`, `downwardAPI` and `projected` (files written from the objects, with `items`, `mode` and
+Kinds: `emptyDir` (a directory, mode 0777, gone with the Pod; `medium: Memory` is a directory too), `secret`,
+`configMap`, `downwardAPI` and `projected` (files written from the objects, with `items`, `mode` and
 `defaultMode`, group-owned by the Pod's `fsGroup`, rewritten when the objects change — a kubelet's periodic
-sync; the dev cluster's period is `REFRESH_SECONDS`), projected `serviceAccountToken`s (a TokenRequest bound to
-the Pod, as the kubelet asks for it, renewed at 80% of its life), `persistentVolumeClaim` (the bound
-PersistentVolume's `hostPath`, which is what the dev cluster's provisioner makes) and `hostPath`. Other
-kinds fail the mount (`VolumeError`: the Pod stays `ContainerCreating` with a `FailedMount` event, as on a
-kubelet without that plugin).
+sync; the dev cluster's period is `REFRESH_SECONDS`), projected `serviceAccountToken`s (a TokenRequest bound
+to the Pod, as the kubelet asks for it, renewed at 80% of its life), `persistentVolumeClaim` (the bound
+PersistentVolume's `hostPath`, which is what the dev cluster's provisioner makes) and `hostPath`. Other kinds
+fail the mount (`VolumeError`: the Pod stays `ContainerCreating` with a `FailedMount` event, as on a kubelet
+without that plugin).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import shutil
@@ -153,8 +154,8 @@ class PodVolumes:
         if not host_path:
             raise VolumeError(f"persistentvolume {volume_name!r} is not a hostPath volume")
         path = Path(host_path["path"])
-        path.mkdir(parents=True, exist_ok=True)
-        path.chmod(EMPTY_DIR_MODE)
+        await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
+        await asyncio.to_thread(path.chmod, EMPTY_DIR_MODE)
         return path
 
     async def _object_data(self, kind: str, name: str, optional: bool) -> dict[str, bytes] | None:

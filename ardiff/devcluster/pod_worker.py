@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 
 _ENV_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 STRATEGIC = {"Content-Type": "application/strategic-merge-patch+json"}
+# This machine's accounts, read once: an image's /etc/passwd and /etc/group add its own to them.
+ETC_PASSWD = Path("/etc/passwd").read_text()
+ETC_GROUP = Path("/etc/group").read_text()
 # A container that ran this long without exiting gets the initial back-off again (the kubelet's rule).
 BACKOFF_RESET_SECONDS = 600.0
 
@@ -706,7 +709,8 @@ class PodWorker:
 
     async def container_spec(self, spec: Mapping[str, Any], image: Image) -> dict[str, Any]:
         """What `container_init` needs to make and start the container."""
-        assert self.sandbox is not None and self.volumes is not None
+        assert self.sandbox is not None, "the Pod has no sandbox yet"
+        assert self.volumes is not None, "the Pod's volumes are not made yet"
         env = await self.container_env(spec, image)
         command = [expand_references(a, env) for a in spec.get("command") or []]
         args = [expand_references(a, env) for a in spec.get("args") or []]
@@ -761,7 +765,7 @@ class PodWorker:
         shutil.rmtree(container_dir, ignore_errors=True)  # a restarted container starts from its image again
         accounts = container_dir / "accounts"
         accounts.mkdir(parents=True)
-        passwd, group = image.account_files(Path("/etc/passwd").read_text(), Path("/etc/group").read_text())
+        passwd, group = image.account_files(ETC_PASSWD, ETC_GROUP)
         (accounts / "passwd").write_text(passwd)
         (accounts / "group").write_text(group)
         image_files = {

@@ -64,7 +64,7 @@ async def run_probe(
 
 
 async def _http(
-    action: Mapping[str, Any], target: ProbeTarget, client: httpx.AsyncClient, timeout: float
+    action: Mapping[str, Any], target: ProbeTarget, client: httpx.AsyncClient, seconds: float
 ) -> tuple[bool, str]:
     scheme = str(action.get("scheme", "HTTP")).lower()
     host = action.get("host") or target.address
@@ -72,25 +72,25 @@ async def _http(
     headers = {h["name"]: h["value"] for h in action.get("httpHeaders") or []}
     headers.setdefault("User-Agent", "kube-probe/1.37")
     try:
-        reply = await client.get(url, headers=headers, timeout=timeout)
+        reply = await client.get(url, headers=headers, timeout=seconds)
     except httpx.HTTPError as exc:
         return False, f"Get {url}: {type(exc).__name__}: {exc}"
     ok = 200 <= reply.status_code < 400
     return ok, f"HTTP probe {url} answered {reply.status_code}"
 
 
-async def _tcp(action: Mapping[str, Any], target: ProbeTarget, timeout: float) -> tuple[bool, str]:
+async def _tcp(action: Mapping[str, Any], target: ProbeTarget, seconds: float) -> tuple[bool, str]:
     host = action.get("host") or target.address
     port = _port(action["port"], target)
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), seconds)
     except (OSError, TimeoutError) as exc:
         return False, f"dial tcp {host}:{port}: {exc or type(exc).__name__}"
     writer.close()
     return True, f"tcp {host}:{port} open"
 
 
-async def _exec(command: Sequence[str], target: ProbeTarget, timeout: float) -> tuple[bool, str]:
+async def _exec(command: Sequence[str], target: ProbeTarget, seconds: float) -> tuple[bool, str]:
     argv = [
         "nsenter",
         f"--target={target.pid}",
@@ -108,10 +108,10 @@ async def _exec(command: Sequence[str], target: ProbeTarget, timeout: float) -> 
         *argv, env=dict(target.env), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
     try:
-        output, _ = await asyncio.wait_for(process.communicate(), timeout)
+        output, _ = await asyncio.wait_for(process.communicate(), seconds)
     except TimeoutError:
         process.kill()
         await process.wait()
-        return False, f"command {list(command)} timed out after {timeout}s"
+        return False, f"command {list(command)} timed out after {seconds}s"
     text = output.decode(errors="replace").strip()[-300:]
     return process.returncode == 0, f"command exited {process.returncode}: {text}"

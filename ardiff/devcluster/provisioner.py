@@ -1,8 +1,8 @@
 """The dev cluster's volume provisioner: PersistentVolumeClaims of its StorageClass become `hostPath`
 PersistentVolumes under one directory (what rancher's local-path provisioner does, in a few lines).
 
-`python -m ardiff.devcluster.provisioner KUBECONFIG ROOT` (the admin's kubeconfig): every second, each claim of
-the class `ardiff-local` (the cluster's default class) that waits for a volume gets one, sized as it asks,
+`python -m ardiff.devcluster.provisioner KUBECONFIG ROOT` (the admin's kubeconfig): every second, each claim
+of the class `ardiff-local` (the cluster's default class) that waits for a volume gets one, sized as it asks,
 with its access modes (ReadWriteMany included: every node is this machine), `<ROOT>/<namespace>/<claim>-<uid>`
 as its path and the claim in its `claimRef`; the controller-manager's PersistentVolume controller then binds
 them, as it binds any provisioned volume. A `Released` volume of ours (its claim deleted; reclaim policy

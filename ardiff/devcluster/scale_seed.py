@@ -13,7 +13,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-
 from ardiff.devcluster.kubeconfig import Credentials
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PodRecord, PoolId, SessionBinding, SessionSpec
