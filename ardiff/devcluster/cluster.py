@@ -197,6 +197,7 @@ class DevCluster:
 
     def start(self) -> Self:
         """Start every part; on a failure the parts already started are stopped again."""
+        self.workdir = self.workdir.resolve()  # kubeconfigs and flags name files by absolute path
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self._owns_redis = self.redis is None

@@ -158,6 +158,7 @@ class ControlPlane:
         return self
 
     def _start(self, timeout: float) -> None:
+        self.workdir = self.workdir.resolve()  # kubeconfigs and flags name files by absolute path
         ns = self.network.add_control_plane()
         self.ca = CertificateAuthority(self.pki_dir)
         cp_ip = self.network.control_plane_ip

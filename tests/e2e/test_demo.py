@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from ardiff.devcluster.network import namespaces
 from ardiff.devcluster.waiting import wait_until
 from tests.e2e.conftest import REPO
 
@@ -46,6 +47,7 @@ def processes_with(marker: str) -> list[int]:
 
 
 def test_demo_runs_the_examples_and_writes_a_video_per_session(tmp_path: Path) -> None:
+    namespaces_before = set(namespaces())
     token = uuid.uuid4().hex
     env = {**os.environ, "ARDIFF_DEMO_TEST": token}
     command = [
@@ -129,8 +131,13 @@ def test_demo_runs_the_examples_and_writes_a_video_per_session(tmp_path: Path) -
         + [["robot-arm", "Ready", "tiny-robot", "2"]]
     )
     assert "done in" in out
-    assert (tmp_path / ".ardiff-dev" / "demo" / "logs" / "operator.log").exists()
+    # The chart's operator ran as a Pod: its container's output is where the kubelet keeps it.
+    [operator_log] = (tmp_path / ".ardiff-dev" / "demo" / "nodes").glob(
+        "*/pods/default_ardiff-operator-0_*/logs/operator/0.log"
+    )
+    assert "operator started" in operator_log.read_text()
     assert processes_with(f"ARDIFF_DEMO_TEST={token}") == []
+    assert set(namespaces()) <= namespaces_before  # every namespace the demo's cluster made is gone
 
 
 def restore_default_sigint() -> None:
@@ -139,6 +146,7 @@ def restore_default_sigint() -> None:
 
 def test_ctrl_c_tears_the_demo_down(tmp_path: Path) -> None:
     """Ctrl-C while the workers load: the terminal's SIGINT reaches the demo's whole process group."""
+    namespaces_before = set(namespaces())
     token = uuid.uuid4().hex
     env = {**os.environ, "ARDIFF_DEMO_TEST": token}
     command = [sys.executable, "-m", "ardiff.cli", "demo", "--examples", str(REPO / "examples")]
@@ -161,11 +169,12 @@ def test_ctrl_c_tears_the_demo_down(tmp_path: Path) -> None:
             seen.append(line)
             if line.startswith("["):  # the first progress line: the sessions exist, worker Pods are starting
                 break
-        # The API, Redis, the operator and at least one worker process, besides the demo itself.
+        # The control plane, the kubelets and the provisioner (they inherit the demo's environment; the Pods'
+        # processes get only theirs), besides the demo itself.
         wait_until(
-            lambda: len(set(processes_with(f"ARDIFF_DEMO_TEST={token}")) - {demo.pid}) >= 4,
+            lambda: len(set(processes_with(f"ARDIFF_DEMO_TEST={token}")) - {demo.pid}) >= 7,
             timeout=60,
-            what="the demo's worker processes",
+            what="the demo's cluster processes",
         )
         os.killpg(demo.pid, signal.SIGINT)
         rest, _ = demo.communicate(timeout=120)
@@ -176,3 +185,4 @@ def test_ctrl_c_tears_the_demo_down(tmp_path: Path) -> None:
     assert "Traceback" not in rest
     assert not (tmp_path / "demo-out").exists() or not any((tmp_path / "demo-out").iterdir())
     assert processes_with(f"ARDIFF_DEMO_TEST={token}") == []
+    assert set(namespaces()) <= namespaces_before  # the worker Pods' namespaces (and processes) went too
