@@ -19,6 +19,7 @@ CONFIG_FLAGS = (
     "liveness",
     "metrics",
     "reconcile_seconds",
+    "follow_drains",
 )
 
 
@@ -52,6 +53,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--metrics",
         metavar="URL",
         help="serve Prometheus metrics (operator/metrics.py), e.g. http://0.0.0.0:9090/metrics",
+    )
+    run.add_argument(
+        "--follow-drains",
+        action="store_true",
+        help="move sessions off cordoned nodes so drains complete; needs `get nodes` (cluster-scoped; env "
+        "ARDIFF_OPERATOR_FOLLOW_DRAINS=1; the chart's operator.followDrains)",
     )
     run.add_argument(
         "--reconcile-seconds",

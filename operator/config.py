@@ -39,6 +39,9 @@ class OperatorConfig:
     # go out every max(1, lifetime - 5..10) s, so a few seconds cost about one PATCH per second per operator.
     peering_lifetime_seconds: float = 5.0
     status_write_concurrency: int = 16
+    # Follow node drains (issue 22): read the Nodes of the pools' Pods (cluster-scoped `get nodes`, an
+    # explicit opt-in beside namespaced Roles) and move the sessions off a cordoned node: its drain completes.
+    follow_drains: bool = False
 
     def __post_init__(self) -> None:
         if not self.redis_url:
@@ -114,5 +117,7 @@ def config_from_env(env: Mapping[str, str] = os.environ, **overrides: object) ->
     for field_name, variable in ENV_SECONDS.items():
         if (seconds := env_float(env, variable)) is not None:
             values[field_name] = seconds
+    if env.get("ARDIFF_OPERATOR_FOLLOW_DRAINS", "").lower() in ("1", "true", "yes"):
+        values["follow_drains"] = True
     values.update(given)
     return OperatorConfig(**values)  # type: ignore[arg-type]

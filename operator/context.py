@@ -18,6 +18,7 @@ from ardiff.kv.records import PoolId
 from ardiff.operator.config import OperatorConfig
 from ardiff.operator.kube import KubeApi
 from ardiff.operator.metrics import OperatorMetrics, PoolSample
+from ardiff.operator.nodes import CordonedNodes
 
 SessionKey = tuple[str, str]  # (namespace, session name)
 
@@ -70,6 +71,9 @@ class OperatorContext:
     # and since when (monotonic seconds) each pool has had a pod that could be emptied that way.
     scale_down_pods: defaultdict[PoolId, set[str]] = field(default_factory=lambda: defaultdict(set))
     consolidation_since: dict[PoolId, float] = field(default_factory=dict)
+    # With `follow_drains`: which nodes are cordoned (operator/nodes.py) and the worker Pods on them, by pool.
+    cordoned_nodes: CordonedNodes | None = None
+    cordoned_pods: defaultdict[PoolId, set[str]] = field(default_factory=lambda: defaultdict(set))
     # The minAvailable last written to each pool's busy-pod PodDisruptionBudget (operator/disruption.py).
     busy_budgets: dict[PoolId, int] = field(default_factory=dict)
     # Issue 14: how long the pool's last pod took from creation (or first sight) to registering, seconds;

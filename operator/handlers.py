@@ -27,6 +27,7 @@ from ardiff.operator.config import OperatorConfig
 from ardiff.operator.context import OperatorContext
 from ardiff.operator.kube import KubeApi
 from ardiff.operator.metrics import OperatorMetrics, PoolSample
+from ardiff.operator.nodes import CordonedNodes
 from ardiff.operator.permissions import missing_permissions
 from ardiff.operator.pods import COMPONENT_LABEL, POOL_LABEL, WORKER_COMPONENT
 from ardiff.operator.reconcile import (
@@ -91,12 +92,18 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     memo.ctx = OperatorContext(
         config=config, store=PlacementStore.from_url(config.redis_url), kube=KubeApi(login)
     )
-    missing = await missing_permissions(memo.ctx.kube, None if config.all_namespaces else config.namespaces)
+    missing = await missing_permissions(
+        memo.ctx.kube,
+        None if config.all_namespaces else config.namespaces,
+        follow_drains=config.follow_drains,
+    )
     if missing:
         raise kopf.PermanentError(
             f"the operator's service account may not: {'; '.join(missing)}. Grant them (the chart's Role "
             "`<release>-ardiff-operator` has them all: charts/ardiff/templates/rbac.yaml) and restart it."
         )
+    if config.follow_drains:
+        memo.ctx.cordoned_nodes = CordonedNodes(memo.ctx.kube)
     if config.metrics is not None:
         memo.ctx.metrics = OperatorMetrics()
         memo.ctx.metrics.serve(config.metrics)
@@ -260,10 +267,10 @@ async def reconcile_pool_forever(
     ctx: OperatorContext = memo.ctx
     pool = PoolView.from_body(body)
     pid = PoolId(pool.namespace, pool.name)
-    await ensure_service(ctx, pool)
-    await ensure_worker_redis_secret(
-        ctx, pool
-    )  # brings the workers' URL up to date after an operator restart
+    # The Service, and the workers' URL brought up to date after an operator restart, before the first round.
+    # In the loop: a refused call (a 403 from admission, a 429 while the API server starts) is retried next
+    # round, not after kopf's daemon back-off of a minute with nothing done for the pool meanwhile.
+    prepared = False
     swept_at = 0.0
     try:
         while not stopped:
@@ -274,6 +281,10 @@ async def reconcile_pool_forever(
                 await retire(ctx, pool, sessions_by_pool, worker_pods, stopped, logger)
                 return
             try:
+                if not prepared:
+                    await ensure_service(ctx, pool)
+                    await ensure_worker_redis_secret(ctx, pool)
+                    prepared = True
                 await pool_round(ctx, pool, sessions_by_pool, worker_pods, dict(status), logger)
                 if started - swept_at >= ctx.config.sweep_seconds:
                     names = functools.partial(session_names, pool, sessions_by_pool)

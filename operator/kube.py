@@ -144,6 +144,10 @@ class KubeApi:
             return created
         return await self.get(resource, body["metadata"]["namespace"], body["metadata"]["name"])
 
+    async def get_node(self, name: str) -> dict[str, Any] | None:
+        """A Node (cluster-scoped), or None when it does not exist."""
+        return await self._request("GET", f"/api/v1/nodes/{name}", absent=404)
+
     async def create_review(self, plural: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST a review to `authorization.k8s.io/v1` (e.g. `selfsubjectaccessreviews`); the reply."""
         path = f"/apis/authorization.k8s.io/v1/{plural}"

@@ -33,8 +33,12 @@ def _rules(group: str, resources: Sequence[str], verbs: Sequence[str]) -> list[P
     return [Permission(group, r, v) for r in resources for v in verbs]
 
 
+NODE_READ = Permission("", "nodes", "get")  # --follow-drains only: cluster-scoped, its own ClusterRole
+
+
 def required(*, cluster_wide: bool) -> list[Permission]:
-    """Every permission the operator's calls need (the chart grants exactly these)."""
+    """Every permission the operator's calls need in the namespaces it watches (the chart's Role grants
+    exactly these; `NODE_READ` comes on top with --follow-drains)."""
     peerings = "clusterkopfpeerings" if cluster_wide else "kopfpeerings"
     rules = [
         *_rules(
@@ -66,7 +70,11 @@ def _review(permission: Permission, namespace: str | None) -> dict[str, object]:
     attributes: dict[str, str] = {"group": permission.group, "resource": resource, "verb": permission.verb}
     if subresource:
         attributes["subresource"] = subresource
-    if namespace is not None and resource not in ("customresourcedefinitions", "clusterkopfpeerings"):
+    if namespace is not None and resource not in (
+        "customresourcedefinitions",
+        "clusterkopfpeerings",
+        "nodes",
+    ):
         attributes["namespace"] = namespace
     return {
         "apiVersion": "authorization.k8s.io/v1",
@@ -75,10 +83,16 @@ def _review(permission: Permission, namespace: str | None) -> dict[str, object]:
     }
 
 
-async def missing_permissions(kube: KubeApi, namespaces: Sequence[str] | None) -> list[str]:
+async def missing_permissions(
+    kube: KubeApi, namespaces: Sequence[str] | None, *, follow_drains: bool = False
+) -> list[str]:
     """`<permission> in namespace <ns>` (or `cluster-wide`) for each one the API server denies."""
     scopes: Sequence[str | None] = list(namespaces) if namespaces else [None]
-    checks = [(p, ns) for ns in scopes for p in required(cluster_wide=not namespaces)]
+    checks: list[tuple[Permission, str | None]] = [
+        (p, ns) for ns in scopes for p in required(cluster_wide=not namespaces)
+    ]
+    if follow_drains:
+        checks.append((NODE_READ, None))
     replies = await asyncio.gather(
         *(kube.create_review("selfsubjectaccessreviews", _review(p, ns)) for p, ns in checks)
     )

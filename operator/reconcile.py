@@ -91,6 +91,7 @@ def pod_slots(
     expected = ctx.expected_pods[pid]
     stale = {p.name for p in pods if not p.deleting and p.template_hash != pool.template_hash}
     stale |= ctx.scale_down_pods[pid]  # chosen for a scale-down by migration: it goes like a stale pod
+    stale |= ctx.cordoned_pods[pid]  # on a cordoned node (operator/nodes.py): it goes like a stale pod too
     same_identity = {p.name for p in pods if p.identity_hash == pool.identity_hash}
     existing = {p.name for p in pods if not p.deleting}
     for name, created in list(expected.items()):
@@ -136,8 +137,11 @@ async def sync_pods(
     ctx: OperatorContext, pool: PoolId, pods: Sequence[PodView], template_hash: str
 ) -> dict[str, PodRecord]:
     """Make Redis agree with the Pods: reap expired leases, forget deleted pods and dead incarnations, drain
-    terminating pods and stale ones (made from another template than `template_hash`: their sessions stay,
-    new ones go to current pods)."""
+    terminating pods, stale ones (made from another template than `template_hash`) and those on a cordoned
+    node: their sessions stay (or move, operator/nodes.py), new ones go to current pods."""
+    if ctx.cordoned_nodes is not None:
+        cordoned = await ctx.cordoned_nodes.among(p.node for p in pods)
+        ctx.cordoned_pods[pool] = {p.name for p in pods if p.node in cordoned}
     await ctx.store.reap_expired(pool)
     live = await live_pods(ctx, pool)
     known = {p.name: p for p in pods}
@@ -150,7 +154,11 @@ async def sync_pods(
         if gone or died:
             await ctx.store.remove_pod(pool, name)  # its sessions become `lost`
             changed = True
-        elif pod is not None and (pod.deleting or pod.template_hash != template_hash) and not record.draining:
+        elif (
+            pod is not None
+            and not record.draining
+            and (pod.deleting or pod.template_hash != template_hash or name in ctx.cordoned_pods[pool])
+        ):
             await ctx.store.set_draining(pool, name, draining=True)
             changed = True
     return await live_pods(ctx, pool) if changed else live
@@ -686,7 +694,10 @@ async def migrate_sessions(
         min_replicas=pool.spec.min_replicas,
         max_replicas=pool.spec.max_replicas,
     )
-    targets = {name: "the pool rolls to a new spec" for name in plan.roll}
+    targets = {
+        name: "its node is drained" if name in ctx.cordoned_pods[pid] else "the pool rolls to a new spec"
+        for name in plan.roll
+    }
     if plan.scale_down is None:
         ctx.consolidation_since.pop(pid, None)
     else:

@@ -63,6 +63,7 @@ class PodView:
         None  # of the session identity its template gives (None: made before issue 12)
     )
     busy: bool = False  # labelled ardiffusion.dev/busy=true (operator/disruption.py)
+    node: str | None = None  # spec.nodeName: where the scheduler bound it (None: not yet)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> PodView:
@@ -78,6 +79,7 @@ class PodView:
             template_hash=(body["metadata"].get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION),
             identity_hash=(body["metadata"].get("annotations") or {}).get(IDENTITY_HASH_ANNOTATION),
             busy=(body["metadata"].get("labels") or {}).get("ardiffusion.dev/busy") == "true",
+            node=(body.get("spec") or {}).get("nodeName"),
         )
 
 

@@ -190,6 +190,28 @@ def test_rbac_has_no_wildcards(chart, variant):
                 assert not any("*" in item for item in rule[field]), (role["metadata"]["name"], rule)
 
 
+def test_following_drains_adds_one_cluster_scoped_rule_and_the_flag(chart):
+    """operator.followDrains (off by default) is the explicit opt-in to `get nodes`: one ClusterRole of that
+    rule for the operator's ServiceAccount, and the operator's --follow-drains."""
+    operator = f"{chart.fullname}-operator"
+
+    def operator_args(objects: list[dict]) -> list[str]:
+        [statefulset] = [s for s in by_kind(objects, "StatefulSet") if s["metadata"]["name"] == operator]
+        return statefulset["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    plain = chart.render({})
+    assert "--follow-drains" not in operator_args(plain)
+    assert not [r for r in by_kind(plain, "ClusterRole") if r["metadata"]["name"] == f"{operator}-nodes"]
+    objects = chart.render({"operator": {"followDrains": True}})
+    [role] = [r for r in by_kind(objects, "ClusterRole") if r["metadata"]["name"] == f"{operator}-nodes"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    [binding] = [
+        b for b in by_kind(objects, "ClusterRoleBinding") if b["metadata"]["name"] == f"{operator}-nodes"
+    ]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": operator, "namespace": chart.namespace}]
+    assert "--follow-drains" in operator_args(objects)
+
+
 def test_namespaced_mode_is_least_privilege_and_nothing_cluster_scoped(chart):
     values = {"operator": {"watchNamespaces": ["team-a", "team-b"]}}
     objects = chart.render(values)
