@@ -3,7 +3,9 @@
 Pods the operator creates), real Redis, and worker Pods running the real worker app over the fake runtime.
 
 Every test gets its own namespace (`kube_namespace`) and its own operator watching only that namespace
-(the default, namespaced mode). `Cluster` is a small synchronous client (the cluster's admin) with the waits the tests need.
+(the default, namespaced mode). `Cluster` is a small synchronous client (the cluster's admin) with the waits
+the tests need, a test's own Redis that Pods reach (`redis_server`) and a shared suspend tier on a real
+volume (`shared_tier`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 
 from ardiff.devcluster.cluster import OPERATOR_COMMAND, SIMULATED_NODE, DevCluster, pod_pid
 from ardiff.devcluster.operator_process import OperatorProcess
+from ardiff.devcluster.redis_server import RedisServer
 from ardiff.devcluster.waiting import wait_until
 
 GROUP_PATH = "/apis/ardiffusion.dev/v1alpha1/namespaces/{ns}"
@@ -33,6 +36,14 @@ OPERATOR_ENV = {
 }
 # A pool is finalized once its pods have terminated, which may take their grace period (30 s).
 POOL_FINALIZE_SECONDS = 60
+# A new worker Pod to Ready on the process kubelet: scheduling, its network namespace and overlay, the worker
+# image's start (the fake runtime's imports), then the first startup probe that passes (period 5 s; the old
+# pod runner's Pods were Ready within about a second). Measured from the Pod's creationTimestamp to its Ready
+# condition's lastTransitionTime over 46 worker Pods of this tier (2 shared cores, load 1-7): 5 s for 25, 6 s
+# for 20, 12 s for one whose first probe failed. A wait that includes a new Pod allows 45 s.
+POD_READY_SECONDS = 45
+# A suspend tier the workers of a pool share (issue 12): where its claim is mounted in their containers.
+SHARED_TIER_MOUNT = "/var/lib/ardiff/tier"
 # Worker Pods: the real worker app over the fake runtime, short leases so that a dead pod is noticed fast.
 FAKE_WORKER_ENV = [
     {"name": "ARDIFF_RUNTIME", "value": "fake"},
@@ -40,6 +51,18 @@ FAKE_WORKER_ENV = [
     {"name": "ARDIFF_LEASE_SECONDS", "value": "3"},
     {"name": "ARDIFF_HEARTBEAT_SECONDS", "value": "0.5"},
 ]
+
+
+@dataclass(frozen=True)
+class SharedTier:
+    """A ReadWriteMany claim (the cluster's default StorageClass) for a pool's shared suspend tier: the pool
+    spec fragment that mounts it (`volumes`, `volumeMounts`), the workers' env entry that names the mount
+    (`ARDIFF_SUSPEND_DIR`), and its bound PersistentVolume's directory on this machine (`host_path`), where a
+    test counts the tier's files."""
+
+    pool_spec: dict[str, Any]
+    env: dict[str, str]
+    host_path: Path
 
 
 @dataclass
@@ -145,6 +168,40 @@ class Cluster:
     def events(self, reason: str | None = None) -> list[dict[str, Any]]:
         return [e for e in self.items("events", core=True) if reason is None or e.get("reason") == reason]
 
+    def shared_tier(self, claim: str = "shared-tier", timeout: float = 30) -> SharedTier:
+        """A new ReadWriteMany claim in the test's namespace, once bound (see `SharedTier`)."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+        }
+        response = self.http.post(self._path("persistentvolumeclaims", core=True), json=body)
+        assert response.status_code == 201, response.text
+
+        def bound() -> str | None:
+            found = self.get("persistentvolumeclaims", claim, core=True) or {}
+            phase = (found.get("status") or {}).get("phase")
+            return found["spec"].get("volumeName") if phase == "Bound" else None
+
+        volume_name = wait_until(bound, timeout=timeout, what=f"claim {claim} bound")
+        volume = self.http.get(f"/api/v1/persistentvolumes/{volume_name}")
+        volume.raise_for_status()
+        return SharedTier(
+            pool_spec={
+                "volumes": [{"name": "shared-tier", "persistentVolumeClaim": {"claimName": claim}}],
+                "volumeMounts": [{"name": "shared-tier", "mountPath": SHARED_TIER_MOUNT}],
+            },
+            env={"name": "ARDIFF_SUSPEND_DIR", "value": SHARED_TIER_MOUNT},
+            host_path=Path(volume.json()["spec"]["hostPath"]["path"]),
+        )
+
+    def redis_server(self, **options: Any) -> RedisServer:
+        """A redis-server of the test's own (not started yet) that the cluster's Pods reach too: it binds
+        loopback and the root namespace's cluster address (`DevCluster.redis_url_for_pods`)."""
+        assert self.kube.network is not None, "the dev cluster is not started"
+        return RedisServer(bind=("127.0.0.1", self.kube.network.host_ip), **options)
+
     def kill(self, pod: str, sig: int) -> int:
         """Signal a worker Pod's container process (as `kill -9` on its node would); its pid."""
         found = self.get("pods", pod, core=True)
@@ -193,13 +250,15 @@ class Cluster:
         log_path: Path,
         command: Sequence[str] = OPERATOR_COMMAND,
         env: Mapping[str, str] | None = None,
+        kubeconfig: Path | None = None,
     ) -> OperatorProcess:
-        """`ardiff operator run` (standalone by default) for this namespace, with `env` over OPERATOR_ENV; not
-        started yet. Its worker Pods get the session's Redis at the address Pods reach."""
+        """`ardiff operator run` (standalone by default) for this namespace, with `env` over OPERATOR_ENV, as
+        the cluster's admin unless `kubeconfig` names another identity; not started yet. Its worker Pods get
+        `redis_url` at the address Pods reach."""
         worker_redis = {"ARDIFF_WORKER_REDIS_URL": self.kube.redis_url_for_pods(redis_url)}
         return OperatorProcess(
             command,
-            kubeconfig=self.kube.kubeconfig,
+            kubeconfig=kubeconfig or self.kube.kubeconfig,
             redis_url=redis_url,
             namespace=self.namespace,
             log_path=log_path,
@@ -208,7 +267,9 @@ class Cluster:
 
     # --- waits -----------------------------------------------------------------------------------------
 
-    def wait_phase(self, name: str, phase: str, timeout: float = 30, **fields: Any) -> dict[str, Any]:
+    def wait_phase(
+        self, name: str, phase: str, timeout: float = POD_READY_SECONDS, **fields: Any
+    ) -> dict[str, Any]:
         def matches() -> dict[str, Any] | None:
             status = self.status(name)
             ok = status.get("phase") == phase and all(status.get(k) == v for k, v in fields.items())
@@ -221,7 +282,7 @@ class Cluster:
             lambda: self.get(plural, name, core) is None, timeout=timeout, what=f"{plural}/{name} gone"
         )
 
-    def wait_pods(self, count: int, pool: str = "pool", timeout: float = 30) -> set[str]:
+    def wait_pods(self, count: int, pool: str = "pool", timeout: float = POD_READY_SECONDS) -> set[str]:
         """Wait until the pool has exactly `count` Pods, all Ready (or none)."""
 
         def settled() -> set[str] | None:

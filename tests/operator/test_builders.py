@@ -1,15 +1,19 @@
-"""Pure builders of the operator, compared with exact dicts (no cluster, no Redis)."""
+"""Pure builders of the operator, compared with exact dicts (no Redis). The pool that sets every Pod knob and
+the Pods made from it are also judged by the session's real API server (server-side dry-run: `admission`)."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
+import yaml
 
+from ardiff.devcluster.cluster import DevCluster
 from ardiff.kv.records import token_sha256
 from ardiff.operator.pods import (
     build_pool_service,
@@ -24,6 +28,7 @@ from ardiff.operator.pods import (
 )
 from ardiff.operator.specs import ImageRef, InvalidSpec, SessionResourceSpec, WorkerPoolSpec
 from ardiff.operator.tokens import build_token_secret, read_token
+from tests.conftest import Admission
 
 POOL_SPEC = {
     "model": {
@@ -440,17 +445,61 @@ def test_cpu_and_memory_are_requested_unless_the_pool_says(resources: dict, expe
     assert json.dumps(spec.resources, sort_keys=True) == before  # the pool's spec is not mutated
 
 
-def _knobs_pool() -> dict:
-    from ardiff.devcluster.crd import load_crds, load_manifests
+def _knobs_pool(admission: Admission) -> dict:
+    """tests/manifests/pool-all-knobs.yaml as the API server would store it (server-side dry-run): with the
+    CRD's defaults, as the operator sees it, and nothing pruned."""
+    doc = yaml.safe_load(
+        (Path(__file__).resolve().parents[1] / "manifests" / "pool-all-knobs.yaml").read_text()
+    )
+    verdict = admission.create(doc)
+    assert verdict.pruned == []
+    return verdict.obj
 
-    (doc,) = load_manifests(Path(__file__).resolve().parents[1] / "manifests" / "pool-all-knobs.yaml")
-    crd = load_crds()["ardiffusionworkerpools.ardiffusion.dev"].version("v1alpha1")
-    return crd.admit(doc).obj  # with the CRD's defaults, as the operator sees it
+
+@pytest.fixture(scope="module")
+def knobs_references(dev_cluster: DevCluster, admission: Admission) -> Iterator[None]:
+    """What Pod admission looks up for the knobs pool's Pod: its ServiceAccount (in the namespace `admission`
+    judges Pods in), its PriorityClass (the Priority plugin resolves the value) and its RuntimeClass (the
+    RuntimeClass plugin adds the overhead); made here, removed afterwards if made here."""
+    objects = [
+        (
+            f"/api/v1/namespaces/{admission.namespace}/serviceaccounts",
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "worlds-worker"}},
+        ),
+        (
+            "/apis/scheduling.k8s.io/v1/priorityclasses",
+            {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": "inference-high"},
+                "value": 1000,
+            },
+        ),
+        (
+            "/apis/node.k8s.io/v1/runtimeclasses",
+            {
+                "apiVersion": "node.k8s.io/v1",
+                "kind": "RuntimeClass",
+                "metadata": {"name": "nvidia"},
+                "handler": "nvidia",
+            },
+        ),
+    ]
+    with dev_cluster.admin.client() as client:
+        made = []
+        for url, body in objects:
+            created = client.post(url, json=body)
+            assert created.status_code in (201, 409), created.text
+            if created.status_code == 201:
+                made.append(f"{url}/{body['metadata']['name']}")
+        yield
+        for path in made:
+            client.delete(path)
 
 
-def test_pod_template_knobs_reach_the_worker_pod() -> None:
+def test_pod_template_knobs_reach_the_worker_pod(admission: Admission) -> None:
     """Issue 11 item 3: every knob of the pool spec lands in the Pod, the operator's own parts kept."""
-    spec = WorkerPoolSpec.from_resource(_knobs_pool()["spec"])
+    spec = WorkerPoolSpec.from_resource(_knobs_pool(admission)["spec"])
     pod = build_worker_pod("worlds", "knobs", spec, pod_name="knobs-ab12c")
     assert pod["metadata"]["labels"] == {
         "kueue.x-k8s.io/queue-name": "gpu-queue",
@@ -568,13 +617,16 @@ def test_pod_template_knobs_reach_the_worker_pod() -> None:
 
 
 @pytest.mark.parametrize("kubernetes_version", ["1.28.0", kubernetes_validate.latest_version()])
-def test_a_pod_with_every_knob_passes_kubernetes_validate_and_pod_admission(kubernetes_version: str) -> None:
-    from ardiff.devcluster.core_validation import validate
-
-    spec = WorkerPoolSpec.from_resource(_knobs_pool()["spec"])
+def test_a_pod_with_every_knob_passes_kubernetes_validate_and_pod_admission(
+    kubernetes_version: str, admission: Admission, knobs_references: None
+) -> None:
+    """kubernetes-validate (strict) and the real API server's whole Pod admission (server-side dry-run)."""
+    spec = WorkerPoolSpec.from_resource(_knobs_pool(admission)["spec"])
     pod = build_worker_pod("worlds", "knobs", spec, pod_name="knobs-ab12c")
     kubernetes_validate.validate(pod, kubernetes_version, strict=True)
-    assert validate("pods", pod) == []
+    admitted = admission.create(pod)
+    assert admitted.admitted, admitted.body
+    assert (admitted.warnings, admitted.pruned) == ((), [])
     emptydir = WorkerPoolSpec.from_resource(
         {
             "image": "w:1",
@@ -593,7 +645,9 @@ def test_a_pod_with_every_knob_passes_kubernetes_validate_and_pod_admission(kube
     ]
     assert pod["spec"]["securityContext"] == {}  # OpenShift: the platform picks the UID
     kubernetes_validate.validate(pod, kubernetes_version, strict=True)
-    assert validate("pods", pod) == []
+    admitted = admission.create(pod)
+    assert admitted.admitted, admitted.body
+    assert (admitted.warnings, admitted.pruned) == ((), [])
 
 
 def test_a_model_download_needs_a_model_path_under_models() -> None:

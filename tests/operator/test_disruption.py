@@ -1,12 +1,12 @@
 """A drain over a pool run by the real operator (issue 11 item 1): the pool's Scale and `status.selector`,
-the busy label on the pod that holds a session, the pool's `<pool>-workers-busy` budget, and what the
-disruption controller and the eviction API (ported: `ardiff.devcluster.disruption`) would let a drain do."""
+the busy label on the pod that holds a session, the pool's `<pool>-workers-busy` budget, and what the real
+disruption controller (the budget's status) and the eviction API (dry-run evictions: the budget is checked,
+nothing is deleted) let a drain do."""
 
 from __future__ import annotations
 
 import pytest
 
-from ardiff.devcluster.disruption import evict, pdb_status
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.waiting import wait_until
 from ardiff.operator.disruption import BUSY_LABEL
@@ -39,17 +39,37 @@ def test_a_drain_evicts_the_empty_worker_and_waits_for_the_busy_one(
     selector = "app.kubernetes.io/component=worker,app.kubernetes.io/name=ardiff,ardiffusion.dev/pool=pool"
     assert scale["status"] == {"replicas": 2, "selector": selector}
 
-    def scale_of(ref: dict, namespace: str) -> dict:
-        assert (ref["kind"], ref["name"], namespace) == ("ARDiffusionWorkerPool", "pool", cluster.namespace)
-        return cluster.http.get(scale_url).json()
-
     budget = seen["budget"]
     assert budget["spec"]["selector"]["matchLabels"][BUSY_LABEL] == "true"
     assert budget["metadata"]["ownerReferences"][0]["kind"] == "ARDiffusionWorkerPool"
-    budget["status"] = pdb_status(budget, seen["pods"], scale_of).as_status(budget["metadata"]["generation"])
-    assert budget["status"]["disruptionsAllowed"] == 0
-    verdicts = {p["metadata"]["name"]: evict(p, [budget]).code for p in seen["pods"]}
+
+    # The disruption controller's verdict on the budget: one busy pod, which must stay.
+    def observed() -> dict | None:
+        found = cluster.http.get(f"{budget_path}/pool-workers-busy").json()
+        status = found.get("status") or {}
+        current = status.get("observedGeneration") == found["metadata"]["generation"]
+        return status if current and status.get("expectedPods") == 1 else None
+
+    status = wait_until(observed, what="the disruption controller to observe the budget")
+    assert (status["currentHealthy"], status["desiredHealthy"], status["disruptionsAllowed"]) == (1, 1, 0)
+
+    def evict(pod: str) -> int:
+        """A dry-run eviction, as `kubectl drain --dry-run=server` asks: the answer, nothing deleted."""
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": cluster.namespace},
+            "deleteOptions": {"dryRun": ["All"]},
+        }
+        reply = cluster.http.post(f"/api/v1/namespaces/{cluster.namespace}/pods/{pod}/eviction", json=body)
+        if reply.status_code == 429:
+            assert "would violate the pod's disruption budget" in reply.json()["message"]
+        return reply.status_code
+
+    verdicts = {name: evict(name) for name in cluster.pod_names()}
     assert verdicts == {name: 429 if name == busy_pod else 201 for name in verdicts}
+    assert len(verdicts) == 2
+    assert cluster.pod_names() == set(verdicts)  # dry run: both still there
 
     # The session ends: the pod is empty again, loses its label, and the budget protects nothing.
     cluster.delete("ardiffusionsessions", "walk")

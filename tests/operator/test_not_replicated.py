@@ -1,7 +1,7 @@
 """The operator under a placement store whose writes no replica acknowledges (`wait_replicas`, kv's
 `NotReplicated`: applied on the master, possibly lost by a failover): it retries, reports nothing from such a
-write, and goes on once a replica acknowledges. Real redis-server processes, the real operator, simulated
-pods."""
+write, and goes on once a replica acknowledges. Real redis-server processes, the real operator, worker Pods on
+the session's simulated node (they register through the worker's link, no process)."""
 
 from __future__ import annotations
 
@@ -11,20 +11,20 @@ from pathlib import Path
 import pytest
 
 from ardiff.devcluster.operator_process import OperatorProcess
-from ardiff.devcluster.pod_runner import HOSTNAME_LABEL, PodRunner
 from ardiff.devcluster.redis_server import RedisServer
 from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.keys import PoolKeys
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionState
-from tests.operator.conftest import OPERATOR_ENV, SIMULATED_NODE, Cluster
+from tests.operator.conftest import SIMULATED_PLACEMENT, Cluster
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def master() -> Iterator[RedisServer]:
-    with RedisServer() as server:
+def master(cluster: Cluster) -> Iterator[RedisServer]:
+    """The master; the worker Pods (their kubelet's namespace) reach it too."""
+    with cluster.redis_server() as server:
         yield server
 
 
@@ -37,15 +37,12 @@ async def store(master: RedisServer) -> AsyncIterator[PlacementStore]:
 @pytest.fixture
 def waiting_operator(cluster: Cluster, master: RedisServer, tmp_path: Path) -> Iterator[OperatorProcess]:
     """The operator, its every placement write waiting for one replica (100 ms); workers register without
-    waiting (their own URL). On teardown the test's objects are deleted through it."""
-    assert cluster.api.kubeconfig is not None
-    process = OperatorProcess(
-        ("ardiff", "operator", "run", "--standalone"),
-        kubeconfig=cluster.api.kubeconfig,
-        redis_url=f"{master.url}?wait_replicas=1&wait_timeout_ms=100",
-        namespace=cluster.namespace,
-        log_path=tmp_path / "operator.log",
-        env={**OPERATOR_ENV, "ARDIFF_WORKER_REDIS_URL": master.url},
+    waiting (their own URL: the master as Pods reach it). On teardown the test's objects are deleted through
+    it."""
+    process = cluster.operator(
+        f"{master.url}?wait_replicas=1&wait_timeout_ms=100",
+        tmp_path / "operator.log",
+        env={"ARDIFF_WORKER_REDIS_URL": cluster.kube.redis_url_for_pods(master.url)},
     ).start()
     process.wait_ready()
     yield process
@@ -63,12 +60,11 @@ def replica_online(master: RedisServer) -> bool:
 
 async def test_unreplicated_writes_are_retried_until_a_replica_acknowledges(
     cluster: Cluster,
-    simulated_runner: PodRunner,
     master: RedisServer,
     waiting_operator: OperatorProcess,
     store: PlacementStore,
 ) -> None:
-    cluster.create_pool(nodeSelector={HOSTNAME_LABEL: SIMULATED_NODE}, replicas={"min": 1, "max": 1})
+    cluster.create_pool(**SIMULATED_PLACEMENT, replicas={"min": 1, "max": 1})
     cluster.create_session("s1")
     # No replica: every write of a round and the admission's `place` raise NotReplicated. Both are retried.
     wait_until(

@@ -41,7 +41,7 @@ class Load(threading.Thread):
 
     def __init__(self, cluster: Cluster) -> None:
         super().__init__(daemon=True)
-        self.cluster = Cluster(cluster.api, cluster.runner, cluster.namespace)  # its own HTTP client
+        self.cluster = Cluster(cluster.kube, cluster.namespace)  # its own HTTP client
         self.stop = threading.Event()
         self.ticks = 0
         self.most_pods = 0

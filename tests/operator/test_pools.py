@@ -10,12 +10,11 @@ from pathlib import Path
 import pytest
 
 from ardiff.devcluster.operator_process import OperatorProcess
-from ardiff.devcluster.redis_server import RedisServer
 from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.keys import PoolKeys
-from ardiff.kv.placement import PlacementStore
+from ardiff.kv.placement import PlacementStore, redact_url
 from ardiff.kv.records import PoolId
-from tests.operator.conftest import FAKE_WORKER_ENV, POOL_FINALIZE_SECONDS, Cluster
+from tests.operator.conftest import FAKE_WORKER_ENV, POD_READY_SECONDS, POOL_FINALIZE_SECONDS, Cluster
 
 pytestmark = pytest.mark.slow
 
@@ -135,11 +134,39 @@ def secret_url(secret: dict) -> str:
     return base64.b64decode(secret["data"]["url"]).decode()
 
 
+async def test_a_refused_service_is_retried_the_next_round_not_after_a_minute(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    """The pool's loop makes the pool's Service (and its workers' Secret) before its first round. An API
+    server that refuses it for a while (here a ResourceQuota of no Services; on a fresh cluster, admission
+    not resolving a new CRD's kind yet, a 403) fails a round, and the next round tries again: once the refusal
+    ends the pool goes on within a Pod's start, not after kopf's daemon back-off of 60 s."""
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-services"},
+        "spec": {"hard": {"services": "0"}},
+    }
+    response = cluster.http.post(f"/api/v1/namespaces/{cluster.namespace}/resourcequotas", json=quota)
+    assert response.status_code == 201, response.text
+    cluster.create_pool()
+    cluster.create_session("s")
+    refused = f"POST /api/v1/namespaces/{cluster.namespace}/services -> HTTP 403"
+    wait_until(lambda: refused in operator_process.log(), what="the Service refused")
+    assert cluster.pods() == []  # nothing of the round ran before the Service exists
+    assert cluster.status("s").get("phase") in (None, "Pending")
+
+    cluster.delete("resourcequotas", "no-services", core=True)
+    cluster.wait_phase("s", "Ready", timeout=POD_READY_SECONDS)  # < 60 s
+    assert f"reconcile failed: {refused}" in operator_process.log()  # a failed round, logged as one
+    assert cluster.get("services", "pool-workers", core=True) is not None
+
+
 def test_workers_read_the_redis_password_from_the_pools_secret_and_nothing_prints_it(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     password = "s3cret-redis-pw"
-    with RedisServer(password=password) as redis:
+    with cluster.redis_server(password=password) as redis:
         operator = cluster.operator(redis.url, tmp_path / "operator.log").start()
         try:
             operator.wait_ready()
@@ -148,7 +175,8 @@ def test_workers_read_the_redis_password_from_the_pools_secret_and_nothing_print
             cluster.wait_phase("forest", "Ready")  # the worker registered: it found the password
             secret = cluster.get("secrets", "pool-workers-redis", core=True)
             assert secret is not None
-            assert secret_url(secret) == redis.url
+            pods_url = cluster.kube.redis_url_for_pods(redis.url)  # the operator's URL as Pods reach it
+            assert secret_url(secret) == pods_url
             assert [o["uid"] for o in secret["metadata"]["ownerReferences"]] == [pool["metadata"]["uid"]]
             [pod] = cluster.pods()
             env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
@@ -165,15 +193,15 @@ def test_workers_read_the_redis_password_from_the_pools_secret_and_nothing_print
             transfer_token = base64.b64decode(secret["data"]["transfer-token"]).decode()
             assert len(transfer_token) >= 43
             assert transfer_token not in json.dumps(pod)
-            pod_log = cluster.runner.logs_dir / f"{cluster.namespace}_{pod['metadata']['name']}.log"
-            assert "registered pod" in pod_log.read_text()
+            pod_log = cluster.pod_log(pod["metadata"]["name"])  # `kubectl logs`
+            assert "registered pod" in pod_log
             for secret_value in (password, transfer_token):
-                assert secret_value not in pod_log.read_text()
+                assert secret_value not in pod_log
             assert "redis=redis://:***@127.0.0.1" in operator.log()
             assert password not in operator.log()
 
-            # A new workers' URL reaches the Secret when the operator restarts with it.
-            moved = redis.url.replace("127.0.0.1", "localhost")
+            # A new workers' URL (an equivalent one) reaches the Secret when the operator restarts with it.
+            moved = f"{pods_url}?health_check_interval=30"
             operator.stop()
             operator.env = {**operator.env, "ARDIFF_WORKER_REDIS_URL": moved}
             operator.start().wait_ready()
@@ -184,7 +212,8 @@ def test_workers_read_the_redis_password_from_the_pools_secret_and_nothing_print
                 ),
                 what="the Secret to hold the new URL",
             )
-            assert "workers' redis=redis://:***@localhost" in operator.log()
+            assert f"workers' redis={redact_url(moved)}" in operator.log()
+            assert redact_url(moved).startswith("redis://:***@")
             kept = cluster.get("secrets", "pool-workers-redis", core=True)
             assert base64.b64decode(kept["data"]["transfer-token"]).decode() == transfer_token  # not remade
             for secret_value in (password, transfer_token):

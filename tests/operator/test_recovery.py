@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from ardiff.devcluster.operator_process import OperatorProcess
-from ardiff.devcluster.redis_server import RedisServer
 from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionState
@@ -33,11 +32,11 @@ async def test_killed_pod_loses_its_sessions_which_come_back_with_reset_required
     pool = PoolId(cluster.namespace, "pool")
     before = cluster.ticked_session("forest")
 
-    cluster.runner.kill(before["pod"], signal.SIGKILL, namespace=cluster.namespace)  # kill -9 the worker
+    cluster.kill(before["pod"], signal.SIGKILL)  # kill -9 the worker container's process
 
-    # The restarted worker registers with a new epoch; the session's KV is gone, so it is placed again
-    # and must reset before it ticks on.
-    after = cluster.wait_phase("forest", "Ready", timeout=30, resetRequired=True)
+    # The kubelet restarts the container (restartPolicy Always); the restarted worker registers with a new
+    # epoch; the session's KV is gone, so it is placed again and must reset before it ticks on.
+    after = cluster.wait_phase("forest", "Ready", resetRequired=True)
     assert after["podEpoch"] > before["podEpoch"]
     assert after["reason"] == "ResetRequired"
     # The loss was reported (status and Event) before the repair.
@@ -128,11 +127,11 @@ async def test_full_pool_pod_killed_its_active_sessions_take_the_slots_back_not_
             assert cluster.tick(name, chunk).status_code == 200
     created = (await store.get_pod(pool, doomed)).epoch  # type: ignore[union-attr]
 
-    cluster.runner.kill(doomed, signal.SIGKILL, namespace=cluster.namespace)  # kill -9 the worker
+    cluster.kill(doomed, signal.SIGKILL)  # kill -9 the worker container's process
 
     # The restarted worker's two slots go back to the active sessions, with a reset; the idle ones wait.
     for name in ("active-a", "active-b"):
-        back = cluster.wait_phase(name, "Ready", timeout=45, resetRequired=True)
+        back = cluster.wait_phase(name, "Ready", resetRequired=True)
         assert (back["pod"], back["podEpoch"] > created) == (doomed, True)
     await asyncio.sleep(1.5)  # more rounds (and past minIdleSeconds): nothing moves any more
     phases = {n: cluster.status(n)["phase"] for n in (*idle, *busy, "active-a", "active-b")}
@@ -185,7 +184,7 @@ async def test_operator_restart_converges_without_duplicate_pods_or_leaked_slots
 async def test_redis_losing_its_data_is_rebuilt_from_the_session_status(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    with RedisServer() as redis:
+    with cluster.redis_server() as redis:
         operator = cluster.operator(redis.url, tmp_path / "operator.log").start()
         try:
             pool = PoolId(cluster.namespace, "pool")

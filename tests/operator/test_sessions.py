@@ -251,6 +251,10 @@ async def test_idle_session_expires_and_releases_its_slot(
     cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore
 ) -> None:
     cluster.create_pool()
+    # Idle time counts from the placement, which comes when the worker registers; its Pod is Ready (and the
+    # session with it) only at the first startup probe that passes, up to a probe period (5 s) later. On a
+    # Pod still starting, a 2 s session would expire before it was ever Ready: wait for a Ready one.
+    cluster.wait_pods(1)
     cluster.create_session("sleepy", idleTimeoutSeconds=2)
     cluster.create_session("busy", idleTimeoutSeconds=600)
     cluster.wait_phase("sleepy", "Ready")

@@ -1,5 +1,6 @@
-"""Issue 12 through the real operator and fake-runtime workers that export into a shared tier (a local
-directory on the dev cluster) or their host memory: eviction at max suspends the victim (it keeps its slot
+"""Issue 12 through the real operator and fake-runtime workers that export into a shared tier (a
+ReadWriteMany PersistentVolumeClaim every worker Pod of the pool mounts: `Cluster.shared_tier`) or their host
+memory: eviction at max suspends the victim (it keeps its slot
 until exported), its status shows where the export lies, and a demand (what a tick does) brings it back
 without a reset; a roll and a due scale-down move live sessions pod to pod instead of waiting for them to
 end."""
@@ -8,11 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,24 +19,24 @@ from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.keys import PoolKeys
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionRecord, SessionState
-from tests.operator.conftest import FAKE_WORKER_ENV, Cluster
+from tests.operator.conftest import FAKE_WORKER_ENV, Cluster, SharedTier
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def tier() -> Iterator[Path]:
-    """The shared tier: a directory every worker process reaches. Not under /tmp: the pod runner gives each
-    pod its own /tmp (an emptyDir), which would make the tier per-pod."""
-    path = Path(tempfile.mkdtemp(prefix="ardiff-tier-", dir="/var/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def tier(cluster: Cluster) -> SharedTier:
+    """The shared tier: a claim in the test's namespace (deleted with it), bound before the pool mounts it."""
+    return cluster.shared_tier()
 
 
-def suspend_for_capacity(cluster: Cluster, env: list[dict[str, str]], session: str) -> dict[str, Any]:
+def suspend_for_capacity(
+    cluster: Cluster, env: list[dict[str, str]], session: str, **pool_spec: Any
+) -> dict[str, Any]:
     """One pod at max with two slots: `session` (ticked once, so it has state to export) and a `pinned` one
-    (Never evicted); after a second of idleness `vip` (priority 5) makes `session` suspend. Its status."""
-    cluster.create_pool(replicas={"min": 1, "max": 1}, eviction={"minIdleSeconds": 1}, env=env)
+    (Never evicted); after a second of idleness `vip` (priority 5) makes `session` suspend. Its status.
+    `pool_spec`: more of the pool's spec (a shared tier's volume)."""
+    cluster.create_pool(replicas={"min": 1, "max": 1}, eviction={"minIdleSeconds": 1}, env=env, **pool_spec)
     cluster.create_session(session)
     cluster.wait_phase(session, "Ready")
     assert cluster.tick(session, 0).status_code == 200  # a session that never ticked has nothing to export
@@ -51,11 +48,10 @@ def suspend_for_capacity(cluster: Cluster, env: list[dict[str, str]], session: s
 
 
 async def test_eviction_at_max_suspends_and_a_demand_resumes_without_reset(
-    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tier: Path
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tier: SharedTier
 ) -> None:
     pool = PoolId(cluster.namespace, "pool")
-    env = [*FAKE_WORKER_ENV, {"name": "ARDIFF_SUSPEND_DIR", "value": str(tier)}]
-    suspended = suspend_for_capacity(cluster, env, "old")
+    suspended = suspend_for_capacity(cluster, [*FAKE_WORKER_ENV, tier.env], "old", **tier.pool_spec)
     assert all(p.exports for p in await store.list_pods(pool))
     assert (suspended["tier"], suspended["resetRequired"]) == ("shared", False)
     assert suspended["bytes"] > 0
@@ -88,14 +84,13 @@ async def test_eviction_at_max_suspends_and_a_demand_resumes_without_reset(
 
 
 async def test_a_same_identity_roll_migrates_a_live_session_instead_of_waiting(
-    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tier: Path
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tier: SharedTier
 ) -> None:
     """The spec changes something that keeps the sessions' identity (the KV budget): the old pod's session
     moves to the new pod at a tick boundary (no reset), pulled pod to pod with the pool's transfer token (an
     Event says how many bytes in how long), and the old pod goes while the session lives on."""
     pool = PoolId(cluster.namespace, "pool")
-    env = [*FAKE_WORKER_ENV, {"name": "ARDIFF_SUSPEND_DIR", "value": str(tier)}]
-    cluster.create_pool(replicas={"min": 1, "max": 2}, env=env)
+    cluster.create_pool(replicas={"min": 1, "max": 2}, env=[*FAKE_WORKER_ENV, tier.env], **tier.pool_spec)
     cluster.create_session("live")
     before = cluster.wait_phase("live", "Ready")
     assert cluster.tick("live", 0).status_code == 200
@@ -123,14 +118,18 @@ async def test_a_same_identity_roll_migrates_a_live_session_instead_of_waiting(
 
 
 async def test_a_due_scale_down_moves_the_emptier_pods_sessions_instead_of_waiting(
-    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tier: Path
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tier: SharedTier
 ) -> None:
     """Two pods of two slots hold three sessions; one ends, leaving one on each: after the scale-down delay
     the operator drains one pod, its session moves to the other at a tick boundary (pulled pod to pod, no
     reset), and the emptied pod goes."""
     pool = PoolId(cluster.namespace, "pool")
-    env = [*FAKE_WORKER_ENV, {"name": "ARDIFF_SUSPEND_DIR", "value": str(tier)}]
-    cluster.create_pool(replicas={"min": 1, "max": 2}, scaleDownDelaySeconds=1, env=env)
+    cluster.create_pool(
+        replicas={"min": 1, "max": 2},
+        scaleDownDelaySeconds=1,
+        env=[*FAKE_WORKER_ENV, tier.env],
+        **tier.pool_spec,
+    )
     for name in ("s1", "s2", "s3"):
         cluster.create_session(name)
     statuses = {name: cluster.wait_phase(name, "Ready", timeout=60) for name in ("s1", "s2", "s3")}
@@ -181,17 +180,17 @@ async def test_an_eviction_into_the_host_tier_resumes_without_reset(
 
 
 async def test_a_suspended_session_whose_record_redis_lost_resumes_from_its_export(
-    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tier: Path
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tier: SharedTier
 ) -> None:
     """The status says where the export lies (`exportLocation`): with the record gone (as when Redis loses its
     data), the operator rebuilds it as suspended, and a demand resumes it from the export without a reset."""
     pool = PoolId(cluster.namespace, "pool")
-    env = [*FAKE_WORKER_ENV, {"name": "ARDIFF_SUSPEND_DIR", "value": str(tier)}]
-    suspended = suspend_for_capacity(cluster, env, "old")
+    suspended = suspend_for_capacity(cluster, [*FAKE_WORKER_ENV, tier.env], "old", **tier.pool_spec)
     before = await store.get_session(pool, "old")
     assert before is not None
     assert suspended["exportLocation"] == before.location != ""
-    assert await asyncio.to_thread((tier / before.location).is_file)  # relative to the tier
+    # Relative to the tier: the file is in the claim's volume.
+    assert await asyncio.to_thread((tier.host_path / before.location).is_file)
 
     await store.client.delete(PoolKeys(pool).session("old"))
 
@@ -220,18 +219,14 @@ async def test_a_suspended_session_whose_record_redis_lost_resumes_from_its_expo
 
 
 async def test_a_suspended_session_deleted_leaves_no_files_in_the_tier(
-    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tier: Path
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore, tier: SharedTier
 ) -> None:
     """A suspended session has no pod to remove its export when it is deleted: the workers' tier sweep does,
     for sessions the store has closed, never for one it has no record of (Redis may have lost it)."""
     pool = PoolId(cluster.namespace, "pool")
-    env = [
-        *FAKE_WORKER_ENV,
-        {"name": "ARDIFF_SUSPEND_DIR", "value": str(tier)},
-        {"name": "ARDIFF_TIER_SWEEP_SECONDS", "value": "0.5"},
-    ]
-    suspend_for_capacity(cluster, env, "gone")
-    pool_dir = tier / cluster.namespace / "pool"
+    env = [*FAKE_WORKER_ENV, tier.env, {"name": "ARDIFF_TIER_SWEEP_SECONDS", "value": "0.5"}]
+    suspend_for_capacity(cluster, env, "gone", **tier.pool_spec)
+    pool_dir = tier.host_path / cluster.namespace / "pool"  # the claim's volume on this machine
     stranger = pool_dir / "stranger"
     await asyncio.to_thread(stranger.mkdir, parents=True)
     await asyncio.to_thread((stranger / "suspend-1-abc.ardsess").write_bytes, b"no record")
