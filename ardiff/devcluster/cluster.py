@@ -23,6 +23,7 @@ import base64
 import contextlib
 import ipaddress
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 CHART_RELEASE = "ardiff"
+# What a run keeps under its workdir besides its logs.
+STATE_DIRS = ("control-plane", "nodes", "volumes", "helm")
 CRD_DIR = CHECKOUT / "crds"
 # The real operator, as `ardiff up` and the demo run it.
 OPERATOR_COMMAND = ("ardiff", "operator", "run", "--standalone")
@@ -199,6 +202,10 @@ class DevCluster:
         """Start every part; on a failure the parts already started are stopped again."""
         self.workdir = self.workdir.resolve()  # kubeconfigs and flags name files by absolute path
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # A cluster always starts empty: etcd's data, the nodes' Pods and the volumes of an earlier run (one
+        # that crashed, say) would bring back objects bound to nodes and Pods that no longer exist.
+        for previous in STATE_DIRS:
+            shutil.rmtree(self.workdir / previous, ignore_errors=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self._owns_redis = self.redis is None
         try:
