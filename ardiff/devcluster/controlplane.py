@@ -264,10 +264,7 @@ class ControlPlane:
             "kube-controller-manager",
             [
                 str(self.binaries.kube_controller_manager),
-                f"--kubeconfig={kcm_config}",
-                f"--authentication-kubeconfig={kcm_config}",
-                f"--authorization-kubeconfig={kcm_config}",
-                f"--bind-address={cp_ip}",
+                *self._client_flags(kcm_config),
                 "--controllers=*",
                 "--use-service-account-credentials=true",
                 f"--service-account-private-key-file={sa.key}",
@@ -278,11 +275,6 @@ class ControlPlane:
                 f"--cluster-cidr={self.network.cluster_cidr}",
                 "--allocate-node-cidrs=true",
                 "--node-cidr-mask-size=22",
-                f"--kube-api-qps={self.controller_qps}",
-                f"--kube-api-burst={2 * self.controller_qps}",
-                "--leader-elect=false",
-                "--profiling=false",
-                "--v=1",
             ],
             ns,
             self.logs_dir / "kube-controller-manager.log",
@@ -292,21 +284,29 @@ class ControlPlane:
             "kube-scheduler",
             [
                 str(self.binaries.kube_scheduler),
-                f"--kubeconfig={scheduler_config}",
-                f"--authentication-kubeconfig={scheduler_config}",
-                f"--authorization-kubeconfig={scheduler_config}",
-                f"--bind-address={cp_ip}",
-                f"--kube-api-qps={self.controller_qps}",
-                f"--kube-api-burst={2 * self.controller_qps}",
-                "--leader-elect=false",
-                "--profiling=false",
-                "--v=1",
+                *self._client_flags(scheduler_config),
             ],
             ns,
             self.logs_dir / "kube-scheduler.log",
         ).start()
         self.components.append(scheduler_process)
         self._wait_default_service_account(timeout)
+
+    def _client_flags(self, kubeconfig: Path) -> list[str]:
+        """What the controller-manager and the scheduler share: their own credentials for the API and for
+        authenticating and authorizing their own endpoints (delegated to the API server), their address, their
+        client rate, no leader election (one of each)."""
+        return [
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            f"--bind-address={self.network.control_plane_ip}",
+            f"--kube-api-qps={self.controller_qps}",
+            f"--kube-api-burst={2 * self.controller_qps}",
+            "--leader-elect=false",
+            "--profiling=false",
+            "--v=1",
+        ]
 
     def _wait_ready(self, timeout: float) -> None:
         assert self.admin is not None

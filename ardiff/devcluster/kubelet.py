@@ -41,11 +41,12 @@ from typing import Any, Self
 import httpx
 
 from ardiff.devcluster.binaries import KUBERNETES_VERSION
+from ardiff.devcluster.containers import now_rfc3339
 from ardiff.devcluster.images import ImageTable
 from ardiff.devcluster.kubeconfig import credentials_from_kubeconfig
 from ardiff.devcluster.kubelet_server import KUBELET_PORT, serve_kubelet_api
 from ardiff.devcluster.network import ClusterNetwork, NetworkError
-from ardiff.devcluster.pod_worker import PodWorker, Sandbox, now_rfc3339
+from ardiff.devcluster.pod_worker import PodWorker, Sandbox
 
 log = logging.getLogger("ardiff.kubelet")
 

@@ -2,15 +2,14 @@
 
 `PodWorker.run()` does what a kubelet's pod worker does, in order: the sandbox (the Pod's network namespace
 and address from the node's `podCIDR`, or the node's own for `hostNetwork`; its /etc/hosts, /etc/resolv.conf
-and /etc/hostname), the volumes (`pod_volumes`; a failure is a `FailedMount` event and a retry), the init
-containers one after another to completion, then every container at once, each under `ContainerRunner`: it
-starts the process (`container_init`: the image's layer over an overlay of `/`, the mounts, the user), runs
-the startup, liveness and readiness probes (`probes`), restarts it per `restartPolicy` with the kubelet's
-back-off (`CrashLoopBackOff`), and keeps its state. Status goes to `pods/<name>/status` as a strategic merge
+and /etc/hostname: `Kubelet.make_sandbox`), the volumes (`pod_volumes`; a failure is a `FailedMount` event and
+a retry), the init containers one after another to completion, then every container at once, each under a
+`ContainerRunner` (`containers`), for which it composes the spec `container_init` runs (env: `container_env`;
+mounts, the image's layer and accounts, the user). Status goes to `pods/<name>/status` as a strategic merge
 patch (conditions, container statuses with exit codes and restart counts, pod IPs, phase, start time), as a
-kubelet patches it. On deletion: `preStop` hooks, SIGTERM, SIGKILL after the grace period, the final status,
-then the delete with grace 0 (uid precondition). A `simulated` Pod has no sandbox or process: it registers in
-Redis through the worker's own link (`simulated_pods`) and is Running and Ready once registered.
+kubelet patches it. On deletion: `preStop` hooks, SIGTERM, SIGKILL after the grace period, the final
+status, then the delete with grace 0 (uid precondition). A `simulated` Pod has no sandbox or process: it
+registers in Redis through the worker's own link (`simulated_pods`) and is Running and Ready once registered.
 
 Each container's output goes to `<pod dir>/logs/<container>/<restart count>.log` (what the kubelet's API
 serves to `kubectl logs`, `--previous` included).
@@ -19,148 +18,40 @@ serves to `kubectl logs`, `--previous` included).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
-import datetime
 import json
 import logging
-import os
-import re
 import shutil
-import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from ardiff.devcluster import container_init
+from ardiff.devcluster.container_env import (
+    ContainerConfigError,
+    build_env,
+    expand_references,
+    referenced_objects,
+)
+from ardiff.devcluster.containers import ContainerRunner, now_rfc3339
 from ardiff.devcluster.images import Image, ImageNotFound
-from ardiff.devcluster.pod_volumes import PodVolumes, VolumeError, field_value
-from ardiff.devcluster.probes import ProbeTarget, run_probe, setting
+from ardiff.devcluster.pod_volumes import PodVolumes, VolumeError
+from ardiff.devcluster.probes import run_probe
+from ardiff.devcluster.simulated_pods import run_simulated, simulated_link
 
 if TYPE_CHECKING:
     from ardiff.devcluster.kubelet import Kubelet
 
 log = logging.getLogger(__name__)
 
-_ENV_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 STRATEGIC = {"Content-Type": "application/strategic-merge-patch+json"}
 # This machine's accounts, read once: an image's /etc/passwd and /etc/group add its own to them.
 ETC_PASSWD = Path("/etc/passwd").read_text()
 ETC_GROUP = Path("/etc/group").read_text()
-# A container that ran this long without exiting gets the initial back-off again (the kubelet's rule).
-BACKOFF_RESET_SECONDS = 600.0
-
-
-def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def expand_references(value: str, env: Mapping[str, str]) -> str:
-    """The kubelet's `$(VAR)` expansion (`$$` escapes; unknown references stay as they are)."""
-    return _ENV_REFERENCE.sub(lambda m: env.get(m.group(1), m.group(0)), value).replace("$$", "$")
-
-
-class ContainerConfigError(ValueError):
-    """`CreateContainerConfigError`: a reference the container's env needs cannot be resolved."""
-
-
-def quantity_value(quantity: str, divisor: str = "1") -> str:
-    """A resource quantity divided by `divisor`, rounded up, as the downward API gives it."""
-    suffixes = {
-        "m": 1e-3,
-        "k": 1e3,
-        "M": 1e6,
-        "G": 1e9,
-        "T": 1e12,
-        "Ki": 2**10,
-        "Mi": 2**20,
-        "Gi": 2**30,
-        "Ti": 2**40,
-    }
-
-    def parse(text: str) -> float:
-        match = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(text))
-        if match is None:
-            raise ContainerConfigError(f"cannot parse quantity {text!r}")
-        return float(match.group(1)) * suffixes.get(match.group(2), 1.0)
-
-    value = parse(quantity) / parse(divisor)
-    return str(max(1, int(-(-value // 1))))
-
-
-def build_env(
-    pod: Mapping[str, Any],
-    container: Mapping[str, Any],
-    *,
-    base: Mapping[str, str],
-    secrets: Mapping[str, Mapping[str, str] | None],
-    config_maps: Mapping[str, Mapping[str, str] | None],
-    allocatable: Mapping[str, str],
-) -> dict[str, str]:
-    """A container's environment: `base` (the image's, then the kubelet's), `envFrom`, then `env` in order.
-
-    `secrets`/`config_maps` hold the decoded data of the objects the container refers to (None: not found);
-    a missing reference that is not optional raises ContainerConfigError."""
-    env = dict(base)
-
-    def lookup(kind: str, ref: Mapping[str, Any], key: str | None) -> Any:
-        source = secrets if kind == "secret" else config_maps
-        data = source.get(ref.get("name", ""))
-        value = data if key is None else (None if data is None else data.get(key))
-        if value is None and not ref.get("optional"):
-            missing = ref.get("name") if data is None else f"{ref.get('name')}[{key}]"
-            raise ContainerConfigError(f"{kind} {missing!r} not found")
-        return value
-
-    for source in container.get("envFrom") or []:
-        prefix = source.get("prefix", "")
-        for kind, ref_key in (("secret", "secretRef"), ("configmap", "configMapRef")):
-            if ref_key in source:
-                data = lookup(kind, source[ref_key], None) or {}
-                env.update({prefix + k: v for k, v in data.items()})
-    for var in container.get("env") or []:
-        name, value_from = var["name"], var.get("valueFrom")
-        if value_from is None:
-            env[name] = expand_references(str(var.get("value", "")), env)
-        elif "fieldRef" in value_from:
-            env[name] = field_value(pod, value_from["fieldRef"]["fieldPath"])
-        elif "secretKeyRef" in value_from or "configMapKeyRef" in value_from:
-            kind, ref = (
-                ("secret", value_from["secretKeyRef"])
-                if "secretKeyRef" in value_from
-                else ("configmap", value_from["configMapKeyRef"])
-            )
-            value = lookup(kind, ref, ref["key"])
-            if value is not None:
-                env[name] = value
-        elif "resourceFieldRef" in value_from:
-            ref = value_from["resourceFieldRef"]
-            section, _, resource = ref["resource"].partition(".")
-            given = ((container.get("resources") or {}).get(section) or {}).get(resource)
-            fallback = allocatable.get(resource, "0") if section == "limits" else "0"
-            env[name] = quantity_value(given or fallback, str(ref.get("divisor", "1")))
-    return env
-
-
-def referenced_objects(container: Mapping[str, Any]) -> tuple[set[str], set[str]]:
-    """The Secrets and ConfigMaps a container's env names."""
-    secrets: set[str] = set()
-    config_maps: set[str] = set()
-    for source in container.get("envFrom") or []:
-        if "secretRef" in source:
-            secrets.add(source["secretRef"]["name"])
-        if "configMapRef" in source:
-            config_maps.add(source["configMapRef"]["name"])
-    for var in container.get("env") or []:
-        value_from = var.get("valueFrom") or {}
-        if "secretKeyRef" in value_from:
-            secrets.add(value_from["secretKeyRef"]["name"])
-        if "configMapKeyRef" in value_from:
-            config_maps.add(value_from["configMapKeyRef"]["name"])
-    return secrets, config_maps
 
 
 def _condition(kind: str, value: bool, since: str) -> dict[str, str]:
@@ -174,252 +65,6 @@ class Sandbox:
     namespace: str | None
     ip: str
     etc_dir: Path  # hosts, resolv.conf, hostname
-
-
-class ContainerRunner:
-    """One container of a Pod: its process, probes, restarts and the state the kubelet reports."""
-
-    def __init__(self, worker: PodWorker, spec: Mapping[str, Any], *, init: bool) -> None:
-        self.worker = worker
-        self.spec = spec
-        self.init = init
-        self.name: str = spec["name"]
-        self.restart_count = 0
-        self.state: dict[str, Any] = {"waiting": {"reason": "ContainerCreating"}}
-        self.last_state: dict[str, Any] = {}
-        self.ready = False
-        self.started = False
-        self.container_id = ""
-        self.process: asyncio.subprocess.Process | None = None
-        self.target: ProbeTarget | None = None
-        self.stopping = False
-        self.kill_reason: str | None = None
-        self.exit_code: int | None = None
-
-    # --- status ---------------------------------------------------------------------------------------------
-
-    def status(self) -> dict[str, Any]:
-        image = self.spec.get("image", "")
-        status = {
-            "name": self.name,
-            "image": image,
-            "imageID": f"ardiff-dev://{image}",
-            "ready": self.ready,
-            "started": self.started,
-            "restartCount": self.restart_count,
-            "state": self.state,
-            "lastState": self.last_state,
-        }
-        if self.container_id:
-            status["containerID"] = self.container_id
-        return status
-
-    def log_path(self, restart: int | None = None) -> Path:
-        count = self.restart_count if restart is None else restart
-        return self.worker.directory / "logs" / self.name / f"{count}.log"
-
-    # --- running --------------------------------------------------------------------------------------------
-
-    async def run_once(self) -> int | None:
-        """Start the process and supervise it to its end: its exit code (None: it could not start)."""
-        worker = self.worker
-        try:
-            image = worker.kubelet.images.resolve(self.spec.get("image", ""))
-        except ImageNotFound as exc:
-            self._waiting("ErrImagePull", str(exc))
-            await worker.event(
-                "Failed", f"Failed to pull image {self.spec.get('image')!r}: {exc}", warning=True
-            )
-            return None
-        try:
-            spec = await worker.container_spec(self.spec, image)
-        except (ContainerConfigError, ValueError) as exc:
-            self._waiting("CreateContainerConfigError", str(exc))
-            await worker.event("Failed", f"Error: {exc}", warning=True)
-            return None
-        path = self.log_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        spec_path = worker.directory / f"{self.name}.container.json"
-        spec_path.write_text(json.dumps(spec))
-        read_status, write_status = os.pipe()
-        with path.open("ab") as output:
-            self.process = await asyncio.create_subprocess_exec(
-                worker.kubelet.config.python,
-                "-I",
-                "-S",
-                container_init.__file__,
-                str(spec_path),
-                str(write_status),
-                stdout=output,
-                stderr=output,
-                stdin=asyncio.subprocess.DEVNULL,
-                start_new_session=True,
-                pass_fds=(write_status,),
-            )
-        os.close(write_status)
-        failure = await asyncio.to_thread(_read_all, read_status)
-        if failure:
-            await self.process.wait()
-            self.process = None
-            self._waiting("RunContainerError", failure)
-            await worker.event(
-                "Failed", f"Error: failed to start container {self.name!r}: {failure}", warning=True
-            )
-            return None
-        started_at = now_rfc3339()
-        self.container_id = f"process://{self.process.pid}"
-        self.state = {"running": {"startedAt": started_at}}
-        self.exit_code = None
-        self.kill_reason = None
-        self.target = ProbeTarget(
-            address=worker.sandbox.ip if worker.sandbox else "127.0.0.1",
-            ports={p["name"]: int(p["containerPort"]) for p in self.spec.get("ports") or [] if p.get("name")},
-            pid=self.process.pid,
-            uid=spec["uid"],
-            gid=spec["gid"],
-            env=spec["env"],
-        )
-        await worker.event("Started", f"Started container {self.name}")
-        worker.changed()
-        probes = None if self.init else asyncio.create_task(self._probe())
-        code = await self.process.wait()
-        if probes is not None:
-            probes.cancel()
-            await asyncio.gather(probes, return_exceptions=True)
-        self.ready = False
-        self.started = False
-        exit_code = code if code >= 0 else 128 - code
-        reason = self.kill_reason or ("Completed" if exit_code == 0 else "Error")
-        terminated = {
-            "exitCode": exit_code,
-            "reason": reason,
-            "startedAt": started_at,
-            "finishedAt": now_rfc3339(),
-            "containerID": self.container_id,
-        }
-        if code < 0:
-            terminated["signal"] = -code
-        self.state = {"terminated": terminated}
-        self.exit_code = exit_code
-        self.process = None
-        worker.changed()
-        return exit_code
-
-    def _waiting(self, reason: str, message: str) -> None:
-        self.state = {"waiting": {"reason": reason, "message": message}}
-        self.worker.changed()
-
-    async def run(self, restart_policy: str) -> None:
-        """Run, restarting per `restart_policy` with back-off, until the Pod stops it or it is done."""
-        backoff = self.worker.kubelet.config.restart_backoff_seconds
-        while not self.stopping:
-            began = time.monotonic()
-            code = await self.run_once()
-            if self.stopping:
-                return
-            if code is not None and (
-                restart_policy == "Never" or (restart_policy == "OnFailure" and code == 0)
-            ):
-                return
-            if time.monotonic() - began > BACKOFF_RESET_SECONDS:
-                backoff = self.worker.kubelet.config.restart_backoff_seconds
-            if code is not None:
-                self.last_state = self.state
-                self.state = {
-                    "waiting": {
-                        "reason": "CrashLoopBackOff",
-                        "message": f"back-off {backoff:g}s restarting failed container={self.name} "
-                        f"pod={self.worker.name}_{self.worker.namespace}({self.worker.uid})",
-                    }
-                }
-                self.worker.changed()
-                await self.worker.event(
-                    "BackOff", f"Back-off restarting failed container {self.name}", warning=True
-                )
-            await self.worker.sleep_unless_stopping(backoff)
-            backoff = min(backoff * 2, self.worker.kubelet.config.max_restart_backoff_seconds)
-            if code is not None and not self.stopping:
-                self.restart_count += 1
-
-    async def _probe(self) -> None:
-        """Startup first (nothing else runs until it passes), then liveness and readiness side by side."""
-        startup = self.spec.get("startupProbe")
-        if startup is not None:
-            passed = await self._probe_loop("startup", startup)
-            if not passed:
-                return
-        self.started = True
-        if self.spec.get("readinessProbe") is None:
-            self.ready = True
-        self.worker.changed()
-        loops = [
-            self._probe_loop(kind, self.spec[f"{kind}Probe"])
-            for kind in ("liveness", "readiness")
-            if self.spec.get(f"{kind}Probe") is not None
-        ]
-        await asyncio.gather(*loops)
-
-    async def _probe_loop(self, kind: str, probe: Mapping[str, Any]) -> bool:
-        """Run one probe kind for the life of the process; for `startup`, return once it passed (True) or
-        failed for good (False: the container is killed)."""
-        assert self.target is not None
-        client = self.worker.kubelet.probe_client
-        await asyncio.sleep(setting(probe, "initialDelaySeconds"))
-        successes = failures = 0
-        while self.process is not None:
-            ok, message = await run_probe(probe, self.target, client)
-            successes, failures = (successes + 1, 0) if ok else (0, failures + 1)
-            if kind == "startup":
-                if ok:
-                    return True
-                if failures >= setting(probe, "failureThreshold"):
-                    await self.kill("Startup probe failed: " + message)
-                    return False
-            elif kind == "liveness" and failures >= setting(probe, "failureThreshold"):
-                await self.kill(f"Liveness probe failed: {message}")
-                return False
-            elif kind == "readiness":
-                if not self.ready and successes >= setting(probe, "successThreshold"):
-                    self.ready = True
-                    self.worker.changed()
-                elif self.ready and failures >= setting(probe, "failureThreshold"):
-                    self.ready = False
-                    self.worker.changed()
-                    await self.worker.event("Unhealthy", f"Readiness probe failed: {message}", warning=True)
-            await asyncio.sleep(setting(probe, "periodSeconds"))
-        return False
-
-    async def kill(self, why: str) -> None:
-        """A failed liveness or startup probe: the container is stopped (and restarted per policy)."""
-        await self.worker.event("Unhealthy", why, warning=True)
-        await self.worker.event("Killing", f"Container {self.name} failed liveness probe, will be restarted")
-        await self.stop_process(self.worker.grace_seconds())
-
-    async def stop_process(self, grace: float) -> None:
-        """SIGTERM to the container's process group, SIGKILL after `grace` seconds."""
-        process = self.process
-        if process is None or process.returncode is not None:
-            return
-        _signal_group(process.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), timeout=max(grace, 0))
-        except TimeoutError:
-            _signal_group(process.pid, signal.SIGKILL)
-            await process.wait()
-
-
-def _read_all(fd: int) -> str:
-    chunks = []
-    with os.fdopen(fd, "rb") as handle:
-        while chunk := handle.read(4096):
-            chunks.append(chunk)
-    return b"".join(chunks).decode(errors="replace")
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    """Signal the container's whole process group (its command may have children), as a runtime would."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, sig)
 
 
 @dataclass
@@ -632,8 +277,6 @@ class PodWorker:
             self.sandbox = None
 
     async def _run_simulated(self) -> None:
-        from ardiff.devcluster.simulated_pods import run_simulated, simulated_link
-
         self.initialized = self.sandbox_ready = True
         self.sandbox = Sandbox(None, self.kubelet.allocate_ip(self.uid), self.directory)
         runner = self.runners[0]
@@ -671,8 +314,6 @@ class PodWorker:
                 continue
             data = reply.json().get("data") or {}
             if kind == "secret":
-                import base64
-
                 found[name] = {k: base64.b64decode(v).decode(errors="replace") for k, v in data.items()}
             else:
                 found[name] = dict(data)
@@ -867,8 +508,3 @@ class PodWorker:
             self._dirty.clear()
             await self._report()
             await asyncio.sleep(0.05)
-
-
-def container_names(pod: Mapping[str, Any]) -> Sequence[str]:
-    spec = pod["spec"]
-    return [c["name"] for c in [*(spec.get("initContainers") or []), *spec["containers"]]]
