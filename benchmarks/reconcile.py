@@ -1,15 +1,18 @@
 """The operator at scale: 1,000 sessions applied to one pool on the dev cluster, apply → Ready latency.
 
-Both runs use the same dev cluster (emulated API in its own process, real Redis, the pod runner):
+Both runs use the same dev cluster (real etcd, kube-apiserver, controller-manager and scheduler, the process
+kubelet's two nodes, real Redis), one after the other:
 - baseline: a bare kopf operator whose only handler marks each new session `Ready` (one status patch):
-  the floor that kopf and this API put under any operator;
-- ardiff: the real operator (`ardiff operator run`), a pool of fake-runtime worker Pods (the real worker app
-  over the fake runtime, started and registered before the clock starts), token Secrets, placement in Redis.
+  the floor that kopf and this API server put under any operator;
+- ardiff: the real operator (`ardiff operator run`), a pool of fake-runtime worker Pods (the worker image's
+  worker app over the fake runtime, processes on the process nodes, started and registered before the clock
+  starts), token Secrets, placement in Redis.
 
-Sessions are created by `--clients` concurrent HTTP clients; Ready is observed on a watch. Printed:
-p50/p99/max apply → Ready, the time until all are Ready, sessions/s, the operator's peak RSS and its CPU
-while idle with every session Ready (its level-triggered rounds), and ardiff's p50 as a ratio of the
-baseline's.
+Sessions are created by `--clients` concurrent HTTP clients as the cluster's admin (TLS, client certificate);
+Ready is observed on a watch. Printed: p50/p99/max apply → Ready, the time until all are Ready, sessions/s,
+the operator's peak RSS and its CPU while idle with every session Ready (its level-triggered rounds), the CPU
+the operator and kube-apiserver + etcd spent per session, the API writes per session each operator caused
+(from the API server's `apiserver_request_total`), and ardiff's figures as ratios of the baseline's.
 
     .venv/bin/python benchmarks/reconcile.py [--sessions 1000] [--pods 4] [--clients 8]
 """
@@ -19,12 +22,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import re
 import statistics
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +40,16 @@ import httpx
 import psutil
 
 from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster
+from ardiff.devcluster.kubeconfig import Credentials
 from ardiff.devcluster.operator_process import OperatorProcess
 
 GROUP_PATH = "/apis/ardiffusion.dev/v1alpha1/namespaces/{ns}"
 OPERATOR_ENV = {"ARDIFF_OPERATOR_RECONCILE_SECONDS": "2", "ARDIFF_OPERATOR_MIRROR_SECONDS": "5"}
+MUTATING_VERBS = {"POST", "PUT", "PATCH", "DELETE", "APPLY"}
+# Written on their own clock whatever the operators do (the kubelets' Leases and Node status).
+BACKGROUND_RESOURCES = {"leases", "nodes"}
+REQUEST_LINE = re.compile(r"^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$", re.MULTILINE)
+LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 def session_body(name: str, pool: str) -> dict[str, Any]:
@@ -64,6 +78,35 @@ def pool_body(pods: int, capacity: int) -> dict[str, Any]:
     }
 
 
+def api_writes(client: httpx.Client) -> Counter[str]:
+    """The API server's mutating requests so far (`apiserver_request_total`), by "VERB resource[/sub]",
+    without the kubelets' Lease and Node heartbeats."""
+    counts: Counter[str] = Counter()
+    for labels, value in REQUEST_LINE.findall(client.get("/metrics").text):
+        found = dict(LABEL.findall(labels))
+        if found.get("verb") not in MUTATING_VERBS or found.get("resource") in BACKGROUND_RESOURCES:
+            continue
+        sub = found.get("subresource")
+        counts[f"{found['verb']} {found.get('resource', '')}{'/' + sub if sub else ''}"] += int(float(value))
+    return counts
+
+
+def component_pids(cluster: DevCluster, names: Sequence[str] = ("kube-apiserver", "etcd")) -> list[int]:
+    """The pids of the named control-plane components (nsenter execs each binary: its pid is theirs)."""
+    assert cluster.control_plane is not None
+    return [
+        c.process.pid for c in cluster.control_plane.components if c.name in names and c.process is not None
+    ]
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        times = psutil.Process(pid).cpu_times()
+        total += times.user + times.system
+    return total
+
+
 class PeakRss:
     """Samples a process' RSS on a thread; `peak` in bytes."""
 
@@ -86,6 +129,37 @@ class PeakRss:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+@dataclass
+class Cost:
+    """What a phase cost beyond the latencies: CPU of the operator, of kube-apiserver + etcd and of this
+    process (the clients and the watch), and the API writes made meanwhile (the benchmark's own creates taken
+    out)."""
+
+    operator_cpu_s: float = 0.0
+    api_cpu_s: float = 0.0
+    client_cpu_s: float = 0.0
+    writes: Counter[str] = field(default_factory=Counter)
+
+
+@contextmanager
+def costed(cluster: DevCluster, operator_pid: int, created: int) -> Iterator[Cost]:
+    """Measure the CPU and the API writes of the block; `created` sessions are the block's own POSTs."""
+    cost = Cost()
+    api = component_pids(cluster)
+    with cluster.admin.client() as client:
+        writes_before = api_writes(client)
+        operator_before, api_before = cpu_seconds([operator_pid]), cpu_seconds(api)
+        client_before = cpu_seconds([os.getpid()])
+        yield cost
+        cost.operator_cpu_s = cpu_seconds([operator_pid]) - operator_before
+        cost.api_cpu_s = cpu_seconds(api) - api_before
+        cost.client_cpu_s = cpu_seconds([os.getpid()]) - client_before
+        writes = api_writes(client)
+    writes.subtract(writes_before)
+    writes["POST ardiffusionsessions"] -= created
+    cost.writes = Counter({k: v for k, v in writes.items() if v > 0})
 
 
 @dataclass(frozen=True)
@@ -115,16 +189,20 @@ class Result:
     name: str
     burst: Phase
     paced: Phase
+    burst_cost: Cost
+    paced_cost: Cost
+    start_rss: int  # serving, before any session
     peak_rss: int
+    idle_rss: int  # after the idle CPU sample, every session Ready
     idle_cpu_percent: float
 
 
 async def watch_ready(
-    api: str, namespace: str, names: set[str], ready_at: dict[str, float], since: str
+    credentials: Credentials, namespace: str, names: set[str], ready_at: dict[str, float], since: str
 ) -> None:
     """Record when each of `names` is first seen Ready on a watch (resumed from `since`)."""
     path = f"{GROUP_PATH.format(ns=namespace)}/ardiffusionsessions"
-    async with httpx.AsyncClient(base_url=api, timeout=None) as client:
+    async with credentials.async_client(timeout=None) as client:
         while not names <= ready_at.keys():
             params = {"watch": "1", "resourceVersion": since, "allowWatchBookmarks": "true"}
             async with client.stream("GET", path, params=params) as response:
@@ -133,7 +211,7 @@ async def watch_ready(
                         continue
                     obj = json.loads(line)["object"]
                     since = obj.get("metadata", {}).get("resourceVersion", since)
-                    name = obj["metadata"].get("name")
+                    name = obj.get("metadata", {}).get("name")
                     if (
                         name in names
                         and name not in ready_at
@@ -145,16 +223,25 @@ async def watch_ready(
 
 
 async def apply_sessions(
-    api: str, namespace: str, pool: str, names: list[str], *, clients: int, rate: float, ready_within: float
+    credentials: Credentials,
+    namespace: str,
+    pool: str,
+    names: list[str],
+    *,
+    clients: int,
+    rate: float,
+    ready_within: float,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Create the sessions (all at once from `clients` concurrent clients, or one every 1/`rate` seconds) and
     watch them become Ready; returns (applied_at, ready_at) in monotonic seconds."""
     path = f"{GROUP_PATH.format(ns=namespace)}/ardiffusionsessions"
     applied_at: dict[str, float] = {}
     ready_at: dict[str, float] = {}
-    async with httpx.AsyncClient(base_url=api, timeout=30) as client:
-        since = (await client.get(path)).json()["metadata"]["resourceVersion"]
-        watcher = asyncio.create_task(watch_ready(api, namespace, set(names), ready_at, since))
+    async with credentials.async_client(timeout=60) as client:
+        listed = await client.get(path, params={"limit": "1"})
+        listed.raise_for_status()
+        since = listed.json()["metadata"]["resourceVersion"]
+        watcher = asyncio.create_task(watch_ready(credentials, namespace, set(names), ready_at, since))
 
         async def create(name: str) -> None:
             applied_at[name] = time.monotonic()
@@ -203,49 +290,56 @@ def measure(
     operator.start()
     operator.wait_ready()
     assert operator.pid is not None
+    start_rss = psutil.Process(operator.pid).memory_info().rss
     burst_names = [f"burst-{i:04d}" for i in range(args.sessions)]
     paced_names = [f"paced-{i:04d}" for i in range(args.paced)]
     with PeakRss(operator.pid) as rss:
-        burst = asyncio.run(
-            apply_sessions(
-                cluster.api_url,
-                namespace,
-                pool,
-                burst_names,
-                clients=args.clients,
-                rate=0,
-                ready_within=args.timeout,
+        with costed(cluster, operator.pid, len(burst_names)) as burst_cost:
+            burst = asyncio.run(
+                apply_sessions(
+                    cluster.admin,
+                    namespace,
+                    pool,
+                    burst_names,
+                    clients=args.clients,
+                    rate=0,
+                    ready_within=args.timeout,
+                )
             )
-        )
         # Paced arrivals on top of the resident burst: what one user waits for in a busy pool.
-        paced = asyncio.run(
-            apply_sessions(
-                cluster.api_url,
-                namespace,
-                pool,
-                paced_names,
-                clients=1,
-                rate=args.rate,
-                ready_within=args.timeout,
+        with costed(cluster, operator.pid, len(paced_names)) as paced_cost:
+            paced = asyncio.run(
+                apply_sessions(
+                    cluster.admin,
+                    namespace,
+                    pool,
+                    paced_names,
+                    clients=1,
+                    rate=args.rate,
+                    ready_within=args.timeout,
+                )
             )
-        )
         print(
             f"{name}: {len(burst_names) + len(paced_names)} sessions Ready; sampling idle CPU",
             file=sys.stderr,
         )
         idle = idle_cpu_percent(operator.pid, args.idle_seconds)
+        idle_rss = psutil.Process(operator.pid).memory_info().rss
     operator.stop()
-    return Result(name, Phase.of(*burst), Phase.of(*paced), rss.peak, idle)
+    return Result(
+        name, Phase.of(*burst), Phase.of(*paced), burst_cost, paced_cost, start_rss, rss.peak, idle_rss, idle
+    )
 
 
 def create_namespace(cluster: DevCluster, namespace: str) -> None:
-    httpx.post(
-        f"{cluster.api_url}/api/v1/namespaces", json={"metadata": {"name": namespace}}
-    ).raise_for_status()
+    assert cluster.control_plane is not None
+    cluster.control_plane.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}])
 
 
 def run(args: argparse.Namespace) -> None:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="ardiff-bench-reconcile-"))
+    load = os.getloadavg()
+    print(f"dev cluster under {workdir}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
     with DevCluster(workdir) as cluster:
         create_namespace(cluster, "baseline")
         baseline_operator = OperatorProcess(
@@ -260,31 +354,51 @@ def run(args: argparse.Namespace) -> None:
         create_namespace(cluster, "bench")
         capacity = -(-(args.sessions + args.paced) // args.pods)
         pool_path = f"{GROUP_PATH.format(ns='bench')}/ardiffusionworkerpools"
-        httpx.post(f"{cluster.api_url}{pool_path}", json=pool_body(args.pods, capacity)).raise_for_status()
+        with cluster.admin.client() as http:
+            http.post(pool_path, json=pool_body(args.pods, capacity)).raise_for_status()
         operator = OperatorProcess(
             OPERATOR_COMMAND,
             kubeconfig=cluster.kubeconfig,
             redis_url=cluster.redis_url,
             namespace="bench",
             log_path=cluster.logs_dir / "operator.log",
-            env=OPERATOR_ENV,
+            env={**OPERATOR_ENV, "ARDIFF_WORKER_REDIS_URL": cluster.cluster_redis_url},
         )
         # Boot the pool first (its Pods register in Redis), so that the clock measures admission only.
         operator.start()
-        deadline = time.monotonic() + 120
-        while True:
-            status = httpx.get(f"{cluster.api_url}{pool_path}/bench").json().get("status") or {}
-            if (
-                status.get("readyReplicas") == args.pods
-                and status.get("capacity", 0) >= args.sessions + args.paced
-            ):
-                break
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the pool did not come up within 120 s: {status}; see {workdir}/logs")
-            time.sleep(0.5)
+        deadline = time.monotonic() + args.pool_timeout
+        with cluster.admin.client() as http:
+            while True:
+                status = http.get(f"{pool_path}/bench").json().get("status") or {}
+                if (
+                    status.get("readyReplicas") == args.pods
+                    and status.get("capacity", 0) >= args.sessions + args.paced
+                ):
+                    break
+                if time.monotonic() > deadline:
+                    raise SystemExit(
+                        f"the pool did not come up within {args.pool_timeout} s: {status}; see {workdir}/logs"
+                    )
+                time.sleep(0.5)
         operator.stop()
         ardiff = measure("ardiff operator", cluster, operator, "bench", "bench", args)
+        with cluster.admin.client() as http:
+            session = http.get(f"{GROUP_PATH.format(ns='bench')}/ardiffusionsessions/burst-0000").json()
+        managed = len(json.dumps(session["metadata"].get("managedFields", [])))
+        print(f"a Ready session as the API returns it: {len(json.dumps(session))} bytes of JSON", end=" ")
+        print(f"({managed} of them managedFields)")
+    load = os.getloadavg()
+    print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print_table([baseline, ardiff], args)
+
+
+def per_session(cost: Cost, sessions: int) -> tuple[float, float, float]:
+    """(operator CPU ms, kube-apiserver + etcd CPU ms, API writes) per session."""
+    return (
+        1000 * cost.operator_cpu_s / sessions,
+        1000 * cost.api_cpu_s / sessions,
+        sum(cost.writes.values()) / sessions,
+    )
 
 
 def print_table(results: list[Result], args: argparse.Namespace) -> None:
@@ -294,20 +408,39 @@ def print_table(results: list[Result], args: argparse.Namespace) -> None:
     )
     header = (
         f"{'operator':<22} {'phase':<6} {'p50 (s)':>8} {'p99 (s)':>8} {'max (s)':>8} {'all Ready (s)':>14} "
-        f"{'sessions/s':>11} {'peak RSS (MiB)':>15} {'idle CPU (%)':>13}"
+        f"{'sessions/s':>11} {'RSS start/peak/idle MiB':>24} {'idle CPU (%)':>13} {'op CPU ms/s.':>13} "
+        f"{'API+etcd CPU ms/s.':>19} {'writes/s.':>10}"
     )
     print(header)
     print("-" * len(header))
     for r in results:
-        for label, phase in (("burst", r.burst), ("paced", r.paced)):
+        for label, phase, cost in (("burst", r.burst, r.burst_cost), ("paced", r.paced, r.paced_cost)):
+            op_ms, api_ms, writes = per_session(cost, len(phase.latencies))
             print(
                 f"{r.name:<22} {label:<6} {phase.quantile(0.5):>8.3f} {phase.quantile(0.99):>8.3f} "
                 f"{max(phase.latencies):>8.3f} {phase.all_ready_s:>14.1f} {phase.rate:>11.1f} "
-                f"{r.peak_rss / 2**20:>15.0f} {r.idle_cpu_percent:>13.1f}"
+                f"{' / '.join(f'{b / 2**20:.0f}' for b in (r.start_rss, r.peak_rss, r.idle_rss)):>24} "
+                f"{r.idle_cpu_percent:>13.1f} "
+                f"{op_ms:>13.1f} {api_ms:>19.1f} "
+                f"{writes:>10.2f}"
             )
+    print("\nAPI writes per session of the burst, beyond its create (apiserver_request_total):")
+    for r in results:
+        n = len(r.burst.latencies)
+        parts = ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(r.burst_cost.writes.items()) if v / n >= 0.01)
+        print(f"  {r.name}: {parts or 'none'}")
+    print("this process (the clients creating, the watch) per session of the burst:")
+    for r in results:
+        print(f"  {r.name}: {1000 * r.burst_cost.client_cpu_s / len(r.burst.latencies):.1f} ms CPU")
     baseline, ardiff = results
+    base_ms, ardiff_ms = (per_session(r.burst_cost, len(r.burst.latencies)) for r in results)
     print(f"\nburst sessions/s, ardiff / baseline: {ardiff.burst.rate / baseline.burst.rate:.2f}x")
     print(f"paced p50, ardiff / baseline: {ardiff.paced.quantile(0.5) / baseline.paced.quantile(0.5):.2f}x")
+    print(
+        f"burst per session, ardiff / baseline: operator CPU {ardiff_ms[0] / base_ms[0]:.2f}x, "
+        f"kube-apiserver + etcd CPU {ardiff_ms[1] / base_ms[1]:.2f}x, API writes "
+        f"{ardiff_ms[2] / base_ms[2]:.2f}x"
+    )
     paced_met = "met" if ardiff.paced.quantile(0.5) <= 0.5 else "MISSED"
     burst_met = "met" if ardiff.burst.all_ready_s <= 60 else "MISSED"
     print(
@@ -342,6 +475,7 @@ def main() -> None:
     parser.add_argument("--paced", type=int, default=100, help="sessions applied at --rate after the burst")
     parser.add_argument("--rate", type=float, default=10, help="paced arrivals per second")
     parser.add_argument("--timeout", type=float, default=300, help="seconds for all sessions to become Ready")
+    parser.add_argument("--pool-timeout", type=float, default=300, help="seconds for the pool's Pods")
     parser.add_argument("--idle-seconds", type=float, default=10, help="how long idle CPU is sampled")
     parser.add_argument("--workdir", help="where the dev cluster keeps its logs (default: a temp dir)")
     parser.add_argument("--baseline-operator", action="store_true", help=argparse.SUPPRESS)

@@ -1,21 +1,24 @@
 """The operator at scale with simulated pods (issue 14 item 7): P pods x S sessions in a pool, three sizes.
 
-Per size, a fresh dev cluster (the emulated API in its own process, a real `redis-server`, the pod runner in
-simulated mode: worker Pods that register and heartbeat through the worker's `PodLink`, no processes) and the
-real operator (`ardiff operator run`, real kopf) serving its Prometheus metrics:
+Per size, a fresh dev cluster (real etcd, kube-apiserver, controller-manager and scheduler; no process nodes,
+only simulated ones: `NodeSpec(simulated=True)`, tainted and labelled, one per `NODE_PODS` pods, whose
+kubelet gives each Pod an address but no process: it registers and heartbeats in Redis through the worker's
+`PodLink`; a real `redis-server`) and the real operator (`ardiff operator run`, real kopf, the cluster's
+admin) serving its Prometheus metrics:
 1. the pool (replicas min = max = P; fake-runtime capacity ceil((S + 2 x burst) / P); lease 600 s, heartbeat
-   60 s) comes up: the operator creates its P Pods, the simulated runner registers them;
+   60 s; pinned to the simulated nodes by a nodeSelector and a toleration) comes up: the operator creates its
+   P Pods, the scheduler binds them, the simulated nodes' kubelets register them;
 2. one session is applied and admitted by the operator: the template of the seeded ones (spec, kopf's
    annotations);
 3. S sessions are seeded while the operator runs, `--seed-chunk` at a time, each chunk first into Redis
    through the store (32 placers, then one tick each) and then into the API as CRs (the template renamed, with
-   the status the operator's own `build_session_status` derives from each record) through
-   `POST /devcluster/seed` (no 100k creates, no admission: an etcd restore). Seeded while it runs because
-   kopf's start over listed objects was quadratic (6, below); timed: until the operator's index has them all
-   Ready;
+   the status the operator's own `build_session_status` derives from each record) through the API server as
+   any client makes them (`scale_seed.seed_objects`: a create and a status write each, admission included,
+   16 in flight). Seeded while it runs because kopf's start over listed objects was quadratic (6, below);
+   timed: until the operator's index has them all Ready;
 4. idle rounds (nothing changes) for `--rounds` rounds: each round's time (the increase of
    `ardiff_pool_reconcile_seconds_sum` per new round, sampled every 0.5 s), the API writes made meanwhile
-   (resourceVersion), the operator's RSS;
+   (`apiserver_request_total`, the kubelets' Lease and Node heartbeats left out), the operator's RSS;
 5. a burst of `--burst` new sessions created by 8 clients (benchmarks/reconcile.py's `apply_sessions`):
    apply -> Ready p50 / p99 on a watch, and the rounds during it;
 6. up to `--restart-up-to` sessions: the operator restarted over them, until it serves and until its first
@@ -23,8 +26,9 @@ real operator (`ardiff operator run`, real kopf) serving its Prometheus metrics:
    wakes every waiting worker at each toggle, quadratic in the objects listed; operator/kopf_patch.py makes it
    linear); with `--kopf-unpatched`, then restarted once more without that patch (ARDIFF_KOPF_UNPATCHED=1),
    its first round awaited for at most `--unpatched-timeout` seconds.
-Also Redis `used_memory` per session (before and after 3) and the operator's peak RSS (VmHWM). The baseline is
-the first (smallest) size of the same run; every figure is also printed as a ratio of it.
+Also Redis `used_memory` per session (before and after 3), the operator's peak RSS (VmHWM), kube-apiserver's
+and etcd's RSS and etcd's database size (`apiserver_storage_size_bytes`). The baseline is the first (smallest)
+size of the same run; every figure is also printed as a ratio of it.
 
     nice -n 10 .venv/bin/python benchmarks/scale_operator.py [--sizes 10x1000,100x10000,1000x100000]
         [--burst 1000] [--rounds 5] [--restart-up-to 10000] [--kopf-unpatched] [--unpatched-timeout 300]
@@ -36,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -48,7 +53,7 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster
+from ardiff.devcluster.cluster import OPERATOR_COMMAND, SIMULATED_TAINT, DevCluster, NodeSpec
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.redis_server import free_port
 from ardiff.devcluster.scale_seed import (
@@ -66,7 +71,7 @@ from ardiff.operator.kopf_patch import UNPATCHED_ENV
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # The burst is applied and watched as benchmarks/reconcile.py does it.
-from reconcile import Phase, apply_sessions
+from reconcile import Phase, api_writes, apply_sessions, component_pids
 
 NAMESPACE = "scale"
 POOL = PoolId(NAMESPACE, "gpu")
@@ -82,6 +87,23 @@ SEED_PLACERS = 32
 BURST_CLIENTS = 8
 TIMEOUT = 1800.0
 ROUND_METRIC = "ardiff_pool_reconcile_seconds"
+# Simulated nodes advertise 1,000 pods each (SIMULATED_NODE_CAPACITY) on a /22 pod CIDR: one node per this
+# many of the pool's pods, so that no node is near full.
+NODE_PODS = 800
+SCALE_NODE_LABEL = "ardiff.dev/scale-node"
+PLACEMENT = {
+    "nodeSelector": {SCALE_NODE_LABEL: "true"},
+    "tolerations": [{"key": SIMULATED_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}],
+}
+STORAGE_SIZE = re.compile(r"^apiserver_storage_size_bytes\{[^}]*\} ([0-9.e+]+)$", re.MULTILINE)
+
+
+def simulated_nodes(pods: int) -> list[NodeSpec]:
+    """Enough simulated nodes for `pods`, tainted and labelled for the pool's placement."""
+    return [
+        NodeSpec(f"sim-{n}", simulated=True, labels={SCALE_NODE_LABEL: "true"}, taints=(SIMULATED_TAINT,))
+        for n in range(1, max(1, -(-pods // NODE_PODS)) + 1)
+    ]
 
 
 def pool_body(pods: int, capacity: int) -> dict[str, Any]:
@@ -103,6 +125,7 @@ def pool_body(pods: int, capacity: int) -> dict[str, Any]:
             ],
             "replicas": {"min": pods, "max": pods},
             "scaleDownDelaySeconds": 3600,
+            **PLACEMENT,
         },
     }
 
@@ -201,7 +224,9 @@ class SizeResult:
     writes_per_round: float  # API writes during the idle rounds, per round
     operator_rss: int  # after the idle rounds
     operator_peak_rss: int  # VmHWM at the end
-    api_rss: int
+    api_rss: int  # kube-apiserver
+    etcd_rss: int
+    etcd_bytes: int  # etcd's database, as the API server reports it
     burst: Phase
     burst_rounds: list[float]
 
@@ -223,9 +248,9 @@ def peak_rss(pid: int) -> int:
     raise RuntimeError(f"no VmHWM for pid {pid}")
 
 
-def resource_version(http: httpx.Client) -> int:
-    """The API's current resourceVersion (a cheap list): how many writes it has taken."""
-    return int(http.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps").json()["metadata"]["resourceVersion"])
+def etcd_size(http: httpx.Client) -> int:
+    """etcd's database size in bytes, as the API server last read it (`apiserver_storage_size_bytes`)."""
+    return int(max((float(v) for v in STORAGE_SIZE.findall(http.get("/metrics").text)), default=0.0))
 
 
 def boot_pool(http: httpx.Client, pods: int, capacity: int) -> dict[str, Any]:
@@ -286,17 +311,23 @@ def seed(
         redis_bytes += added
         started = time.monotonic()
         seed_objects(
-            cluster.api_url,
+            cluster.admin,
+            f"{GROUP}/ardiffusionsessions",
             [seeded_session(template, n, bindings[n], pods[bindings[n].pod], now_ms) for n in part],
         )
         api_s += time.monotonic() - started
+        print(
+            f"  seeded {start + len(part)} of {len(names)} (Redis {redis_s:.0f} s, API {api_s:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
     return redis_s, api_s, redis_bytes
 
 
 def burst_of(cluster: DevCluster, count: int) -> Phase:
     names = [f"burst-{i:04d}" for i in range(count)]
     applied = apply_sessions(
-        cluster.api_url, NAMESPACE, POOL.name, names, clients=BURST_CLIENTS, rate=0, ready_within=TIMEOUT
+        cluster.admin, NAMESPACE, POOL.name, names, clients=BURST_CLIENTS, rate=0, ready_within=TIMEOUT
     )
     return Phase.of(*asyncio.run(applied))
 
@@ -338,8 +369,8 @@ def measure(workdir: Path, pods: int, sessions: int, args: argparse.Namespace) -
         profile = Path(args.profile) / f"operator-{pods}x{sessions}.prof"
         command = ("python", "-m", "cProfile", "-o", str(profile), "-m", "ardiff.cli", *command[1:])
     with (
-        DevCluster(workdir, namespace=NAMESPACE, simulated_pods=True) as cluster,
-        httpx.Client(base_url=cluster.api_url, timeout=120) as http,
+        DevCluster(workdir, namespace=NAMESPACE, nodes=simulated_nodes(pods)) as cluster,
+        cluster.admin.client(timeout=120) as http,
     ):
         operator = OperatorProcess(
             command,
@@ -347,7 +378,7 @@ def measure(workdir: Path, pods: int, sessions: int, args: argparse.Namespace) -
             redis_url=cluster.redis_url,
             namespace=NAMESPACE,
             log_path=cluster.logs_dir / "operator.log",
-            env=OPERATOR_ENV,
+            env={**OPERATOR_ENV, "ARDIFF_WORKER_REDIS_URL": cluster.cluster_redis_url},
         )
         operator.start().wait_ready()
         sampler = RoundSampler(metrics_url).start()
@@ -360,18 +391,26 @@ def measure(workdir: Path, pods: int, sessions: int, args: argparse.Namespace) -
             sampler.wait_ready_sessions(sessions + 1)  # and the template
             caught_up_s = time.monotonic() - seeded
             print(f"  operator caught up; sampling {args.rounds} idle rounds", file=sys.stderr, flush=True)
-            idle_from, rv_from = time.monotonic(), resource_version(http)
+            idle_from, writes_from = time.monotonic(), api_writes(http)
             rounds = sampler.wait_rounds(args.rounds, after=idle_from)
-            writes = resource_version(http) - rv_from
+            idle_writes = api_writes(http)
+            idle_writes.subtract(writes_from)
+            writes = sum(v for v in idle_writes.values() if v > 0)
+            if writes:
+                print(f"  writes during the idle rounds: {+idle_writes}", file=sys.stderr, flush=True)
             assert operator.pid is not None
             operator_rss = psutil.Process(operator.pid).memory_info().rss
             burst_from = time.monotonic()
             burst = burst_of(cluster, args.burst)
             burst_rounds = [s for seen, s in sampler.rounds if burst_from <= seen]
             operator_peak = peak_rss(operator.pid)
-            assert cluster.api is not None
-            assert cluster.api.process is not None
-            api_rss = psutil.Process(cluster.api.process.pid).memory_info().rss
+            (api_pid,), (etcd_pid,) = (
+                component_pids(cluster, ["kube-apiserver"]),
+                component_pids(cluster, ["etcd"]),
+            )
+            api_rss = psutil.Process(api_pid).memory_info().rss
+            etcd_rss = psutil.Process(etcd_pid).memory_info().rss
+            etcd_bytes = etcd_size(http)
         finally:
             sampler.stop()
         restarts = sessions <= args.restart_up_to
@@ -398,6 +437,8 @@ def measure(workdir: Path, pods: int, sessions: int, args: argparse.Namespace) -
         operator_rss=operator_rss,
         operator_peak_rss=operator_peak,
         api_rss=api_rss,
+        etcd_rss=etcd_rss,
+        etcd_bytes=etcd_bytes,
         burst=burst,
         burst_rounds=burst_rounds,
     )
@@ -429,7 +470,8 @@ def print_table(results: list[SizeResult], burst: int) -> None:
     )
     header = (
         f"{'pods':>5} {'sessions':>8} {'seed redis/API s':>16} {'B/session':>9} {'caught up s':>11} "
-        f"{'round p50/p99 s':>15} {'writes/round':>12} {'op RSS/peak MiB':>15} {'API MiB':>7} "
+        f"{'round p50/p99 s':>15} {'writes/round':>12} {'op RSS/peak MiB':>15} {'API/etcd MiB':>12} "
+        f"{'etcd DB MiB':>11} "
         f"{'burst p50/p99 s':>15} {'all Ready s':>11} {'rounds in burst (max s)':>23} "
         f"{'restart: serving/1st round s':>28} {'kopf unpatched: serving/1st round s':>35}"
     )
@@ -442,7 +484,8 @@ def print_table(results: list[SizeResult], burst: int) -> None:
             f"{r.pods:>5} {r.sessions:>8} {pair(r.seed_redis_s, r.seed_api_s, 0):>16} "
             f"{r.redis_bytes_per_session:>9.0f} {r.caught_up_s:>11.1f} "
             f"{pair(f['round p50 s'], f['round p99 s'], 3):>15} {r.writes_per_round:>12.1f} "
-            f"{pair(f['op RSS MiB'], f['op peak MiB'], 0):>15} {r.api_rss / 2**20:>7.0f} "
+            f"{pair(f['op RSS MiB'], f['op peak MiB'], 0):>15} "
+            f"{pair(r.api_rss / 2**20, r.etcd_rss / 2**20, 0):>12} {r.etcd_bytes / 2**20:>11.0f} "
             f"{pair(f['burst p50 s'], f['burst p99 s'], 2):>15} {r.burst.all_ready_s:>11.1f} {in_burst:>23} "
             f"{pair(r.restart_ready_s, r.restart_round_s, 1):>28} "
             f"{pair(r.unpatched_ready_s, r.unpatched_round_s, 1):>35}"
