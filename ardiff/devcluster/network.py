@@ -71,7 +71,11 @@ def namespace_pids(namespace: str) -> list[int]:
 
 
 def _kill_namespace(namespace: str) -> None:
-    """Kill what still runs in `namespace` (a crashed owner's pods), then delete it."""
+    """Kill what still runs in `namespace` (a crashed owner's pods), remove its interfaces, then delete it.
+
+    The interfaces go first, and explicitly: the kernel frees a namespace only when its last reference goes,
+    and then asynchronously (once 108 s late on a loaded machine), and until then its interfaces keep their
+    addresses and answer ARP on the bridge they are attached to, beside whoever is given the address next."""
     for _ in range(50):
         pids = namespace_pids(namespace)
         if not pids:
@@ -80,6 +84,10 @@ def _kill_namespace(namespace: str) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)
+    for link in ip("-o", "link", "show", namespace=namespace, check=False).splitlines():
+        name = link.split(":")[1].strip().partition("@")[0]
+        if name != "lo":
+            ip("link", "delete", name, namespace=namespace, check=False)
     ip("netns", "delete", namespace, check=False)
 
 

@@ -508,6 +508,45 @@ def test_deletion_sends_sigterm_then_sigkill_after_the_grace_period(ns: Namespac
     assert not Path(f"/proc/{pid}").exists()
 
 
+def test_a_deleted_pods_address_is_free_only_once_its_interface_is_gone(
+    dev_cluster: DevCluster, ns: Namespace
+) -> None:
+    """The kernel frees a network namespace when its last reference goes, and then only asynchronously (in
+    one CI run 108 s after its Pod was deleted): until then its eth0 answers for its address. Were the address
+    given to the next Pod meanwhile, two would answer ARP for it on the node's bridge (that Pod's Redis
+    connections timed out, its clients got RSTs from the dead one). So the kubelet removes the Pod's veth
+    pair itself, at once; the test holds the old namespace open to stand for the kernel's delay."""
+    ns.run("first", nodeName="node-1")
+    first = ns.wait_ready("first")
+    assert dev_cluster.network is not None
+    pod_id = first["metadata"]["uid"].replace("-", "")[:10]
+    node_namespace = dev_cluster.network.node_namespace(1)
+    veth = f"v{pod_id}"[:15]
+
+    def links() -> str:
+        command = ["ip", "-n", node_namespace, "-o", "link", "show"]
+        return subprocess.run(command, capture_output=True, text=True, check=True).stdout
+
+    assert f" {veth}@" in links()
+    holder = os.open(f"/run/netns/{dev_cluster.network.pod_namespace(pod_id)}", os.O_RDONLY)
+    try:
+        ns.http.delete(ns.path("pods", "first"), params={"gracePeriodSeconds": "0"}).raise_for_status()
+        wait_until(
+            lambda: ns.http.get(ns.path("pods", "first")).status_code == 404, timeout=30, what="pod gone"
+        )
+        wait_until(lambda: f" {veth}@" not in links(), timeout=10, what=f"{veth} gone from {node_namespace}")
+        held = subprocess.run(
+            ["nsenter", f"--net=/proc/{os.getpid()}/fd/{holder}", "ip", "-o", "-4", "addr", "show"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert f" {first['status']['podIP']}/" not in held  # the namespace lives on, without the address
+        assert " lo " in held
+    finally:
+        os.close(holder)
+
+
 def test_init_containers_run_first_in_order_and_a_failing_one_holds_the_pod(ns: Namespace) -> None:
     init = lambda name, code: {  # noqa: E731
         "name": name,
