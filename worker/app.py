@@ -14,8 +14,9 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Header, Path, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -68,7 +69,9 @@ class SessionList(BaseModel):
     capacity: int
     admitted: int
     kv_blocks: KVBlocksView | None
-    sessions: list[SessionView]
+    sessions: list[SessionView] | None = Field(
+        description="the sessions this pod holds: only for the pool's transfer token (or standalone)"
+    )
 
 
 class Status(BaseModel):
@@ -123,8 +126,14 @@ Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 # ------------------------------------------------------------------------------------------ middleware
 
 
-class BodySizeLimit:
-    """413 `body_too_large` for a body over `limit` bytes, declared or streamed, before any route runs."""
+class BodyGuard:
+    """Request bodies read only when a route asks for them, and within `limit` bytes.
+
+    Nothing is refused before a route reads the body: the tick route authenticates first (issue 23 item 10),
+    so a caller who may not tick gets 401 whatever the body. A body over `limit`, declared or streamed, is
+    413 `body_too_large` at the read (a declared one before a byte of it is received). An answer that goes
+    out before its request's body was read to the end closes the connection (`Connection: close`): the rest
+    of the body is never received, and the connection cannot be kept busy with it."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -134,40 +143,38 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._reject(scope, receive, send)
-            return
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
+        over = declared is not None and declared.isdigit() and int(declared) > self.limit
+        unread = b"transfer-encoding" in headers or (declared is not None and declared not in (b"", b"0"))
         received = 0
-        response_started = False
 
         async def limited_receive() -> Message:
-            nonlocal received
+            nonlocal received, unread
+            if over:
+                raise BodyOverflow(self.limit)
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
-                    raise _BodyOverflow
+                    raise BodyOverflow(self.limit)
+                unread = unread and message.get("more_body", False)
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal response_started
-            response_started = response_started or message["type"] == "http.response.start"
+        async def closing_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and unread:
+                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
             await send(message)
 
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _BodyOverflow:
-            if not response_started:
-                await self._reject(scope, receive, send)
-
-    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
-        error = BodyTooLarge(f"request body exceeds {self.limit} bytes")
-        await _error_response(error)(scope, receive, send)
+        await self.app(scope, limited_receive, closing_send)
 
 
-class _BodyOverflow(Exception):
-    pass
+class BodyOverflow(StarletteHTTPException):
+    """Raised from `receive`: an HTTPException, so FastAPI's body reading passes it on (it turns any other
+    exception into a 400) and `create_app` answers it as `BodyTooLarge`."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body exceeds {limit} bytes")
 
 
 class RouteError(WorkerError):
@@ -183,6 +190,25 @@ def _error_response(error: WorkerError) -> JSONResponse:
     retry = error.retry_after_seconds
     headers = None if retry is None else {"Retry-After": str(retry)}
     return JSONResponse(error.envelope(), status_code=error.status, headers=headers)
+
+
+class AuthenticatedTickRoute(APIRoute):
+    """The tick route: the checks that need no body (`WorkerService.admitted`: placement and token among
+    them) run before FastAPI reads and parses the body (issue 23 item 10). A caller who may not tick the
+    session gets 401 whatever the body, and its bytes are never read, buffered or parsed; a tick that passes
+    finds what it was admitted with in `request.state.admitted`."""
+
+    def get_route_handler(self) -> Any:
+        parse_and_tick = super().get_route_handler()
+
+        async def authenticated_first(request: Request) -> Response:
+            service: WorkerService = request.app.state.service
+            session_id = request.path_params["session_id"]
+            async with service.admitted(session_id, request.headers.get("authorization")) as admitted:
+                request.state.admitted = admitted
+                return await parse_and_tick(request)
+
+        return authenticated_first
 
 
 # ------------------------------------------------------------------------------------------ the app
@@ -203,8 +229,9 @@ def create_app(service: WorkerService) -> FastAPI:
         description="Ticks of the AR-diffusion sessions resident on this pod (vllm-omni paged-KV runner).",
         lifespan=lifespan,
     )
+    app.state.service = service
     family = service.family
-    app.add_middleware(BodySizeLimit, limit=max(MAX_BODY_BYTES, family.max_body_bytes))
+    app.add_middleware(BodyGuard, limit=max(MAX_BODY_BYTES, family.max_body_bytes))
 
     # -------------------------------------------------------------- the one exception -> status mapping
     def count(error: WorkerError) -> JSONResponse:
@@ -224,6 +251,8 @@ def create_app(service: WorkerService) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if isinstance(exc, BodyOverflow):
+            return count(BodyTooLarge(str(exc.detail)))
         error = RouteError(exc.status_code, str(exc.detail))
         return JSONResponse(error.envelope(), status_code=exc.status_code, headers=exc.headers)
 
@@ -238,9 +267,10 @@ def create_app(service: WorkerService) -> FastAPI:
         return None if credentials is None else f"{credentials.scheme} {credentials.credentials}"
 
     async def post_tick(
+        request: Request,
         session_id: SessionId,
         body: Any,  # the family's tick body (LingBot: camera controls; DreamZero: an observation), set below
-        credentials: Credentials = None,
+        credentials: Credentials = None,  # checked before the body is read (AuthenticatedTickRoute)
         accept: Annotated[str | None, Header()] = None,
         fault: Annotated[str | None, Header(alias=FAULT_HEADER, include_in_schema=False)] = None,
     ) -> Response:
@@ -251,22 +281,24 @@ def create_app(service: WorkerService) -> FastAPI:
                 "predicted frames come in the raw answer (Accept: application/octet-stream)",
                 param="return_frames",
             )
-        outcome = await service.tick(
-            session_id,
+        outcome = await service.tick_admitted(
+            request.state.admitted,
             values,
-            authorization=authorization(credentials),
             inject_fault=service.settings.test_faults and fault == "forward",
         )
         result = await service.respond(outcome, media_type)
         return Response(result.body, media_type=result.media_type, headers=result.headers)
 
     post_tick.__annotations__["body"] = family.tick_body
-    app.post(
+    app.router.add_api_route(
         "/v1/sessions/{session_id}/ticks",
+        post_tick,
+        methods=["POST"],
         response_class=Response,
         responses=_TICK_RESPONSES if family.name == "lingbot" else _ROBOT_TICK_RESPONSES,
         summary="Generate the session's next chunk",
-    )(post_tick)
+        route_class_override=AuthenticatedTickRoute,
+    )
 
     streams = SessionStreams()
 
@@ -315,9 +347,10 @@ def create_app(service: WorkerService) -> FastAPI:
         service.prefetch(session_id, authorization(credentials))
         return {"status": "accepted"}
 
-    @app.get("/v1/sessions", response_model=SessionList)
-    async def list_sessions() -> dict[str, Any]:
-        return service.list_sessions()
+    @app.get("/v1/sessions", response_model=SessionList, responses=_errors(401))
+    async def list_sessions(credentials: Credentials = None) -> dict[str, Any]:
+        """The pod's capacity and KV blocks; its sessions only with the pool's transfer token."""
+        return service.list_sessions(authorization(credentials))
 
     @app.get("/healthz", response_model=Status)
     async def healthz() -> dict[str, str]:

@@ -8,8 +8,11 @@ import os
 import signal
 import sys
 from types import FrameType
+from typing import Any
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ardiff.worker.app import create_app
 from ardiff.worker.errors import ModelUnavailable
@@ -20,6 +23,18 @@ from ardiff.worker.settings import WorkerSettings
 from ardiff.worker.stream import MAX_FRAME_BYTES
 
 log = logging.getLogger(__name__)
+
+# What a connection may cost before it has shown a credential (issue 23 item 10; contracts §10).
+# A request head (request line and headers) over this is 400: h11 refuses it, where httptools (uvicorn's
+# default parser) buffered a head of any size.
+MAX_REQUEST_HEAD_BYTES = 16 << 10
+# A connection has this long to send each request head, counted from when it opened or its last answer went
+# out, however slowly its bytes trickle in; then it is closed. (uvicorn's own keep-alive timer restarts at
+# every byte received and never runs for a connection that has sent nothing.)
+REQUEST_HEAD_SECONDS = 10
+# Open connections (HTTP and WebSocket); a request on one past it is answered 503. A pod serves a few
+# sessions, each a stream or a tick at a time, plus probes, metrics and pod-to-pod pulls: far fewer.
+MAX_CONNECTIONS = 512
 
 
 def load_runtime(settings: WorkerSettings) -> SessionRuntime:
@@ -38,6 +53,42 @@ def load_runtime(settings: WorkerSettings) -> SessionRuntime:
     from ardiff.worker.vllm_runtime import load_vllm_runtime
 
     return load_vllm_runtime(settings)
+
+
+class BoundedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline for each request head: `REQUEST_HEAD_SECONDS` from the moment
+    one is expected (the connection opened, or the previous answer went out) until it has arrived whole."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._await_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._head_arrived()
+        super().connection_lost(exc)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.conn.their_state is not h11.IDLE:  # a whole head was parsed (or the connection failed)
+            self._head_arrived()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # may parse a pipelined request already received
+        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+            self._await_head()
+
+    def _await_head(self) -> None:
+        self._head_arrived()
+        self._head_deadline = self.loop.call_later(REQUEST_HEAD_SECONDS, self.transport.close)
+
+    def _head_arrived(self) -> None:
+        if self._head_deadline is not None:
+            self._head_deadline.cancel()
+            self._head_deadline = None
 
 
 class DrainingServer(uvicorn.Server):
@@ -84,7 +135,10 @@ def serve(settings: WorkerSettings) -> None:
         port=settings.port,
         log_level="info",
         access_log=False,
-        timeout_keep_alive=30,
+        http=BoundedH11Protocol,
+        h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
+        timeout_keep_alive=REQUEST_HEAD_SECONDS,  # BoundedH11Protocol's deadline covers it: never later
+        limit_concurrency=MAX_CONNECTIONS,
         lifespan="on",
         ws_max_size=MAX_FRAME_BYTES,
     )

@@ -139,6 +139,16 @@ class UnreportedExport:
 
 
 @dataclass(frozen=True)
+class AdmittedTick:
+    """A tick past the checks that need no body (`WorkerService.admitted`): the session's record (None
+    standalone) and when the request arrived (`perf_counter`)."""
+
+    session_id: str
+    record: SessionRecord | None
+    arrived: float
+
+
+@dataclass(frozen=True)
 class TickResponse:
     body: bytes
     media_type: MediaType
@@ -421,16 +431,18 @@ class WorkerService:
     # ---------------------------------------------------------------- placement checks
 
     async def _placed_record(self, session_id: str, authorization: str | None, *, any_state: bool = False):
-        """The session's record when it may be served here (None standalone); 404/401/410/421 otherwise.
+        """The session's record when it may be served here (None standalone); 401/410/421 otherwise.
 
-        `any_state` lets a DELETE of an evicted or closed session succeed (close is idempotent).
+        Only the session's token learns anything of it: a wrong or missing token, a name without a record
+        and a name no session can have are all refused alike (`_refuse`). `any_state` lets a DELETE of an
+        evicted or closed session succeed (close is idempotent).
         """
         if self.link is None:
             return None
         try:
             check_name("session", session_id)
         except ValueError:
-            raise UnknownSession(f"no session {session_id!r}") from None
+            await self._refuse()
         try:
             record = await self.link.session(session_id)
         except Exception as exc:
@@ -439,7 +451,7 @@ class WorkerService:
         if record is None:
             await self._no_record(session_id, presented)
         if presented is None or not hmac.compare_digest(presented, record.token_sha256):
-            raise Unauthorized("missing or wrong bearer token for this session")
+            await self._refuse()
         if not any_state and record.state in (SessionState.SUSPENDED, SessionState.SUSPENDING):
             await self._demand_resume(session_id, record)
         if record.state is SessionState.PLACED and record.pod != self.link.pod:
@@ -497,29 +509,34 @@ class WorkerService:
         """The store has no record of the session: 503 `placement_recovering` while it may be rebuilt.
 
         A session this worker holds is alive (its KV is here) whatever the store says: Redis lost its data and
-        the operator rebuilds the binding from the session's status within a round. Its token is checked
-        against the hash the worker admitted it with. Any other id is "not rebuilt yet" while this pod's own
-        record is missing too (the store visibly lost its data and has not healed); otherwise it is 404: an id
-        the worker never held and the store does not know (contracts §4).
+        the operator rebuilds the binding from the session's status within a round; its own client (the token
+        it was admitted with) is told to retry. Any other caller is refused as one with a wrong token is
+        (`_refuse`): an id the worker never held and the store does not know looks like any other session.
         """
         assert self.link is not None
         book = self._books.get(session_id)
-        if book is not None and book.holds_slot:
-            if presented is None or not hmac.compare_digest(presented, book.token_sha256):
-                raise Unauthorized("missing or wrong bearer token for this session")
+        held = book is not None and book.holds_slot
+        if held and presented is not None and hmac.compare_digest(presented, book.token_sha256):
             raise PlacementRecovering(
                 f"session {session_id!r} lives on this worker but the placement store has no record of it "
                 "(its data was lost and is being rebuilt); retry"
             )
+        await self._refuse()
+
+    async def _refuse(self) -> NoReturn:
+        """The one answer to a caller who cannot show a session's token — a wrong or missing one, or a name
+        without a record (issue 23 item 10): which names exist is never told, not by the status, code or
+        message, nor by the error counters. 401 `unauthorized`, or 503 `placement_recovering` while this
+        pod's own record is missing too (the store visibly lost its data: the session's own client, whose
+        record is not rebuilt yet, retries). Each costs one more Redis read, of the pod's record."""
+        assert self.link is not None
         try:
             recovering = await self.link.store_lost_data()
         except Exception as exc:
             raise NotReady(f"placement store unavailable: {exc}") from exc
         if recovering:
-            raise PlacementRecovering(
-                f"the placement store lost its data and has no record of session {session_id!r} yet; retry"
-            )
-        raise UnknownSession(f"no session {session_id!r} in pool {self.link.pool}")
+            raise PlacementRecovering("the placement store lost its data and is rebuilding it; retry")
+        raise Unauthorized("missing or wrong bearer token for this session")
 
     # ---------------------------------------------------------------- ticks
 
@@ -541,6 +558,20 @@ class WorkerService:
             if not self._requests[key]:
                 del self._requests[key]
 
+    @contextlib.asynccontextmanager
+    async def admitted(self, session_id: str, authorization: str | None) -> AsyncIterator[AdmittedTick]:
+        """The checks of a tick that need no body, cheapest first: at most `MAX_REQUESTS_PER_SESSION` under
+        way (held until the tick ends), a draining pod's 421, readiness, then placement and token (one Redis
+        read). The HTTP tick runs them before its body is read (issue 23 item 10: a body from a caller who
+        may not tick costs nothing); `tick` runs them for the stream and OpenPI."""
+        arrived = time.perf_counter()
+        with self._counted(session_id, authorization):
+            if self._draining:
+                await self._misdirect_while_draining(session_id, authorization)
+            self.require_ready()
+            record = await self._placed_record(session_id, authorization)
+            yield AdmittedTick(session_id, record, arrived)
+
     async def tick(
         self,
         session_id: str,
@@ -551,19 +582,16 @@ class WorkerService:
     ) -> TickOutcome:
         """Generate the session's next chunk (or replay the last one for a retried request id); every
         contract of docs/contracts.md §4 is checked here, for the HTTP tick and the stream alike."""
-        with self._counted(session_id, authorization):
-            return await self._tick(session_id, body, authorization=authorization, inject_fault=inject_fault)
+        async with self.admitted(session_id, authorization) as admitted:
+            return await self.tick_admitted(admitted, body, inject_fault=inject_fault)
 
-    async def _tick(
-        self, session_id: str, body: dict[str, Any], *, authorization: str | None, inject_fault: bool
+    async def tick_admitted(
+        self, admitted: AdmittedTick, body: dict[str, Any], *, inject_fault: bool = False
     ) -> TickOutcome:
-        """`tick`, its cheap checks first (placement, token, the body's shape, one tick in flight, the chunk
-        order), then the family's decoding (pictures) in the decode pool, then the forward."""
-        arrived = time.perf_counter()
-        if self._draining:
-            await self._misdirect_while_draining(session_id, authorization)
-        runtime = self.require_ready()
-        record = await self._placed_record(session_id, authorization)
+        """`tick` once `admitted`: the body's shape, one tick in flight, the chunk order (cheap checks
+        first), then the family's decoding (pictures) in the decode pool, then the forward."""
+        session_id, record, arrived = admitted.session_id, admitted.record, admitted.arrived
+        runtime = self._require_loaded()
         tick = self.family.parse_tick(session_id, body)
         prefetch = self._prefetching.get(session_id)
         if prefetch is not None:  # the session is being pulled here already: its tick waits for that
@@ -1581,14 +1609,22 @@ class WorkerService:
         view = (book or SessionBook(session_id)).describe()
         return {**view, "resident": resident, "in_flight": session_id in self._in_flight}
 
-    def list_sessions(self) -> dict[str, Any]:
+    def list_sessions(self, authorization: str | None) -> dict[str, Any]:
+        """The pod's capacity and KV blocks for anyone (the numbers `/metrics` serves); the sessions it
+        holds only to the pool's transfer token (401 for any other credential; a pool without one lists
+        them to nobody), or to anyone standalone, where nothing is authenticated (issue 23 item 10)."""
+        named = self.link is None or authorization is not None
+        if self.link is not None and authorization is not None:
+            self._check_pool_token(authorization)
         blocks = self.runtime.kv_blocks() if self.runtime is not None else None
         return {
             "ready": self.ready,
             "capacity": self.capacity,
             "admitted": self._admitted(),
             "kv_blocks": None if blocks is None else {"free": blocks.free, "total": blocks.total},
-            "sessions": [self._describe(sid, book) for sid, book in sorted(self._books.items())],
+            "sessions": [self._describe(sid, book) for sid, book in sorted(self._books.items())]
+            if named
+            else None,
         }
 
     def render_metrics(self) -> bytes:

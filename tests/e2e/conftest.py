@@ -11,6 +11,7 @@ module's Redis is its own, so a test may restart it (every key lost) without tou
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -28,6 +29,7 @@ from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.redis_server import RedisServer
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
+from ardiff.operator.pods import TRANSFER_TOKEN_KEY, worker_redis_secret_name
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
@@ -178,9 +180,15 @@ class Stack:
         return self.placement(lambda store: store.check_invariants(self.pool_id))
 
     def worker(self, pod: str) -> dict[str, Any]:
-        """The worker's `GET /v1/sessions` (capacity, admitted sessions, KV blocks), at the Pod's address."""
+        """The worker's `GET /v1/sessions` (capacity, admitted sessions, KV blocks) at the Pod's address, with
+        the pool's transfer token (the sessions are named only to it)."""
         ip = self.pods()[pod]["status"]["podIP"]
-        return httpx.get(f"http://{ip}:8000/v1/sessions", timeout=10).json()
+        secret = self.api(
+            f"/api/v1/namespaces/{self.namespace}/secrets/{worker_redis_secret_name(self.pool)}"
+        )
+        token = base64.b64decode(secret["data"][TRANSFER_TOKEN_KEY]).decode()
+        headers = {"Authorization": f"Bearer {token}"}
+        return httpx.get(f"http://{ip}:8000/v1/sessions", headers=headers, timeout=10).json()
 
     def restart_count(self, pod: str) -> int:
         return self.pods()[pod]["status"]["containerStatuses"][0]["restartCount"]

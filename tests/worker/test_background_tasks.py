@@ -19,7 +19,7 @@ from ardiff.kv.placement import CONSUMER_GROUP, PlacementStore
 from ardiff.kv.records import PoolId, SessionState
 from ardiff.worker.metrics import WorkerMetrics
 from ardiff.worker.service import supervised
-from tests.worker.conftest import suspend_and_wait
+from tests.worker.conftest import TRANSFER_TOKEN, suspend_and_wait
 
 POOL = PoolId("default", f"wk-tasks-{uuid.uuid4().hex[:6]}")
 POD = "tasks-0"
@@ -46,6 +46,7 @@ def worker(launch_worker, own_redis, tmp_path_factory):
         lease_seconds=10,
         heartbeat_seconds=0.5,
         suspend_dir=str(tmp_path_factory.mktemp("tier")),
+        transfer_token=TRANSFER_TOKEN,  # the listing names sessions only to it
     )
     yield process
     process.stop()
@@ -80,7 +81,9 @@ async def test_a_redis_restart_during_an_ack_does_not_end_the_event_consumer(wor
         ticking.start()
 
         async def in_flight() -> bool:
-            listing = await asyncio.to_thread(worker.client.get, f"{worker.url}/v1/sessions")
+            listing = await asyncio.to_thread(
+                worker.client.get, f"{worker.url}/v1/sessions", headers=worker.headers(TRANSFER_TOKEN)
+            )
             return any(s["session_id"] == busy and s["in_flight"] for s in listing.json()["sessions"])
 
         await wait_until(in_flight, 5, "the tick to be in flight")

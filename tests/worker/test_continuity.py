@@ -100,7 +100,7 @@ async def test_suspend_exports_to_the_tier_frees_the_slot_and_a_tick_demands_the
     assert (record.tier, record.suspended_chunk) == ("shared", 3)
     assert record.bytes == (tier / record.location).stat().st_size > 0
     assert (await store.get_pod(POOL, "cont-a")).used == pod.used - 1  # a suspended session holds no slot
-    listing = pod_a.client.get(f"{pod_a.url}/v1/sessions").json()
+    listing = pod_a.client.get(f"{pod_a.url}/v1/sessions", headers=pod_a.headers(TRANSFER_TOKEN)).json()
     assert session not in {s["session_id"] for s in listing["sessions"]}  # released from the runner
 
     error = error_of(pod_a.tick(session, 3, token=TOKEN), 503, "resuming")

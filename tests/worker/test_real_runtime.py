@@ -143,7 +143,9 @@ async def test_two_sessions_interleaved_produce_real_frames(worker, store, place
         assert (await store.get_session(POOL, session)).chunk_index == 4
     resident = {
         s["session_id"]
-        for s in worker.client.get(f"{worker.url}/v1/sessions").json()["sessions"]
+        for s in worker.client.get(
+            f"{worker.url}/v1/sessions", headers=worker.headers(TRANSFER_TOKEN)
+        ).json()["sessions"]
         if s["resident"]
     }
     assert resident == {first, second}
@@ -319,7 +321,7 @@ async def test_an_eviction_waits_in_host_memory_and_resumes_bit_identically(work
         if kv_blocks(worker)["total"] - kv_blocks(worker)["free"] < taken:
             break
         await asyncio.sleep(0.05)
-    listing = worker.client.get(f"{worker.url}/v1/sessions").json()
+    listing = worker.client.get(f"{worker.url}/v1/sessions", headers=worker.headers(TRANSFER_TOKEN)).json()
     assert session not in {s["session_id"] for s in listing["sessions"]}
     assert kv_blocks(worker)["total"] - kv_blocks(worker)["free"] < taken  # its KV blocks are free
     await store.request_resume(POOL, session)

@@ -325,10 +325,12 @@ async def test_while_the_store_recovers_the_stream_is_told_to_retry(worker, stor
 # ------------------------------------------------------------------------------ errors that end the stream
 
 
-async def test_an_unknown_session_is_404_and_closes(worker):
-    async with open_stream(worker, "no-such-session") as ws:
-        await error(ws, "unknown_session")
-        await closed_with(ws, 4404, "unknown_session")
+async def test_an_unknown_session_is_401_and_closes(worker):
+    async with open_stream(
+        worker, "no-such-session"
+    ) as ws:  # answered as a wrong token is: no oracle of names
+        await error(ws, "unauthorized")
+        await closed_with(ws, 4401, "unauthorized")
 
 
 async def test_a_released_session_is_410_and_closes(worker, store, place):
