@@ -1,11 +1,16 @@
 """`ardiff view SESSION`: a local web page that shows a session's frames and steers it with the keyboard.
 
-The page (`viewer.html`) talks to this process only: `GET /` serves it and `WS /stream` is proxied to the
-session's worker stream (`/v1/sessions/{id}/stream`, docs/contracts.md §4). Pod IPs are not reachable from a
-laptop, and the session's token stays here (the page never sees it). The proxy follows the session: a 421
-`misdirected` to the endpoint it names, and a closed or unreachable worker (evicted, pod lost, resuming) to
-wherever the session's status says it is once it is `Ready` again; the page then gets a fresh `ready` message
-and continues at the chunk it names. It also sends the session's phase to the page every second.
+The page (`viewer.html`) talks to this process only: `GET /{secret}/` serves it and `WS /{secret}/stream` is
+proxied to the session's worker stream (`/v1/sessions/{id}/stream`, docs/contracts.md §4). Pod IPs are not
+reachable from a laptop, and the session's token stays here (the page never sees it). The proxy follows the
+session: a 421 `misdirected` to the endpoint it names, and a closed or unreachable worker (evicted, pod lost,
+resuming) to wherever the session's status says it is once it is `Ready` again; the page then gets a fresh
+`ready` message and continues at the chunk it names. It sends the session's phase to the page each second.
+
+Only the page this run printed may use it (issue 23 item 10): both routes live under a secret path made per
+run (another local user, or a web page probing `localhost`, cannot guess it), and answer 403 unless the
+request is addressed to the viewer's own origin (its `Host` and, on the socket, the `Origin` a browser always
+sends: a page of another origin, a DNS-rebound name among them, cannot open the stream and steer the session).
 
 Messages from the page are forwarded as they are (the worker validates them); a superseded stream (the session
 opened elsewhere) or a closed session ends the proxying.
@@ -18,6 +23,7 @@ import contextlib
 import importlib.resources
 import json
 import logging
+import secrets
 import webbrowser
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +33,7 @@ import aiohttp
 from aiohttp import web
 
 from ardiff.client import KubeSessions, SessionNotFound, is_ready
+from ardiff.worker.net import url_host
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +43,7 @@ MAX_PAGE_MESSAGE_BYTES = 1 << 20
 CLOSE_SUPERSEDED = 4409
 CLOSE_MISDIRECTED = 4421
 CLOSE_NORMAL = 1000
+SECRET_BYTES = 16  # the per-run path's randomness: 128 bits, not guessable by a local process or a web page
 
 
 @dataclass(frozen=True)
@@ -53,8 +61,14 @@ class ViewerSettings:
 
 
 def page(session: str) -> str:
+    """The page; it opens its stream relative to its own URL (`stream`, under the same secret path)."""
     html = importlib.resources.files("ardiff").joinpath("viewer.html").read_text()
     return html.replace("__SESSION__", session)
+
+
+def origin_of(host: str, port: int) -> str:
+    """The viewer's origin when it listens on `host`:`port` (what its printed URL starts with)."""
+    return f"http://{url_host(host)}:{port}"
 
 
 def stream_url(endpoint: str, session: str, frame_format: str) -> str:
@@ -74,17 +88,41 @@ class WorkerClosed:
 
 
 class SessionViewer:
-    def __init__(self, settings: ViewerSettings, sessions: KubeSessions) -> None:
+    """The page and its stream, for requests to `origin` under `/{secret}/` only (`origin`: set by `serve`
+    once the port is known; until then every request is 403)."""
+
+    def __init__(
+        self, settings: ViewerSettings, sessions: KubeSessions, *, secret: str | None = None
+    ) -> None:
         self.settings = settings
         self.sessions = sessions
+        self.secret = secret or secrets.token_urlsafe(SECRET_BYTES)
+        self.origin: str | None = None
         self._pages: set[web.WebSocketResponse] = set()
 
     def app(self) -> web.Application:
         app = web.Application()
-        app.router.add_get("/", self._page)
-        app.router.add_get("/stream", self._stream)
+        app.router.add_get(f"/{self.secret}/", self._page)
+        app.router.add_get(f"/{self.secret}/stream", self._stream)
         app.on_shutdown.append(self._close_pages)
         return app
+
+    def url(self) -> str:
+        """The page's URL (with its secret path): the only one to open."""
+        return f"{self.origin}/{self.secret}/"
+
+    def _refuse_foreign(self, request: web.Request, *, origin_required: bool) -> None:
+        """403 unless `request` is addressed to the viewer's own origin: its `Host` (a DNS-rebound name is
+        another), and its `Origin` where a browser sends one (always on a WebSocket, so required there)."""
+        own = self.origin
+        origin = request.headers.get("Origin")
+        if (
+            own is None
+            or f"http://{request.host}" != own
+            or (origin is None and origin_required)
+            or (origin is not None and origin != own)
+        ):
+            raise web.HTTPForbidden(text=f"the viewer serves only its own origin ({own})")
 
     async def _close_pages(self, app: web.Application) -> None:
         """Ctrl-C: close the pages' sockets, which ends their proxying (aiohttp would wait for them)."""
@@ -92,12 +130,14 @@ class SessionViewer:
             await browser.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"viewer stopped")
 
     async def _page(self, request: web.Request) -> web.Response:
+        self._refuse_foreign(request, origin_required=False)  # a navigation sends no Origin
         return web.Response(text=page(self.settings.session), content_type="text/html")
 
     async def _status(self) -> dict[str, Any]:
         return await asyncio.to_thread(self.sessions.status, self.settings.session)
 
     async def _stream(self, request: web.Request) -> web.WebSocketResponse:
+        self._refuse_foreign(request, origin_required=True)
         browser = web.WebSocketResponse(max_msg_size=MAX_PAGE_MESSAGE_BYTES)
         await browser.prepare(request)
         self._pages.add(browser)
@@ -217,12 +257,13 @@ async def serve(settings: ViewerSettings, *, open_browser: bool = False) -> None
     """Serve the viewer until cancelled; prints the page's URL (and opens it, if asked)."""
     sessions = KubeSessions(settings.namespace, kubeconfig=settings.kubeconfig)
     await asyncio.to_thread(sessions.get, settings.session)  # an unknown session fails before serving
-    runner = web.AppRunner(SessionViewer(settings, sessions).app(), shutdown_timeout=5)
+    viewer = SessionViewer(settings, sessions)
+    runner = web.AppRunner(viewer.app(), shutdown_timeout=5)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)
     await site.start()
-    port = runner.addresses[0][1]
-    url = f"http://{settings.host}:{port}/"
+    viewer.origin = origin_of(settings.host, runner.addresses[0][1])
+    url = viewer.url()
     print(f"viewer of session {settings.session} at {url} (Ctrl-C to stop)", flush=True)
     if open_browser:
         webbrowser.open(url)
