@@ -85,6 +85,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--url", help="an http(s) URL of one file or a .tar/.tar.gz/.tgz (unpacked)")
     download.add_argument("--revision", help="the repo's branch, tag or commit (default main)")
     download.add_argument("--dest", required=True, help="the model directory (kept when already complete)")
+    download.add_argument("--sha256", help="with --url: the SHA-256 (hex) the fetched bytes must have")
+    download.add_argument(
+        "--max-bytes",
+        type=int,
+        help="with --url: the most it may fetch, and unpack (default: download.py's MAX_DOWNLOAD_BYTES)",
+    )
     download.set_defaults(func=_download_model)
 
 
@@ -116,9 +122,16 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _download_model(args: argparse.Namespace) -> int:
-    from ardiff.worker.download import main
+    from ardiff.worker.download import MAX_DOWNLOAD_BYTES, main
 
-    print(main(args.url, args.hf_repo, args.revision, args.dest), flush=True)
+    max_bytes = MAX_DOWNLOAD_BYTES if args.max_bytes is None else args.max_bytes
+    try:
+        done = main(args.url, args.hf_repo, args.revision, args.dest, sha256=args.sha256, max_bytes=max_bytes)
+    except ValueError as exc:  # a source the flags cannot name (a --sha256 without --url, a malformed one)
+        from ardiff.errors import ArdiffError
+
+        raise ArdiffError(str(exc), code="invalid_download") from None
+    print(done, flush=True)
     return 0
 
 
