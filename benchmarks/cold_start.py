@@ -1,9 +1,11 @@
 """Scale to zero and back on the dev cluster (issue 14 item 2): the cold start a session of an empty pool
 waits for, with real workers.
 
-One dev cluster (emulated API, real Redis, the real operator with its Prometheus metrics) and a pool with
-`replicas.min: 0`, `max: 1`: the tiny LingBot-World at 64x64 on CPU (vllm-omni's paged-KV runner, one torch
-thread), two slots per pod, `scaleDownDelaySeconds` 3. Each run starts from zero pods:
+One dev cluster (the real control plane, the process kubelet's two nodes running worker Pods from the worker
+image, real Redis, the real operator with its Prometheus metrics) and a pool with `replicas.min: 0`, `max: 1`:
+the tiny LingBot-World at 64x64 on CPU (vllm-omni's paged-KV runner, one torch thread), two slots per pod,
+`scaleDownDelaySeconds` 3. Each run starts from zero pods; a new Pod makes the tiny model in its own cache
+(per Pod, as on a cluster without a shared model volume):
 
 1. a session is created (`KubeSessions.create`); timed from there: its status `Pending` with reason
    `PodStarting` (the message the user sees), the worker Pod created, the Pod Ready, the session `Ready` (the
@@ -15,7 +17,7 @@ thread), two slots per pod, `scaleDownDelaySeconds` 3. Each run starts from zero
 The pool's `status.lastPodStartupSeconds` (creation → registration, what the next cold session's message
 quotes) and the operator's `ardiff_session_placement_seconds` histogram are printed beside them.
 
-    .venv/bin/python benchmarks/cold_start.py [--runs 2] [--model-cache DIR]
+    .venv/bin/python benchmarks/cold_start.py [--runs 2]
 """
 
 from __future__ import annotations
@@ -45,16 +47,19 @@ POOL = tiny_pool("world", min_replicas=0, max_replicas=1, scale_down_delay_secon
 TIMEOUT = 600.0
 
 
+def all_pods(cluster: DevCluster) -> list[dict[str, Any]]:
+    with cluster.admin.client(timeout=10) as client:
+        reply = client.get(f"/api/v1/namespaces/{NAMESPACE}/pods")
+    reply.raise_for_status()
+    return reply.json()["items"]
+
+
 def pods(cluster: DevCluster) -> list[dict[str, Any]]:
-    url = f"{cluster.api_url}/api/v1/namespaces/{NAMESPACE}/pods"
-    return [
-        p for p in httpx.get(url, timeout=10).json()["items"] if not p["metadata"].get("deletionTimestamp")
-    ]
+    return [p for p in all_pods(cluster) if not p["metadata"].get("deletionTimestamp")]
 
 
 def any_pod(cluster: DevCluster) -> bool:
-    url = f"{cluster.api_url}/api/v1/namespaces/{NAMESPACE}/pods"
-    return bool(httpx.get(url, timeout=10).json()["items"])
+    return bool(all_pods(cluster))
 
 
 def pod_ready(pod: dict[str, Any]) -> bool:
@@ -63,9 +68,9 @@ def pod_ready(pod: dict[str, Any]) -> bool:
 
 
 def pool_status(cluster: DevCluster) -> dict[str, Any]:
-    group = f"{cluster.api_url}/apis/ardiffusion.dev/v1alpha1/namespaces/{NAMESPACE}"
-    url = f"{group}/ardiffusionworkerpools/world"
-    return httpx.get(url, timeout=10).json().get("status") or {}
+    path = f"/apis/ardiffusion.dev/v1alpha1/namespaces/{NAMESPACE}/ardiffusionworkerpools/world"
+    with cluster.admin.client(timeout=10) as client:
+        return client.get(path).json().get("status") or {}
 
 
 def placement_histogram(metrics_url: str) -> tuple[float, float]:
@@ -126,7 +131,6 @@ def one_run(cluster: DevCluster, run: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--model-cache", type=Path, help="where workers find/generate the tiny model")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     workdir = Path(tempfile.mkdtemp(prefix="ardiff-bench-cold-"))
@@ -136,7 +140,6 @@ def main() -> None:
         operator_command=(*OPERATOR_COMMAND, "--metrics", metrics_url),
         namespace=NAMESPACE,
         operator_env=BENCHMARK_OPERATOR_ENV,
-        pod_env={"ARDIFF_MODEL_CACHE": str(args.model_cache)} if args.model_cache else {},
     )
     print(f"dev cluster in {workdir}; loadavg at start {os.getloadavg()[0]:.1f}", flush=True)
     results = []

@@ -1,8 +1,9 @@
 """End to end on the dev cluster: tick latency through the Python client against the worker alone, and the
 time from `kill -9` of a worker to its session being Ready again elsewhere.
 
-One dev cluster (emulated API, real Redis, the real operator) with a pool of two real workers (tiny
-LingBot-World, 64x64, CPU, one torch thread each, two slots per pod, the worker's default 10 s lease).
+One dev cluster (the real control plane, the process kubelet's two nodes, real Redis, the real operator) with
+a pool of two real workers (worker Pods from the worker image: tiny LingBot-World, 64x64, CPU, one torch
+thread each, two slots per pod, the worker's default 10 s lease).
 
 Tick latency, one session, one run: ticks alternate between the client (`SessionClient.tick`: JSON body,
 loopback HTTP, the worker's checks, forward and Redis touch, the raw body decoded to numpy) and a bare `httpx`
@@ -18,14 +19,14 @@ window from the restart to each session's first 200 (request sent after the rest
 every answer in the window must be a retryable 503 (`placement_recovering`, `not_ready`): any other aborts
 the run.
 
-Recovery, repeated `--kills` times: two sessions, one per pod; `kill -9` of one pod's worker process;
+Recovery, repeated `--kills` times: two sessions, one per pod; `kill -9` of one pod's worker process (its
+pid from the Pod's `containerID`, as `kill -9` on its node);
 timed until (1) the session is Ready again with `resetRequired` on a live pod (the other one, which has a free
 slot: the operator sees the dead container, marks the session Lost and places it again in the same round),
 (2) its first tick after `reset()` returned frames, (3) the killed pod's restarted worker is Ready. Every wait
 is bounded; the Lost and Replaced Events are checked after each kill.
 
     .venv/bin/python benchmarks/e2e.py [--ticks 40] [--warmup 3] [--kills 3] [--store-crashes 3]
-                                       [--model-cache DIR]
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import httpx
 import yaml
 
 from ardiff.client import CAMERA_TOUR, ResetRequired, hold, parse_server_timing
-from ardiff.devcluster.cluster import BENCHMARK_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster, tiny_pool
+from ardiff.devcluster.cluster import BENCHMARK_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster, pod_pid, tiny_pool
 from ardiff.devcluster.tick_recorder import TickRecorder
 from ardiff.devcluster.waiting import wait_until
 
@@ -63,14 +64,30 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def ready_pods(cluster: DevCluster) -> set[str]:
-    pods = httpx.get(f"{cluster.api_url}/api/v1/namespaces/{NAMESPACE}/pods", timeout=10).json()["items"]
+def live_pods(cluster: DevCluster) -> dict[str, dict[str, Any]]:
+    """The namespace's Pods that are not being deleted, by name."""
+    with cluster.admin.client(timeout=10) as client:
+        reply = client.get(f"/api/v1/namespaces/{NAMESPACE}/pods")
+    reply.raise_for_status()
     return {
-        p["metadata"]["name"]
-        for p in pods
-        if not p["metadata"].get("deletionTimestamp")
-        and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+        p["metadata"]["name"]: p for p in reply.json()["items"] if not p["metadata"].get("deletionTimestamp")
     }
+
+
+def ready_pods(cluster: DevCluster) -> set[str]:
+    return {
+        name
+        for name, p in live_pods(cluster).items()
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+    }
+
+
+def kill_worker(cluster: DevCluster, pod: str) -> None:
+    """`kill -9` of the Pod's worker process, as on its node."""
+    pid = pod_pid(live_pods(cluster)[pod])
+    if pid is None:
+        raise RuntimeError(f"pod {pod} has no running container")
+    os.kill(pid, signal.SIGKILL)
 
 
 def measure_ticks(cluster: DevCluster, ticks: int, warmup: int) -> dict[str, list[tuple[float, float]]]:
@@ -130,7 +147,7 @@ def measure_kill(cluster: DevCluster, round_: int) -> dict[str, float]:
         moved = (status.get("pod"), status.get("podEpoch")) != (killed, before["podEpoch"])
         return status.get("phase") == "Ready" and bool(status.get("resetRequired")) and moved
 
-    cluster.runner.kill(killed, signal.SIGKILL, NAMESPACE)
+    kill_worker(cluster, killed)
     killed_at = time.monotonic()
     sessions.wait_for(
         victim, bound_again, timeout=RECOVERY_TIMEOUT, what="Ready again, reset required", poll=0.02
@@ -189,6 +206,8 @@ def measure_store_crash(cluster: DevCluster, round_: int, *, with_operator: bool
     for recorder in recorders:
         recorder.start()
     time.sleep(2)  # a few ticks each: the tick period before the crash
+    assert cluster.operator is not None
+    assert cluster.redis is not None
     if with_operator:
         cluster.operator.stop(signal.SIGKILL)
     cluster.redis.restart(signal.SIGKILL)
@@ -292,17 +311,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--store-crashes", type=int, default=3, help="Redis crashes per variant")
-    parser.add_argument("--model-cache", type=Path, help="where workers find/generate the tiny model")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     workdir = Path(tempfile.mkdtemp(prefix="ardiff-bench-e2e-"))
-    pod_env = {"ARDIFF_MODEL_CACHE": str(args.model_cache)} if args.model_cache else {}
     cluster = DevCluster(
         workdir,
         operator_command=OPERATOR_COMMAND,
         namespace=NAMESPACE,
         operator_env=BENCHMARK_OPERATOR_ENV,
-        pod_env=pod_env,
     )
     print(f"dev cluster in {workdir}; loadavg at start {os.getloadavg()[0]:.1f}", flush=True)
     with cluster:
