@@ -168,12 +168,14 @@ class Phase:
 
     latencies: list[float]  # apply → Ready, seconds
     all_ready_s: float  # first apply → last Ready
+    applying_s: float = 0.0  # first apply → last apply (the creates themselves)
 
     @classmethod
     def of(cls, applied_at: dict[str, float], ready_at: dict[str, float]) -> Phase:
         return cls(
             latencies=[ready_at[n] - applied_at[n] for n in applied_at],
             all_ready_s=max(ready_at.values()) - min(applied_at.values()),
+            applying_s=max(applied_at.values()) - min(applied_at.values()),
         )
 
     @property
@@ -429,6 +431,9 @@ def print_table(results: list[Result], args: argparse.Namespace) -> None:
         n = len(r.burst.latencies)
         parts = ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(r.burst_cost.writes.items()) if v / n >= 0.01)
         print(f"  {r.name}: {parts or 'none'}")
+    print("the burst's creates, first to last sent:")
+    for r in results:
+        print(f"  {r.name}: {r.burst.applying_s:.1f} s ({len(r.burst.latencies) / r.burst.applying_s:.0f}/s)")
     print("this process (the clients creating, the watch) per session of the burst:")
     for r in results:
         print(f"  {r.name}: {1000 * r.burst_cost.client_cpu_s / len(r.burst.latencies):.1f} ms CPU")
