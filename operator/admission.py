@@ -19,6 +19,11 @@ from ardiff.operator.status import Reason
 from ardiff.operator.tokens import build_token_secret, new_token, read_token, token_secret_name
 from ardiff.operator.views import PoolView, SessionView
 
+# A Secret a session's `spec.image.secretKeyRef` may read carries this label with the value "true" (issue 23
+# item 7): the operator may read every Secret of the namespace, and a session must not make it read, say, a
+# service account's token into a placement record.
+SESSION_IMAGE_LABEL = "ardiffusion.dev/session-image"
+
 
 class AdmissionFailure(Exception):
     def __init__(self, reason: Reason, message: str) -> None:
@@ -94,6 +99,14 @@ async def resolve_image(ctx: OperatorContext, namespace: str, ref: ImageRef | No
         return b""
     kind = CONFIGMAPS if ref.source == "configMap" else SECRETS
     source = await ctx.kube.get(kind, namespace, ref.name)
+    if source is not None and ref.source == "secret":
+        labels = source.get("metadata", {}).get("labels") or {}
+        if labels.get(SESSION_IMAGE_LABEL) != "true":
+            raise AdmissionFailure(
+                Reason.IMAGE_NOT_ALLOWED,
+                f"secret {ref.name} is not labelled {SESSION_IMAGE_LABEL}=true: a session reads only the "
+                "Secrets that opt in",
+            )
     image = None if source is None else decode_image(source, ref)
     if image is None:
         raise AdmissionFailure(Reason.IMAGE_NOT_FOUND, f"{ref.source} {ref.name} has no key {ref.key!r}")

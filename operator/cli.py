@@ -20,6 +20,8 @@ CONFIG_FLAGS = (
     "metrics",
     "reconcile_seconds",
     "follow_drains",
+    "allowed_volume_types",
+    "allowed_service_accounts",
 )
 
 
@@ -59,6 +61,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="move sessions off cordoned nodes so drains complete; needs `get nodes` (cluster-scoped; env "
         "ARDIFF_OPERATOR_FOLLOW_DRAINS=1; the chart's operator.followDrains)",
+    )
+    run.add_argument(
+        "--allowed-volume-types",
+        metavar="TYPES",
+        help="volume types a pool's Pods may carry, comma-separated (env "
+        "ARDIFF_OPERATOR_ALLOWED_VOLUME_TYPES; default the Pod Security Standards' restricted set, "
+        "no hostPath)",
+    )
+    run.add_argument(
+        "--allowed-service-accounts",
+        metavar="NAMES",
+        help="ServiceAccounts a pool's Pods may run as besides `default`, comma-separated (env "
+        "ARDIFF_OPERATOR_ALLOWED_SERVICE_ACCOUNTS; default none)",
     )
     run.add_argument(
         "--reconcile-seconds",

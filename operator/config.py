@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from ardiff.errors import ArdiffError
+from ardiff.operator.pod_policy import RESTRICTED_VOLUME_TYPES, PodTemplatePolicy
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -42,6 +44,9 @@ class OperatorConfig:
     # Follow node drains (issue 22): read the Nodes of the pools' Pods (cluster-scoped `get nodes`, an
     # explicit opt-in beside namespaced Roles) and move the sessions off a cordoned node: its drain completes.
     follow_drains: bool = False
+    # What a pool's Pod template may carry (operator/pod_policy.py; the chart's workerPods.allowed*).
+    allowed_volume_types: tuple[str, ...] = RESTRICTED_VOLUME_TYPES
+    allowed_service_accounts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.redis_url:
@@ -69,6 +74,14 @@ class OperatorConfig:
         for name, value in positive.items():
             if value <= 0:
                 raise OperatorConfigError(f"operator {name} must be positive, got {value}")
+        try:
+            self.pod_policy  # noqa: B018 -- validates the allowlists
+        except ValueError as exc:
+            raise OperatorConfigError(f"operator {exc}") from None
+
+    @cached_property
+    def pod_policy(self) -> PodTemplatePolicy:
+        return PodTemplatePolicy.from_lists(self.allowed_volume_types, self.allowed_service_accounts)
 
 
 ENV_SECONDS = {
@@ -79,6 +92,17 @@ ENV_SECONDS = {
     "cancellation_polling_seconds": "ARDIFF_OPERATOR_CANCELLATION_POLLING_SECONDS",
     "peering_lifetime_seconds": "ARDIFF_OPERATOR_PEERING_LIFETIME_SECONDS",
 }
+
+
+ENV_LISTS = {
+    "allowed_volume_types": "ARDIFF_OPERATOR_ALLOWED_VOLUME_TYPES",
+    "allowed_service_accounts": "ARDIFF_OPERATOR_ALLOWED_SERVICE_ACCOUNTS",
+}
+
+
+def comma_list(text: str) -> tuple[str, ...]:
+    """`a,b, c` -> ("a", "b", "c"); empty items are dropped (`""` is the empty list)."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
 def default_namespaces(env: Mapping[str, str]) -> tuple[str, ...]:
@@ -119,5 +143,10 @@ def config_from_env(env: Mapping[str, str] = os.environ, **overrides: object) ->
             values[field_name] = seconds
     if env.get("ARDIFF_OPERATOR_FOLLOW_DRAINS", "").lower() in ("1", "true", "yes"):
         values["follow_drains"] = True
+    for field_name, variable in ENV_LISTS.items():
+        if variable in env:
+            values[field_name] = comma_list(env[variable])
+        if isinstance(given.get(field_name), str):  # the command line's comma-separated form
+            given[field_name] = comma_list(str(given[field_name]))
     values.update(given)
     return OperatorConfig(**values)  # type: ignore[arg-type]

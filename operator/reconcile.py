@@ -602,10 +602,15 @@ async def ensure_worker_redis_secret(ctx: OperatorContext, pool: PoolView) -> bo
 
 
 async def create_worker_pod(ctx: OperatorContext, pool: PoolView, logger: kopf.Logger) -> str | None:
-    """Create one worker Pod with a fresh name (a name collision just draws another); None when the API
-    refuses it as invalid (`refuse_template` records and reports that)."""
+    """Create one worker Pod with a fresh name (a name collision just draws another); None when the pool's
+    template is outside the operator's pod policy (operator/pod_policy.py) or the API refuses it as invalid
+    (`refuse_template` records and reports either)."""
     assert pool.spec is not None
     pid = PoolId(pool.namespace, pool.name)
+    refused = ctx.config.pod_policy.violations(pool.spec.pod)
+    if refused:  # the chart's admission policy refuses such a pool too: this one predates it, or has none
+        refuse_template(ctx, pool, f"the operator does not make this Pod: {'; '.join(refused)}", logger)
+        return None
     while True:
         name = worker_pod_name(pool.name)
         body = build_worker_pod(pool.namespace, pool.name, pool.spec, pod_name=name)

@@ -45,6 +45,7 @@ class Reason(StrEnum):
     UNKNOWN_POOL = "UnknownPool"
     INVALID_SPEC = "InvalidSpec"
     IMAGE_NOT_FOUND = "ImageNotFound"
+    IMAGE_NOT_ALLOWED = "ImageNotAllowed"  # its image.secretKeyRef names a Secret not labelled for sessions
     POOL_DELETED = "PoolDeleted"
     FAMILY_MISMATCH = "FamilyMismatch"  # its spec.family is not its pool's (the pool's model.pipeline says)
     SUSPENDED_FOR_CAPACITY = "SuspendedForCapacity"  # evicted for idleness, its KV kept in the tier

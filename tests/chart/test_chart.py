@@ -23,7 +23,14 @@ from ardiff.worker.net import free_port
 CUSTOM_KINDS = {"ARDiffusionWorkerPool", "KopfPeering", "ClusterKopfPeering", "ServiceMonitor"}
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest with bundled schemas.
 KUBERNETES_VERSIONS = ["1.28.0", kubernetes_validate.latest_version()]
-CLUSTER_SCOPED_KINDS = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering", "Namespace"}
+CLUSTER_SCOPED_KINDS = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ClusterKopfPeering",
+    "Namespace",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 
 
 def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -52,7 +59,7 @@ def test_helm_lint_strict(chart, variant):
 
 @pytest.mark.parametrize("kubernetes_version", KUBERNETES_VERSIONS)
 def test_builtin_manifests_pass_kubernetes_validate_strict(chart, variant, kubernetes_version):
-    objects = chart.render(variant)
+    objects = chart.render(variant, "--kube-version", kubernetes_version)  # as helm renders for it
     builtin = [obj for obj in objects if obj["kind"] not in CUSTOM_KINDS]
     assert len(builtin) >= 7
     for obj in builtin:
@@ -81,8 +88,13 @@ def test_defaults_render_the_documented_objects(chart):
             "Role",
             "RoleBinding",
             "Job",
+            # What a pool may put in its Pods, refused at admission (workerPods; Kubernetes >= 1.30).
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         ]
     )
+    old_cluster = [obj["kind"] for obj in chart.render({}, "--kube-version", "1.29.0")]
+    assert not [kind for kind in old_cluster if kind.startswith("ValidatingAdmissionPolicy")]
 
 
 @pytest.mark.parametrize(
@@ -214,6 +226,15 @@ def test_following_drains_adds_one_cluster_scoped_rule_and_the_flag(chart):
 
 def test_namespaced_mode_is_least_privilege_and_nothing_cluster_scoped(chart):
     values = {"operator": {"watchNamespaces": ["team-a", "team-b"]}}
+    # The admission policy is cluster-scoped (bound to the served namespaces only); without it, nothing is.
+    cluster_scoped = [obj for obj in chart.render(values) if obj["kind"] in CLUSTER_SCOPED_KINDS]
+    assert [obj["kind"] for obj in cluster_scoped] == [
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]
+    selector = cluster_scoped[1]["spec"]["matchResources"]["namespaceSelector"]
+    assert selector["matchExpressions"][0]["values"] == ["team-a", "team-b"]
+    values["workerPods"] = {"admissionPolicy": False}
     objects = chart.render(values)
     assert not [obj["kind"] for obj in objects if obj["kind"] in CLUSTER_SCOPED_KINDS]
     assert all(obj["metadata"].get("namespace") for obj in objects)
@@ -280,6 +301,9 @@ def test_operator_runs_the_contract_command_line(chart):
         "--priority=$(ARDIFF_OPERATOR_PRIORITY)",
         "--liveness=http://0.0.0.0:8080/healthz",
         "--metrics=http://0.0.0.0:9090/metrics",
+        "--allowed-volume-types=configMap,csi,downwardAPI,emptyDir,ephemeral,image,persistentVolumeClaim,"
+        "projected,secret",
+        "--allowed-service-accounts=",
     ]
     service_ports = one(chart.render({}), "Service", operator)["spec"]["ports"]
     assert [(p["name"], p["port"], p["targetPort"]) for p in service_ports] == [
