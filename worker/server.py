@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_HEAD_BYTES = 16 << 10
 # A connection has this long to send each request head, counted from when it opened or its last answer went
 # out, however slowly its bytes trickle in; then it is closed. (uvicorn's own keep-alive timer restarts at
-# every byte received and never runs for a connection that has sent nothing.)
+# every byte received and never runs for a connection that has sent nothing.) Longer than httpx keeps an idle
+# connection (5 s; the client's and the pods' own clients), so a client drops one before the worker does.
 REQUEST_HEAD_SECONDS = 10
 # Open connections (HTTP and WebSocket); a request on one past it is answered 503. A pod serves a few
 # sessions, each a stream or a tick at a time, plus probes, metrics and pod-to-pod pulls: far fewer.
