@@ -205,7 +205,13 @@ def measure_store_crash(cluster: DevCluster, round_: int, *, with_operator: bool
             recorders.append(TickRecorder(session))
     for recorder in recorders:
         recorder.start()
-    time.sleep(2)  # a few ticks each: the tick period before the crash
+    # A few ticks each: the tick period before the crash (a fixed 2 s saw fewer than two at load 5).
+    wait_until(
+        lambda: all(sum(a.status == 200 for a in r.answers) >= 3 for r in recorders),
+        timeout=RECOVERY_TIMEOUT,
+        what="three ticks of each session before the crash",
+        poll=0.05,
+    )
     assert cluster.operator is not None
     assert cluster.redis is not None
     if with_operator:
