@@ -449,17 +449,17 @@ HOSTILE_TICKS: list[tuple[str, dict[str, Any], int, str]] = [
         401,
         "unauthorized",
     ),
-    (
+    (  # an unknown id is answered as a wrong token is: which names exist is never told (contracts §4)
         "unknown session",
         {"json": {"request_id": "r", "chunk_index": 0}, "session": "nobody"},
-        404,
-        "unknown_session",
+        401,
+        "unauthorized",
     ),
     (
         "overlong session id",
         {"json": {"request_id": "r", "chunk_index": 0}, "session": "a" * 300},
-        404,
-        "unknown_session",
+        401,
+        "unauthorized",
     ),
     (
         "path traversal",  # no route matches: the router's own 404, in the same envelope
