@@ -174,8 +174,18 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _redis_user(args: argparse.Namespace) -> int:
+    # Imported here: `ardiff kv plan` needs no Redis client installed.
+    from ardiff.kv.acl import administrator_acl_line, pool_username
+    from ardiff.kv.records import PoolId
+
+    pool = PoolId(args.namespace, args.pool)
+    print(administrator_acl_line(pool, args.username or pool_username(pool)))
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `ardiff kv plan` and `ardiff kv explain`."""
+    """Add `ardiff kv plan`, `ardiff kv explain` and `ardiff kv redis-user`."""
     kv = subparsers.add_parser("kv", help="KV capacity: sessions per worker pod")
     commands = kv.add_subparsers(dest="kv_command", metavar="COMMAND", required=True)
 
@@ -216,3 +226,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     explain.add_argument("--fraction", type=_fraction, required=True, metavar="F")
     explain.add_argument("--session-capacity", type=_positive_int, help="the pool's kv.sessionCapacity cap")
     explain.set_defaults(func=_explain)
+
+    redis_user = commands.add_parser(
+        "redis-user",
+        help="the ACL SETUSER command that makes a pool's Redis user (--worker-redis-users administrator)",
+        description="Print the command an administrator runs on every Redis node to make the user of one "
+        "pool's workers: its keys, the commands the worker sends, nothing else. Replace PASSWORD, then write "
+        "the user's name and password into the pool's <pool>-workers-redis Secret (keys redis-username and "
+        "redis-password).",
+    )
+    redis_user.add_argument("namespace", help="the pool's namespace")
+    redis_user.add_argument("pool", help="the ARDiffusionWorkerPool's name")
+    redis_user.add_argument("--username", help="the user's name (default ardiff-pool.<namespace>.<pool>)")
+    redis_user.set_defaults(func=_redis_user)

@@ -19,7 +19,7 @@ import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -132,7 +132,7 @@ def build_redis_client(url: str) -> aioredis.Redis | RedisCluster:
             parts.port  # noqa: B018 -- raises ValueError on a malformed port
             if not parts.hostname:
                 raise ValueError("no host")
-            return aioredis.from_url(url, **_connection_options())
+            return aioredis.from_url(url, **connection_options())
         except ValueError as exc:
             raise InvalidRedisUrl(f"placement redis url {redact_url(url)} is malformed: {exc}") from None
     if scheme == "redis+sentinel":
@@ -165,7 +165,7 @@ def split_url_options(url: str) -> tuple[str, dict[str, int]]:
     return (f"{base}?{urlencode(kept)}" if kept else base), options
 
 
-def _connection_options() -> dict[str, Any]:
+def connection_options() -> dict[str, Any]:
     # A Redis restart leaves every pooled connection dead; reconnect and resend instead of failing the call.
     # A resent script may run twice if only its reply was lost: the scripts are idempotent, except that a
     # repeated register_pod mints one more epoch and a repeated evict_lru evicts one more session. A timeout
@@ -202,7 +202,27 @@ def redact_url(url: str) -> str:
     return f"{scheme}{sep}{rest}{question}{query}"
 
 
-def _sentinel_master(url: str) -> aioredis.Redis:
+def with_user(url: str, username: str, password: str) -> str:
+    """`url` with `username` and `password` as its user part instead of any it had (a `username=` or
+    `password=` query parameter is dropped too, so nothing of the original credentials is left): the URL the
+    operator gives a pool's workers, from its own (docs/contracts.md §1 `<pool>-workers-redis`)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or not username or not password:
+        raise InvalidRedisUrl(
+            f"placement redis url must look like redis://host:port/db, got {redact_url(url)}"
+        )
+    rest, _, query = rest.partition("?")
+    netloc, slash, path = rest.partition("/")
+    hosts = netloc.rpartition("@")[2]  # the last @: a password may hold an unencoded @
+    userinfo = f"{quote(username, safe='')}:{quote(password, safe='')}"
+    kept = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k not in ("username", "password")]
+    query = f"?{urlencode(kept, safe='/')}" if kept else ""
+    return f"{scheme}://{userinfo}@{hosts}{slash}{path}{query}"
+
+
+def sentinel_for(url: str) -> tuple[Sentinel, str, int]:
+    """The Sentinel client of a `redis+sentinel://` URL, its service name and database (the user part, if
+    any, is the master's and replicas' credential; the Sentinels are asked without one)."""
     try:
         username, password, sentinels, path_parts = _split_hosts(url, DEFAULT_SENTINEL_PORT)
         if not 1 <= len(path_parts) <= 2:
@@ -210,8 +230,13 @@ def _sentinel_master(url: str) -> aioredis.Redis:
         db = int(path_parts[1]) if len(path_parts) == 2 else 0
     except ValueError as exc:
         raise InvalidRedisUrl(f"placement sentinel url {redact_url(url)} is malformed: {exc}") from None
-    sentinel = Sentinel(sentinels, username=username, password=password, **_connection_options())
-    return sentinel.master_for(path_parts[0], db=db)
+    sentinel = Sentinel(sentinels, username=username, password=password, **connection_options())
+    return sentinel, path_parts[0], db
+
+
+def _sentinel_master(url: str) -> aioredis.Redis:
+    sentinel, service, db = sentinel_for(url)
+    return sentinel.master_for(service, db=db)
 
 
 _Hosts = tuple[str | None, str | None, list[tuple[str, int]], list[str]]
@@ -246,7 +271,7 @@ def _cluster(url: str) -> RedisCluster:
         username=username,
         password=password,
         ssl=url.startswith("rediss+"),
-        **_connection_options(),
+        **connection_options(),
     )
 
 

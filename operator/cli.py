@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import get_args
+
+from ardiff.operator.config import WorkerRedisUsers
 
 CONFIG_FLAGS = (
     "redis_url",
@@ -22,6 +25,7 @@ CONFIG_FLAGS = (
     "follow_drains",
     "allowed_volume_types",
     "allowed_service_accounts",
+    "worker_redis_users",
 )
 
 
@@ -43,6 +47,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--redis-url", help="placement store the operator uses (env ARDIFF_REDIS_URL)")
     run.add_argument(
         "--worker-redis-url", help="placement store URL given to worker Pods (env ARDIFF_WORKER_REDIS_URL)"
+    )
+    run.add_argument(
+        "--worker-redis-users",
+        choices=get_args(WorkerRedisUsers),
+        help="who makes each pool's Redis user: the operator (default; its own user may ACL SETUSER) or the "
+        "administrator, who names it in the pool's <pool>-workers-redis Secret (a managed Redis; env "
+        "ARDIFF_WORKER_REDIS_USERS)",
     )
     peering = run.add_mutually_exclusive_group()
     peering.add_argument("--standalone", action="store_true", help="no peering: this is the only operator")

@@ -7,10 +7,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Literal, get_args
 
 from ardiff.errors import ArdiffError
 from ardiff.operator.pod_policy import RESTRICTED_VOLUME_TYPES, PodTemplatePolicy
 
+# Who makes each pool's Redis user (docs/contracts.md §10): the operator, on every node it uses (its own user
+# may `ACL SETUSER`), or the administrator (a managed Redis that keeps ACLs to its console), who names it in
+# the pool's `<pool>-workers-redis` Secret.
+WorkerRedisUsers = Literal["operator", "administrator"]
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -47,6 +52,7 @@ class OperatorConfig:
     # What a pool's Pod template may carry (operator/pod_policy.py; the chart's workerPods.allowed*).
     allowed_volume_types: tuple[str, ...] = RESTRICTED_VOLUME_TYPES
     allowed_service_accounts: tuple[str, ...] = ()
+    worker_redis_users: WorkerRedisUsers = "operator"
 
     def __post_init__(self) -> None:
         if not self.redis_url:
@@ -58,6 +64,11 @@ class OperatorConfig:
             )
         if self.standalone and self.peering:
             raise OperatorConfigError("operator standalone and peering are mutually exclusive")
+        if self.worker_redis_users not in get_args(WorkerRedisUsers):
+            raise OperatorConfigError(
+                f"operator worker_redis_users must be one of {get_args(WorkerRedisUsers)}, got "
+                f"{self.worker_redis_users!r}"
+            )
         if self.metrics is not None:
             from ardiff.operator.metrics import parse_metrics_address
 
@@ -141,6 +152,8 @@ def config_from_env(env: Mapping[str, str] = os.environ, **overrides: object) ->
     for field_name, variable in ENV_SECONDS.items():
         if (seconds := env_float(env, variable)) is not None:
             values[field_name] = seconds
+    if env.get("ARDIFF_WORKER_REDIS_USERS"):
+        values["worker_redis_users"] = env["ARDIFF_WORKER_REDIS_USERS"]
     if env.get("ARDIFF_OPERATOR_FOLLOW_DRAINS", "").lower() in ("1", "true", "yes"):
         values["follow_drains"] = True
     for field_name, variable in ENV_LISTS.items():

@@ -13,6 +13,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from ardiff.kv.acl import PoolUsers
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
 from ardiff.operator.config import OperatorConfig
@@ -65,8 +66,11 @@ class OperatorContext:
     # Sessions being deleted (uids) whose slot was released while someone else's finalizer holds them: each of
     # their further events would release again; forgotten at their DELETED event.
     released_uids: set[str] = field(default_factory=set)
-    # Pools whose `<pool>-workers-redis` name is taken by a Secret they do not own (reported once).
-    secret_conflicts: set[PoolId] = field(default_factory=set)
+    # Per pool, why its workers have no usable Redis credentials (a Secret of its name it does not own, ACL
+    # SETUSER forbidden, no administrator's user), as last reported by a Warning Event (once per reason).
+    credential_problems: dict[PoolId, str] = field(default_factory=dict)
+    # The pools' Redis users on every node (kv/acl.py); None with `--worker-redis-users administrator`.
+    pool_users: PoolUsers | None = None
     # Issue 12: pods chosen for a scale-down by migration (drained; their sessions move; retired once empty),
     # and since when (monotonic seconds) each pool has had a pod that could be emptied that way.
     scale_down_pods: defaultdict[PoolId, set[str]] = field(default_factory=lambda: defaultdict(set))
@@ -107,7 +111,7 @@ class OperatorContext:
     def forget_pool(self, pool: PoolId) -> None:
         self.expected_pods.pop(pool, None)
         self.kicks.pop(pool, None)
-        self.secret_conflicts.discard(pool)
+        self.credential_problems.pop(pool, None)
         self.startup_failures.pop(pool, None)
         self.template_refusals.pop(pool, None)
         self.scale_down_pods.pop(pool, None)
@@ -130,3 +134,5 @@ class OperatorContext:
     async def close(self) -> None:
         await self.kube.close()
         await self.store.close()
+        if self.pool_users is not None:
+            await self.pool_users.close()

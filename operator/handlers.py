@@ -20,6 +20,7 @@ from typing import Any
 
 import kopf
 
+from ardiff.kv.acl import PoolUsers
 from ardiff.kv.errors import NotReplicated
 from ardiff.kv.placement import PlacementStore, redact_url
 from ardiff.kv.records import PoolId
@@ -32,7 +33,6 @@ from ardiff.operator.permissions import missing_permissions
 from ardiff.operator.pods import COMPONENT_LABEL, POOL_LABEL, WORKER_COMPONENT
 from ardiff.operator.reconcile import (
     ensure_service,
-    ensure_worker_redis_secret,
     now_rfc3339,
     previous_status,
     reconcile_pool,
@@ -90,7 +90,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
         return info
 
     memo.ctx = OperatorContext(
-        config=config, store=PlacementStore.from_url(config.redis_url), kube=KubeApi(login)
+        config=config,
+        store=PlacementStore.from_url(config.redis_url),
+        kube=KubeApi(login),
+        # The pools' users are made through the operator's own URL, which reaches every node (ACL SETUSER).
+        pool_users=PoolUsers.from_url(config.redis_url) if config.worker_redis_users == "operator" else None,
     )
     missing = await missing_permissions(
         memo.ctx.kube,
@@ -111,7 +115,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     memo.pool_sweep = asyncio.create_task(sweep_pools_forever(memo.ctx, logger))
     logger.info(
         f"operator started: namespaces={config.namespaces or 'all'}, redis={redact_url(config.redis_url)}, "
-        f"workers' redis={redact_url(config.worker_redis_url)}"
+        f"workers' redis={redact_url(config.worker_redis_url)}, pools' redis users made by the "
+        f"{config.worker_redis_users}"
     )
 
 
@@ -267,7 +272,7 @@ async def reconcile_pool_forever(
     ctx: OperatorContext = memo.ctx
     pool = PoolView.from_body(body)
     pid = PoolId(pool.namespace, pool.name)
-    # The Service, and the workers' URL brought up to date after an operator restart, before the first round.
+    # The Service, before the first round (each round brings the workers' Secret and Redis user up to date).
     # In the loop: a refused call (a 403 from admission, a 429 while the API server starts) is retried next
     # round, not after kopf's daemon back-off of a minute with nothing done for the pool meanwhile.
     prepared = False
@@ -283,7 +288,6 @@ async def reconcile_pool_forever(
             try:
                 if not prepared:
                     await ensure_service(ctx, pool)
-                    await ensure_worker_redis_secret(ctx, pool)
                     prepared = True
                 await pool_round(ctx, pool, sessions_by_pool, worker_pods, dict(status), logger)
                 if started - swept_at >= ctx.config.sweep_seconds:

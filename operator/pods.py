@@ -16,12 +16,17 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from ardiff.kv.placement import with_user
 from ardiff.operator.specs import MODEL_VOLUME_MOUNT, ModelDownload, WorkerPoolSpec
 
 POOL_LABEL = "ardiffusion.dev/pool"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 WORKER_COMPONENT = "worker"
 TEMPLATE_HASH_ANNOTATION = "ardiffusion.dev/template-hash"
+# Issue 23 item 12: the digest of the `<pool>-workers-redis` data a Pod was made with (`secret_data_hash`).
+# It is part of the Pod template, so a changed Secret makes the pool's Pods stale and they roll (env values
+# from a Secret are fixed when a container starts: a rotated password would strand them).
+SECRET_HASH_ANNOTATION = "ardiffusion.dev/secret-hash"
 # Issue 12: the hash of what an exported session must match to be imported (`session_identity_hash`): pods
 # with the pool's current identity can take the sessions of a stale pod by migration.
 IDENTITY_HASH_ANNOTATION = "ardiffusion.dev/identity-hash"
@@ -45,6 +50,10 @@ REDIS_CA_KEY = "ca.crt"
 # Pod-to-pod transfer of migrating sessions (issue 12): a random token per pool, made once, in the same
 # Secret; workers read it as ARDIFF_TRANSFER_TOKEN and accept pulls only with it.
 TRANSFER_TOKEN_KEY = "transfer-token"
+# Issue 23 item 1: the pool's own Redis user (kv/acl.py), which the key `url` logs in as: made by the operator
+# (`ardiff-pool.<namespace>.<pool>`, a random password), or by the administrator, who writes both keys.
+REDIS_USERNAME_KEY = "redis-username"
+REDIS_PASSWORD_KEY = "redis-password"
 WORKER_REDIS_CA_DIR = "/etc/ardiff/redis-tls"
 REDIS_CA_VOLUME = "redis-ca"
 # The root filesystem is read-only: everything the worker writes goes to one of these emptyDir volumes
@@ -110,17 +119,41 @@ def new_transfer_token() -> str:
     return secrets.token_urlsafe(32)
 
 
+def new_redis_password() -> str:
+    """A pool user's password: 32 random bytes, URL-safe base64 (43 characters, nothing to escape)."""
+    return secrets.token_urlsafe(32)
+
+
+def secret_data_hash(data: dict[str, str]) -> str:
+    """A short, stable digest of a Secret's `data` (base64 values, as the API returns them)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
 def build_worker_redis_secret(
-    namespace: str, pool: str, url: str, ca: bytes | None = None, *, transfer_token: str | None = None
+    namespace: str,
+    pool: str,
+    url: str | None,
+    ca: bytes | None = None,
+    *,
+    transfer_token: str | None = None,
+    user: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """The Secret the pool's workers read their Redis URL from (key `url`), so that its password is in no
     Pod spec; it lives in the pool's namespace, where the workers can read it (not adopted yet: the handler
     adopts it). With `ca` (a private TLS CA), key `ca.crt` holds it and the URL's `ssl_ca_certs` names where
-    worker Pods mount it. `transfer_token`: the pool's worker-to-worker token (key `transfer-token`)."""
+    worker Pods mount it. `transfer_token`: the pool's worker-to-worker token (key `transfer-token`). `user`:
+    the pool's Redis user and password (keys `redis-username`, `redis-password`), which the URL logs in as.
+    `url` None: no key `url` (the pool waits for the administrator's user)."""
     data = {}
     if transfer_token is not None:
         data[TRANSFER_TOKEN_KEY] = base64.b64encode(transfer_token.encode()).decode()
-    if ca is not None:
+    if user is not None:
+        username, password = user
+        data[REDIS_USERNAME_KEY] = base64.b64encode(username.encode()).decode()
+        data[REDIS_PASSWORD_KEY] = base64.b64encode(password.encode()).decode()
+        if url is not None:
+            url = with_user(url, username, password)
+    if url is not None and ca is not None:
         parts = urllib.parse.urlsplit(url)
         query = [(k, v) for k, v in urllib.parse.parse_qsl(parts.query) if k != "ssl_ca_certs"]
         query.append(("ssl_ca_certs", f"{WORKER_REDIS_CA_DIR}/{REDIS_CA_KEY}"))
@@ -135,7 +168,7 @@ def build_worker_redis_secret(
             "namespace": namespace,
             "labels": {"app.kubernetes.io/name": "ardiff", POOL_LABEL: pool},
         },
-        "data": {REDIS_URL_KEY: base64.b64encode(url.encode()).decode(), **data},
+        "data": {**({} if url is None else {REDIS_URL_KEY: base64.b64encode(url.encode()).decode()}), **data},
     }
 
 
@@ -176,10 +209,12 @@ def build_worker_env(namespace: str, pool: str, spec: WorkerPoolSpec) -> list[di
     return [entry for entry in env if entry["name"] not in overridden] + copy.deepcopy(spec.env)
 
 
-def build_worker_pod(namespace: str, pool: str, spec: WorkerPoolSpec, *, pod_name: str) -> dict[str, Any]:
+def build_worker_pod(
+    namespace: str, pool: str, spec: WorkerPoolSpec, *, pod_name: str, secret_hash: str | None = None
+) -> dict[str, Any]:
     """One worker Pod of `pool` (not yet adopted: the handler sets the owner reference), annotated with the
-    hash of the template it was made from."""
-    pod = build_worker_pod_template(namespace, pool, spec)
+    hash of the template it was made from (`secret_hash`: of the workers' Secret it reads, part of it)."""
+    pod = build_worker_pod_template(namespace, pool, spec, secret_hash=secret_hash)
     digest = template_hash(pod)
     identity = session_identity_hash(namespace, pool, spec)
     pod["metadata"] |= {
@@ -215,8 +250,10 @@ def session_identity_hash(namespace: str, pool: str, spec: WorkerPoolSpec) -> st
     return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def worker_template_hash(namespace: str, pool: str, spec: WorkerPoolSpec) -> str:
-    return template_hash(build_worker_pod_template(namespace, pool, spec))
+def worker_template_hash(
+    namespace: str, pool: str, spec: WorkerPoolSpec, secret_hash: str | None = None
+) -> str:
+    return template_hash(build_worker_pod_template(namespace, pool, spec, secret_hash=secret_hash))
 
 
 def worker_resources(resources: dict[str, Any]) -> dict[str, Any]:
@@ -250,9 +287,13 @@ CONTAINER_SECURITY_CONTEXT = {
 }
 
 
-def build_worker_pod_template(namespace: str, pool: str, spec: WorkerPoolSpec) -> dict[str, Any]:
+def build_worker_pod_template(
+    namespace: str, pool: str, spec: WorkerPoolSpec, *, secret_hash: str | None = None
+) -> dict[str, Any]:
     """Everything of a worker Pod that does not depend on its name. Knobs the pool leaves unset are left out,
-    so such a pool's Pods (and their template hash) are what they were before the knobs existed."""
+    so such a pool's Pods (and their template hash) are what they were before the knobs existed.
+    `secret_hash`: the digest of the workers' Secret data (`secret_data_hash`), as annotation
+    SECRET_HASH_ANNOTATION: a Pod made before the Secret changed is stale."""
     probe_port = {"port": WORKER_PORT_NAME}
     options = spec.pod
     container: dict[str, Any] = {
@@ -341,8 +382,11 @@ def build_worker_pod_template(namespace: str, pool: str, spec: WorkerPoolSpec) -
     pod_spec |= {key: value for key, value in optional.items() if value}
     pod_spec |= {"containers": [container], "volumes": volumes}
     metadata: dict[str, Any] = {"namespace": namespace, "labels": {**options.labels, **pool_labels(pool)}}
-    if options.annotations:
-        metadata["annotations"] = copy.deepcopy(options.annotations)
+    annotations = copy.deepcopy(options.annotations)
+    if secret_hash is not None:
+        annotations[SECRET_HASH_ANNOTATION] = secret_hash
+    if annotations:
+        metadata["annotations"] = annotations
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 

@@ -14,6 +14,8 @@ Order of a round; 1-3 under the pool's lock (admissions and releases take it too
 from __future__ import annotations
 
 import asyncio
+import base64
+import dataclasses
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -22,6 +24,7 @@ from typing import Any, Literal
 
 import kopf
 
+from ardiff.kv.acl import AclForbidden, InvalidPoolUser, check_password, pool_username
 from ardiff.kv.errors import UnknownPod
 from ardiff.kv.records import PodRecord, PoolId, SessionBinding, SessionSpec, SessionState
 from ardiff.operator.admission import AdmissionFailure, check_family, placement_spec
@@ -31,13 +34,17 @@ from ardiff.operator.kube import PODS, POOLS, SECRETS, SERVICES, SESSIONS, KubeA
 from ardiff.operator.metrics import PoolSample
 from ardiff.operator.pods import (
     REDIS_CA_KEY,
+    REDIS_PASSWORD_KEY,
     REDIS_URL_KEY,
+    REDIS_USERNAME_KEY,
     TRANSFER_TOKEN_KEY,
     build_pool_service,
     build_worker_pod,
     build_worker_redis_secret,
+    new_redis_password,
     new_transfer_token,
     read_redis_ca,
+    secret_data_hash,
     worker_pod_name,
 )
 from ardiff.operator.scaling import PodSlots, may_grow, plan_migrations, plan_scaling
@@ -61,6 +68,13 @@ EXPECTED_POD_TTL_SECONDS = 60.0
 # admission webhook).
 TEMPLATE_RETRY_FIRST_SECONDS = 10.0
 TEMPLATE_RETRY_MAX_SECONDS = 300.0
+# Why a pool's workers have no usable Redis credentials: the reason of its Progressing condition and of the
+# Warning Event (once) that says so.
+SECRET_CONFLICT = "SecretConflict"
+ACL_FORBIDDEN = "RedisAclForbidden"
+CREDENTIALS_MISSING = "RedisCredentialsMissing"
+# The keys of `<pool>-workers-redis` the operator writes (any other key is left as it is).
+WORKER_SECRET_KEYS = (REDIS_URL_KEY, REDIS_CA_KEY, TRANSFER_TOKEN_KEY, REDIS_USERNAME_KEY, REDIS_PASSWORD_KEY)
 
 
 def now_rfc3339() -> str:
@@ -569,36 +583,114 @@ async def ensure_service(ctx: OperatorContext, pool: PoolView) -> None:
     await ctx.kube.create(SERVICES, service)
 
 
-async def ensure_worker_redis_secret(ctx: OperatorContext, pool: PoolView) -> bool:
-    """Create the pool's `<pool>-workers-redis` Secret, or bring its URL up to date (the operator's worker
-    URL may have changed since it was written). False when a Secret of that name exists that the pool does
-    not own: it is left alone (reported once), and no worker Pod may be created."""
-    url = ctx.config.worker_redis_url
-    secret = build_worker_redis_secret(
-        pool.namespace, pool.name, url, read_redis_ca(url), transfer_token=new_transfer_token()
+@dataclass(frozen=True)
+class WorkerCredentials:
+    """What a round made of the pool's `<pool>-workers-redis` Secret: whether worker Pods may start with it
+    (its URL logs in as the pool's Redis user, which exists on every node), the digest of its data (None: no
+    Secret of the pool's), and otherwise why not: (reason, message) for the pool's Progressing condition."""
+
+    usable: bool
+    secret_hash: str | None
+    problem: tuple[str, str] | None = None
+
+
+def stored_user(data: Mapping[str, str]) -> tuple[str, str] | None:
+    """The Redis user and password a workers' Secret names (keys `redis-username`, `redis-password`)."""
+    username, password = (
+        base64.b64decode(data.get(key) or "").decode(errors="replace")
+        for key in (REDIS_USERNAME_KEY, REDIS_PASSWORD_KEY)
     )
+    return (username, password) if username and password else None
+
+
+async def ensure_worker_redis_secret(
+    ctx: OperatorContext, pool: PoolView, pods: Sequence[PodView], logger: kopf.Logger
+) -> WorkerCredentials:
+    """Create the pool's `<pool>-workers-redis` Secret, or bring it up to date: the operator's worker URL
+    (it may have changed since it was written) with the pool's own Redis user in it, the transfer token.
+
+    With `--worker-redis-users operator` the operator makes the user (`ardiff-pool.<ns>.<pool>`, a random
+    password, a new one when the key `redis-password` is removed) on every Redis node before the Secret
+    names it; while Pods made from an older Secret run (their env is fixed at start) the user keeps
+    accepting the passwords it had. With `administrator` the Secret's `redis-username` and `redis-password`
+    are the administrator's, and no ACL command is sent. A Secret of that name the pool does not own is left
+    alone. Each problem is reported once (a Warning Event) and blocks new worker Pods."""
+    url = ctx.config.worker_redis_url
+    pid = PoolId(pool.namespace, pool.name)
+    operator_made = ctx.config.worker_redis_users == "operator"
+    fresh_user = (pool_username(pid), new_redis_password())
+    ca = read_redis_ca(url)
+    # Made without a URL or a user: those are written once the user exists (below).
+    secret = build_worker_redis_secret(pool.namespace, pool.name, None, transfer_token=new_transfer_token())
     kopf.adopt(secret, owner=pool.reference)
-    key, name = PoolId(pool.namespace, pool.name), secret["metadata"]["name"]
-    stored = await ctx.kube.create_or_get(SECRETS, secret)
+    name = secret["metadata"]["name"]
+    # Read first: every round comes here, and a create would be refused (409) but for the first.
+    stored = await ctx.kube.get(SECRETS, pool.namespace, name) or await ctx.kube.create_or_get(
+        SECRETS, secret
+    )
     if stored is None:  # deleted between the two calls: the next round creates it
-        return False
+        return WorkerCredentials(False, None)
     owners = stored["metadata"].get("ownerReferences") or []
     if not any(owner.get("uid") == pool.uid for owner in owners):
-        if key not in ctx.secret_conflicts:
-            ctx.secret_conflicts.add(key)
-            message = f"Secret {name} exists and is not owned by this pool: rename or delete it"
-            kopf.event(pool.reference, type="Warning", reason="SecretConflict", message=message)
-        return False
-    stored_data = stored.get("data") or {}
+        message = f"Secret {name} exists and is not owned by this pool: rename or delete it"
+        return credentials_problem(ctx, pool, SECRET_CONFLICT, message, None)
+    stored_data: dict[str, str] = stored.get("data") or {}
     # The transfer token is made once and kept (a new one would split the pool's running pods); a Secret
     # written before it existed gets one.
-    token = {TRANSFER_TOKEN_KEY: stored_data.get(TRANSFER_TOKEN_KEY) or secret["data"][TRANSFER_TOKEN_KEY]}
-    keys = (REDIS_URL_KEY, REDIS_CA_KEY, TRANSFER_TOKEN_KEY)
-    if any(stored_data.get(k) != (secret["data"] | token).get(k) for k in keys):
-        data = {REDIS_CA_KEY: None} | secret["data"] | token  # a CA no longer named is removed
-        await ctx.kube.patch(SECRETS, pool.namespace, name, {"data": data})
-    ctx.secret_conflicts.discard(key)
+    token = stored_data.get(TRANSFER_TOKEN_KEY) or secret["data"][TRANSFER_TOKEN_KEY]
+    user = stored_user(stored_data)
+    if operator_made and (user is None or user[0] != fresh_user[0] or not valid_password(user[1])):
+        user = fresh_user  # first made, rotated (its password removed), or edited into something else
+    if user is None:
+        message = (
+            f"Secret {name} names no Redis user: with --worker-redis-users administrator, make the pool's "
+            f"user (`ardiff kv redis-user {pool.namespace} {pool.name}` prints its rules) and write its name "
+            f"and password into keys {REDIS_USERNAME_KEY} and {REDIS_PASSWORD_KEY}"
+        )
+        return credentials_problem(ctx, pool, CREDENTIALS_MISSING, message, secret_data_hash(stored_data))
+    data = build_worker_redis_secret(
+        pool.namespace,
+        pool.name,
+        url,
+        ca,
+        transfer_token=base64.b64decode(token).decode(),
+        user=user,
+    )["data"]
+    digest = secret_data_hash(data)
+    if operator_made:
+        assert ctx.pool_users is not None, "configure() gives an operator that makes users its PoolUsers"
+        rolling = any(p.secret_hash != digest for p in pods)  # older Pods log in with an older password
+        try:
+            sync = await ctx.pool_users.ensure(pid, user[1], keep_previous=rolling)
+        except AclForbidden as exc:
+            return credentials_problem(ctx, pool, ACL_FORBIDDEN, str(exc), secret_data_hash(stored_data))
+        if sync.changed:
+            logger.info(f"redis user {user[0]} made or updated on {', '.join(sync.changed)}")
+    if any(stored_data.get(k) != data.get(k) for k in WORKER_SECRET_KEYS):
+        # Merge patch: a key no longer made (a CA no longer named) is removed; others of the Secret stay.
+        patch = {"data": {k: data.get(k) for k in WORKER_SECRET_KEYS}}
+        await ctx.kube.patch(SECRETS, pool.namespace, name, patch)
+    ctx.credential_problems.pop(pid, None)
+    return WorkerCredentials(True, digest)
+
+
+def valid_password(password: str) -> bool:
+    try:
+        check_password(password)
+    except InvalidPoolUser:
+        return False
     return True
+
+
+def credentials_problem(
+    ctx: OperatorContext, pool: PoolView, reason: str, message: str, secret_hash: str | None
+) -> WorkerCredentials:
+    """Report why the pool's workers have no usable credentials: a Warning Event the first time."""
+    pid = PoolId(pool.namespace, pool.name)
+    if ctx.credential_problems.get(pid) != reason:
+        ctx.credential_problems[pid] = reason
+        kopf.event(pool.reference, type="Warning", reason=reason, message=message)
+    return WorkerCredentials(False, secret_hash, (reason, message))
 
 
 async def create_worker_pod(ctx: OperatorContext, pool: PoolView, logger: kopf.Logger) -> str | None:
@@ -613,7 +705,9 @@ async def create_worker_pod(ctx: OperatorContext, pool: PoolView, logger: kopf.L
         return None
     while True:
         name = worker_pod_name(pool.name)
-        body = build_worker_pod(pool.namespace, pool.name, pool.spec, pod_name=name)
+        body = build_worker_pod(
+            pool.namespace, pool.name, pool.spec, pod_name=name, secret_hash=pool.secret_hash
+        )
         kopf.adopt(body, owner=pool.reference)
         ctx.expected_pods[pid][name] = time.monotonic()
         try:
@@ -760,6 +854,9 @@ async def reconcile_pool(
     """One round; returns the pool status patch (None when unchanged)."""
     assert pool.spec is not None
     pid = PoolId(pool.namespace, pool.name)
+    # First the workers' Secret: its digest is part of the Pod template (a changed one rolls the pool).
+    credentials = await ensure_worker_redis_secret(ctx, pool, pods, logger)
+    pool = dataclasses.replace(pool, secret_hash=credentials.secret_hash)
     active = [s for s in sessions if needs_reconcile(s)]
     names = [s.name for s in active]
     # Under the pool's lock (admissions and releases take it too): the free-slot count and the may-evict
@@ -817,7 +914,7 @@ async def reconcile_pool(
     created = 0
     refusal = template_refusal(ctx, pool)
     may_create = refusal is None or time.monotonic() >= refusal.retry_at
-    if plan.create and may_create and await ensure_worker_redis_secret(ctx, pool):
+    if plan.create and may_create and credentials.usable:
         for _ in range(plan.create):
             if await create_worker_pod(ctx, pool, logger) is None:
                 break
@@ -846,6 +943,7 @@ async def reconcile_pool(
         stale=stale,
         startup_failure=ctx.startup_failures.get(pid),
         template_refusal=refusal.message if refusal else None,
+        credentials_problem=credentials.problem,
     )
     status = build_pool_status(
         previous_pool_status, observation, generation=pool.generation, now=now_rfc3339()
@@ -883,8 +981,9 @@ async def retire_pool(
 ) -> bool:
     """A deleted pool: fail its sessions (`PoolDeleted`) and delete its Pods (garbage collection does too,
     but only once the pool is gone: a pool someone else's finalizer holds would keep its GPUs meanwhile; the
-    Service and Secrets it owns are left to garbage collection); forget it in Redis once the Pods are gone (a
-    terminating worker's heartbeat would re-create what was deleted earlier). True once done."""
+    Service and Secrets it owns are left to garbage collection); forget it in Redis, and delete its Redis
+    user, once the Pods are gone (a terminating worker's heartbeat would re-create what was deleted earlier).
+    True once done."""
     pid = PoolId(pool.namespace, pool.name)
     async with ctx.locks[pid]:
         for session in sessions:
@@ -896,6 +995,11 @@ async def retire_pool(
         if pods:
             return False
         await ctx.store.delete_pool(pid)
+        if ctx.pool_users is not None:
+            try:
+                await ctx.pool_users.delete(pid)  # its Pods are gone: nothing logs in as it any more
+            except AclForbidden as exc:  # then it could not be made either
+                logger.warning(f"pool {pool.name}: {exc}")
     ctx.forget_pool(pid)
-    logger.info(f"pool {pool.name} deleted: its sessions failed, its pods and Redis state are gone")
+    logger.info(f"pool {pool.name} deleted: its sessions failed, its pods, Redis state and user are gone")
     return True

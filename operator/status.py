@@ -309,12 +309,16 @@ class PoolObservation:
     stale: int  # pods made from an older template, kept while they hold sessions
     startup_failure: str | None  # why a pod was last replaced for not registering, until all pods have
     template_refusal: str | None  # the API's message refusing a Pod of the current template
+    # (reason, message) while the workers' Redis credentials cannot be made (issue 23 item 1): no Pod starts
+    credentials_problem: tuple[str, str] | None = None
 
 
 def progressing_condition(obs: PoolObservation) -> ConditionSpec:
     """Like a Deployment's `Progressing`: False while the API refuses Pods of the pool's template (with its
-    message), or once a pod missed its startup deadline (until every pod has registered since); a roll in
-    progress, pods starting, or all pods registered."""
+    message), while the workers' Redis credentials cannot be made, or once a pod missed its startup deadline
+    (until every pod has registered since); a roll in progress, pods starting, or all pods registered."""
+    if obs.credentials_problem is not None:
+        return ConditionSpec("Progressing", False, *obs.credentials_problem)
     if obs.template_refusal is not None:
         return ConditionSpec("Progressing", False, "InvalidPodTemplate", obs.template_refusal)
     if obs.startup_failure is not None:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Collection
 
 import kopf
 
+from ardiff.kv.acl import AclForbidden
 from ardiff.kv.records import PoolId, SessionState
 from ardiff.operator.context import OperatorContext
 from ardiff.operator.kube import POOLS
@@ -58,10 +59,27 @@ async def stored_session_names(ctx: OperatorContext) -> dict[PoolId, set[str]]:
     return ctx.stored_sessions
 
 
+async def pools_with_users(ctx: OperatorContext, logger: kopf.Logger) -> set[PoolId]:
+    """The pools that have a Redis user the operator made (none where it may not list users)."""
+    if ctx.pool_users is None:
+        return set()
+    try:
+        return await ctx.pool_users.pools()
+    except AclForbidden as exc:  # the pools' rounds report it; the store's state is swept all the same
+        logger.debug(f"sweep: {exc}")
+        return set()
+
+
 async def sweep_pools(ctx: OperatorContext, logger: kopf.Logger) -> list[PoolId]:
-    """Forget the pools the store holds, in the namespaces this operator serves, that the API lacks."""
+    """Forget the pools the store holds, in the namespaces this operator serves, that the API lacks, and
+    delete their Redis users (a pool deleted while no operator ran)."""
     served = ctx.config.namespaces
-    stored = {p for p in await ctx.store.list_pools() if ctx.config.all_namespaces or p.namespace in served}
+    users = await pools_with_users(ctx, logger)
+    stored = {
+        p
+        for p in {*await ctx.store.list_pools(), *users}
+        if ctx.config.all_namespaces or p.namespace in served
+    }
     if not stored:
         return []
     listed: set[tuple[str, str]] = set()
@@ -71,6 +89,9 @@ async def sweep_pools(ctx: OperatorContext, logger: kopf.Logger) -> list[PoolId]
     for pool in gone:
         async with ctx.locks[pool]:
             await ctx.store.delete_pool(pool)
+            if pool in users:
+                assert ctx.pool_users is not None
+                await ctx.pool_users.delete(pool)
         ctx.forget_pool(pool)
     if gone:
         logger.info(f"forgot the Redis state of {len(gone)} pools that are gone: {[str(p) for p in gone]}")

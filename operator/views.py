@@ -15,6 +15,7 @@ from typing import Any, ClassVar, TypeVar
 
 from ardiff.operator.pods import (
     IDENTITY_HASH_ANNOTATION,
+    SECRET_HASH_ANNOTATION,
     TEMPLATE_HASH_ANNOTATION,
     session_identity_hash,
     worker_template_hash,
@@ -64,6 +65,7 @@ class PodView:
     )
     busy: bool = False  # labelled ardiffusion.dev/busy=true (operator/disruption.py)
     node: str | None = None  # spec.nodeName: where the scheduler bound it (None: not yet)
+    secret_hash: str | None = None  # of the workers' Secret data it was made with (issue 23 item 12)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> PodView:
@@ -80,6 +82,7 @@ class PodView:
             identity_hash=(body["metadata"].get("annotations") or {}).get(IDENTITY_HASH_ANNOTATION),
             busy=(body["metadata"].get("labels") or {}).get("ardiffusion.dev/busy") == "true",
             node=(body.get("spec") or {}).get("nodeName"),
+            secret_hash=(body["metadata"].get("annotations") or {}).get(SECRET_HASH_ANNOTATION),
         )
 
 
@@ -154,10 +157,12 @@ class SessionView(ResourceView):
 
 @dataclass(frozen=True)
 class PoolView(ResourceView):
-    """An ARDiffusionWorkerPool: identity and parsed spec (None when invalid)."""
+    """An ARDiffusionWorkerPool: identity and parsed spec (None when invalid); `secret_hash`, once the round
+    has read the pool's `<pool>-workers-redis` Secret, the digest of its data (part of the Pod template)."""
 
     KIND: ClassVar[str] = POOL_KIND
     spec: WorkerPoolSpec | None
+    secret_hash: str | None = None
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> PoolView:
@@ -166,9 +171,10 @@ class PoolView(ResourceView):
 
     @functools.cached_property
     def template_hash(self) -> str:
-        """The hash of the worker Pod template its spec makes (each Pod carries the one it was made from)."""
+        """The hash of the worker Pod template its spec and Secret make (each Pod carries the one it was made
+        from)."""
         assert self.spec is not None
-        return worker_template_hash(self.namespace, self.name, self.spec)
+        return worker_template_hash(self.namespace, self.name, self.spec, self.secret_hash)
 
     @functools.cached_property
     def identity_hash(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import json
@@ -15,6 +16,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from ardiff.kv.acl import OPERATOR_RULES, OPERATOR_USERNAME, PoolUsers, password_hash
+from ardiff.kv.records import PoolId
 from ardiff.operator.pods import WORKER_PORT, WORKER_PORT_NAME, pool_labels
 from ardiff.worker.net import free_port
 
@@ -349,9 +352,14 @@ def test_bundled_redis_has_a_password_kept_out_of_command_lines(chart):
     redis = f"{chart.fullname}-redis"
     secret = one(objects, "Secret", redis)["stringData"]
     assert secret["password"] == password
-    assert secret["url"] == f"redis://:{password}@{redis}.{chart.namespace}.svc:6379/0"
+    assert secret["url"] == f"redis://{OPERATOR_USERNAME}:{password}@{redis}.{chart.namespace}.svc:6379/0"
     config = secret["redis.conf"].splitlines()
-    assert f"requirepass {password}" in config
+    # Issue 23 item 1: the operator logs in as its own user (kv/acl.py's rules), `default` is off, and the
+    # config holds the password's SHA-256 only.
+    assert operator_user_line(f"#{password_hash(password)}") in config
+    assert "user default off resetchannels -@all" in config
+    assert not [line for line in config if line.startswith("requirepass")]
+    assert password not in secret["redis.conf"]
     assert "maxmemory-policy noeviction" in config
     assert {"appendonly no", 'save ""'} <= set(config)
     service = one(objects, "Service", redis)
@@ -371,7 +379,9 @@ def test_bundled_redis_password_is_generated_when_not_given(chart):
     for secret in secrets:
         assert len(secret["password"]) == 40
         assert secret["password"].isalnum()
-        assert f"requirepass {secret['password']}" in secret["redis.conf"]
+        assert (
+            operator_user_line(f"#{password_hash(secret['password'])}") in secret["redis.conf"].splitlines()
+        )
     assert secrets[0]["password"] != secrets[1]["password"]
 
 
@@ -403,12 +413,27 @@ def test_bundled_redis_password_from_an_existing_secret_is_never_rendered(chart)
     operator = one(objects, "StatefulSet", f"{chart.fullname}-operator")["spec"]["template"]["spec"]
     env = env_of(operator["containers"][0])
     assert env["ARDIFF_REDIS_PASSWORD"]["valueFrom"] == password_ref
-    url = f"redis://:$(ARDIFF_REDIS_PASSWORD)@{redis}.{chart.namespace}.svc:6379/0"
+    url = f"redis://{OPERATOR_USERNAME}:$(ARDIFF_REDIS_PASSWORD)@{redis}.{chart.namespace}.svc:6379/0"
     assert env["ARDIFF_REDIS_URL"] == {"name": "ARDIFF_REDIS_URL", "value": url}
     assert env["ARDIFF_WORKER_REDIS_URL"] == {"name": "ARDIFF_WORKER_REDIS_URL", "value": url}
     # The kubelet expands $(VAR) only from variables defined earlier in the list.
     names = [entry["name"] for entry in operator["containers"][0]["env"]]
     assert names.index("ARDIFF_REDIS_PASSWORD") < names.index("ARDIFF_REDIS_URL")
+
+
+def operator_user_line(password: str) -> str:
+    """The bundled Redis' `user` line of the operator, as kv/acl.py defines its user."""
+    return " ".join(("user", OPERATOR_USERNAME, "on", password, *OPERATOR_RULES))
+
+
+async def _make_a_pool_user(url: str) -> None:
+    pool = PoolId("tenant", "worlds")
+    users = PoolUsers.from_url(url)
+    try:
+        await users.ensure(pool, "a-pool-password-0123456789")
+        assert await users.pools() == {pool}
+    finally:
+        await users.close()
 
 
 def _start_redis_as_the_chart_does(chart, tmp_path, password: str) -> subprocess.Popen[bytes]:
@@ -448,7 +473,7 @@ def test_bundled_redis_requires_the_password_from_the_existing_secret(chart, tmp
         deadline = time.monotonic() + 10
         while True:
             try:
-                assert client(password=password).ping()
+                assert client(username=OPERATOR_USERNAME, password=password).ping()
                 break
             except redis_client.ConnectionError:
                 assert process.poll() is None, process.stderr.read() if process.stderr else ""
@@ -456,6 +481,13 @@ def test_bundled_redis_requires_the_password_from_the_existing_secret(chart, tmp
                 time.sleep(0.05)
         with pytest.raises(redis_client.AuthenticationError):
             client().set("k", "v")
+        with pytest.raises(redis_client.AuthenticationError):  # `default` is off, whatever its password
+            client(password=password).set("k", "v")
+        # The operator's user makes a pool's user, and may not FLUSHALL (issue 23 item 1).
+        operator = client(username=OPERATOR_USERNAME, password=password)
+        with pytest.raises(redis_client.exceptions.NoPermissionError):
+            operator.flushall()
+        asyncio.run(_make_a_pool_user(f"redis://{OPERATOR_USERNAME}:{password}@127.0.0.1:{process.port}/0"))
         assert oct((tmp_path / "auth" / "auth.conf").stat().st_mode & 0o777) == "0o600"
     finally:
         process.terminate()

@@ -11,6 +11,7 @@ PodSecurity `restricted` (the real admission plugin): every Pod the chart and th
 
 from __future__ import annotations
 
+import base64
 import itertools
 import os
 import re
@@ -25,6 +26,7 @@ import yaml
 from ardiff.devcluster.cluster import DevCluster, load_manifests
 from ardiff.devcluster.images import OPERATOR_IMAGE, WORKER_IMAGE, ImageTable
 from ardiff.devcluster.waiting import wait_until
+from ardiff.kv.acl import OPERATOR_USERNAME
 from tests.chart.conftest import Chart
 
 pytestmark = pytest.mark.slow
@@ -206,6 +208,18 @@ def test_helm_install_upgrade_test_then_uninstall_leaves_nothing_behind(
         timeout=READY_SECONDS,
         what="session s Ready",
     )
+
+    # Issue 23 item 1: the operator logs in as the bundled Redis' `ardiff-operator` (its rules let it make
+    # users), and the pool's workers as the pool's own user.
+    redis = release.get(f"/api/v1/namespaces/{release.namespace}/secrets/{release.chart.fullname}-redis")
+    assert redis is not None
+    operator_url = base64.b64decode(redis["data"]["url"]).decode()
+    assert operator_url.startswith(f"redis://{OPERATOR_USERNAME}:")
+    workers = release.get(f"/api/v1/namespaces/{release.namespace}/secrets/fake-pool-workers-redis")
+    assert workers is not None
+    workers_url = base64.b64decode(workers["data"]["url"]).decode()
+    assert workers_url.startswith(f"redis://ardiff-pool.{release.namespace}.fake-pool:")
+    assert base64.b64decode(redis["data"]["password"]).decode() not in workers_url
 
     # helm upgrade to a changed chart: the CRDs first (the README's step: helm never upgrades crds/), then
     # the release; the pool follows the new values and the generated Redis password is kept (`lookup`).

@@ -16,12 +16,16 @@ import yaml
 from ardiff.devcluster.cluster import DevCluster
 from ardiff.kv.records import token_sha256
 from ardiff.operator.pods import (
+    SECRET_HASH_ANNOTATION,
+    TEMPLATE_HASH_ANNOTATION,
     build_pool_service,
     build_worker_env,
     build_worker_pod,
     build_worker_redis_secret,
+    new_redis_password,
     new_transfer_token,
     read_redis_ca,
+    secret_data_hash,
     session_identity_hash,
     worker_pod_name,
     worker_template_hash,
@@ -313,6 +317,45 @@ def test_worker_redis_secret_holds_the_url_for_the_pools_pods() -> None:
     }
     assert len(new_transfer_token()) >= 43  # 32 random bytes, URL-safe base64
     assert new_transfer_token() != new_transfer_token()
+
+
+def test_worker_redis_secret_logs_in_as_the_pools_own_user() -> None:
+    """Issue 23 item 1: the URL the pool's workers get names the pool's user, not the operator's."""
+    operators = "redis://ardiff-operator:op-s3cret@redis.worlds.svc:6379/0?health_check_interval=30"
+    password = new_redis_password()
+    secret = build_worker_redis_secret(
+        "worlds", "tiny", operators, transfer_token="t0k3n", user=("ardiff-pool.worlds.tiny", password)
+    )
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert data == {
+        "url": f"redis://ardiff-pool.worlds.tiny:{password}@redis.worlds.svc:6379/0?health_check_interval=30",
+        "transfer-token": "t0k3n",
+        "redis-username": "ardiff-pool.worlds.tiny",
+        "redis-password": password,
+    }
+    assert len(password) >= 43
+    assert new_redis_password() != password
+    # Waiting for the administrator's user: no URL a Pod could start with.
+    assert set(build_worker_redis_secret("worlds", "tiny", None, transfer_token="t0k3n")["data"]) == {
+        "transfer-token"
+    }
+
+
+def test_a_changed_workers_secret_changes_the_pod_template_hash() -> None:
+    """Issue 23 item 12: env values from a Secret are fixed at container start, so the Secret's digest is part
+    of the template: Pods made before it changed are stale and roll."""
+    spec = WorkerPoolSpec.from_resource(POOL_SPEC)
+    old, new = secret_data_hash({"url": "b2xk"}), secret_data_hash({"url": "bmV3"})
+    assert old != new
+    assert secret_data_hash({"url": "b2xk", "transfer-token": "dA=="}) == secret_data_hash(
+        {"transfer-token": "dA==", "url": "b2xk"}
+    )
+    pod = build_worker_pod("worlds", "tiny", spec, pod_name="tiny-ab12c", secret_hash=old)
+    assert pod["metadata"]["annotations"][SECRET_HASH_ANNOTATION] == old
+    assert pod["metadata"]["annotations"][TEMPLATE_HASH_ANNOTATION] == worker_template_hash(
+        "worlds", "tiny", spec, old
+    )
+    assert len({worker_template_hash("worlds", "tiny", spec, h) for h in (None, old, new)}) == 3
 
 
 def test_worker_pod_names() -> None:

@@ -48,6 +48,7 @@ def test_flags_win_over_the_environment() -> None:
             "mirror_seconds must be",
         ),
         ({"ARDIFF_REDIS_URL": "redis://r", "ARDIFF_OPERATOR_RECONCILE_SECONDS": "x"}, {}, "must be a number"),
+        ({"ARDIFF_REDIS_URL": "redis://r", "ARDIFF_WORKER_REDIS_USERS": "nobody"}, {}, "worker_redis_users"),
     ],
 )
 def test_bad_settings_are_rejected(env: dict, overrides: dict, message: str) -> None:
@@ -86,4 +87,17 @@ def test_cli_reports_a_bad_config_without_a_traceback(
     assert (
         err.strip()
         == "error: invalid_operator_config: operator redis_url must be set (--redis-url or ARDIFF_REDIS_URL)"
+    )
+
+
+def test_who_makes_the_pools_redis_users() -> None:
+    """Issue 23 item 1: the operator by default; the administrator where ACL SETUSER is forbidden."""
+    env = {"ARDIFF_REDIS_URL": "redis://r"}
+    assert config_from_env(env).worker_redis_users == "operator"
+    administrator = config_from_env({**env, "ARDIFF_WORKER_REDIS_USERS": "administrator"})
+    assert administrator.worker_redis_users == "administrator"
+    args = build_parser().parse_args(["operator", "run", "--worker-redis-users", "administrator"])
+    assert args.worker_redis_users == "administrator"
+    assert (
+        config_from_env(env, worker_redis_users=args.worker_redis_users).worker_redis_users == "administrator"
     )

@@ -12,7 +12,7 @@ import pytest
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.keys import PoolKeys
-from ardiff.kv.placement import PlacementStore, redact_url
+from ardiff.kv.placement import PlacementStore, redact_url, with_user
 from ardiff.kv.records import PoolId
 from tests.operator.conftest import FAKE_WORKER_ENV, POD_READY_SECONDS, POOL_FINALIZE_SECONDS, Cluster
 
@@ -176,7 +176,13 @@ def test_workers_read_the_redis_password_from_the_pools_secret_and_nothing_print
             secret = cluster.get("secrets", "pool-workers-redis", core=True)
             assert secret is not None
             pods_url = cluster.kube.redis_url_for_pods(redis.url)  # the operator's URL as Pods reach it
-            assert secret_url(secret) == pods_url
+            # ... with the pool's own Redis user in it (issue 23 item 1), not the operator's password
+            user = [
+                base64.b64decode(secret["data"][k]).decode() for k in ("redis-username", "redis-password")
+            ]
+            assert user[0] == f"ardiff-pool.{cluster.namespace}.pool"
+            assert secret_url(secret) == with_user(pods_url, *user)
+            assert password not in secret_url(secret)
             assert [o["uid"] for o in secret["metadata"]["ownerReferences"]] == [pool["metadata"]["uid"]]
             [pod] = cluster.pods()
             env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
@@ -185,6 +191,7 @@ def test_workers_read_the_redis_password_from_the_pools_secret_and_nothing_print
                 "valueFrom": {"secretKeyRef": {"name": "pool-workers-redis", "key": "url"}},
             }
             assert password not in json.dumps(pod)
+            assert user[1] not in json.dumps(pod)
             # The pool's worker-to-worker transfer token (issue 12) comes from the same Secret, made once.
             assert env["ARDIFF_TRANSFER_TOKEN"] == {
                 "name": "ARDIFF_TRANSFER_TOKEN",
@@ -195,7 +202,7 @@ def test_workers_read_the_redis_password_from_the_pools_secret_and_nothing_print
             assert transfer_token not in json.dumps(pod)
             pod_log = cluster.pod_log(pod["metadata"]["name"])  # `kubectl logs`
             assert "registered pod" in pod_log
-            for secret_value in (password, transfer_token):
+            for secret_value in (password, transfer_token, user[1]):
                 assert secret_value not in pod_log
             assert "redis=redis://:***@127.0.0.1" in operator.log()
             assert password not in operator.log()
@@ -208,7 +215,7 @@ def test_workers_read_the_redis_password_from_the_pools_secret_and_nothing_print
             wait_until(
                 lambda: (
                     secret_url(cluster.get("secrets", "pool-workers-redis", core=True) or {"data": {}})
-                    == moved
+                    == with_user(moved, *user)
                 ),
                 what="the Secret to hold the new URL",
             )
@@ -216,7 +223,7 @@ def test_workers_read_the_redis_password_from_the_pools_secret_and_nothing_print
             assert redact_url(moved).startswith("redis://:***@")
             kept = cluster.get("secrets", "pool-workers-redis", core=True)
             assert base64.b64decode(kept["data"]["transfer-token"]).decode() == transfer_token  # not remade
-            for secret_value in (password, transfer_token):
+            for secret_value in (password, transfer_token, user[1]):
                 assert secret_value not in operator.log()
         finally:
             try:

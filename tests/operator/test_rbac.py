@@ -35,6 +35,7 @@ from typing import Any
 from ardiff.devcluster.kubeconfig import Credentials
 from ardiff.devcluster.kubectl import kube_env
 from ardiff.devcluster.waiting import wait_until
+from ardiff.kv.placement import with_user
 from ardiff.operator.permissions import required
 from ardiff.operator.pods import worker_redis_secret_name
 from tests.chart.conftest import Chart
@@ -279,7 +280,8 @@ def test_the_chart_role_grants_exactly_the_calls_the_operator_makes(
     try:
         process.wait_ready()
         # A pool from an earlier version carries the operator's old finalizer: kopf removes it.
-        cluster.create_pool(finalizers=["ardiffusion.dev/finalizer"])
+        # Room for a second pod: the changed workers' URL below rolls the pool (issue 23 item 12).
+        cluster.create_pool(finalizers=["ardiffusion.dev/finalizer"], replicas={"min": 1, "max": 2})
         wait_until(
             lambda: not cluster.get("ardiffusionworkerpools", "pool")["metadata"].get("finalizers"),
             what="the old finalizer to be removed",
@@ -299,8 +301,12 @@ def test_the_chart_role_grants_exactly_the_calls_the_operator_makes(
         process.env = {**process.env, "ARDIFF_WORKER_REDIS_URL": worker_url}
         process.start().wait_ready()
         secret = worker_redis_secret_name("pool")
-        wait_until(
-            lambda: cluster.get("secrets", secret, core=True)["data"]["url"] == _b64(worker_url),
+        data = cluster.get("secrets", secret, core=True)["data"]
+        user = [base64.b64decode(data[k]).decode() for k in ("redis-username", "redis-password")]
+        wait_until(  # with the pool's own Redis user in it (issue 23 item 1)
+            lambda: (
+                cluster.get("secrets", secret, core=True)["data"]["url"] == _b64(with_user(worker_url, *user))
+            ),
             what="the workers' Redis Secret to follow the new URL",
         )
         wait_until(
@@ -310,7 +316,8 @@ def test_the_chart_role_grants_exactly_the_calls_the_operator_makes(
             ),
             what="the restarted operator to read the existing budget",
         )
-        assert cluster.tick("s", 1).status_code == 200
+        assert cluster.tick("s", 1).status_code == 200  # on its pod, made with the old Secret: it stays
+        cluster.wait_pods(2)  # the pool's new pod, made with the new Secret, takes the next session
 
         # The chart's `helm test` (its own ServiceAccount): a session created, Ready, ticked once, deleted.
         smoke = subprocess.run(

@@ -231,6 +231,16 @@ def test_pool_status() -> None:
                 'Pod "p-abcde" is invalid: spec.containers[0].env[0].name: Invalid value',
             ),
         ),
+        (  # issue 23 item 1: without the workers' Redis user no Pod can log in, whatever the template
+            {
+                "template_refusal": 'Pod "p-abcde" is invalid',
+                "credentials_problem": (
+                    "RedisAclForbidden",
+                    "the operator's redis user may not manage users",
+                ),
+            },
+            ("False", "RedisAclForbidden", "the operator's redis user may not manage users"),
+        ),
     ],
 )
 def test_pool_progressing_condition(fields: dict, expected: tuple[str, str, str]) -> None:

@@ -104,6 +104,25 @@ key: {{ ternary .Values.redis.bundled.auth.existingSecretPasswordKey "password" 
 {{- end -}}
 
 {{/*
+The bundled Redis' users (issue 23 item 1, docs/contracts.md §10): the operator's own, with every pool's keys,
+everything but the dangerous commands, and the ACL subcommands it makes each pool's workers' user with (the
+operator's kv/acl.py OPERATOR_USERNAME and OPERATOR_RULES; a test checks they agree); `default` is off.
+*/}}
+{{- define "ardiff.redisOperatorUser" -}}
+{{- print "ardiff-operator" -}}
+{{- end -}}
+
+{{- define "ardiff.redisOperatorRules" -}}
+{{- print "~{ardiff:*}:* resetchannels +@all -@dangerous +acl|setuser +acl|deluser +acl|getuser +acl|users +acl|save" -}}
+{{- end -}}
+
+{{/* `user` lines of redis.conf: `default` off, the operator's user with `password` (e.g. `>pw`, `#sha256`). */}}
+{{- define "ardiff.redisUsers" -}}
+user default off resetchannels -@all
+user {{ include "ardiff.redisOperatorUser" .root }} on {{ .password }} {{ include "ardiff.redisOperatorRules" .root }}
+{{- end -}}
+
+{{/*
 ARDIFF_REDIS_URL and ARDIFF_WORKER_REDIS_URL of the operator: from the URL Secret, or, when the bundled Redis
 password is in the user's Secret, composed by the kubelet from it ($(VAR) expansion: no password in the spec).
 */}}
@@ -113,7 +132,7 @@ password is in the user's Secret, composed by the kubelet from it ($(VAR) expans
   valueFrom:
     secretKeyRef:
       {{- include "ardiff.redisPasswordSecretRef" . | nindent 6 }}
-{{- $url := printf "redis://:$(ARDIFF_REDIS_PASSWORD)@%s.%s.svc:6379/0" (include "ardiff.redisName" .) .Release.Namespace }}
+{{- $url := printf "redis://%s:$(ARDIFF_REDIS_PASSWORD)@%s.%s.svc:6379/0" (include "ardiff.redisOperatorUser" .) (include "ardiff.redisName" .) .Release.Namespace }}
 - name: ARDIFF_REDIS_URL
   value: {{ $url | quote }}
 - name: ARDIFF_WORKER_REDIS_URL
