@@ -45,7 +45,7 @@ from ardiff.devcluster.containers import now_rfc3339
 from ardiff.devcluster.images import ImageTable
 from ardiff.devcluster.kubeconfig import credentials_from_kubeconfig
 from ardiff.devcluster.kubelet_server import KUBELET_PORT, serve_kubelet_api
-from ardiff.devcluster.network import ClusterNetwork, NetworkError
+from ardiff.devcluster.network import ClusterNetwork, NetworkError, short_pod_id
 from ardiff.devcluster.pod_worker import PodWorker, Sandbox
 
 log = logging.getLogger("ardiff.kubelet")
@@ -405,10 +405,10 @@ class Kubelet:
         else:
             assert self.pod_cidr is not None
             address = self.allocate_ip(worker.uid)
-            pod_id = worker.uid.replace("-", "")[:10]
-            self.network.remove_pod(pod_id)  # what a crashed kubelet left for this Pod
+            short_id = short_pod_id(worker.uid)
+            self.network.remove_pod(short_id)  # what a crashed kubelet left for this Pod
             namespace = self.network.add_pod(
-                self.config.node_number, pod_id, address, str(self.pod_cidr)
+                self.config.node_number, short_id, address, str(self.pod_cidr)
             ).namespace
             for sysctl in (worker.pod["spec"].get("securityContext") or {}).get("sysctls") or []:
                 subprocess.run(
@@ -475,7 +475,7 @@ class Kubelet:
 
     def remove_sandbox(self, worker: PodWorker) -> None:
         if not worker.host_network and not self.config.simulated:
-            self.network.remove_pod(worker.uid.replace("-", "")[:10])
+            self.network.remove_pod(short_pod_id(worker.uid))
 
     # --- running -------------------------------------------------------------------------------------------
 

@@ -61,6 +61,16 @@ def require_root(what: str) -> None:
         )
 
 
+def short_pod_id(uid: str) -> str:
+    """A Pod's short id in the names of its namespace and veth (interface names have at most 15 bytes)."""
+    return uid.replace("-", "")[:10]
+
+
+def host_veth(pod: str) -> str:
+    """The node-side end of Pod `pod`'s (a `short_pod_id`) veth pair, on the node's bridge."""
+    return f"v{pod}"[:15]
+
+
 def namespaces() -> list[str]:
     """The names of every network namespace `ip netns` knows."""
     return [line.split()[0] for line in ip("netns", "list").splitlines() if line.strip()]
@@ -227,7 +237,7 @@ class ClusterNetwork:
         ip("netns", "add", ns)
         try:
             ip("link", "set", "lo", "up", namespace=ns)
-            host_side = f"v{pod_id}"[:15]
+            host_side = host_veth(pod_id)
             ip(
                 "link",
                 "add",

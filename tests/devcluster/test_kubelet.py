@@ -21,6 +21,7 @@ import pytest
 
 from ardiff.devcluster.cluster import DevCluster, pod_pid
 from ardiff.devcluster.kubeconfig import credentials_from_kubeconfig
+from ardiff.devcluster.network import host_veth, short_pod_id
 from ardiff.devcluster.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -519,16 +520,16 @@ def test_a_deleted_pods_address_is_free_only_once_its_interface_is_gone(
     ns.run("first", nodeName="node-1")
     first = ns.wait_ready("first")
     assert dev_cluster.network is not None
-    pod_id = first["metadata"]["uid"].replace("-", "")[:10]
+    short_id = short_pod_id(first["metadata"]["uid"])
     node_namespace = dev_cluster.network.node_namespace(1)
-    veth = f"v{pod_id}"[:15]
+    veth = host_veth(short_id)
 
     def links() -> str:
         command = ["ip", "-n", node_namespace, "-o", "link", "show"]
         return subprocess.run(command, capture_output=True, text=True, check=True).stdout
 
     assert f" {veth}@" in links()
-    holder = os.open(f"/run/netns/{dev_cluster.network.pod_namespace(pod_id)}", os.O_RDONLY)
+    holder = os.open(f"/run/netns/{dev_cluster.network.pod_namespace(short_id)}", os.O_RDONLY)
     try:
         ns.http.delete(ns.path("pods", "first"), params={"gracePeriodSeconds": "0"}).raise_for_status()
         wait_until(
