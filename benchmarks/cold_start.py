@@ -38,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ardiff.client import CAMERA_TOUR
 from ardiff.devcluster.cluster import BENCHMARK_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster, tiny_pool
 from ardiff.devcluster.redis_server import free_port
-from ardiff.devcluster.waiting import wait_until
+from ardiff.devcluster.waiting import condition_true, wait_until
 
 T = TypeVar("T")
 NAMESPACE = "bench"
@@ -60,11 +60,6 @@ def pods(cluster: DevCluster) -> list[dict[str, Any]]:
 
 def any_pod(cluster: DevCluster) -> bool:
     return bool(all_pods(cluster))
-
-
-def pod_ready(pod: dict[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def pool_status(cluster: DevCluster) -> dict[str, Any]:
@@ -102,7 +97,7 @@ def one_run(cluster: DevCluster, run: int) -> dict[str, Any]:
             message = status.get("message", "")
         if listed and "pod created" not in times:
             times["pod created"] = now
-        if listed and pod_ready(listed[0]) and "pod Ready" not in times:
+        if listed and condition_true(listed[0], "Ready") and "pod Ready" not in times:
             times["pod Ready"] = now
         if status.get("phase") == "Ready":
             times["session Ready"] = now

@@ -48,7 +48,7 @@ import yaml
 from ardiff.client import CAMERA_TOUR, ResetRequired, hold, parse_server_timing
 from ardiff.devcluster.cluster import BENCHMARK_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster, pod_pid, tiny_pool
 from ardiff.devcluster.tick_recorder import TickRecorder
-from ardiff.devcluster.waiting import wait_until
+from ardiff.devcluster.waiting import condition_true, wait_until
 
 T = TypeVar("T")
 NAMESPACE = "bench"
@@ -75,11 +75,7 @@ def live_pods(cluster: DevCluster) -> dict[str, dict[str, Any]]:
 
 
 def ready_pods(cluster: DevCluster) -> set[str]:
-    return {
-        name
-        for name, p in live_pods(cluster).items()
-        if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
-    }
+    return {name for name, p in live_pods(cluster).items() if condition_true(p, "Ready")}
 
 
 def kill_worker(cluster: DevCluster, pod: str) -> None:

@@ -45,7 +45,7 @@ from ardiff.devcluster.network import ClusterNetwork, SlotLock, claimed_network,
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.provisioner import storage_class
 from ardiff.devcluster.redis_server import RedisServer
-from ardiff.devcluster.waiting import wait_until
+from ardiff.devcluster.waiting import condition_true, wait_until
 
 if TYPE_CHECKING:
     from ardiff.client import KubeSessions
@@ -108,6 +108,12 @@ def load_manifests(directory: Path = CRD_DIR) -> list[dict[str, Any]]:
     for path in sorted(directory.glob("*.yaml")):
         documents += [d for d in yaml.safe_load_all(path.read_text()) if d]
     return documents
+
+
+def crds_established(crds: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the API server lists ardiff's CRDs and has Established every one (serves its resources)."""
+    ours = [c for c in crds if c["spec"]["group"] == "ardiffusion.dev"]
+    return bool(ours) and all(condition_true(dict(c), "Established") for c in ours)
 
 
 @dataclass(frozen=True)
@@ -395,10 +401,7 @@ class DevCluster:
         def ready() -> bool:
             with self.admin.client() as client:
                 items = client.get("/api/v1/nodes").json()["items"]
-            return len(items) >= len(self.nodes) and all(
-                any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
-                for n in items
-            )
+            return len(items) >= len(self.nodes) and all(condition_true(n, "Ready") for n in items)
 
         wait_until(ready, timeout=timeout, what="every node Ready")
 
@@ -406,14 +409,7 @@ class DevCluster:
         def established() -> bool:
             with self.admin.client() as client:
                 items = client.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions").json()["items"]
-            ours = [c for c in items if c["spec"]["group"] == "ardiffusion.dev"]
-            return bool(ours) and all(
-                any(
-                    c["type"] == "Established" and c["status"] == "True"
-                    for c in crd["status"].get("conditions", [])
-                )
-                for crd in ours
-            )
+            return crds_established(items)
 
         wait_until(established, timeout=timeout, what="the CRDs Established")
 

@@ -22,7 +22,7 @@ import pytest
 from ardiff.devcluster.cluster import DevCluster, pod_pid
 from ardiff.devcluster.kubeconfig import credentials_from_kubeconfig
 from ardiff.devcluster.network import host_veth, short_pod_id
-from ardiff.devcluster.waiting import wait_until
+from ardiff.devcluster.waiting import condition_true, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -132,10 +132,7 @@ class Namespace:
 
 
 def is_ready(pod: dict[str, Any]) -> bool:
-    return any(
-        c["type"] == "Ready" and c["status"] == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
+    return condition_true(pod, "Ready")
 
 
 def container_status(pod: dict[str, Any], name: str = "main") -> dict[str, Any]:

@@ -27,6 +27,7 @@ from ardiff.client import KubeSessions, SessionClient
 from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster, pod_pid, tiny_pool
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.redis_server import RedisServer
+from ardiff.devcluster.waiting import condition_true
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
 from ardiff.operator.pods import TRANSFER_TOKEN_KEY, worker_redis_secret_name
@@ -137,14 +138,7 @@ class Stack:
         }
 
     def ready_pods(self) -> set[str]:
-        return {
-            name
-            for name, pod in self.pods().items()
-            if any(
-                c.get("type") == "Ready" and c.get("status") == "True"
-                for c in (pod.get("status") or {}).get("conditions") or []
-            )
-        }
+        return {name for name, pod in self.pods().items() if condition_true(pod, "Ready")}
 
     def session(self, name: str, **spec: Any) -> str:
         """Create a session on the pool; it is deleted when the test ends."""

@@ -24,7 +24,7 @@ import pytest
 from ardiff.devcluster.cluster import OPERATOR_COMMAND, SIMULATED_NODE, DevCluster, pod_pid
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.redis_server import RedisServer
-from ardiff.devcluster.waiting import wait_until
+from ardiff.devcluster.waiting import condition_true, wait_until
 
 GROUP_PATH = "/apis/ardiffusion.dev/v1alpha1/namespaces/{ns}"
 MERGE = {"Content-Type": "application/merge-patch+json"}
@@ -287,14 +287,7 @@ class Cluster:
 
         def settled() -> set[str] | None:
             pods = [p for p in self.pods(pool) if not p["metadata"].get("deletionTimestamp")]
-            ready = [
-                p
-                for p in pods
-                if any(
-                    c.get("type") == "Ready" and c.get("status") == "True"
-                    for c in (p.get("status") or {}).get("conditions") or []
-                )
-            ]
+            ready = [p for p in pods if condition_true(p, "Ready")]
             names = {p["metadata"]["name"] for p in ready}
             return names if len(pods) == len(ready) == count and (names or count == 0) else None
 
