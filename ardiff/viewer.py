@@ -44,6 +44,10 @@ CLOSE_SUPERSEDED = 4409
 CLOSE_MISDIRECTED = 4421
 CLOSE_NORMAL = 1000
 SECRET_BYTES = 16  # the per-run path's randomness: 128 bits, not guessable by a local process or a web page
+# Ctrl-C stays prompt whatever the peers do: a close handshake, or a send to a page (or worker) that stopped
+# reading, waits at most CLOSE_SECONDS before the connection is dropped; handlers get SHUTDOWN_SECONDS to end.
+CLOSE_SECONDS = 1.0
+SHUTDOWN_SECONDS = 3.0
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,7 @@ class SessionViewer:
         self.sessions = sessions
         self.secret = secret or secrets.token_urlsafe(SECRET_BYTES)
         self.origin: str | None = None
-        self._pages: set[web.WebSocketResponse] = set()
+        self._pages: dict[web.WebSocketResponse, web.Request] = {}  # the pages' sockets, with their requests
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -106,6 +110,10 @@ class SessionViewer:
         app.router.add_get(f"/{self.secret}/stream", self._stream)
         app.on_shutdown.append(self._close_pages)
         return app
+
+    def runner(self) -> web.AppRunner:
+        """The app's runner, with the shutdown bound (`SHUTDOWN_SECONDS`) that `serve` uses."""
+        return web.AppRunner(self.app(), shutdown_timeout=SHUTDOWN_SECONDS)
 
     def url(self) -> str:
         """The page's URL (with its secret path): the only one to open."""
@@ -125,9 +133,9 @@ class SessionViewer:
             raise web.HTTPForbidden(text=f"the viewer serves only its own origin ({own})")
 
     async def _close_pages(self, app: web.Application) -> None:
-        """Ctrl-C: close the pages' sockets, which ends their proxying (aiohttp would wait for them)."""
-        for browser in list(self._pages):
-            await browser.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"viewer stopped")
+        """Ctrl-C: close the pages' sockets, which ends their proxying (aiohttp would wait for them). A page
+        that does not read (its send buffer full) or answer the close is dropped after `CLOSE_SECONDS`."""
+        await asyncio.gather(*(_close_page(page, request) for page, request in list(self._pages.items())))
 
     async def _page(self, request: web.Request) -> web.Response:
         self._refuse_foreign(request, origin_required=False)  # a navigation sends no Origin
@@ -138,9 +146,9 @@ class SessionViewer:
 
     async def _stream(self, request: web.Request) -> web.WebSocketResponse:
         self._refuse_foreign(request, origin_required=True)
-        browser = web.WebSocketResponse(max_msg_size=MAX_PAGE_MESSAGE_BYTES)
+        browser = web.WebSocketResponse(max_msg_size=MAX_PAGE_MESSAGE_BYTES, timeout=CLOSE_SECONDS)
         await browser.prepare(request)
-        self._pages.add(browser)
+        self._pages[browser] = request
         phases = asyncio.create_task(self._report_phase(browser))
         try:
             async with aiohttp.ClientSession() as http:
@@ -151,7 +159,7 @@ class SessionViewer:
             phases.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await phases
-            self._pages.discard(browser)
+            self._pages.pop(browser, None)
             await browser.close()
         return browser
 
@@ -187,6 +195,8 @@ class SessionViewer:
             except aiohttp.ClientError as exc:
                 log.info("worker stream %s unreachable (%s); following the session", url, exc)
                 closed = WorkerClosed(code=None)
+            if browser.closed:
+                return
             if closed.code in (CLOSE_SUPERSEDED, CLOSE_NORMAL):
                 return  # the session is streamed elsewhere now, or was closed
             endpoint = closed.endpoint if closed.code == CLOSE_MISDIRECTED else None
@@ -242,9 +252,23 @@ class SessionViewer:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if browser.closed:
-            await worker.close()
+            # Bounded as a whole: aiohttp's close timeout bounds each read while it waits for the worker's
+            # answer, and a worker still sending frames would keep it reading. A timed-out close drops it.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(worker.close(), CLOSE_SECONDS)
             return WorkerClosed(code=None)
         return WorkerClosed(code=worker.close_code, endpoint=misdirected_to)
+
+
+async def _close_page(browser: web.WebSocketResponse, request: web.Request) -> None:
+    try:
+        await asyncio.wait_for(
+            browser.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"viewer stopped"), CLOSE_SECONDS
+        )
+    except TimeoutError:
+        # Aborted, not closed: a transport's close waits until a page that stopped reading took its buffer.
+        if request.transport is not None:
+            request.transport.abort()
 
 
 async def _send(browser: web.WebSocketResponse, message: dict[str, Any]) -> None:
@@ -258,7 +282,7 @@ async def serve(settings: ViewerSettings, *, open_browser: bool = False) -> None
     sessions = KubeSessions(settings.namespace, kubeconfig=settings.kubeconfig)
     await asyncio.to_thread(sessions.get, settings.session)  # an unknown session fails before serving
     viewer = SessionViewer(settings, sessions)
-    runner = web.AppRunner(viewer.app(), shutdown_timeout=5)
+    runner = viewer.runner()
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)
     await site.start()
