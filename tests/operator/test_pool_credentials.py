@@ -178,6 +178,7 @@ async def test_a_rotated_password_rolls_the_pool_without_cutting_the_session(
     before = cluster.wait_phase("live", "Ready")
     assert cluster.tick("live", 0).status_code == 200
     old_pod, old = before["pod"], secret_data(cluster, "pool")
+    old_hash = secret_hash(cluster, old_pod)
 
     response = cluster.http.patch(
         f"/api/v1/namespaces/{cluster.namespace}/secrets/pool-workers-redis",
@@ -196,9 +197,8 @@ async def test_a_rotated_password_rolls_the_pool_without_cutting_the_session(
     assert new["redis-password"] != old["redis-password"]
     assert len(new["redis-password"]) >= 40
     assert new["transfer-token"] == old["transfer-token"]  # only what was rotated changed
-    [pod] = cluster.pods()
-    annotations = pod["metadata"]["annotations"]
-    assert annotations["ardiffusion.dev/secret-hash"] != ""
+    # The session's new Pod was made from the changed Secret (the old one may still be listed, terminating).
+    assert secret_hash(cluster, moved["pod"]) not in ("", old_hash)
     answer = cluster.tick("live", 1)
     assert answer.status_code == 200, answer.text  # continues at chunk 1: nothing was cut
     assert not cluster.events("Lost")
@@ -212,6 +212,12 @@ async def test_a_rotated_password_rolls_the_pool_without_cutting_the_session(
     wait_until(old_refused, timeout=30, what="the old password refused")
     async with aioredis.from_url(on_loopback(cluster, new["url"])) as client:
         assert await client.ping()
+
+
+def secret_hash(cluster: Cluster, pod: str) -> str:
+    found = cluster.get("pods", pod, core=True)
+    assert found is not None, pod
+    return found["metadata"]["annotations"]["ardiffusion.dev/secret-hash"]
 
 
 def _auth_fails(redis: RedisServer, cluster: Cluster, password: str) -> bool:
