@@ -21,8 +21,9 @@ from typing import Any
 import kopf
 
 from ardiff.kv.acl import PoolUsers
+from ardiff.kv.connection import redact_url
 from ardiff.kv.errors import NotReplicated
-from ardiff.kv.placement import PlacementStore, redact_url
+from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
 from ardiff.operator.config import OperatorConfig
 from ardiff.operator.context import OperatorContext
