@@ -41,7 +41,6 @@ from ardiff.operator.reconcile import (
     write_pool_status,
 )
 from ardiff.operator.sessions import admit, release
-from ardiff.operator.specs import GROUP, POOL_PLURAL, SESSION_PLURAL, VERSION
 from ardiff.operator.status import (
     ConditionSpec,
     Reason,
@@ -49,6 +48,7 @@ from ardiff.operator.status import (
 )
 from ardiff.operator.sweep import sweep_pools_forever, sweep_sessions
 from ardiff.operator.views import PodView, PoolView, SessionView
+from ardiff.wire import GROUP, POOL_PLURAL, SESSION_PLURAL, VERSION
 
 # Named so that kopf removes it from objects an earlier operator version put it on; nothing adds it now.
 FINALIZER = "ardiffusion.dev/finalizer"

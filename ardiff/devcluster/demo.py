@@ -36,7 +36,8 @@ from ardiff.kv.placement import PlacementStore
 from ardiff.kv.pod_plan import PodPlan, plan_for_pool
 from ardiff.kv.presets import get_preset
 from ardiff.kv.records import PodRecord, PoolId
-from ardiff.operator.specs import API_VERSION, POOL_PLURAL, WorkerPoolSpec
+from ardiff.operator.specs import WorkerPoolSpec
+from ardiff.wire import API_VERSION, POOL_PLURAL
 from ardiff.worker.settings import DEFAULT_CPU_FREE_MEMORY_BYTES, EMBEDDED_TINY_MODEL, TRAINED_WORLD_MODEL
 
 NAMESPACE = "default"
