@@ -1,10 +1,11 @@
 """The placement store's calls both callers make: the reads, and two writes worker and operator share.
 
 The worker reads its session and pod records and bindings; the operator reads bindings, pods and the server
-clock. `set_draining` is the worker's on SIGTERM and the operator's on a scale-down; `mark_reset_required` the
-worker's after a failed forward and the operator's for a session whose pod it gives up on. `_refusal` turns a
-script's refusal of a session call into its typed error (the worker's calls use it too). `check_invariants` is
-for tests and the failover harness.
+clock. `set_draining` is the worker's on SIGTERM and the operator's for a pod it scales down, rolls or finds
+on a cordoned node; `mark_reset_required` the worker's after a failed forward and the operator's for a session
+it placed again after Redis lost its binding to a pod that is gone. `_refusal` turns a script's refusal of a
+session call into its typed error (the worker's calls use it too). `check_invariants` is for tests and the
+failover harness.
 """
 
 from __future__ import annotations
