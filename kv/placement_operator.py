@@ -112,15 +112,7 @@ class OperatorPlacement(PlacementShared):
         plan = Plan(list(hint.pods), list(hint.sessions))
         _, reply = await self._run(
             "place",
-            [
-                keys.session(spec.name),
-                keys.open,
-                keys.leases,
-                keys.draining,
-                keys.residents,
-                keys.lru,
-                keys.suspending,
-            ],
+            [keys.session(spec.name), *keys.indexes],
             [
                 *_spec_args(pool, spec),
                 int(bool(may_evict)),
@@ -266,7 +258,7 @@ class OperatorPlacement(PlacementShared):
     async def _remove_pods(self, keys: PoolKeys, mode: str, pod: str) -> dict[str, tuple[str, ...]]:
         _, reply = await self._run(
             "remove_pods",
-            [keys.pods, keys.open, keys.leases, keys.draining, keys.residents, keys.lru, keys.suspending],
+            [keys.pods, *keys.indexes],
             [mode, pod],
             pool_keys=keys,
             plan=Plan(),

@@ -99,17 +99,7 @@ class WorkerPlacement(PlacementShared):
         check_positive_int("lease_ms", lease_ms)
         status, reply = await self._run(
             "register_pod",
-            [
-                keys.pod(pod),
-                keys.events(pod),
-                keys.pods,
-                keys.open,
-                keys.leases,
-                keys.draining,
-                keys.residents,
-                keys.lru,
-                keys.suspending,
-            ],
+            [keys.pod(pod), keys.events(pod), keys.pods, *keys.indexes],
             [pod, epoch, capacity, endpoint, lease_ms, int(bool(exports))],
             pool_keys=keys,
             plan=Plan(),
