@@ -32,15 +32,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, Self
 
 import httpx
 import numpy as np
 
 from ardiff.errors import ArdiffError
+from ardiff.wire import GROUP, OCTET_STREAM, SESSION_PLURAL, VERSION, ErrorCode, WireError
 
-GROUP, VERSION, SESSION_PLURAL = "ardiffusion.dev", "v1alpha1", "ardiffusionsessions"
-RAW_FRAMES = "application/octet-stream"
 LINGBOT_CAMERA_SCHEMA = "lingbot.camera_actions.v1"
 LINGBOT_CAMERA_KEYS = frozenset("wasdijkl")  # W/A/S/D move, I/J/K/L look
 LINGBOT_FRAMES_PER_CHUNK = 3  # key states per tick: one per latent frame of an AR block
@@ -57,13 +56,12 @@ def is_ready(status: Mapping[str, Any]) -> bool:
 # ----------------------------------------------------------------------------------------------- errors
 
 
-class WorkerAPIError(ArdiffError):
-    """An error answer of a worker (`{"error": {code, message, type, param, ...extras}}`)."""
+class WorkerAPIError(WireError):
+    """An error answer of a worker (`{"error": {code, message, type, param, ...extras}}`). A subclass per
+    `ErrorCode` (`ardiff.wire`: its code, status and `retryable`, the codes `SessionClient` retries within
+    `retry_seconds`); an answer with an unknown code or no envelope is a `WorkerAPIError` itself."""
 
-    status: ClassVar[int] = 500
     code = "worker_error"
-    # The codes a client may retry (docs/contracts.md §4); `SessionClient` does, within `retry_seconds`.
-    retryable: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -82,155 +80,97 @@ class WorkerAPIError(ArdiffError):
         self.retry_after = retry_after  # seconds, from the answer's `Retry-After`
 
 
-class InvalidTick(WorkerAPIError):
-    status = 400
-    code = "invalid_tick"
+class InvalidTick(WorkerAPIError, wire=ErrorCode.INVALID_TICK):
+    """The tick's body or a header is malformed; `param` names the field."""
 
 
-class Unauthorized(WorkerAPIError):
-    status = 401
-    code = "unauthorized"
+class Unauthorized(WorkerAPIError, wire=ErrorCode.UNAUTHORIZED):
+    """The token is not the session's (or the session does not exist)."""
 
 
-class UnknownSession(WorkerAPIError):
-    status = 404
-    code = "unknown_session"
+class UnknownSession(WorkerAPIError, wire=ErrorCode.UNKNOWN_SESSION):
+    """No such session on that worker."""
 
 
-class ChunkOutOfOrder(WorkerAPIError):
-    status = 409
-    code = "chunk_out_of_order"
+class ChunkOutOfOrder(WorkerAPIError, wire=ErrorCode.CHUNK_OUT_OF_ORDER):
+    """The tick's `chunk_index` is not the next one: `expected_chunk_index` is."""
 
     @property
     def expected_chunk_index(self) -> int:
         return int(self.extra["expected_chunk_index"])
 
 
-class ResetRequired(WorkerAPIError):
+class ResetRequired(WorkerAPIError, wire=ErrorCode.RESET_REQUIRED):
     """The session's KV cache is gone (pod lost, evicted, failed forward): call `reset()` to start over."""
 
-    status = 409
-    code = "reset_required"
+
+class TickInProgress(WorkerAPIError, wire=ErrorCode.TICK_IN_PROGRESS):
+    """Another tick of the session is under way."""
 
 
-class TickInProgress(WorkerAPIError):
-    status = 409
-    code = "tick_in_progress"
-
-
-class MaxChunksReached(WorkerAPIError):
-    status = 409
-    code = "max_chunks_reached"
+class MaxChunksReached(WorkerAPIError, wire=ErrorCode.MAX_CHUNKS_REACHED):
+    """The session reached its `max_chunks`."""
 
     @property
     def max_chunks(self) -> int:
         return int(self.extra["max_chunks"])
 
 
-class SessionEvicted(WorkerAPIError):
+class SessionEvicted(WorkerAPIError, wire=ErrorCode.SESSION_EVICTED):
     """The session left this pod (evicted or its pod lost); it is re-placed, then needs a reset."""
 
-    status = 410
-    code = "session_evicted"
+
+class SessionClosed(WorkerAPIError, wire=ErrorCode.SESSION_CLOSED):
+    """The session was closed."""
 
 
-class SessionClosed(WorkerAPIError):
-    status = 410
-    code = "session_closed"
+class BodyTooLarge(WorkerAPIError, wire=ErrorCode.BODY_TOO_LARGE):
+    """The request body exceeds the worker's limit."""
 
 
-class BodyTooLarge(WorkerAPIError):
-    status = 413
-    code = "body_too_large"
-
-
-class Misdirected(WorkerAPIError):
-    status = 421
-    code = "misdirected"
+class Misdirected(WorkerAPIError, wire=ErrorCode.MISDIRECTED):
+    """The session is on another pod: `endpoint` (`SessionClient` follows it)."""
 
     @property
     def endpoint(self) -> str:
         return str(self.extra["endpoint"])
 
 
-class AtCapacity(WorkerAPIError):
-    status = 429
-    code = "at_capacity"
+class AtCapacity(WorkerAPIError, wire=ErrorCode.AT_CAPACITY):
+    """The worker holds as many sessions as it can."""
 
 
-class TooManyRequests(WorkerAPIError):
+class TooManyRequests(WorkerAPIError, wire=ErrorCode.TOO_MANY_REQUESTS):
     """The session has as many requests under way on its worker as it takes at once (final for this one)."""
 
-    status = 429
-    code = "too_many_requests"
 
-
-class NotReady(WorkerAPIError):
+class NotReady(WorkerAPIError, wire=ErrorCode.NOT_READY):
     """The worker is loading or draining, or cannot reach the placement store (retryable)."""
 
-    status = 503
-    code = "not_ready"
-    retryable = True
 
-
-class PlacementRecovering(WorkerAPIError):
+class PlacementRecovering(WorkerAPIError, wire=ErrorCode.PLACEMENT_RECOVERING):
     """The placement store lost its data and the session's binding is being rebuilt (retryable)."""
 
-    status = 503
-    code = "placement_recovering"
-    retryable = True
 
-
-class Resuming(WorkerAPIError):
+class Resuming(WorkerAPIError, wire=ErrorCode.RESUMING):
     """The session is suspended and is being resumed (retryable; its new pod may then answer 421)."""
 
-    status = 503
-    code = "resuming"
-    retryable = True
 
-
-class Rewound(WorkerAPIError):
+class Rewound(WorkerAPIError, wire=ErrorCode.REWOUND):
     """The session resumed from an older snapshot: it continues at `expected_chunk_index`; chunks the caller
     holds from that index on are superseded (ticking again with the same controls gives the same frames)."""
-
-    status = 409
-    code = "rewound"
 
     @property
     def expected_chunk_index(self) -> int:
         return int(self.extra["expected_chunk_index"])
 
 
-class ForwardFailed(WorkerAPIError):
+class ForwardFailed(WorkerAPIError, wire=ErrorCode.FORWARD_FAILED):
     """The forward failed; the worker closed the session, which now needs a reset."""
 
-    status = 500
-    code = "forward_failed"
 
-
-ERRORS_BY_CODE: dict[str, type[WorkerAPIError]] = {
-    cls.code: cls
-    for cls in (
-        InvalidTick,
-        Unauthorized,
-        UnknownSession,
-        ChunkOutOfOrder,
-        ResetRequired,
-        TickInProgress,
-        MaxChunksReached,
-        SessionEvicted,
-        SessionClosed,
-        BodyTooLarge,
-        Misdirected,
-        AtCapacity,
-        TooManyRequests,
-        NotReady,
-        PlacementRecovering,
-        Resuming,
-        Rewound,
-        ForwardFailed,
-    )
-}
+# Every class above, by its code (a test checks it covers `ErrorCode`, and the worker's answers, exactly).
+ERRORS_BY_CODE: dict[str, type[WorkerAPIError]] = {cls.code: cls for cls in WorkerAPIError.__subclasses__()}
 
 
 class WorkerUnreachable(ArdiffError):
@@ -539,7 +479,7 @@ class SessionClient:
         if prompt is not None:
             body["prompt"] = prompt
         started = time.perf_counter()
-        response = self._request("POST", "/ticks", json_body=body, headers={"Accept": RAW_FRAMES})
+        response = self._request("POST", "/ticks", json_body=body, headers={"Accept": OCTET_STREAM})
         latency = time.perf_counter() - started
         metadata = ChunkMetadata.from_header(response.headers["ardiff-chunk-metadata"])
         chunk = Chunk(

@@ -33,6 +33,7 @@ import aiohttp
 from aiohttp import web
 
 from ardiff.client import KubeSessions, SessionNotFound, is_ready
+from ardiff.wire import CLOSE_MISDIRECTED, CLOSE_NORMAL, CLOSE_SUPERSEDED
 from ardiff.worker.net import url_host
 
 log = logging.getLogger(__name__)
@@ -40,9 +41,6 @@ log = logging.getLogger(__name__)
 PHASE_POLL_SECONDS = 1.0
 RECONNECT_SECONDS = 1.0
 MAX_PAGE_MESSAGE_BYTES = 1 << 20
-CLOSE_SUPERSEDED = 4409
-CLOSE_MISDIRECTED = 4421
-CLOSE_NORMAL = 1000
 SECRET_BYTES = 16  # the per-run path's randomness: 128 bits, not guessable by a local process or a web page
 # Ctrl-C stays prompt whatever the peers do: a close handshake, or a send to a page (or worker) that stopped
 # reading, waits at most CLOSE_SECONDS before the connection is dropped; handlers get SHUTDOWN_SECONDS to end.

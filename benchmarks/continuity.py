@@ -202,7 +202,7 @@ def print_extrapolation(results: list[dict[str, Any]], wire: dict[str, Any] | No
     """A LingBot-World 480x832 bf16 session: the state the planner counts per session (KV pages, cross-
     attention, model-owned state), moved at the measured tier rates, at the transfer code's loopback rate
     and at 100 Gb/s."""
-    from ardiff.kv.capacity import plan_for_pool
+    from ardiff.kv.pod_plan import plan_for_pool
     from ardiff.kv.presets import get_preset
 
     plan = plan_for_pool(

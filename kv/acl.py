@@ -29,14 +29,14 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from ardiff.errors import ArdiffError
-from ardiff.kv.keys import ANY_POOL_PATTERN, PoolKeys
-from ardiff.kv.placement import (
+from ardiff.kv.connection import (
     build_redis_client,
     connection_options,
     redact_url,
     sentinel_for,
     split_url_options,
 )
+from ardiff.kv.keys import ANY_POOL_PATTERN, PoolKeys
 from ardiff.kv.records import PoolId
 
 # The user the chart's bundled Redis gives the operator (charts/ardiff/templates/_helpers.tpl

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 from ardiff.errors import ArdiffError
@@ -90,7 +90,7 @@ def _invalid(component: str, name: str, rule: str, value: object) -> InvalidKVSp
     return InvalidKVSpec(f"{component} {name} must be {rule}, got {value!r}")
 
 
-def _check_int(component: str, name: str, value: object, *, minimum: int) -> None:
+def check_int(component: str, name: str, value: object, *, minimum: int) -> None:
     # bool is an int in Python; a True layer count is a bug, not a 1.
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         rule = "a positive integer" if minimum == 1 else "a non-negative integer"
@@ -102,7 +102,7 @@ def _check_bool(component: str, name: str, value: object) -> None:
         raise _invalid(component, name, "a bool", value)
 
 
-def _check_name(component: str, value: object) -> None:
+def check_nonempty_name(component: str, value: object) -> None:
     if not isinstance(value, str) or not value:
         raise _invalid(component, "name", "a non-empty string", value)
 
@@ -128,8 +128,8 @@ class KVBranch:
     local_index: int
 
     def __post_init__(self) -> None:
-        _check_name("KV branch", self.name)
-        _check_int("KV branch", "local_index", self.local_index, minimum=0)
+        check_nonempty_name("KV branch", self.name)
+        check_int("KV branch", "local_index", self.local_index, minimum=0)
 
 
 @dataclass(frozen=True)
@@ -144,10 +144,10 @@ class CrossAttentionCache:
     num_kv_heads: int | None = None
 
     def __post_init__(self) -> None:
-        _check_name("cross-attention cache", self.name)
-        _check_int("cross-attention cache", "num_tokens", self.num_tokens, minimum=1)
+        check_nonempty_name("cross-attention cache", self.name)
+        check_int("cross-attention cache", "num_tokens", self.num_tokens, minimum=1)
         if self.num_kv_heads is not None:
-            _check_int("cross-attention cache", "num_kv_heads", self.num_kv_heads, minimum=1)
+            check_int("cross-attention cache", "num_kv_heads", self.num_kv_heads, minimum=1)
 
 
 @dataclass(frozen=True)
@@ -180,9 +180,9 @@ class KVCacheSpec:
             "session_capacity",
             "max_model_len",
         ):
-            _check_int("KV spec", name, getattr(self, name), minimum=1)
+            check_int("KV spec", name, getattr(self, name), minimum=1)
         for name in ("sink_frames", "max_scratch_tokens_per_branch", "model_owned_state_bytes_per_session"):
-            _check_int("KV spec", name, getattr(self, name), minimum=0)
+            check_int("KV spec", name, getattr(self, name), minimum=0)
         _check_bool("KV spec", "reset_at_boundary", self.reset_at_boundary)
         branches = self.kv_branches
         if (
@@ -240,11 +240,11 @@ class KVKnobs:
     def __post_init__(self) -> None:
         for name in ("window_frames", "sink_frames"):
             if getattr(self, name) is not None:
-                _check_int("KV knobs", name, getattr(self, name), minimum=1)
+                check_int("KV knobs", name, getattr(self, name), minimum=1)
         for name in ("reset_at_boundary", "reuse_history_staging", "contiguous_kv_gather"):
             _check_bool("KV knobs", name, getattr(self, name))
         if self.scratch_blocks_per_branch is not None:
-            _check_int("KV knobs", "scratch_blocks_per_branch", self.scratch_blocks_per_branch, minimum=0)
+            check_int("KV knobs", "scratch_blocks_per_branch", self.scratch_blocks_per_branch, minimum=0)
 
     @classmethod
     def from_deployment(cls, kv_config: Mapping[str, object], environ: Mapping[str, str]) -> KVKnobs:
@@ -495,7 +495,7 @@ def plan_from_footprint(
 ) -> CapacityPlan:
     """Solve the budget; raises `KVDoesNotFit` (prefixed by `context`) when one session needs more than
     `available_bytes`."""
-    _check_int("KV plan", "available_bytes", available_bytes, minimum=0)
+    check_int("KV plan", "available_bytes", available_bytes, minimum=0)
     fraction = check_fraction(gpu_memory_fraction)
     one_session = footprint.required_bytes(1)
     if one_session > available_bytes:
@@ -540,94 +540,4 @@ def plan_capacity(
     footprint = build_footprint(spec, dtype=dtype, knobs=knobs)
     return plan_from_footprint(
         footprint, available_bytes=available_bytes, gpu_memory_fraction=gpu_memory_fraction
-    )
-
-
-@dataclass(frozen=True)
-class ModelProfile:
-    """A model as served on one device: its KV spec and what the device holds before the KV pool is sized."""
-
-    name: str
-    description: str
-    spec: KVCacheSpec
-    dtype: str
-    weights_bytes: int
-    # In use besides the weights when the runner measures free memory (CUDA context, library workspaces).
-    runtime_overhead_bytes: int
-    knobs: KVKnobs = field(default_factory=KVKnobs)
-
-    def __post_init__(self) -> None:
-        _check_name("model profile", self.name)
-        dtype_bytes(self.dtype)
-        _check_int("model profile", "weights_bytes", self.weights_bytes, minimum=0)
-        _check_int("model profile", "runtime_overhead_bytes", self.runtime_overhead_bytes, minimum=0)
-
-
-@dataclass(frozen=True)
-class PodPlan:
-    """Sessions one worker pod holds: the KV plan on its device, under the pool's optional cap."""
-
-    model: ModelProfile
-    device_memory_bytes: int
-    kv: CapacityPlan
-    pool_session_capacity: int | None = None
-
-    @property
-    def sessions(self) -> int:
-        return min(self.kv.capacity, self.pool_session_capacity or self.kv.capacity)
-
-    @property
-    def binding_limit(self) -> BindingLimit:
-        if self.sessions < self.kv.capacity:
-            return BindingLimit.POOL_SESSION_CAPACITY
-        return self.kv.binding_limit
-
-    def explain(self) -> list[str]:
-        model, size = self.model, format_bytes
-        lines = [
-            f"model: {model.name} ({model.description})",
-            f"device {size(self.device_memory_bytes)} - weights {size(model.weights_bytes)} "
-            f"- runtime overhead {size(model.runtime_overhead_bytes)} "
-            f"= {size(self.kv.available_bytes)} free when the pool is sized",
-            *self.kv.explain(),
-        ]
-        if self.binding_limit is BindingLimit.POOL_SESSION_CAPACITY:
-            lines.append(f"the pool's kv.sessionCapacity caps the pod at {self.sessions}")
-        lines.append(f"sessions per pod: {self.sessions} (binding limit: {self.binding_limit})")
-        return lines
-
-
-def plan_for_pool(
-    model: ModelProfile,
-    *,
-    device_memory_bytes: int,
-    gpu_memory_fraction: float,
-    pool_session_capacity: int | None = None,
-) -> PodPlan:
-    """How many sessions one pod of a pool serving `model` holds, and why (`PodPlan.explain()`).
-
-    `device_memory_bytes` is the GPU's memory; the runner will find it minus the model's weights and runtime
-    overhead free. `gpu_memory_fraction` is the pool's `kv.gpuMemoryFraction`; `pool_session_capacity` its
-    optional `kv.sessionCapacity`, a cap the worker applies below the runner's capacity.
-    A preset by name: `plan_for_pool(ardiff.kv.presets.get_preset(name), ...)`. Raises `KVDoesNotFit` when not
-    even one session fits, `InvalidKVSpec` for bad arguments.
-    """
-    _check_int("pool plan", "device_memory_bytes", device_memory_bytes, minimum=1)
-    if pool_session_capacity is not None:
-        _check_int("pool plan", "pool_session_capacity", pool_session_capacity, minimum=1)
-    available = max(0, device_memory_bytes - model.weights_bytes - model.runtime_overhead_bytes)
-    footprint = build_footprint(model.spec, dtype=model.dtype, knobs=model.knobs)
-    kv = plan_from_footprint(
-        footprint,
-        available_bytes=available,
-        gpu_memory_fraction=gpu_memory_fraction,
-        context=f"{model.name} on a {format_bytes(device_memory_bytes)} device (weights "
-        f"{format_bytes(model.weights_bytes)}, "
-        f"runtime overhead {format_bytes(model.runtime_overhead_bytes)})",
-    )
-    return PodPlan(
-        model=model,
-        device_memory_bytes=device_memory_bytes,
-        kv=kv,
-        pool_session_capacity=pool_session_capacity,
     )

@@ -6,7 +6,8 @@ import argparse
 import json
 from collections.abc import Sequence
 
-from ardiff.kv.capacity import GIB, KVDoesNotFit, build_footprint, check_fraction, format_bytes, plan_for_pool
+from ardiff.kv.capacity import GIB, KVDoesNotFit, build_footprint, check_fraction, format_bytes
+from ardiff.kv.pod_plan import plan_for_pool
 from ardiff.kv.presets import DEFAULT_PRESETS, PRESETS, get_preset
 
 DEFAULT_GPU_MEMORY_GIB = (80.0, 141.0)  # H100/A100 80 GB, H200 141 GB

@@ -72,6 +72,9 @@ class SessionNotHere(PlacementError):
 
 
 class UnknownSession(PlacementError):
+    """The session has no placement record: the store's condition, not the worker's 404 answer of that
+    code (`ardiff.wire.ErrorCode.UNKNOWN_SESSION`); the worker decides what a caller sees (contracts §4)."""
+
     code = "unknown_session"
 
     def __init__(self, session: str) -> None:

@@ -68,6 +68,13 @@ class PoolKeys:
         return f"{self.prefix}:suspending"
 
     @property
+    def indexes(self) -> list[str]:
+        """Every pool-wide index a placement change may touch (open, leases, draining, residents, lru,
+        suspending), in the order the scripts that touch them all declare them: register_pod, place and
+        remove_pods (kv/lua/<name>.lua KEYS)."""
+        return [self.open, self.leases, self.draining, self.residents, self.lru, self.suspending]
+
+    @property
     def pattern(self) -> str:
         """SCAN pattern matching every key of the pool (names are DNS labels: no glob characters)."""
         return f"{self.prefix}:*"

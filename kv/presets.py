@@ -29,9 +29,9 @@ from ardiff.kv.capacity import (
     InvalidKVSpec,
     KVBranch,
     KVCacheSpec,
-    ModelProfile,
     dtype_bytes,
 )
+from ardiff.kv.pod_plan import ModelProfile
 
 # diffusers.models.autoencoders.autoencoder_kl_wan.CACHE_T: frames every causal convolution keeps.
 WAN_CACHE_T = 2

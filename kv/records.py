@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import ClassVar, Literal
+from urllib.parse import urlsplit
 
 from ardiff.kv.errors import InvalidPlacementArgument
 
@@ -56,6 +57,37 @@ def check_tier(value: object) -> str:
     if value not in TIERS:
         raise InvalidPlacementArgument(f"placement tier must be one of {TIERS}, got {value!r}")
     return value  # type: ignore[return-value]
+
+
+def check_positive_int(kind: str, value: object) -> int:
+    if check_non_negative_int(kind, value) == 0:
+        raise InvalidPlacementArgument(f"placement {kind} must be a positive integer, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def check_pool(pool: object) -> PoolId:
+    if not isinstance(pool, PoolId):
+        raise InvalidPlacementArgument(f"placement pool must be a PoolId, got {pool!r}")
+    return pool
+
+
+def check_spec(spec: object) -> SessionSpec:
+    if not isinstance(spec, SessionSpec):
+        raise InvalidPlacementArgument(f"placement spec must be a SessionSpec, got {spec!r}")
+    return spec
+
+
+def check_endpoint(endpoint: object) -> str:
+    parts = urlsplit(endpoint) if isinstance(endpoint, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+        raise InvalidPlacementArgument(f"placement endpoint must be an http(s) URL, got {endpoint!r}")
+    return endpoint  # type: ignore[return-value]
+
+
+def check_text(kind: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidPlacementArgument(f"placement {kind} must be a non-empty string, got {value!r}")
+    return value
 
 
 class SessionState(StrEnum):

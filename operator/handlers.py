@@ -21,8 +21,9 @@ from typing import Any
 import kopf
 
 from ardiff.kv.acl import PoolUsers
+from ardiff.kv.connection import redact_url
 from ardiff.kv.errors import NotReplicated
-from ardiff.kv.placement import PlacementStore, redact_url
+from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
 from ardiff.operator.config import OperatorConfig
 from ardiff.operator.context import OperatorContext
@@ -40,7 +41,6 @@ from ardiff.operator.reconcile import (
     write_pool_status,
 )
 from ardiff.operator.sessions import admit, release
-from ardiff.operator.specs import GROUP, POOL_PLURAL, SESSION_PLURAL, VERSION
 from ardiff.operator.status import (
     ConditionSpec,
     Reason,
@@ -48,6 +48,7 @@ from ardiff.operator.status import (
 )
 from ardiff.operator.sweep import sweep_pools_forever, sweep_sessions
 from ardiff.operator.views import PodView, PoolView, SessionView
+from ardiff.wire import GROUP, POOL_PLURAL, SESSION_PLURAL, VERSION
 
 # Named so that kopf removes it from objects an earlier operator version put it on; nothing adds it now.
 FINALIZER = "ardiffusion.dev/finalizer"

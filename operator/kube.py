@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 import httpx
 import kopf
 
-from ardiff.operator.specs import API_VERSION, POOL_PLURAL, SESSION_PLURAL
+from ardiff.wire import API_VERSION, POOL_PLURAL, SESSION_PLURAL
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from ardiff.kv.placement import with_user
+from ardiff.kv.connection import with_user
 from ardiff.operator.specs import MODEL_VOLUME_MOUNT, ModelDownload, WorkerPoolSpec
 
 POOL_LABEL = "ardiffusion.dev/pool"

@@ -11,8 +11,7 @@ from collections.abc import Callable
 
 import httpx
 
-from ardiff.operator.specs import API_VERSION, SESSION_PLURAL
-from ardiff.operator.uninstall import GROUP, VERSION
+from ardiff.wire import API_VERSION, GROUP, SESSION_PLURAL, VERSION
 
 POLL_SECONDS = 1.0
 

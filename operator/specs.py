@@ -15,14 +15,6 @@ from typing import Any, Literal
 from ardiff.kv.records import MAX_PRIORITY, EvictionPolicy, check_name
 from ardiff.worker.pipelines import DEFAULT_FAMILY, FAMILY_NAMES, family_of
 
-GROUP = "ardiffusion.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-POOL_KIND = "ARDiffusionWorkerPool"
-POOL_PLURAL = "ardiffusionworkerpools"
-SESSION_KIND = "ARDiffusionSession"
-SESSION_PLURAL = "ardiffusionsessions"
-
 DEFAULT_MODEL = "tiny-lingbot-world"
 DEFAULT_PIPELINE = "LingBotWorldCausalDMDPipeline"
 DEFAULT_SCALE_DOWN_DELAY_SECONDS = 300

@@ -14,9 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ardiff.operator.specs import API_VERSION, POOL_PLURAL, SESSION_PLURAL
+from ardiff.wire import GROUP, POOL_PLURAL, SESSION_PLURAL, VERSION
 
-GROUP, VERSION = API_VERSION.split("/")
 WORKER_SELECTOR = "app.kubernetes.io/name=ardiff,app.kubernetes.io/component=worker"
 POLL_SECONDS = 1.0
 

@@ -20,14 +20,8 @@ from ardiff.operator.pods import (
     session_identity_hash,
     worker_template_hash,
 )
-from ardiff.operator.specs import (
-    API_VERSION,
-    POOL_KIND,
-    SESSION_KIND,
-    InvalidSpec,
-    SessionResourceSpec,
-    WorkerPoolSpec,
-)
+from ardiff.operator.specs import InvalidSpec, SessionResourceSpec, WorkerPoolSpec
+from ardiff.wire import API_VERSION, POOL_KIND, SESSION_KIND
 
 SpecT = TypeVar("SpecT")
 

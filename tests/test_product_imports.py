@@ -1,4 +1,6 @@
-"""Product code stands alone (issue 11 item 9): `operator/`, `worker/` and `kv/` never import the dev harness.
+"""Product code stands alone (issue 11 item 9): `operator/`, `worker/` and `kv/` never import the dev harness;
+the layers import only downwards (issue 24 item 7): kv nothing of ours but the shared base, the base nothing
+but itself, the worker and the operator neither the harness nor the user-facing tools.
 
 Every module is parsed (not imported: the worker's need torch) and each `import`/`from ... import`, relative
 ones resolved against the module's package, is checked against `ardiff.devcluster`.
@@ -38,6 +40,74 @@ def imported_modules(path: Path, package: str) -> list[tuple[int, str]]:
 
 def _is_harness(module: str) -> bool:
     return module == HARNESS or module.startswith(HARNESS + ".")
+
+
+# The layers of ours (issue 24 item 7; a drawing tool cannot follow `ardiff.kv` to `kv/`, hence this scan):
+# the shared base (the modules directly in ardiff/ but the user-facing tools), kv, the worker, the operator,
+# the dev harness, and the user-facing tools (the CLI, the client, the viewer), which may import the product.
+TOOLS = frozenset({"cli", "client", "client_cli", "viewer"})
+# What no module of a layer imports. kv imports nothing of ours but the base; the worker and the operator
+# import kv and the base, and never each other (test_the_operator_and_the_worker_never_import_each_other).
+FORBIDDEN = {
+    "base": {"kv", "worker", "operator", "harness", "tools"},
+    "kv": {"worker", "operator", "harness", "tools"},
+    "worker": {"harness", "tools"},
+    "operator": {"harness", "tools"},
+}
+
+
+def layer(module: str) -> str | None:
+    """The layer of an absolute module name; None for anything not ours."""
+    parts = module.split(".")
+    if parts[0] != "ardiff":
+        return None
+    name = parts[1] if len(parts) > 1 else ""
+    if name in PRODUCT:
+        return name
+    if name == "devcluster":
+        return "harness"
+    return "tools" if name in TOOLS else "base"
+
+
+def layer_modules(name: str) -> list[tuple[Path, str]]:
+    """(path, package) of every module of the layer `name` (the base: ardiff/*.py but the tools)."""
+    if name == "base":
+        return [(path, "ardiff") for path in sorted((ROOT / "ardiff").glob("*.py")) if path.stem not in TOOLS]
+    folder = ROOT / name
+    return [
+        (path, ".".join([PRODUCT[name], *path.relative_to(folder).parent.parts]))
+        for path in sorted(folder.rglob("*.py"))
+    ]
+
+
+def test_layers_are_told_apart():
+    names = {
+        "ardiff": "base",
+        "ardiff.errors": "base",
+        "ardiff.wire": "base",
+        "ardiff.__version__": "base",
+        "ardiff.kv.records": "kv",
+        "ardiff.worker": "worker",
+        "ardiff.operator.specs": "operator",
+        "ardiff.devcluster.kubelet": "harness",
+        "ardiff.client": "tools",
+        "ardiff.viewer": "tools",
+        "redis": None,
+    }
+    assert {module: layer(module) for module in names} == names
+
+
+@pytest.mark.parametrize("name", sorted(FORBIDDEN))
+def test_each_layer_imports_only_what_is_below_it(name):
+    modules = layer_modules(name)
+    assert modules, f"no modules in the layer {name}"
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} imports {module} ({layer(module)})"
+        for path, package in modules
+        for line, module in imported_modules(path, package)
+        if layer(module) in FORBIDDEN[name]
+    ]
+    assert offenders == []
 
 
 def test_the_scan_sees_every_import_form(tmp_path):

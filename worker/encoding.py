@@ -8,8 +8,10 @@ from typing import Literal
 import av
 import numpy as np
 
-RAW = "application/octet-stream"
-MP4 = "video/mp4"
+from ardiff.wire import MP4, OCTET_STREAM, parse_accept
+
+RAW = OCTET_STREAM
+
 MediaType = Literal["application/octet-stream", "video/mp4"]
 FPS = 16  # LingBot-World's frame rate
 
@@ -18,19 +20,7 @@ def choose_media_type(accept: str | None) -> MediaType:
     """MP4 when `Accept` prefers `video/mp4`; raw frames otherwise (also for types we don't offer)."""
     if not accept:
         return RAW
-    offered: list[tuple[float, str]] = []
-    for part in accept.split(","):
-        media, *params = (item.strip() for item in part.split(";"))
-        quality = 1.0
-        for param in params:
-            name, _, value = param.partition("=")
-            if name.strip() == "q":
-                try:
-                    quality = float(value)
-                except ValueError:
-                    quality = 0.0
-        offered.append((quality, media.lower()))
-    for quality, media in sorted(offered, key=lambda item: -item[0]):
+    for quality, media in sorted(parse_accept(accept), key=lambda item: -item[0]):
         if quality <= 0:
             continue
         if media == MP4:

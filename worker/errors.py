@@ -1,4 +1,5 @@
-"""The worker's error taxonomy (docs/contracts.md §4): one class per code, each with its HTTP status.
+"""The worker's error taxonomy (docs/contracts.md §4): one class per wire code (`ardiff.wire.ErrorCode`: the
+code, its HTTP status and retryability are declared there), and the errors that are no HTTP answer.
 
 `create_app()` maps every `WorkerError` to the envelope `{"error": {code, message, type, param, ...extra}}`
 in one place; nothing else in the worker chooses a status code.
@@ -7,21 +8,27 @@ in one place; nothing else in the worker chooses a status code.
 from __future__ import annotations
 
 from http import HTTPStatus
-from typing import Any, ClassVar
+from typing import Any
 
 from ardiff.errors import ArdiffError
+from ardiff.wire import RETRY_AFTER_SECONDS, ErrorCode, WireError
 
 
-class WorkerError(ArdiffError):
-    status: ClassVar[int] = 500
+class WorkerError(WireError):
+    """An answer of the worker's HTTP API; a subclass per `ErrorCode` (`ardiff.wire`: its code, status and
+    retryability). Not raised as itself but for an unexpected failure (500 `internal_error`)."""
+
     code = "internal_error"
-    # Set on the codes a client may retry (docs/contracts.md §4): the answer carries `Retry-After`.
-    retry_after_seconds: ClassVar[int | None] = None
 
     def __init__(self, message: str, *, param: str | None = None, **extra: Any) -> None:
         super().__init__(message)
         self.param = param
         self.extra = extra
+
+    @property
+    def retry_after_seconds(self) -> int | None:
+        """The answer's `Retry-After`, on the codes a client may retry (docs/contracts.md §4)."""
+        return RETRY_AFTER_SECONDS if self.retryable else None
 
     def envelope(self) -> dict[str, Any]:
         phrase = HTTPStatus(self.status).phrase.replace(" ", "").replace("-", "")
@@ -36,119 +43,90 @@ class WorkerError(ArdiffError):
         }
 
 
-class InvalidTick(WorkerError):
-    status = 400
-    code = "invalid_tick"
+class InvalidTick(WorkerError, wire=ErrorCode.INVALID_TICK):
+    """The tick's body or a header is malformed; `param` names the field."""
 
 
-class Unauthorized(WorkerError):
-    status = 401
-    code = "unauthorized"
+class Unauthorized(WorkerError, wire=ErrorCode.UNAUTHORIZED):
+    """No valid bearer token for the session (also an id with no session: no oracle of names)."""
 
 
-class UnknownSession(WorkerError):
-    status = 404
-    code = "unknown_session"
+class UnknownSession(WorkerError, wire=ErrorCode.UNKNOWN_SESSION):
+    """No such session on this worker (standalone, and the pool-token export route, only)."""
 
 
-class ChunkOutOfOrder(WorkerError):
-    status = 409
-    code = "chunk_out_of_order"
+class ChunkOutOfOrder(WorkerError, wire=ErrorCode.CHUNK_OUT_OF_ORDER):
+    """The tick's `chunk_index` is not the next one: `expected_chunk_index` is."""
 
     def __init__(self, message: str, *, expected_chunk_index: int) -> None:
         super().__init__(message, param="chunk_index", expected_chunk_index=expected_chunk_index)
 
 
-class ResetRequired(WorkerError):
-    status = 409
-    code = "reset_required"
+class ResetRequired(WorkerError, wire=ErrorCode.RESET_REQUIRED):
+    """The session's KV is gone: only a reset tick (chunk 0) continues it."""
 
 
-class TickInProgress(WorkerError):
-    status = 409
-    code = "tick_in_progress"
+class TickInProgress(WorkerError, wire=ErrorCode.TICK_IN_PROGRESS):
+    """Another tick of the session is under way."""
 
 
-class MaxChunksReached(WorkerError):
-    status = 409
-    code = "max_chunks_reached"
+class MaxChunksReached(WorkerError, wire=ErrorCode.MAX_CHUNKS_REACHED):
+    """The session reached its `max_chunks`."""
 
     def __init__(self, message: str, *, max_chunks: int) -> None:
         super().__init__(message, param="chunk_index", max_chunks=max_chunks)
 
 
-class SessionEvicted(WorkerError):
-    status = 410
-    code = "session_evicted"
+class SessionEvicted(WorkerError, wire=ErrorCode.SESSION_EVICTED):
+    """The session left this pod (evicted, or moved during its tick)."""
 
 
-class SessionClosed(WorkerError):
-    status = 410
-    code = "session_closed"
+class SessionClosed(WorkerError, wire=ErrorCode.SESSION_CLOSED):
+    """The session was closed."""
 
 
-class BodyTooLarge(WorkerError):
-    status = 413
-    code = "body_too_large"
+class BodyTooLarge(WorkerError, wire=ErrorCode.BODY_TOO_LARGE):
+    """The request body exceeds the worker's limit."""
 
 
-class Misdirected(WorkerError):
-    status = 421
-    code = "misdirected"
+class Misdirected(WorkerError, wire=ErrorCode.MISDIRECTED):
+    """The session is placed on another pod: `endpoint` is the owning pod's."""
 
     def __init__(self, message: str, *, endpoint: str) -> None:
         super().__init__(message, endpoint=endpoint)
 
 
-class AtCapacity(WorkerError):
-    status = 429
-    code = "at_capacity"
+class AtCapacity(WorkerError, wire=ErrorCode.AT_CAPACITY):
+    """This worker holds as many sessions as it can."""
 
 
-class TooManyRequests(WorkerError):
+class TooManyRequests(WorkerError, wire=ErrorCode.TOO_MANY_REQUESTS):
     """More requests for one session (and credential) are under way on this worker than it takes at once."""
 
-    status = 429
-    code = "too_many_requests"
+
+class NotReady(WorkerError, wire=ErrorCode.NOT_READY):
+    """The worker is loading or draining, or cannot reach the placement store."""
 
 
-class NotReady(WorkerError):
-    status = 503
-    code = "not_ready"
-    retry_after_seconds = 1
-
-
-class PlacementRecovering(WorkerError):
+class PlacementRecovering(WorkerError, wire=ErrorCode.PLACEMENT_RECOVERING):
     """The placement store has no record this worker can trust for a session it may hold: Redis lost its
     data and the operator has not rebuilt the binding yet. Retryable; never a 404/410 for a live session."""
 
-    status = 503
-    code = "placement_recovering"
-    retry_after_seconds = 1
 
-
-class Resuming(WorkerError):
+class Resuming(WorkerError, wire=ErrorCode.RESUMING):
     """The session is suspended (its state lies in the shared tier) or being suspended: this tick asked for it
     to be resumed; retry, and follow the 421 that names its new pod."""
 
-    status = 503
-    code = "resuming"
-    retry_after_seconds = 1
 
-
-class Rewound(WorkerError):
+class Rewound(WorkerError, wire=ErrorCode.REWOUND):
     """The session resumed from a snapshot older than the chunk asked for: continue from the chunk named."""
-
-    status = 409
-    code = "rewound"
 
     def __init__(self, message: str, *, expected_chunk_index: int) -> None:
         super().__init__(message, param="chunk_index", expected_chunk_index=expected_chunk_index)
 
 
-class ForwardFailed(WorkerError):
-    status = 500
-    code = "forward_failed"
+class ForwardFailed(WorkerError, wire=ErrorCode.FORWARD_FAILED):
+    """The forward failed; the session is closed, others keep working."""
 
 
 class ModelUnavailable(ArdiffError):

@@ -26,6 +26,7 @@ from typing import Any, cast
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from ardiff.wire import CLOSE_ERROR_BASE, CLOSE_NORMAL, CLOSE_SUPERSEDED
 from ardiff.worker.encoding import FRAME_FORMATS, FrameFormat, encode_images
 from ardiff.worker.errors import BodyTooLarge, InvalidTick, Unauthorized, WorkerError
 from ardiff.worker.messages import StreamAuth, StreamTick
@@ -39,8 +40,6 @@ AUTH_TIMEOUT_SECONDS = 2.0
 MAX_MESSAGE_BYTES = 1 << 20  # a tick message over it gets `body_too_large`, like an HTTP body
 # The WebSocket layer's own limit (uvicorn's ws_max_size): a message over it closes the connection (1009).
 MAX_FRAME_BYTES = 4 * MAX_MESSAGE_BYTES
-CLOSE_NORMAL = 1000
-CLOSE_SUPERSEDED = 4409
 # The statuses after which the connection cannot go on (the session is not, or no longer, served here).
 _FINAL_STATUSES = frozenset({401, 404, 410, 421})
 
@@ -51,7 +50,7 @@ class Superseded(WorkerError):
 
 
 def close_code(error: WorkerError) -> int:
-    return CLOSE_SUPERSEDED if isinstance(error, Superseded) else 4000 + error.status
+    return CLOSE_SUPERSEDED if isinstance(error, Superseded) else CLOSE_ERROR_BASE + error.status
 
 
 class SessionStreams:

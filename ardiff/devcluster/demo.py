@@ -31,11 +31,13 @@ import numpy as np
 from ardiff.client import TERMINAL_PHASES, KubeSessions, camera, hold, is_ready, write_mp4, write_strip
 from ardiff.devcluster.cluster import INTERACTIVE_OPERATOR_ENV, DevCluster, load_manifests
 from ardiff.errors import ArdiffError
-from ardiff.kv.capacity import PodPlan, format_bytes, plan_for_pool
+from ardiff.kv.capacity import format_bytes
 from ardiff.kv.placement import PlacementStore
+from ardiff.kv.pod_plan import PodPlan, plan_for_pool
 from ardiff.kv.presets import get_preset
 from ardiff.kv.records import PodRecord, PoolId
-from ardiff.operator.specs import API_VERSION, POOL_PLURAL, WorkerPoolSpec
+from ardiff.operator.specs import WorkerPoolSpec
+from ardiff.wire import API_VERSION, POOL_PLURAL
 from ardiff.worker.settings import DEFAULT_CPU_FREE_MEMORY_BYTES, EMBEDDED_TINY_MODEL, TRAINED_WORLD_MODEL
 
 NAMESPACE = "default"

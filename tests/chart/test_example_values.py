@@ -12,7 +12,7 @@ import yaml
 from kubernetes.utils import parse_quantity
 
 from ardiff.devcluster.cluster import DevCluster
-from ardiff.kv.capacity import plan_for_pool
+from ardiff.kv.pod_plan import plan_for_pool
 from ardiff.kv.presets import get_preset
 from ardiff.operator.pods import build_worker_pod
 from ardiff.operator.specs import WorkerPoolSpec

@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
-from ardiff import client
+from ardiff import client, wire
 from ardiff.devcluster.kubeconfig import Credentials
 from ardiff.devcluster.pki import CertificateAuthority
 from ardiff.devcluster.redis_server import free_port
@@ -62,6 +62,21 @@ def test_the_client_knows_every_code_of_the_contract_with_its_status() -> None:
     codes = contract_codes()
     assert len(codes) == 18
     assert {code: cls.status for code, cls in client.ERRORS_BY_CODE.items()} == codes
+
+
+def test_the_worker_and_the_client_declare_the_same_codes() -> None:
+    """Every code the worker's envelope can carry has a client exception of that code, status and
+    retryability, the client has none the worker never sends, and both are `ardiff.wire.ErrorCode` (issue 24
+    item 3: declared once, there)."""
+    sent = {}
+    for error in worker_error_instances():
+        code = error.envelope()["error"]["code"]
+        assert code not in sent, f"two worker classes send {code}"
+        sent[code] = (error.status, error.retry_after_seconds is not None)
+    known = {code: (cls.status, cls.retryable) for code, cls in client.ERRORS_BY_CODE.items()}
+    assert sent == known
+    assert {member.code: (member.status, member.retryable) for member in wire.ErrorCode} == sent
+    assert all(cls.code == code for code, cls in client.ERRORS_BY_CODE.items())
 
 
 @pytest.mark.parametrize("error", worker_error_instances(), ids=lambda e: e.code)

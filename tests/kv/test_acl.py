@@ -24,8 +24,9 @@ from ardiff.kv.acl import (
     pool_of_username,
     pool_username,
 )
+from ardiff.kv.connection import with_user
 from ardiff.kv.keys import PoolKeys
-from ardiff.kv.placement import PlacementStore, with_user
+from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
 
 PASSWORD = "a-pool-password-of-forty-characters-ok"

@@ -19,12 +19,11 @@ from ardiff.kv.capacity import (
     KVCacheSpec,
     KVDoesNotFit,
     KVKnobs,
-    ModelProfile,
     build_footprint,
     format_bytes,
     plan_capacity,
-    plan_for_pool,
 )
+from ardiff.kv.pod_plan import ModelProfile, plan_for_pool
 from tests.kv.worked_examples import TINY
 
 

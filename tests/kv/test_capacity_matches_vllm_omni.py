@@ -34,12 +34,10 @@ from ardiff.kv.capacity import (
     KVCacheSpec,
     KVDoesNotFit,
     KVKnobs,
-    ModelProfile,
-    PodPlan,
     build_footprint,
     plan_capacity,
-    plan_for_pool,
 )
+from ardiff.kv.pod_plan import ModelProfile, PodPlan, plan_for_pool
 from ardiff.kv.presets import PRESETS
 from tests.kv.worked_examples import DREAMZERO_LIKE, TINY
 

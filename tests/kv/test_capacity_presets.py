@@ -21,8 +21,8 @@ from ardiff.kv.capacity import (
     InvalidKVSpec,
     KVBranch,
     KVDoesNotFit,
-    plan_for_pool,
 )
+from ardiff.kv.pod_plan import plan_for_pool
 from ardiff.kv.presets import (
     DEFAULT_PRESETS,
     PRESETS,

@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 
+from ardiff.kv.connection import MAX_BLOCK_MS
 from ardiff.kv.errors import (
     CapacityBelowUsed,
     InvalidPlacementArgument,
@@ -18,7 +19,7 @@ from ardiff.kv.errors import (
     UnknownSession,
 )
 from ardiff.kv.keys import PoolKeys, pool_of_key
-from ardiff.kv.placement import MAX_BLOCK_MS, PlacementStore
+from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PodRegistration, PoolId, SessionBinding, SessionSpec, SessionState
 
 TOKEN = hashlib.sha256(b"token").hexdigest()

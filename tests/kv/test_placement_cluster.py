@@ -12,8 +12,9 @@ from redis.asyncio.cluster import RedisCluster as ClusterClient
 from redis.asyncio.connection import SSLConnection
 
 from ardiff.devcluster.redis_server import RedisCluster, RedisServer
+from ardiff.kv.connection import build_redis_client
 from ardiff.kv.errors import InvalidRedisUrl, SessionNotHere
-from ardiff.kv.placement import PlacementStore, build_redis_client
+from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionSpec, SessionState
 
 TOKEN = hashlib.sha256(b"token").hexdigest()

@@ -16,8 +16,9 @@ from redis.exceptions import NoScriptError
 
 from ardiff.devcluster.redis_failover import run_failover
 from ardiff.devcluster.redis_server import SentinelGroup
+from ardiff.kv.connection import split_url_options
 from ardiff.kv.errors import InvalidPlacementArgument, InvalidRedisUrl, NotReplicated, UnknownSession
-from ardiff.kv.placement import PlacementStore, split_url_options
+from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionSpec, SessionState
 
 POOL = PoolId("failover", "wait")

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from ardiff.kv.placement import SCRIPTS, load_script
+from ardiff.kv.scripts import SCRIPTS, load_script
 
 LUA = importlib.resources.files("ardiff.kv") / "lua"
 LUA_FILES = sorted(entry.name for entry in LUA.iterdir() if entry.name.endswith(".lua"))

@@ -14,8 +14,9 @@ from redis.asyncio.connection import SSLConnection
 from redis.exceptions import AuthenticationError, ResponseError
 
 from ardiff.devcluster.redis_server import RedisSentinel, RedisServer
+from ardiff.kv.connection import build_redis_client, redact_url
 from ardiff.kv.errors import InvalidRedisUrl, NotReplicated, PodFenced, UnknownSession
-from ardiff.kv.placement import PlacementStore, build_redis_client, redact_url
+from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PodRegistration, PoolId, SessionSpec, SessionState
 
 TOKEN = hashlib.sha256(b"token").hexdigest()

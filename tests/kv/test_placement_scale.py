@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 
-from ardiff.kv.placement import BINDINGS_BATCH, PlacementStore
+from ardiff.kv.placement import PlacementStore
+from ardiff.kv.placement_shared import BINDINGS_BATCH
 from ardiff.kv.records import PoolId, SessionSpec, SessionState
 
 TOKEN = hashlib.sha256(b"token").hexdigest()

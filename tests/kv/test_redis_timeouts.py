@@ -13,14 +13,14 @@ import pytest
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ardiff.devcluster.redis_server import RedisServer
-from ardiff.kv.errors import InvalidPlacementArgument
-from ardiff.kv.placement import (
+from ardiff.kv.connection import (
     MAX_BLOCK_MS,
     SOCKET_CONNECT_TIMEOUT_SECONDS,
     SOCKET_TIMEOUT_SECONDS,
-    PlacementStore,
     build_redis_client,
 )
+from ardiff.kv.errors import InvalidPlacementArgument
+from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
 
 POOL = PoolId("timeouts", "pool")

@@ -9,7 +9,8 @@ import os
 
 from ardiff.devcluster.redis_server import RedisServer
 from ardiff.kv.keys import PoolKeys
-from ardiff.kv.placement import DEFAULT_CLOSED_TTL_MS, PlacementStore
+from ardiff.kv.placement import PlacementStore
+from ardiff.kv.placement_operator import DEFAULT_CLOSED_TTL_MS
 from ardiff.kv.records import PoolId, SessionSpec, SessionState
 
 POOL = PoolId("memory", "pool")

@@ -11,8 +11,9 @@ import pytest
 
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.waiting import wait_until
+from ardiff.kv.connection import redact_url, with_user
 from ardiff.kv.keys import PoolKeys
-from ardiff.kv.placement import PlacementStore, redact_url, with_user
+from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
 from tests.operator.conftest import FAKE_WORKER_ENV, POD_READY_SECONDS, POOL_FINALIZE_SECONDS, Cluster
 

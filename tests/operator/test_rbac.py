@@ -35,7 +35,7 @@ from typing import Any
 from ardiff.devcluster.kubeconfig import Credentials
 from ardiff.devcluster.kubectl import kube_env
 from ardiff.devcluster.waiting import wait_until
-from ardiff.kv.placement import with_user
+from ardiff.kv.connection import with_user
 from ardiff.operator.permissions import required
 from ardiff.operator.pods import worker_redis_secret_name
 from tests.chart.conftest import Chart

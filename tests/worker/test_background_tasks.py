@@ -15,7 +15,8 @@ import pytest
 
 from ardiff.devcluster.redis_server import RedisServer
 from ardiff.kv.keys import PoolKeys
-from ardiff.kv.placement import CONSUMER_GROUP, PlacementStore
+from ardiff.kv.placement import PlacementStore
+from ardiff.kv.placement_worker import CONSUMER_GROUP
 from ardiff.kv.records import PoolId, SessionState
 from ardiff.worker.metrics import WorkerMetrics
 from ardiff.worker.service import supervised

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from ardiff.devcluster.redis_server import RedisServer
-from ardiff.kv.placement import SOCKET_TIMEOUT_SECONDS, PlacementStore
+from ardiff.kv.connection import SOCKET_TIMEOUT_SECONDS
+from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
 from ardiff.worker.transfer import transfer_deadline_seconds
 from tests.worker.conftest import launch_fake_pod, suspend_and_wait

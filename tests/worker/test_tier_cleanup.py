@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from ardiff.devcluster.redis_server import RedisServer
+from ardiff.kv.connection import SOCKET_TIMEOUT_SECONDS
 from ardiff.kv.keys import PoolKeys
-from ardiff.kv.placement import CONSUMER_GROUP, SOCKET_TIMEOUT_SECONDS, PlacementStore
+from ardiff.kv.placement import PlacementStore
+from ardiff.kv.placement_worker import CONSUMER_GROUP
 from ardiff.kv.records import PoolId, SessionState
 from tests.worker.conftest import launch_fake_pod, suspend_and_wait
 from tests.worker.test_continuity import frames_of

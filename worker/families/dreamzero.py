@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ardiff.wire import JSON, OCTET_STREAM, parse_accept
 from ardiff.worker import tick_rules
 from ardiff.worker.conditioning import Conditioning
 from ardiff.worker.errors import InvalidTick
@@ -54,8 +55,7 @@ POLICY_SERVER_CONFIG: dict[str, Any] = {
 FRAME_SIZE = (352, 640)
 MAX_FRAMES_PER_CAMERA = 4  # DreamZero keeps the last 4 stitched frames
 MIN_SIDE, MAX_SIDE = 32, 1024
-JSON = "application/json"
-RAW = "application/octet-stream"
+RAW = OCTET_STREAM
 
 
 def checkpoint_ok(model_dir: Path) -> bool:
@@ -294,18 +294,9 @@ def chunk_output(
 def choose_media_type(accept: str | None) -> str:
     """JSON unless `Accept` prefers raw bytes (`application/octet-stream`)."""
     best, best_quality = JSON, 0.0
-    for part in (accept or "").split(","):
-        media, *params = (item.strip() for item in part.split(";"))
-        quality = 1.0
-        for param in params:
-            key, _, value = param.partition("=")
-            if key.strip() == "q":
-                try:
-                    quality = float(value)
-                except ValueError:
-                    quality = 0.0
-        if media.lower() in (JSON, RAW) and quality > best_quality:
-            best, best_quality = media.lower(), quality
+    for quality, media in parse_accept(accept):
+        if media in (JSON, RAW) and quality > best_quality:
+            best, best_quality = media, quality
     return best
 
 

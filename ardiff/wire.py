@@ -1,0 +1,98 @@
+"""The wire vocabulary, declared once: the worker's error codes with their HTTP status and retryability, the
+session stream's close codes, the custom resources' API group, version, kinds and plurals, and the media types
+a tick answers in (with the `Accept` header's parsing).
+
+The worker raises `WireError` subclasses (`ardiff.worker.errors`), the client raises its own
+(`ardiff.client`), each naming its `ErrorCode` (`class Rewound(WorkerError, wire=ErrorCode.REWOUND)`) instead
+of repeating the code and status; the operator and the client take the resource names from here. Only the
+standard library and the shared error base are imported: every component can depend on this module.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, ClassVar
+
+from ardiff.errors import ArdiffError
+
+GROUP = "ardiffusion.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+POOL_KIND = "ARDiffusionWorkerPool"
+POOL_PLURAL = "ardiffusionworkerpools"
+SESSION_KIND = "ARDiffusionSession"
+SESSION_PLURAL = "ardiffusionsessions"
+
+OCTET_STREAM = "application/octet-stream"  # raw frames (and DreamZero's raw actions + frames)
+MP4 = "video/mp4"
+JSON = "application/json"
+
+RETRY_AFTER_SECONDS = 1  # the `Retry-After` of every retryable answer (docs/contracts.md §4)
+
+
+class ErrorCode(Enum):
+    """Every error code the worker's tick API answers with (docs/contracts.md §4): code, HTTP status, and
+    whether a client may retry it (exactly the 503s, each answered with `Retry-After`)."""
+
+    INVALID_TICK = ("invalid_tick", 400)
+    UNAUTHORIZED = ("unauthorized", 401)
+    UNKNOWN_SESSION = ("unknown_session", 404)
+    CHUNK_OUT_OF_ORDER = ("chunk_out_of_order", 409)
+    RESET_REQUIRED = ("reset_required", 409)
+    TICK_IN_PROGRESS = ("tick_in_progress", 409)
+    MAX_CHUNKS_REACHED = ("max_chunks_reached", 409)
+    REWOUND = ("rewound", 409)
+    SESSION_EVICTED = ("session_evicted", 410)
+    SESSION_CLOSED = ("session_closed", 410)
+    BODY_TOO_LARGE = ("body_too_large", 413)
+    MISDIRECTED = ("misdirected", 421)
+    AT_CAPACITY = ("at_capacity", 429)
+    TOO_MANY_REQUESTS = ("too_many_requests", 429)
+    FORWARD_FAILED = ("forward_failed", 500)
+    NOT_READY = ("not_ready", 503, True)
+    PLACEMENT_RECOVERING = ("placement_recovering", 503, True)
+    RESUMING = ("resuming", 503, True)
+
+    def __init__(self, code: str, status: int, retryable: bool = False) -> None:
+        self.code = code
+        self.status = status
+        self.retryable = retryable
+
+
+# The session stream (WebSocket, docs/contracts.md §4): a final error closes it with CLOSE_ERROR_BASE + its
+# status and the code as the reason; `superseded` (409) is the stream's own: a newer connection took over.
+CLOSE_NORMAL = 1000
+CLOSE_ERROR_BASE = 4000
+CLOSE_SUPERSEDED = CLOSE_ERROR_BASE + 409
+CLOSE_MISDIRECTED = CLOSE_ERROR_BASE + ErrorCode.MISDIRECTED.status
+
+
+class WireError(ArdiffError):
+    """An error answer of the worker's API, on either side of the wire. A subclass names its code once,
+    `class X(Base, wire=ErrorCode.X)`, and gets its `code`, `status` and `retryable` from it."""
+
+    status: ClassVar[int] = 500
+    retryable: ClassVar[bool] = False
+
+    def __init_subclass__(cls, *, wire: ErrorCode | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if wire is not None:
+            cls.code, cls.status, cls.retryable = wire.code, wire.status, wire.retryable
+
+
+def parse_accept(accept: str | None) -> list[tuple[float, str]]:
+    """The (quality, lower-cased media type) pairs of an `Accept` header, in the header's order; a missing
+    `q` is 1, an unreadable one 0. Each caller ranks them against what it offers."""
+    offered: list[tuple[float, str]] = []
+    for part in (accept or "").split(","):
+        media, *params = (item.strip() for item in part.split(";"))
+        quality = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip() == "q":
+                try:
+                    quality = float(value)
+                except ValueError:
+                    quality = 0.0
+        offered.append((quality, media.lower()))
+    return offered
