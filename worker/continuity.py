@@ -348,9 +348,8 @@ class Continuity:
                     self.exports.forget(location)
             else:
                 held = bool(location and holder and book is not None)
-            self.exports.unreported.pop(
-                session_id, None
-            )  # reported, or of no use (any other failure keeps it)
+            # Reported, or of no use (any other failure keeps it for the retry).
+            self.exports.unreported.pop(session_id, None)
         if held:
             assert book is not None
             # Its slot is free (the store freed it); its state stays in the runner for its new pod to pull.

@@ -7,7 +7,8 @@ runtime (its methods that do run on the forward thread: worker/pod_state.py), an
 needed. It keeps two books the worker's collaborators share: each session's latest snapshot (the next
 replaces it, a close removes it) and each suspension written but not yet reported to the placement store
 (`UnreportedExport`, for the suspend's retry). It touches nothing else: when to export, import or forget is
-the continuity's (worker/continuity.py) and the placement guard's release (worker/placement_guard.py).
+its callers' (worker/continuity.py; the placement guard's release; the transfer's claims and spill, which
+read the tiers).
 """
 
 from __future__ import annotations

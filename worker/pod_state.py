@@ -1,10 +1,10 @@
 """The state the worker's collaborators share (worker/service.py wires them): the runtime with the one thread
 that runs it, and the books of the sessions on this pod.
 
-One forward at a time per pod: every call into the runtime that touches session state (load, forward, reset,
-close, export, import, shutdown) runs on `ForwardThread`'s one thread, and those between ticks while its
-`lock` is held. An `asyncio.Lock` wakes its waiters in arrival order, so ticks of different sessions are
-served FIFO, and the event loop (`/healthz`, `/metrics`, other requests' checks) never waits for the model.
+One forward at a time per pod: every call into the runtime that touches session state (forward, reset, close,
+export, import) runs on `ForwardThread`'s one thread while its `lock` is held; the load and the shutdown run
+there too. An `asyncio.Lock` wakes its waiters in arrival order, so ticks of different sessions are served
+FIFO, and the event loop (`/healthz`, `/metrics`, other requests' checks) never waits for the model.
 `SessionBooks` holds each session's book (worker/session_book.py) and which sessions have a tick, reset,
 suspension or prefetch in flight: at most one each. Both are plain objects passed explicitly to the placement
 guard, continuity and transfer, which read and write them; nothing else keeps session state.
