@@ -238,14 +238,16 @@ def measure_wire(total_bytes: int) -> dict[str, Any]:
     import sys
     import threading
 
+    import httpx
     import uvicorn
     from fastapi import FastAPI
     from fastapi.responses import StreamingResponse
 
     from ardiff.devcluster.redis_server import free_port
+    from ardiff.worker.pieces import BodyReader, PieceCollector
     from ardiff.worker.session_book import SessionBook
     from ardiff.worker.session_export import ExportReader, TensorPart, write_export
-    from ardiff.worker.transfer import BodyReader, PieceCollector, download, pull_client
+    from ardiff.worker.transfer import PULL_TIMEOUT, download
 
     part = bytes(16 << 20)
     parts = [TensorPart(f"kv/{i}", "U8", (len(part),), lambda: part) for i in range(total_bytes // len(part))]
@@ -269,7 +271,7 @@ def measure_wire(total_bytes: int) -> dict[str, Any]:
 
     async def pulls() -> list[float]:
         rates = []
-        async with pull_client() as client:
+        async with httpx.AsyncClient(timeout=PULL_TIMEOUT) as client:
             for _ in range(3):
                 started = time.perf_counter()
                 received, _ = await download(client, f"http://127.0.0.1:{port}", "wire", "-", size=size)

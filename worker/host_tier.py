@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from ardiff.kv.records import SessionBinding, SessionState
 from ardiff.worker.errors import ExportCorrupt
+from ardiff.worker.pieces import BodyReader, PieceCollector
 from ardiff.worker.session_export import Writable
-from ardiff.worker.transfer import BodyReader, PieceCollector
 
 HOST_PREFIX = "host:"
 

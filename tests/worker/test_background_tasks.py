@@ -18,8 +18,8 @@ from ardiff.kv.keys import PoolKeys
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.placement_worker import CONSUMER_GROUP
 from ardiff.kv.records import PoolId, SessionState
+from ardiff.worker.background import supervised
 from ardiff.worker.metrics import WorkerMetrics
-from ardiff.worker.service import supervised
 from tests.worker.conftest import TRANSFER_TOKEN, suspend_and_wait
 
 POOL = PoolId("default", f"wk-tasks-{uuid.uuid4().hex[:6]}")

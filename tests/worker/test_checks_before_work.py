@@ -19,7 +19,7 @@ import pytest
 from ardiff.kv.keys import PoolKeys
 from ardiff.kv.records import PoolId
 from ardiff.worker.families import dreamzero
-from ardiff.worker.service import MAX_REQUESTS_PER_SESSION
+from ardiff.worker.placement_guard import MAX_REQUESTS_PER_SESSION
 from tests.worker.conftest import launch_fake_pod, suspend_and_wait
 from tests.worker.test_continuity import frames_of
 from tests.worker.test_http_contract import error_of

@@ -13,10 +13,10 @@ import numpy as np
 import PIL.Image
 import pytest
 
+from ardiff.worker.background import cancel_and_wait
 from ardiff.worker.conditioning import conditioning_image, seed_image
 from ardiff.worker.encoding import MP4, RAW, choose_media_type, encode_mp4
 from ardiff.worker.errors import ChunkOutOfOrder, InvalidTick, Misdirected
-from ardiff.worker.service import cancel_and_wait
 from ardiff.worker.session_book import CachedChunk, SessionBook, SessionStatus
 from ardiff.worker.settings import WorkerSettings, add_settings_arguments, build_settings
 from ardiff.worker.tick_rules import param_for, parse_tick
