@@ -142,14 +142,17 @@ def serve(settings: WorkerSettings) -> None:
         limit_concurrency=MAX_CONNECTIONS,
         lifespan="on",
         ws_max_size=MAX_FRAME_BYTES,
+        ssl_certfile=settings.tls_cert_file,  # None: plain HTTP
+        ssl_keyfile=settings.tls_key_file,
     )
     log.info(
-        "worker %s (%s runtime, %s) listening on %s:%d",
+        "worker %s (%s runtime, %s) listening on %s:%d (%s)",
         settings.pod_name,
         settings.runtime,
         "standalone" if settings.standalone else f"pool {settings.namespace}/{settings.pool}",
         settings.host,
         settings.port,
+        "https" if settings.tls else "http",
     )
     sock = listen_socket(settings.host, settings.port)
     if sock is not None:

@@ -69,6 +69,7 @@ from ardiff.worker.transfer import (
     PieceCollector,
     TransferResult,
     download,
+    peer_verify,
     pull_client,
 )
 
@@ -1040,7 +1041,8 @@ class WorkerService:
         and this pod, which is usually going, need not wait either."""
         assert self.link is not None
         offered: set[tuple[str, str]] = set()
-        async with httpx.AsyncClient(timeout=OFFER_TIMEOUT_SECONDS) as client:
+        verify = peer_verify(self.settings.tls_ca_file)
+        async with httpx.AsyncClient(timeout=OFFER_TIMEOUT_SECONDS, verify=verify) as client:
             while self._held:
                 try:
                     bindings = await self.link.bindings(list(self._held))
@@ -1305,7 +1307,7 @@ class WorkerService:
             if not size:
                 raise TransferFailed("the store records no size for the export: nothing bounds the pull")
             if self._pull_client is None:
-                self._pull_client = pull_client()
+                self._pull_client = pull_client(peer_verify(self.settings.tls_ca_file))
             pieces, result = await download(self._pull_client, endpoint, session_id, token, size=size)
             async with self._forward_lock:
                 book = await self._on_forward_thread(self.runtime.import_session, BodyReader(iter(pieces)))

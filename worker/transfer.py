@@ -16,9 +16,11 @@ in host memory for the transfer. The export's own SHA-256 covers the transfer: a
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -109,9 +111,19 @@ def transfer_url(endpoint: str, session_id: str) -> str:
     return endpoint.rstrip("/") + TRANSFER_PATH.format(session_id=session_id)
 
 
-def pull_client() -> httpx.AsyncClient:
+def peer_verify(ca_file: str | None) -> ssl.SSLContext | bool:
+    """How this worker verifies the pool's other pods over https: against the pool's CA (`tls_ca_file`; the
+    Secret of a pool's TLS may carry none, when a public CA signed its certificate), else the system's CAs."""
+    if ca_file is None or not Path(ca_file).exists():
+        return True
+    return ssl.create_default_context(cafile=ca_file)
+
+
+def pull_client(verify: ssl.SSLContext | bool = True) -> httpx.AsyncClient:
     """One per worker, reused: making an httpx client builds an SSL context (~0.2 s), too slow per pull."""
-    return httpx.AsyncClient(timeout=httpx.Timeout(READ_TIMEOUT_SECONDS, connect=CONNECT_TIMEOUT_SECONDS))
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(READ_TIMEOUT_SECONDS, connect=CONNECT_TIMEOUT_SECONDS), verify=verify
+    )
 
 
 async def download(
