@@ -8,13 +8,18 @@ CA get nothing. The cluster's part (the operator's Pods, DNS names, the client):
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import ssl
 import uuid
 from pathlib import Path
 
 import httpx
 import pytest
+from cryptography import x509
 
 from ardiff.devcluster.pki import CertificateAuthority, KeyPair
+from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.records import PoolId
 from tests.worker.conftest import launch_fake_pod, suspend_and_wait
 from tests.worker.test_continuity import frames_of, metric
@@ -43,10 +48,10 @@ def tier(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("shared-tier")
 
 
-def launch(launch_worker, redis_url, tier, pki, pod: str, *, trusts: CertificateAuthority):
-    """A pod of the pool serving https with the pool's certificate, verifying its peers against `trusts`
+def launch(launch_worker, redis_url, tier, pki, pod: str, *, trusts: CertificateAuthority, pair: KeyPair):
+    """A pod of the pool serving https with `pair` (of the pool's CA), verifying its peers against `trusts`
     (the test's client verifies it against the pool's CA)."""
-    ca, _, pair = pki
+    ca, _, _ = pki
     return launch_fake_pod(
         launch_worker,
         redis_url,
@@ -62,10 +67,15 @@ def launch(launch_worker, redis_url, tier, pki, pod: str, *, trusts: Certificate
 
 @pytest.fixture(scope="module")
 def pods(launch_worker, redis_url, tier, pki):
-    """A and B trust the pool's CA; C trusts another one."""
-    ca, other, _ = pki
-    workers = {pod: launch(launch_worker, redis_url, tier, pki, pod, trusts=ca) for pod in PODS[:2]}
-    workers["tls-c"] = launch(launch_worker, redis_url, tier, pki, "tls-c", trusts=other)
+    """A and B trust the pool's CA; C trusts another one and has its own copy of the pool's certificate."""
+    ca, other, pair = pki
+    workers = {
+        pod: launch(launch_worker, redis_url, tier, pki, pod, trusts=ca, pair=pair) for pod in PODS[:2]
+    }
+    own = tier.parent / "tls-c"
+    own.mkdir()
+    copy = KeyPair(Path(shutil.copy(pair.cert, own)), Path(shutil.copy(pair.key, own)))
+    workers["tls-c"] = launch(launch_worker, redis_url, tier, pki, "tls-c", trusts=other, pair=copy)
     yield workers
     for worker in workers.values():
         worker.stop()
@@ -156,3 +166,28 @@ async def test_a_pod_that_trusts_another_ca_pulls_nothing_from_the_pool_and_read
     assert metric(a, 'ardiff_session_transfers_total{direction="out",result="ok"}') == sent  # nothing sent
     assert "CERTIFICATE_VERIFY_FAILED" in c.log()
     frames_of(c.tick(session, 3, token=TOKEN))
+
+
+def test_a_renewed_certificate_serves_the_next_connections_without_a_restart(pods, pki) -> None:
+    """cert-manager renews the Secret and the kubelet swaps the mounted files: the worker loads them (its
+    check every few seconds), so a certificate never expires under a pod that lives longer than it."""
+    ca, _, _ = pki
+    c = pods["tls-c"]
+    renewed = ca.issue("renewed", common_name="localhost", server=True, dns_names=["localhost"])
+    serial = x509.load_pem_x509_certificate(renewed.cert.read_bytes()).serial_number
+
+    def served() -> int:
+        pem = ssl.get_server_certificate(("127.0.0.1", c.port))
+        return x509.load_pem_x509_certificate(pem.encode()).serial_number
+
+    assert served() != serial
+    for new, path in (
+        (renewed.key, c.env["ARDIFF_TLS_KEY_FILE"]),
+        (renewed.cert, c.env["ARDIFF_TLS_CERT_FILE"]),
+    ):
+        shutil.copy(new, f"{path}.new")
+        os.replace(f"{path}.new", path)
+    wait_until(lambda: served() == serial, timeout=20, what="the renewed certificate served")
+    assert c.client.get(f"{c.url}/healthz").status_code == 200  # verified against the pool's CA
+    assert c.process is not None
+    assert c.process.poll() is None  # the same process
