@@ -42,7 +42,7 @@ print(json.dumps({"verified": verified, "unverified": unverified}), flush=True)
 
 def tls_secret(name: str, ca: CertificateAuthority, dns_names: list[str]) -> dict:
     """A kubernetes.io/tls Secret as cert-manager writes one: tls.crt, tls.key and ca.crt."""
-    pair = ca.issue(name, common_name=dns_names[0], server=True, dns_names=dns_names)
+    pair = ca.issue(name, common_name=name, server=True, dns_names=dns_names)  # a CN holds <= 64 bytes
     data = {"tls.crt": pair.cert, "tls.key": pair.key, "ca.crt": ca.cert_path}
     return {
         "apiVersion": "v1",
