@@ -795,6 +795,7 @@ def test_helm_test_ticks_a_session_on_the_default_pool(chart):
     # What `ardiff operator smoke-test` calls (recorded in tests/operator/test_rbac.py).
     assert _rules(one(tests, "Role")) == {
         ("ardiffusion.dev", "ardiffusionsessions"): {"create", "get", "delete"},
+        ("ardiffusion.dev", "ardiffusionworkerpools"): {"get"},
         ("", "secrets"): {"get"},
     }
     pod = one(tests, "Pod")

@@ -347,6 +347,9 @@ def test_a_release_on_a_tls_redis_serves_a_tls_pool(releases: Callable[..., Rele
         url = base64.b64decode(found["data"]["url"]).decode()
         assert url.startswith(f"rediss://{user or f'ardiff-pool.{ns}.fake-pool'}:"), url.split(":")[0]
         assert url.endswith("?ssl_ca_certs=/etc/ardiff/redis-tls/ca.crt")
+    # helm test: its Pod ticks a session of the pool over https, verifying the pool's CA.
+    tested = release.helm("test", "ardiff", "--timeout", "300s")
+    assert tested.returncode == 0, tested.stdout + tested.stderr
     uninstalled = release.helm("uninstall", "ardiff", "--wait", "--timeout", "300s")
     assert uninstalled.returncode == 0, uninstalled.stderr
     release.delete_namespace()
