@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -386,7 +387,9 @@ class RobotChunk:
 
 @dataclass
 class SessionClient:
-    """Ticks one session on its worker; needs only the endpoint and the session's token."""
+    """Ticks one session on its worker; needs only the endpoint and the session's token. An `https://`
+    endpoint (a pool with `spec.tls`) is verified against `ca_file` (the CA that signed the pool's
+    certificate, its Secret's `ca.crt`), else against the system's CAs or `SSL_CERT_FILE`."""
 
     session_id: str
     endpoint: str
@@ -394,7 +397,8 @@ class SessionClient:
     next_chunk_index: int = 0
     timeout: float = 120.0
     retry_seconds: float = DEFAULT_RETRY_SECONDS  # 0: never retry
-    http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=None), repr=False)
+    ca_file: str | Path | None = None
+    http: httpx.Client = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.session_id or not self.endpoint or not self.token:
@@ -403,6 +407,8 @@ class SessionClient:
                 f"{self.session_id!r}, {self.endpoint!r}, {'<token>' if self.token else repr(self.token)}"
             )
         self.endpoint = self.endpoint.rstrip("/")
+        verify = True if self.ca_file is None else ssl.create_default_context(cafile=str(self.ca_file))
+        self.http = httpx.Client(timeout=None, verify=verify)
 
     def __enter__(self) -> Self:
         return self

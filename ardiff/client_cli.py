@@ -29,6 +29,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tick.add_argument("--reset", action="store_true", help="start the session over at chunk 0 first")
     tick.add_argument("--kubeconfig", type=Path, help="default: KUBECONFIG, ~/.kube/config or in-cluster")
     tick.add_argument("--timeout", type=float, default=300, help="seconds to wait for Ready")
+    tick.add_argument(
+        "--ca-file",
+        type=Path,
+        help="the CA that signed an https endpoint's certificate (a pool with spec.tls: its Secret's "
+        "ca.crt); default: the system's CAs or SSL_CERT_FILE",
+    )
     tick.set_defaults(func=_tick)
 
     view = subparsers.add_parser(
@@ -63,7 +69,7 @@ def _tick(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ArdiffError(str(exc), code="invalid_keys") from None
     sessions = KubeSessions(args.namespace, kubeconfig=args.kubeconfig)
-    with sessions.connect(args.name, timeout=args.timeout) as client:
+    with sessions.connect(args.name, timeout=args.timeout, ca_file=args.ca_file) as client:
         if args.reset:
             client.reset()
         chunks = []

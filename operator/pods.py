@@ -56,6 +56,11 @@ REDIS_USERNAME_KEY = "redis-username"
 REDIS_PASSWORD_KEY = "redis-password"
 WORKER_REDIS_CA_DIR = "/etc/ardiff/redis-tls"
 REDIS_CA_VOLUME = "redis-ca"
+# The pool's TLS (spec.tls, issue 23 item 9): its kubernetes.io/tls Secret (tls.crt, tls.key and, from a
+# private CA, ca.crt: cert-manager writes all three) mounted here; the worker serves https with the first two
+# and verifies the pool's other pods with the third.
+WORKER_TLS_DIR = "/etc/ardiff/tls"
+TLS_VOLUME = "worker-tls"
 # The root filesystem is read-only: everything the worker writes goes to one of these emptyDir volumes
 # (Python's and vllm's scratch files, HOME's caches, the embedded tiny model it generates).
 WORKER_HOME = "/home/ardiff"
@@ -66,8 +71,14 @@ MODEL_VOLUME = "model"  # spec.modelDownload's PVC or emptyDir, at /models
 DOWNLOAD_CONTAINER = "model-download"
 DOWNLOAD_TOKEN_ENV = "ARDIFF_DOWNLOAD_TOKEN"
 # Names and paths the operator's own volumes use; the pool CRD refuses them in spec.volumes/volumeMounts.
-RESERVED_VOLUMES = (*WORKER_VOLUMES, SHM_VOLUME, MODEL_VOLUME, "redis-ca")
-RESERVED_MOUNT_PATHS = (*WORKER_VOLUMES.values(), "/dev/shm", MODEL_VOLUME_MOUNT, "/etc/ardiff/redis-tls")
+RESERVED_VOLUMES = (*WORKER_VOLUMES, SHM_VOLUME, MODEL_VOLUME, REDIS_CA_VOLUME, TLS_VOLUME)
+RESERVED_MOUNT_PATHS = (
+    *WORKER_VOLUMES.values(),
+    "/dev/shm",
+    MODEL_VOLUME_MOUNT,
+    WORKER_REDIS_CA_DIR,
+    WORKER_TLS_DIR,
+)
 _SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
 # Requests a worker gets for what the pool's `resources` leave unset (neither a request nor a limit): a
 # worker with only a GPU limit would be BestEffort, first to go under node memory pressure.
@@ -187,6 +198,12 @@ def build_worker_env(namespace: str, pool: str, spec: WorkerPoolSpec) -> list[di
         if spec.cpu_free_memory_bytes is None
         else str(spec.cpu_free_memory_bytes),
     }
+    if spec.tls_secret is not None:  # https at the Pod's DNS name (the worker's endpoint default with TLS)
+        values |= {
+            "ARDIFF_TLS_CERT_FILE": f"{WORKER_TLS_DIR}/tls.crt",
+            "ARDIFF_TLS_KEY_FILE": f"{WORKER_TLS_DIR}/tls.key",
+            "ARDIFF_TLS_CA_FILE": f"{WORKER_TLS_DIR}/ca.crt",
+        }
     env: list[dict[str, Any]] = [{"name": name, "value": value} for name, value in values.items() if value]
     redis_url = {"name": worker_redis_secret_name(pool), "key": REDIS_URL_KEY}
     env += [
@@ -294,7 +311,7 @@ def build_worker_pod_template(
     so such a pool's Pods (and their template hash) are what they were before the knobs existed.
     `secret_hash`: the digest of the workers' Secret data (`secret_data_hash`), as annotation
     SECRET_HASH_ANNOTATION: a Pod made before the Secret changed is stale."""
-    probe_port = {"port": WORKER_PORT_NAME}
+    probe_port = {"port": WORKER_PORT_NAME, **({"scheme": "HTTPS"} if spec.tls_secret is not None else {})}
     options = spec.pod
     container: dict[str, Any] = {
         "name": WORKER_CONTAINER,
@@ -341,6 +358,9 @@ def build_worker_pod_template(
     container["volumeMounts"].append(
         {"name": REDIS_CA_VOLUME, "mountPath": WORKER_REDIS_CA_DIR, "readOnly": True}
     )
+    if spec.tls_secret is not None:
+        volumes.append({"name": TLS_VOLUME, "secret": {"secretName": spec.tls_secret}})
+        container["volumeMounts"].append({"name": TLS_VOLUME, "mountPath": WORKER_TLS_DIR, "readOnly": True})
     if options.shm_size is not None:
         volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}})
         container["volumeMounts"].append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
@@ -441,7 +461,9 @@ def build_download_container(spec: WorkerPoolSpec) -> dict[str, Any]:
 
 
 def build_pool_service(namespace: str, pool: str) -> dict[str, Any]:
-    """The pool's headless Service: per-pod DNS names, no load balancing (sessions are pinned)."""
+    """The pool's headless Service: per-pod DNS names, no load balancing (sessions are pinned). A Pod's name
+    resolves while it is not Ready too (draining, terminating): with TLS it is the pod's endpoint, and the
+    pod that a draining one's sessions move to pulls them from there."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -449,7 +471,7 @@ def build_pool_service(namespace: str, pool: str) -> dict[str, Any]:
         "spec": {
             "clusterIP": "None",
             "selector": pool_labels(pool),
-            "publishNotReadyAddresses": False,
+            "publishNotReadyAddresses": True,
             "ports": [
                 {
                     "name": WORKER_PORT_NAME,

@@ -1,17 +1,19 @@
 """`ardiff operator smoke-test`: create a session on a pool, wait until it is Ready, tick it once, delete it
-(the chart's `helm test`). Exit 0 when the tick answered 200; the session is deleted in every case."""
+(the chart's `helm test`). Exit 0 when the tick answered 200; the session is deleted in every case. A pool
+with `spec.tls` is ticked over https, verified against its TLS Secret's `ca.crt`."""
 
 from __future__ import annotations
 
 import base64
 import json
 import secrets
+import ssl
 import time
 from collections.abc import Callable
 
 import httpx
 
-from ardiff.wire import API_VERSION, GROUP, SESSION_PLURAL, VERSION
+from ardiff.wire import API_VERSION, GROUP, POOL_PLURAL, SESSION_PLURAL, VERSION
 
 POLL_SECONDS = 1.0
 
@@ -25,6 +27,7 @@ def smoke_test(
     from ardiff.operator.uninstall import _clients
 
     custom, core = _clients()
+    verify = _pool_verify(custom, core, namespace, pool)
     name = f"helm-test-{secrets.token_hex(3)}"
     body = {
         "apiVersion": API_VERSION,
@@ -58,6 +61,7 @@ def smoke_test(
             json={"request_id": f"{name}-0", "chunk_index": 0},
             headers={"Authorization": f"Bearer {token}"},
             timeout=max(60.0, deadline - time.monotonic()),
+            verify=verify,
         )
         say(f"tick 0 of {name} on {status['pod']}: HTTP {tick.status_code}, {len(tick.content)} bytes")
         return tick.status_code == 200
@@ -68,3 +72,23 @@ def smoke_test(
             if exc.status != 404:
                 raise
         say(f"deleted session {name}")
+
+
+def _pool_verify(custom: object, core: object, namespace: str, pool: str) -> ssl.SSLContext | bool:
+    """How the tick verifies the pool's workers: a pool with `spec.tls` against its Secret's `ca.crt`, when it
+    has one; else (no TLS, or a certificate of a public CA) against the system's CAs."""
+    import kubernetes
+
+    try:
+        found = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, POOL_PLURAL, pool)  # type: ignore[attr-defined]
+    except kubernetes.client.exceptions.ApiException as exc:
+        if exc.status != 404:
+            raise
+        return True  # no such pool: its session says so (never Ready)
+    spec = found.get("spec") or {}
+    secret_name = (spec.get("tls") or {}).get("secretName")
+    if not secret_name:
+        return True
+    reply = core.read_namespaced_secret(secret_name, namespace, _preload_content=False)  # type: ignore[attr-defined]
+    ca = (json.loads(reply.data).get("data") or {}).get("ca.crt")
+    return ssl.create_default_context(cadata=base64.b64decode(ca).decode()) if ca else True

@@ -232,6 +232,9 @@ class WorkerPoolSpec:
     startup_timeout_seconds: int = DEFAULT_STARTUP_TIMEOUT_SECONDS
     pod: PodOptions = field(default_factory=PodOptions)
     model_download: ModelDownload | None = None
+    # spec.tls.secretName: a kubernetes.io/tls Secret (tls.crt, tls.key, optional ca.crt) the workers serve
+    # https with, at their DNS names under the pool's headless Service. None: plain HTTP.
+    tls_secret: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_replicas < max(1, self.min_replicas):
@@ -278,6 +281,7 @@ class WorkerPoolSpec:
             ),
             pod=PodOptions.from_resource(spec),
             model_download=ModelDownload.from_resource(spec),
+            tls_secret=None if _get(spec, "tls", None) is None else _str(spec, "tls.secretName"),
         )
 
 

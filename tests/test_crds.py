@@ -262,8 +262,16 @@ BAD_POOLS = [
     (
         "spec.volumes",
         [{"name": "tmp", "emptyDir": {}}],
-        "{f}[0].name: Invalid value: volume names tmp, home, model-cache, dshm, model and redis-ca are the",
+        "{f}[0].name: Invalid value: volume names tmp, home, model-cache, dshm, model, redis-ca and worker",
     ),
+    (
+        "spec.volumes",
+        [{"name": "worker-tls", "emptyDir": {}}],
+        "{f}[0].name: Invalid value: volume names tmp, home, model-cache, dshm, model, redis-ca and worker",
+    ),
+    # TLS (issue 23 item 9): a Secret's name, nothing else.
+    ("spec.tls", {}, "{f}.secretName: Required value"),
+    ("spec.tls", {"secretName": "Pool_TLS"}, '{f}.secretName: Invalid value: "Pool_TLS": {f}.secretName in'),
     (
         "spec.volumeMounts",
         [{"name": "data", "mountPath": "/data"}],

@@ -27,9 +27,10 @@ def url_host(host: str) -> str:
     return f"[{bare}]" if _is_ipv6(bare) else host
 
 
-def http_url(host: str, port: int) -> str:
-    """`http://<host>:<port>`, an IPv6 address bracketed: `http_url("fd00::1", 8000)` is `http://[fd00::1]:8000`."""
-    return f"http://{url_host(host)}:{port}"
+def http_url(host: str, port: int, *, tls: bool = False) -> str:
+    """`http://<host>:<port>` (`https://` with `tls`), an IPv6 address bracketed: `http_url("fd00::1", 8000)`
+    is `http://[fd00::1]:8000`."""
+    return f"{'https' if tls else 'http'}://{url_host(host)}:{port}"
 
 
 ANY_HOST = "0.0.0.0"  # the worker's default host: every address, IPv6 too where the host has it

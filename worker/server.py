@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import signal
+import ssl
 import sys
 from types import FrameType
 from typing import Any
@@ -15,6 +16,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ardiff.worker.app import create_app
+from ardiff.worker.background import supervised
 from ardiff.worker.errors import ModelUnavailable
 from ardiff.worker.net import listen_socket
 from ardiff.worker.runtime import SessionRuntime
@@ -36,6 +38,9 @@ REQUEST_HEAD_SECONDS = 10
 # Open connections (HTTP and WebSocket); a request on one past it is answered 503. A pod serves a few
 # sessions, each a stream or a tick at a time, plus probes, metrics and pod-to-pod pulls: far fewer.
 MAX_CONNECTIONS = 512
+# How often a TLS worker looks for a renewed certificate (cert-manager rewrites the Secret, the kubelet the
+# mounted files): a stat of two files.
+CERTIFICATE_CHECK_SECONDS = 5.0
 
 
 def load_runtime(settings: WorkerSettings) -> SessionRuntime:
@@ -92,6 +97,33 @@ class BoundedH11Protocol(H11Protocol):
             self._head_deadline = None
 
 
+async def reload_certificate_forever(
+    context: ssl.SSLContext, cert_file: str, key_file: str, every: float = CERTIFICATE_CHECK_SECONDS
+) -> None:
+    """Load the certificate and key into the serving context again whenever their files change (inode, size
+    or mtime): the next handshakes get the renewed certificate, open connections keep theirs. A pair that
+    does not load yet (half written) is tried again at the next check; the old one serves meanwhile."""
+    seen = _file_stamp(cert_file, key_file)
+    while True:
+        await asyncio.sleep(every)
+        try:
+            stamp = _file_stamp(cert_file, key_file)
+            if stamp == seen:
+                continue
+            context.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as exc:
+            log.warning(
+                "could not load the TLS certificate %s (tried again in %g s): %s", cert_file, every, exc
+            )
+            continue
+        seen = stamp
+        log.info("loaded the renewed TLS certificate %s", cert_file)
+
+
+def _file_stamp(*paths: str) -> tuple[tuple[int, int, int], ...]:
+    return tuple((s.st_ino, s.st_size, s.st_mtime_ns) for s in map(os.stat, paths))
+
+
 class DrainingServer(uvicorn.Server):
     """SIGTERM/SIGINT: drain first (503 for new ticks, in-flight ticks finish), then stop; a second signal
     stops at once. The process then exits 0 instead of re-raising the signal as uvicorn would."""
@@ -101,11 +133,18 @@ class DrainingServer(uvicorn.Server):
         self.service = service
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._reload: asyncio.Task[None] | None = None
 
     async def startup(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets=sockets)
         self._watch = asyncio.create_task(self._exit_when_stopped())
+        settings = self.service.settings
+        if self.config.ssl is not None and settings.tls_cert_file and settings.tls_key_file:
+            context, cert, key = self.config.ssl, settings.tls_cert_file, settings.tls_key_file
+            self._reload = supervised(
+                "tls-reload", lambda: reload_certificate_forever(context, cert, key), self.service.metrics
+            )
 
     async def _exit_when_stopped(self) -> None:
         await self.service.stopped.wait()  # fenced, or the model failed to load
@@ -142,14 +181,17 @@ def serve(settings: WorkerSettings) -> None:
         limit_concurrency=MAX_CONNECTIONS,
         lifespan="on",
         ws_max_size=MAX_FRAME_BYTES,
+        ssl_certfile=settings.tls_cert_file,  # None: plain HTTP
+        ssl_keyfile=settings.tls_key_file,
     )
     log.info(
-        "worker %s (%s runtime, %s) listening on %s:%d",
+        "worker %s (%s runtime, %s) listening on %s:%d (%s)",
         settings.pod_name,
         settings.runtime,
         "standalone" if settings.standalone else f"pool {settings.namespace}/{settings.pool}",
         settings.host,
         settings.port,
+        "https" if settings.tls else "http",
     )
     sock = listen_socket(settings.host, settings.port)
     if sock is not None:

@@ -57,7 +57,12 @@ class WorkerSettings:
     pod_ip: str = "127.0.0.1"
     host: str = ANY_HOST  # listens on [::] dual-stack where the host has IPv6 (worker/net.py listen_socket)
     port: int = 8000
-    endpoint: str | None = None  # None: http://<pod_ip>:<port>
+    endpoint: str | None = None  # None: http://<pod_ip>:<port>, or https://<this host's DNS name>:<port>
+    # TLS (issue 23 item 9): the certificate and key this worker serves https with (both or neither), and the
+    # CA its pulls from and offers to the pool's other pods verify them with (None: the system's CAs).
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_ca_file: str | None = None
     lease_seconds: float = 10.0
     heartbeat_seconds: float = 2.0
     # The shared tier (issue 12): a directory every pod of the pool mounts; None = sessions are not exported
@@ -124,15 +129,38 @@ class WorkerSettings:
         for name in ("model", "pipeline", "host", "pod_ip", "model_cache"):
             if not getattr(self, name):
                 raise ValueError(f"worker {name} must be non-empty, got {getattr(self, name)!r}")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError(
+                "worker tls_cert_file and tls_key_file must be set together, got "
+                f"{self.tls_cert_file!r} and {self.tls_key_file!r}"
+            )
         if self.redis_url is not None:  # they become Redis keys; a standalone worker never uses them
             check_name("namespace", self.namespace)
             check_name("pool", self.pool)
             check_name("pod", self.pod_name)
 
     @property
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None
+
+    @property
     def advertised_endpoint(self) -> str:
-        """What clients are told to call (the Redis pod record's `endpoint`)."""
-        return self.endpoint or http_url(self.pod_ip, self.port)  # an IPv6 pod IP bracketed
+        """What clients are told to call (the Redis pod record's `endpoint`): with TLS, this host's DNS
+        name (a certificate cannot name a pod IP that changes; a Pod with `hostname` and `subdomain` under a
+        headless Service has `<pod>.<service>.<namespace>.svc.<cluster domain>`, which its /etc/hosts
+        gives), else the pod IP (an IPv6 one bracketed)."""
+        if self.endpoint:
+            return self.endpoint
+        if not self.tls:
+            return http_url(self.pod_ip, self.port)
+        name = socket.getfqdn()
+        if "." not in name:
+            raise ValueError(
+                "worker endpoint: with TLS it must be a DNS name the certificate names, and this host's "
+                f"name {name!r} has no domain (a Pod needs hostname and subdomain under a headless Service); "
+                "set endpoint"
+            )
+        return http_url(name, self.port, tls=True)
 
     @property
     def standalone(self) -> bool:
@@ -163,7 +191,12 @@ _HELP = {
     "session_capacity": "optional cap below the runner's resident capacity",
     "cpu_free_memory_bytes": "'free device memory' on CPU (sizes the KV pool)",
     "redis_url": "placement store; none = standalone (no auth, sessions created on first tick)",
-    "endpoint": "what clients are told (default http://<pod ip>:<port>, an IPv6 pod ip bracketed)",
+    "endpoint": "what clients are told (default http://<pod ip>:<port>, an IPv6 pod ip bracketed; with TLS "
+    "https://<this host's DNS name>:<port>)",
+    "tls_cert_file": "serve https with this certificate (PEM, the chain after it; with tls_key_file)",
+    "tls_key_file": "the certificate's private key (PEM)",
+    "tls_ca_file": "the CA that pulls from and offers to the pool's other pods verify them with "
+    "(default: the system's)",
     "suspend_dir": "the shared tier: a directory all pods of the pool mount (suspended sessions, snapshots)",
     "snapshot_every_chunks": "a snapshot of each session to the shared tier every N chunks (0: none)",
     "host_tier_bytes": "bytes of host memory for suspended sessions' exports (0: none; the shared tier then)",

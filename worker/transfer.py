@@ -27,10 +27,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import ssl
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -98,6 +100,14 @@ class TransferResult:
 
 def transfer_url(endpoint: str, session_id: str) -> str:
     return endpoint.rstrip("/") + TRANSFER_PATH.format(session_id=session_id)
+
+
+def peer_verify(ca_file: str | None) -> ssl.SSLContext | bool:
+    """How this worker verifies the pool's other pods over https: against the pool's CA (`tls_ca_file`; the
+    Secret of a pool's TLS may carry none, when a public CA signed its certificate), else the system's CAs."""
+    if ca_file is None or not Path(ca_file).exists():
+        return True
+    return ssl.create_default_context(cafile=ca_file)
 
 
 async def download(
@@ -197,8 +207,9 @@ class Transfer:
 
     def _peer_client(self, timeout: httpx.Timeout) -> httpx.AsyncClient:
         """A client for the pool's other pods, the pulls' (one per worker, reused: making an httpx client
-        builds an SSL context, ~0.2 s, too slow per pull) and each round of offers'."""
-        return httpx.AsyncClient(timeout=timeout)
+        builds an SSL context, ~0.2 s, too slow per pull) and each round of offers'; over https they verify
+        the pool's CA."""
+        return httpx.AsyncClient(timeout=timeout, verify=peer_verify(self.settings.tls_ca_file))
 
     async def close(self) -> None:
         if self._pull_client is not None:

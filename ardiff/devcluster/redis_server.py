@@ -74,6 +74,15 @@ class _ServerProcess(abc.ABC):
         self.stop()
 
 
+@dataclass(frozen=True)
+class ServerTls:
+    """A TLS server's files (PEM): its certificate and key, and the CA clients verify it with."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+
 @dataclass
 class RedisServer(_ServerProcess):
     """One `redis-server` process. `restart()` keeps the port and loses every key.
@@ -81,7 +90,8 @@ class RedisServer(_ServerProcess):
     `replica_of`: the port of a master on 127.0.0.1 this server replicates (a replica started with
     `--replicaof`); `cluster`: a Redis Cluster node (`--cluster-enabled yes`, see `RedisCluster`);
     `extra_args`: more `--name value` settings; `bind`: the addresses it listens on (loopback by default; the
-    dev cluster adds the root namespace's cluster address, where Pods reach it: `url_at`)."""
+    dev cluster adds the root namespace's cluster address, where Pods reach it: `url_at`); `tls`: TLS only on
+    `port` (no plain port; clients need no certificate of their own), its URLs `rediss://` naming the CA."""
 
     port: int = field(default_factory=free_port)
     password: str | None = None
@@ -92,6 +102,7 @@ class RedisServer(_ServerProcess):
     cluster_port: int = field(default_factory=free_port)  # the bus; port + 10000 may not exist
     extra_args: Sequence[str] = ()
     bind: Sequence[str] = ("127.0.0.1",)
+    tls: ServerTls | None = None
 
     @property
     def url(self) -> str:
@@ -102,6 +113,8 @@ class RedisServer(_ServerProcess):
         if host not in self.bind:
             raise ValueError(f"redis server binds {list(self.bind)}, not {host}")
         auth = f":{self.password}@" if self.password else ""
+        if self.tls is not None:
+            return f"rediss://{auth}{host}:{self.port}/0?ssl_ca_certs={self.tls.ca}"
         return f"redis://{auth}{host}:{self.port}/0"
 
     def start(self) -> Self:
@@ -114,7 +127,7 @@ class RedisServer(_ServerProcess):
             "--protected-mode",
             "yes" if set(self.bind) <= {"127.0.0.1", "::1"} else "no",
             "--port",
-            str(self.port),
+            str(self.port) if self.tls is None else "0",  # with TLS: no plain port
             "--save",
             "",
             "--appendonly",
@@ -129,6 +142,12 @@ class RedisServer(_ServerProcess):
             args += ["--requirepass", self.password, "--masterauth", self.password]
         if self.replica_of is not None:
             args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
+        if self.tls is not None:
+            args += [
+                *("--tls-port", str(self.port)),
+                *("--tls-cert-file", str(self.tls.cert), "--tls-key-file", str(self.tls.key)),
+                *("--tls-ca-cert-file", str(self.tls.ca), "--tls-auth-clients", "no"),
+            ]
         if self.cluster:
             args += [
                 "--cluster-enabled",
@@ -148,8 +167,9 @@ class RedisServer(_ServerProcess):
     def cli(self, *command: str) -> str:
         """One command through `redis-cli` (its raw reply as text)."""
         auth = ["--no-auth-warning", "-a", self.password] if self.password else []
+        tls = [] if self.tls is None else ["--tls", "--cacert", str(self.tls.ca)]
         return subprocess.run(
-            [redis_cli_binary(), "-h", "127.0.0.1", "-p", str(self.port), *auth, *command],
+            [redis_cli_binary(), "-h", "127.0.0.1", "-p", str(self.port), *auth, *tls, *command],
             check=True,
             capture_output=True,
             text=True,

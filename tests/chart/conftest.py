@@ -35,6 +35,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "redis": {"bundled": {"auth": {"existingSecret": "team-redis-auth"}}},
         "defaultPool": {"enabled": True},
     },
+    "bundled-redis-tls": {"redis": {"bundled": {"tls": {"secretName": "redis-tls"}}}},
     "cluster-wide": {"clusterWide": True, "operator": {"replicas": 2}},
     "monitoring": {"monitoring": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
     "default-pool": {"defaultPool": {"enabled": True, "spec": {"replicas": {"max": 3}}}},

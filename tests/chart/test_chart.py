@@ -16,6 +16,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from ardiff.devcluster.pki import CertificateAuthority
 from ardiff.kv.acl import OPERATOR_RULES, OPERATOR_USERNAME, PoolUsers, password_hash
 from ardiff.kv.records import PoolId
 from ardiff.operator.pods import WORKER_PORT, WORKER_PORT_NAME, pool_labels
@@ -515,6 +516,65 @@ def test_image_pull_secrets_reach_the_operator_redis_and_the_default_pool(chart)
     assert not [obj for obj in defaults if "imagePullSecrets" in json.dumps(obj)]
 
 
+def test_bundled_redis_with_tls_speaks_tls_only_and_the_operator_verifies_its_ca(chart, tmp_path):
+    """Issue 23 item 9: with redis.bundled.tls.secretName the bundled Redis serves TLS only (its rendered
+    config, run here by a real redis-server with a CA made in the test), its probe speaks TLS, and the
+    operator's rediss:// URL verifies the CA, which alone of that Secret is mounted in the operator's Pod."""
+    password = "correct-horse-battery-staple"
+    objects = chart.render({"redis": {"bundled": {"password": password, "tls": {"secretName": "redis-tls"}}}})
+    redis = f"{chart.fullname}-redis"
+    host = f"{redis}.{chart.namespace}.svc"
+    secret = one(objects, "Secret", redis)["stringData"]
+    url = f"rediss://{OPERATOR_USERNAME}:{password}@{host}:6379/0?ssl_ca_certs=/etc/ardiff/redis-tls/ca.crt"
+    assert secret["url"] == url
+    redis_pod = one(objects, "StatefulSet", redis)["spec"]["template"]["spec"]
+    [container] = redis_pod["containers"]
+    assert {"name": "tls", "secret": {"secretName": "redis-tls"}} in redis_pod["volumes"]
+    assert {"name": "tls", "mountPath": "/etc/redis-tls", "readOnly": True} in container["volumeMounts"]
+    operator = one(objects, "StatefulSet", f"{chart.fullname}-operator")["spec"]["template"]["spec"]
+    ca_only = {"secretName": "redis-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    assert {"name": "redis-tls", "secret": ca_only} in operator["volumes"]
+
+    ca = CertificateAuthority(tmp_path / "pki", common_name="redis-ca")
+    pair = ca.issue("redis", common_name=host, server=True, dns_names=[host], ip_addresses=["127.0.0.1"])
+    files = {"/etc/redis-tls/tls.crt": pair.cert, "/etc/redis-tls/tls.key": pair.key}
+    files |= {"/etc/redis-tls/ca.crt": ca.cert_path, "/etc/ardiff/redis-tls/ca.crt": ca.cert_path}
+    port = free_port()
+    config = (
+        secret["redis.conf"]
+        .replace("tls-port 6379", f"tls-port {port}")
+        .replace("bind * -::*", "bind 127.0.0.1")
+    )
+    config = config.replace("dir /data", f"dir {tmp_path}")
+    probe = container["readinessProbe"]["exec"]["command"][2].replace(
+        "-h 127.0.0.1", f"-h 127.0.0.1 -p {port}"
+    )
+    for path, local in files.items():
+        config, probe, url = (text.replace(path, str(local)) for text in (config, probe, url))
+    (tmp_path / "redis.conf").write_text(config)
+    process = subprocess.Popen([shutil.which("redis-server") or "redis-server", str(tmp_path / "redis.conf")])
+    try:
+        local_url = url.replace(f"@{host}:6379", f"@127.0.0.1:{port}")
+        deadline = time.monotonic() + 10
+        while subprocess.run(
+            ["sh", "-c", probe], env={"PATH": os.environ["PATH"], "REDISCLI_AUTH": password}
+        ).returncode:
+            assert process.poll() is None
+            assert time.monotonic() < deadline, "the readiness probe never passed"
+            time.sleep(0.05)
+        asyncio.run(_make_a_pool_user(local_url))  # the operator's own calls, over TLS, verifying the CA
+        plain = subprocess.run(
+            ["redis-cli", "--user", OPERATOR_USERNAME, "-p", str(port), "ping"],
+            env={"PATH": os.environ["PATH"], "REDISCLI_AUTH": password},
+            capture_output=True,
+            text=True,
+        )
+        assert "PONG" not in plain.stdout  # no plain TCP beside TLS
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
 def test_redis_persistence_claims_a_volume(chart):
     objects = chart.render({"redis": {"bundled": {"persistence": {"enabled": True, "size": "5Gi"}}}})
     statefulset = one(objects, "StatefulSet", f"{chart.fullname}-redis")
@@ -735,6 +795,7 @@ def test_helm_test_ticks_a_session_on_the_default_pool(chart):
     # What `ardiff operator smoke-test` calls (recorded in tests/operator/test_rbac.py).
     assert _rules(one(tests, "Role")) == {
         ("ardiffusion.dev", "ardiffusionsessions"): {"create", "get", "delete"},
+        ("ardiffusion.dev", "ardiffusionworkerpools"): {"get"},
         ("", "secrets"): {"get"},
     }
     pod = one(tests, "Pod")

@@ -25,9 +25,11 @@ import yaml
 
 from ardiff.devcluster.cluster import DevCluster, load_manifests
 from ardiff.devcluster.images import OPERATOR_IMAGE, WORKER_IMAGE, ImageTable
+from ardiff.devcluster.pki import CertificateAuthority
 from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.acl import OPERATOR_USERNAME
 from tests.chart.conftest import Chart
+from tests.operator.test_tls import tls_secret
 
 pytestmark = pytest.mark.slow
 
@@ -299,6 +301,56 @@ def test_an_operator_without_a_permission_names_it_and_does_not_start(
     )
     assert "Traceback" not in log.split("may not:")[0][-2000:]
     uninstalled = release.helm("uninstall", "ardiff", "--no-hooks", "--wait", "--timeout", "120s")
+    assert uninstalled.returncode == 0, uninstalled.stderr
+    release.delete_namespace()
+
+
+def test_a_release_on_a_tls_redis_serves_a_tls_pool(releases: Callable[..., Release], tmp_path: Path) -> None:
+    """Issue 23 item 9, the chart's part: with certificates of a CA made here (as cert-manager would write
+    them), the bundled Redis speaks TLS only; the operator's Pod reaches it by its Service's DNS name over
+    rediss:// verifying the CA, the default pool's workers too (the CA copied into their Secret), and they
+    serve https at their DNS names: a session is Ready at such an endpoint."""
+    release = releases(labels=RESTRICTED)
+    ns, fullname = release.namespace, release.chart.fullname
+    ca = CertificateAuthority(tmp_path / "ca", common_name="test-ca")
+    names = {
+        "redis-tls": f"{fullname}-redis.{ns}.svc",
+        "pool-tls": f"*.fake-pool-workers.{ns}.svc.cluster.local",
+    }
+    for name, dns_name in names.items():
+        created = release.http.post(f"/api/v1/namespaces/{ns}/secrets", json=tls_secret(name, ca, [dns_name]))
+        assert created.status_code == 201, created.text
+    pool = {**FAKE_POOL, "spec": {**FAKE_POOL["spec"], "tls": {"secretName": "pool-tls"}}}
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump({"defaultPool": pool, "redis": {"bundled": {"tls": {"secretName": "redis-tls"}}}})
+    )
+    installed = release.helm("install", "ardiff", str(release.chart.path), "-f", str(values), "--wait")
+    assert installed.returncode == 0, installed.stderr
+    sessions = GROUP.format(ns=ns) + "/ardiffusionsessions"
+    session = {
+        "apiVersion": "ardiffusion.dev/v1alpha1",
+        "kind": "ARDiffusionSession",
+        "metadata": {"name": "s"},
+        "spec": {"poolRef": "fake-pool", "prompt": "a forest"},
+    }
+    assert release.http.post(sessions, json=session).status_code == 201
+    status = wait_until(
+        lambda: (s := (release.get(f"{sessions}/s") or {}).get("status") or {}).get("phase") == "Ready" and s,
+        timeout=READY_SECONDS,
+        what="session s Ready",
+    )
+    assert status["endpoint"] == f"https://{status['pod']}.fake-pool-workers.{ns}.svc.cluster.local:8000"
+    for secret, user in ((f"{fullname}-redis", OPERATOR_USERNAME), ("fake-pool-workers-redis", None)):
+        found = release.get(f"/api/v1/namespaces/{ns}/secrets/{secret}")
+        assert found is not None
+        url = base64.b64decode(found["data"]["url"]).decode()
+        assert url.startswith(f"rediss://{user or f'ardiff-pool.{ns}.fake-pool'}:"), url.split(":")[0]
+        assert url.endswith("?ssl_ca_certs=/etc/ardiff/redis-tls/ca.crt")
+    # helm test: its Pod ticks a session of the pool over https, verifying the pool's CA.
+    tested = release.helm("test", "ardiff", "--timeout", "300s")
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    uninstalled = release.helm("uninstall", "ardiff", "--wait", "--timeout", "300s")
     assert uninstalled.returncode == 0, uninstalled.stderr
     release.delete_namespace()
 

@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import re
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ import pytest
 
 from ardiff import client, wire
 from ardiff.devcluster.kubeconfig import Credentials
-from ardiff.devcluster.pki import CertificateAuthority
+from ardiff.devcluster.pki import CertificateAuthority, KeyPair
 from ardiff.devcluster.redis_server import free_port
 from ardiff.errors import ArdiffError
 from ardiff.worker import errors as worker_errors
@@ -208,15 +209,22 @@ Answer = tuple[int, dict[str, object], dict[str, str]]  # status, JSON body, hea
 
 class ScriptedWorker(ThreadingHTTPServer):
     """A loopback HTTP server that answers each request with the next scripted answer (the last repeats)
-    and records the request bodies."""
+    and records the request bodies; with `tls` (a certificate for `localhost`) it speaks https."""
 
-    def __init__(self, answers: list[Answer]) -> None:
+    def __init__(self, answers: list[Answer], tls: KeyPair | None = None) -> None:
         super().__init__(("127.0.0.1", 0), _ScriptedHandler)
         self.answers = answers
         self.bodies: list[dict[str, object]] = []
+        self.tls = tls
+        if tls is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(tls.cert, tls.key)
+            self.socket = context.wrap_socket(self.socket, server_side=True)
 
     @property
     def url(self) -> str:
+        if self.tls is not None:
+            return f"https://localhost:{self.server_address[1]}"
         return f"http://127.0.0.1:{self.server_address[1]}"
 
 
@@ -241,8 +249,8 @@ class _ScriptedHandler(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def scripted(answers: list[Answer]) -> Iterator[ScriptedWorker]:
-    server = ScriptedWorker(answers)
+def scripted(answers: list[Answer], tls: KeyPair | None = None) -> Iterator[ScriptedWorker]:
+    server = ScriptedWorker(answers, tls)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -268,6 +276,21 @@ CHUNK_0: Answer = (
         ),
     },
 )
+
+
+def test_an_https_worker_is_verified_against_the_ca_file(tmp_path: Path) -> None:
+    """Issue 23 item 9: a pool with spec.tls answers at https; the client trusts the CA it is given."""
+    ca = CertificateAuthority(tmp_path / "pki", common_name="pool-ca")
+    pair = ca.issue("worker", common_name="localhost", server=True, dns_names=["localhost"])
+    with scripted([CHUNK_0], tls=pair) as server:
+        with client.SessionClient("walk", server.url, "t0ken", ca_file=ca.cert_path) as session:
+            assert session.tick([client.hold("w")], request_id="r0").metadata.chunk_index == 0
+        with (
+            client.SessionClient("walk", server.url, "t0ken") as session,
+            pytest.raises(client.WorkerUnreachable, match="CERTIFICATE_VERIFY_FAILED"),
+        ):
+            session.tick([client.hold("w")])
+        assert len(server.bodies) == 1
 
 
 def test_retryable_codes_are_exactly_the_503s_of_the_contract() -> None:

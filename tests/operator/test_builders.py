@@ -289,10 +289,39 @@ def test_pool_service_is_headless_and_selects_the_pool() -> None:
         "spec": {
             "clusterIP": "None",
             "selector": LABELS,
-            "publishNotReadyAddresses": False,
+            "publishNotReadyAddresses": True,  # a draining pod's name resolves: TLS peers pull from it
             "ports": [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}],
         },
     }
+
+
+def test_a_pool_with_tls_serves_https_with_its_secret_and_probes_over_https() -> None:
+    """Issue 23 item 9: the pool's kubernetes.io/tls Secret mounted, the worker told where its files are (it
+    then serves https and advertises its DNS name), the probes over https; a pool without TLS unchanged."""
+    plain = WorkerPoolSpec.from_resource(POOL_SPEC)
+    spec = WorkerPoolSpec.from_resource({**POOL_SPEC, "tls": {"secretName": "tiny-tls"}})
+    assert (plain.tls_secret, spec.tls_secret) == (None, "tiny-tls")
+    pod = build_worker_pod("worlds", "tiny", spec, pod_name="tiny-ab12c")
+    before = build_worker_pod("worlds", "tiny", plain, pod_name="tiny-ab12c")
+    assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == ("tiny-ab12c", "tiny-workers")
+    added = [v for v in pod["spec"]["volumes"] if v not in before["spec"]["volumes"]]
+    assert added == [{"name": "worker-tls", "secret": {"secretName": "tiny-tls"}}]
+    (worker,), (was,) = pod["spec"]["containers"], before["spec"]["containers"]
+    assert [m for m in worker["volumeMounts"] if m not in was["volumeMounts"]] == [
+        {"name": "worker-tls", "mountPath": "/etc/ardiff/tls", "readOnly": True}
+    ]
+    assert [e for e in worker["env"] if e not in was["env"]] == [
+        {"name": "ARDIFF_TLS_CERT_FILE", "value": "/etc/ardiff/tls/tls.crt"},
+        {"name": "ARDIFF_TLS_KEY_FILE", "value": "/etc/ardiff/tls/tls.key"},
+        {"name": "ARDIFF_TLS_CA_FILE", "value": "/etc/ardiff/tls/ca.crt"},
+    ]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert worker[probe]["httpGet"] == {**was[probe]["httpGet"], "scheme": "HTTPS"}
+        assert "scheme" not in was[probe]["httpGet"]
+    assert worker_template_hash("worlds", "tiny", spec) != worker_template_hash("worlds", "tiny", plain)
+    kubernetes_validate.validate(pod, "1.28.0", strict=True)
+    with pytest.raises(InvalidSpec, match=r"spec\.tls\.secretName must be a non-empty string"):
+        WorkerPoolSpec.from_resource({**POOL_SPEC, "tls": {}})
 
 
 def test_worker_redis_secret_holds_the_url_for_the_pools_pods() -> None:
@@ -587,6 +616,7 @@ def test_pod_template_knobs_reach_the_worker_pod(admission: Admission) -> None:
         {"name": "home", "emptyDir": {}},
         {"name": "model-cache", "emptyDir": {}},
         {**REDIS_CA_VOLUME, "secret": {**REDIS_CA_VOLUME["secret"], "secretName": "knobs-workers-redis"}},
+        {"name": "worker-tls", "secret": {"secretName": "knobs-tls"}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
         {"name": "model", "persistentVolumeClaim": {"claimName": "models"}},
         {"name": "prompts", "configMap": {"name": "prompts", "defaultMode": 420}},
@@ -609,6 +639,7 @@ def test_pod_template_knobs_reach_the_worker_pod(admission: Admission) -> None:
         {"name": "home", "mountPath": "/home/ardiff"},
         {"name": "model-cache", "mountPath": "/var/cache/ardiff/models"},
         {"name": "redis-ca", "mountPath": "/etc/ardiff/redis-tls", "readOnly": True},
+        {"name": "worker-tls", "mountPath": "/etc/ardiff/tls", "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "model", "mountPath": "/models", "readOnly": True},
         {"name": "prompts", "mountPath": "/etc/prompts", "readOnly": True},

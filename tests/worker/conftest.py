@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -48,10 +49,11 @@ class WorkerProcess:
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
     client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=120))
+    endpoint: str | None = None  # None: http://127.0.0.1:<port>
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self.endpoint or f"http://127.0.0.1:{self.port}"
 
     def start(self) -> WorkerProcess:
         log = self.log_path.open("wb")
@@ -141,7 +143,14 @@ def launch_worker() -> Iterator[LaunchWorker]:
     logs = Path(tempfile.mkdtemp(prefix="ardiff-worker-logs-"))
 
     def launch(*, ready_timeout: float = 60, wait: bool = True, **settings: Any) -> WorkerProcess:
+        """With `tls_cert_file` (a certificate for `localhost`) it serves https at `https://localhost:<port>`,
+        which its client verifies against `client_ca_file` (default `tls_ca_file`, what the worker trusts)."""
         port = free_port()
+        client = httpx.Client(timeout=120)
+        client_ca = settings.pop("client_ca_file", None) or settings.get("tls_ca_file")
+        if "tls_cert_file" in settings:
+            settings.setdefault("endpoint", f"https://localhost:{port}")
+            client = httpx.Client(timeout=120, verify=ssl.create_default_context(cafile=client_ca))
         env = {
             **os.environ,
             "OMP_NUM_THREADS": "1",
@@ -152,7 +161,8 @@ def launch_worker() -> Iterator[LaunchWorker]:
         }
         env.pop("ARDIFF_TEST_FAULTS", None)
         env.update({f"ARDIFF_{name.upper()}": str(value) for name, value in settings.items()})
-        worker = WorkerProcess(env, port, logs / f"worker-{port}.log").start()
+        log_path = logs / f"worker-{port}.log"
+        worker = WorkerProcess(env, port, log_path, client=client, endpoint=settings.get("endpoint")).start()
         started.append(worker)
         return worker.wait_ready(ready_timeout) if wait else worker
 

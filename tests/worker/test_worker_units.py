@@ -68,6 +68,29 @@ def test_settings_reject_bad_values_with_a_clear_message(values, message):
         WorkerSettings(**{"pod_name": "pod-a", **values})
 
 
+def test_a_worker_with_tls_advertises_https_at_its_dns_name(monkeypatch):
+    """Issue 23 item 9: a certificate names DNS names, not pod IPs that change. In a Pod with hostname and
+    subdomain the kubelet's /etc/hosts gives the FQDN under the headless Service (tests/operator/test_tls)."""
+    fqdn = "tiny-ab12c.tiny-workers.worlds.svc.cluster.local"
+    monkeypatch.setattr("socket.getfqdn", lambda *_: fqdn)
+    tls = {"tls_cert_file": "/etc/ardiff/tls/tls.crt", "tls_key_file": "/etc/ardiff/tls/tls.key"}
+    settings = build_settings(
+        {}, {f"ARDIFF_{k.upper()}": v for k, v in tls.items()} | {"ARDIFF_POD_IP": "10.0.0.7"}
+    )
+    assert settings.tls
+    assert settings.advertised_endpoint == f"https://{fqdn}:8000"
+    assert WorkerSettings(pod_ip="10.0.0.7").advertised_endpoint == "http://10.0.0.7:8000"
+    assert (
+        WorkerSettings(endpoint="https://w.example:8443", **tls).advertised_endpoint
+        == "https://w.example:8443"
+    )
+    monkeypatch.setattr("socket.getfqdn", lambda *_: "tiny-ab12c")
+    with pytest.raises(ValueError, match="has no domain"):
+        WorkerSettings(**tls).advertised_endpoint  # noqa: B018
+    with pytest.raises(ValueError, match="worker tls_cert_file and tls_key_file must be set together"):
+        WorkerSettings(tls_cert_file="/etc/ardiff/tls/tls.crt")
+
+
 def test_settings_reject_unparsable_env():
     with pytest.raises(ValueError, match="worker port must be a int, got 'http'"):
         build_settings({}, {"ARDIFF_PORT": "http", "ARDIFF_POD_NAME": "pod-a"})

@@ -123,6 +123,32 @@ user {{ include "ardiff.redisOperatorUser" .root }} on {{ .password }} {{ includ
 {{- end -}}
 
 {{/*
+The bundled Redis' URL for the operator's user with `password`: rediss:// naming the CA's mount in the operator's
+Pod when redis.bundled.tls.secretName is set (issue 23 item 9), else redis://.
+*/}}
+{{- define "ardiff.bundledRedisUrl" -}}
+{{- $tls := .root.Values.redis.bundled.tls.secretName -}}
+{{- $host := printf "%s.%s.svc" (include "ardiff.redisName" .root) .root.Release.Namespace -}}
+{{- printf "%s://%s:%s@%s:6379/0" (ternary "rediss" "redis" (ne $tls "")) (include "ardiff.redisOperatorUser" .root) .password $host -}}
+{{- if $tls }}?ssl_ca_certs=/etc/ardiff/redis-tls/ca.crt{{ end -}}
+{{- end -}}
+
+{{/*
+The Secret and its items the operator mounts at /etc/ardiff/redis-tls (the CA of a TLS Redis), as a volume's
+`secret`; empty without one: the bundled Redis' TLS Secret (ca.crt only: not its key), or redis.external.tls.caSecret.
+*/}}
+{{- define "ardiff.redisCaVolume" -}}
+{{- if and (eq .Values.redis.mode "bundled") .Values.redis.bundled.tls.secretName }}
+secretName: {{ .Values.redis.bundled.tls.secretName }}
+items:
+  - key: ca.crt
+    path: ca.crt
+{{- else if and (eq .Values.redis.mode "external") .Values.redis.external.tls.caSecret }}
+secretName: {{ .Values.redis.external.tls.caSecret }}
+{{- end }}
+{{- end -}}
+
+{{/*
 ARDIFF_REDIS_URL and ARDIFF_WORKER_REDIS_URL of the operator: from the URL Secret, or, when the bundled Redis
 password is in the user's Secret, composed by the kubelet from it ($(VAR) expansion: no password in the spec).
 */}}
@@ -132,7 +158,7 @@ password is in the user's Secret, composed by the kubelet from it ($(VAR) expans
   valueFrom:
     secretKeyRef:
       {{- include "ardiff.redisPasswordSecretRef" . | nindent 6 }}
-{{- $url := printf "redis://%s:$(ARDIFF_REDIS_PASSWORD)@%s.%s.svc:6379/0" (include "ardiff.redisOperatorUser" .) (include "ardiff.redisName" .) .Release.Namespace }}
+{{- $url := include "ardiff.bundledRedisUrl" (dict "root" . "password" "$(ARDIFF_REDIS_PASSWORD)") }}
 - name: ARDIFF_REDIS_URL
   value: {{ $url | quote }}
 - name: ARDIFF_WORKER_REDIS_URL
