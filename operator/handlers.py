@@ -1,4 +1,5 @@
-"""The kopf handlers: small, registered here, doing their work through `admission` and `reconcile`.
+"""The kopf handlers: small, registered here, doing their work through `sessions` (admission, release),
+`reconcile` (the pool round) and `status_writer`.
 
 - startup/cleanup/probe own the clients and settings;
 - three indexes keep pools, their worker Pods and their sessions in memory (level-triggered reads);
@@ -31,14 +32,7 @@ from ardiff.operator.metrics import OperatorMetrics, PoolSample
 from ardiff.operator.nodes import CordonedNodes
 from ardiff.operator.permissions import missing_permissions
 from ardiff.operator.pods import COMPONENT_LABEL, POOL_LABEL, WORKER_COMPONENT
-from ardiff.operator.reconcile import (
-    ensure_service,
-    now_rfc3339,
-    previous_status,
-    reconcile_pool,
-    retire_pool,
-    write_pool_status,
-)
+from ardiff.operator.reconcile import reconcile_pool, retire_pool
 from ardiff.operator.sessions import admit, release
 from ardiff.operator.specs import GROUP, POOL_PLURAL, SESSION_PLURAL, VERSION
 from ardiff.operator.status import (
@@ -46,8 +40,15 @@ from ardiff.operator.status import (
     Reason,
     build_conditions,
 )
+from ardiff.operator.status_writer import (
+    now_rfc3339,
+    previous_status,
+    write_admission_status,
+    write_pool_status,
+)
 from ardiff.operator.sweep import sweep_pools_forever, sweep_sessions
 from ardiff.operator.views import PodView, PoolView, SessionView
+from ardiff.operator.worker_pods import ensure_service
 
 # Named so that kopf removes it from objects an earlier operator version put it on; nothing adds it now.
 FINALIZER = "ardiffusion.dev/finalizer"
@@ -211,8 +212,7 @@ async def admit_session(
     key = (session.namespace, session.name)
     ctx.admitted_at.setdefault(key, time.monotonic())  # kept across retries: the placement histogram's start
     status = await admit(ctx, session, _first(pools, pool_key), _values(worker_pods, pool_key), logger)
-    patch.status.update(status)
-    ctx.remember_status(key, status)
+    write_admission_status(ctx, key, patch, status)
     observe_placements(ctx, PoolId(*pool_key), [session])
 
 
