@@ -241,10 +241,18 @@ async def release_session(type: str, body: kopf.Body, memo: kopf.Memo, logger: k
 def without_finalizer(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Put above `@kopf.daemon`: the daemon then puts no finalizer on its objects.
 
-    kopf gives every object with a daemon its finalizer, so that no daemon outlives its object (nolar/kopf#896
-    declined an option to turn that off). The pool daemon needs none: it notices its pool is gone in the pools
-    index and exits by itself (`reconcile_pool_forever`). kopf has no public switch, so this flips the flag on
-    the handler `kopf.daemon` just registered; `tests/operator/test_deletion.py` checks no finalizer appears.
+    kopf gives every object with a daemon its finalizer, so that no daemon outlives its object. The pool
+    daemon needs none: it notices its pool is gone in the pools index and exits by itself
+    (`reconcile_pool_forever`). kopf has no public switch (kopf 1.45.2, and its main branch as of 2026-06-03):
+    `kopf.daemon()` makes its handler with `requires_finalizer=True` fixed, its `registry=` argument only
+    picks the registry, whose handler lists (`_spawning`) are private, and `settings.persistence.finalizer`
+    only names the finalizer. Upstream declined the option: nolar/kopf#896 (for timers; the maintainer,
+    2026-03-14: a daemon's promise to stop at its object's deletion needs the finalizer) and nolar/kopf#1183
+    (daemons and timers, for nolar/kopf#1104) were closed unmerged. The public way left would be our own task
+    per pool, started and stopped from event handlers: the lifecycle kopf's daemons exist for, re-written. So
+    this flips the flag on the handler `kopf.daemon` just registered (kopf is pinned to 1.45.2 in
+    pyproject.toml); it fails at import if kopf's registry changed or the handler is not found, and
+    `tests/operator/test_deletion.py` checks that no finalizer appears.
     """
     spawning = kopf.get_default_registry()._spawning
     for index, handler in enumerate(spawning._handlers):
