@@ -1,7 +1,8 @@
 """The worker Pods' lifecycle, and the pool's Service in front of them: create one from the pool's template
 (or back off from a template the pod policy or the API refuses), replace one that did not register in time,
-retire an empty one. The Pod bodies come from `operator/pods.py` (pure builders); this module makes the API
-calls, keeps the context's expected-pods and template-refusal books, and reports with Events.
+retire an empty one (drained in Redis first, so that nothing is placed on it meanwhile). The Pod bodies come
+from `operator/pods.py` (pure builders); this module makes the API calls, keeps the context's expected-pods
+and template-refusal books, and reports with Events. What to create or retire, the round decides.
 """
 
 from __future__ import annotations
