@@ -34,7 +34,7 @@ class AdmissionFailure(Exception):
 
 def check_family(session: SessionView, pool: PoolView) -> None:
     """`AdmissionFailure(FamilyMismatch)` when the session's `spec.family` is not its pool's: the family
-    serving the pool's `model.pipeline` (`ardiff.worker.pipelines`; CEL sees one object only, so the CRD
+    serving the pool's `model.pipeline` (`ardiff.model_families`; CEL sees one object only, so the CRD
     cannot compare them). A pool whose pipeline no family serves has no family to compare with: its workers
     refuse to load, which its own status shows."""
     if session.spec is None or pool.spec is None:

@@ -1,4 +1,5 @@
-"""The kopf handlers: small, registered here, doing their work through `admission` and `reconcile`.
+"""The kopf handlers: small, registered here, doing their work through `sessions` (admission, release),
+`reconcile` (the pool round) and `status_writer`.
 
 - startup/cleanup/probe own the clients and settings;
 - three indexes keep pools, their worker Pods and their sessions in memory (level-triggered reads);
@@ -32,22 +33,22 @@ from ardiff.operator.metrics import OperatorMetrics, PoolSample
 from ardiff.operator.nodes import CordonedNodes
 from ardiff.operator.permissions import missing_permissions
 from ardiff.operator.pods import COMPONENT_LABEL, POOL_LABEL, WORKER_COMPONENT
-from ardiff.operator.reconcile import (
-    ensure_service,
-    now_rfc3339,
-    previous_status,
-    reconcile_pool,
-    retire_pool,
-    write_pool_status,
-)
+from ardiff.operator.reconcile import reconcile_pool, retire_pool
 from ardiff.operator.sessions import admit, release
 from ardiff.operator.status import (
     ConditionSpec,
     Reason,
     build_conditions,
 )
+from ardiff.operator.status_writer import (
+    now_rfc3339,
+    previous_status,
+    write_admission_status,
+    write_pool_status,
+)
 from ardiff.operator.sweep import sweep_pools_forever, sweep_sessions
 from ardiff.operator.views import PodView, PoolView, SessionView
+from ardiff.operator.worker_pods import ensure_service
 from ardiff.wire import GROUP, POOL_PLURAL, SESSION_PLURAL, VERSION
 
 # Named so that kopf removes it from objects an earlier operator version put it on; nothing adds it now.
@@ -212,8 +213,7 @@ async def admit_session(
     key = (session.namespace, session.name)
     ctx.admitted_at.setdefault(key, time.monotonic())  # kept across retries: the placement histogram's start
     status = await admit(ctx, session, _first(pools, pool_key), _values(worker_pods, pool_key), logger)
-    patch.status.update(status)
-    ctx.remember_status(key, status)
+    write_admission_status(ctx, key, patch, status)
     observe_placements(ctx, PoolId(*pool_key), [session])
 
 
@@ -242,10 +242,18 @@ async def release_session(type: str, body: kopf.Body, memo: kopf.Memo, logger: k
 def without_finalizer(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Put above `@kopf.daemon`: the daemon then puts no finalizer on its objects.
 
-    kopf gives every object with a daemon its finalizer, so that no daemon outlives its object (nolar/kopf#896
-    declined an option to turn that off). The pool daemon needs none: it notices its pool is gone in the pools
-    index and exits by itself (`reconcile_pool_forever`). kopf has no public switch, so this flips the flag on
-    the handler `kopf.daemon` just registered; `tests/operator/test_deletion.py` checks no finalizer appears.
+    kopf gives every object with a daemon its finalizer, so that no daemon outlives its object. The pool
+    daemon needs none: it notices its pool is gone in the pools index and exits by itself
+    (`reconcile_pool_forever`). kopf has no public switch (kopf 1.45.2, and its main branch as of 2026-06-03):
+    `kopf.daemon()` makes its handler with `requires_finalizer=True` fixed, its `registry=` argument only
+    picks the registry, whose handler lists (`_spawning`) are private, and `settings.persistence.finalizer`
+    only names the finalizer. Upstream declined the option: nolar/kopf#896 (for timers; the maintainer,
+    2026-03-14: a daemon's promise to stop at its object's deletion needs the finalizer) and nolar/kopf#1183
+    (daemons and timers, for nolar/kopf#1104) were closed unmerged. The public way left would be our own task
+    per pool, started and stopped from event handlers: the lifecycle kopf's daemons exist for, re-written. So
+    this flips the flag on the handler `kopf.daemon` just registered (kopf is pinned to 1.45.2 in
+    pyproject.toml); it fails at import if kopf's registry changed or the handler is not found, and
+    `tests/operator/test_deletion.py` checks that no finalizer appears.
     """
     spawning = kopf.get_default_registry()._spawning
     for index, handler in enumerate(spawning._handlers):

@@ -41,9 +41,13 @@ unconditional `self._condition.notify_all()`::
             self._toggles.difference_update(toggles)
             self._condition.notify_all()
 
-Written against kopf 1.45.2 (pinned in pyproject.toml, the newest on PyPI when written, which still has the
-unconditional notifies); `apply()` refuses any other version, so that an upgrade makes someone re-read the
-upstream code (and drop this patch if upstream fixed it) instead of silently patching code that changed.
+How long it stays: as long as kopf needs it. Written against kopf 1.45.2 (pinned in pyproject.toml, the
+newest on PyPI when written); kopf's main branch as of 2026-06-03 (nolar/kopf 60d02ae) still ends all three
+methods in the unconditional `notify_all()` quoted above. No upstream issue or pull request about the
+quadratic start was found (nolar/kopf's issues searched for the toggles, `notify_all`, and slow starts or
+indexing over many objects), so there is none to cite. The patch is version-guarded: `apply()` refuses any
+other kopf version, so that an upgrade makes someone re-read the upstream code (and drop this patch once
+upstream notifies only on a change of the set's value) instead of silently patching code that changed.
 Tests: tests/operator/test_kopf_patch.py. `ARDIFF_KOPF_UNPATCHED=1` (operator/cli.py) skips it: for
 benchmarks/scale_operator.py's before/after only.
 """

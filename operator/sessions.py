@@ -15,9 +15,10 @@ from ardiff.kv.errors import NotReplicated
 from ardiff.kv.records import PoolId
 from ardiff.operator.admission import AdmissionFailure, check_family, placement_spec
 from ardiff.operator.context import OperatorContext
-from ardiff.operator.reconcile import live_pods, now_rfc3339, pod_slots
 from ardiff.operator.scaling import may_grow
+from ardiff.operator.slots import live_pods, pod_slots
 from ardiff.operator.status import Reason, SessionObservation, build_failed_status, build_session_status
+from ardiff.operator.status_writer import now_rfc3339
 from ardiff.operator.views import PodView, PoolView, SessionView
 
 # A write Redis applied but no replica acknowledged (NotReplicated) is tried again after this long.

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ardiff.kv.records import MAX_PRIORITY, EvictionPolicy, check_name
-from ardiff.worker.pipelines import DEFAULT_FAMILY, FAMILY_NAMES, family_of
+from ardiff.model_families import DEFAULT_FAMILY, FAMILY_NAMES, family_of
 
 DEFAULT_MODEL = "tiny-lingbot-world"
 DEFAULT_PIPELINE = "LingBotWorldCausalDMDPipeline"

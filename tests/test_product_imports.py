@@ -135,3 +135,18 @@ def test_product_code_never_imports_the_dev_harness(folder):
         if _is_harness(module)
     ]
     assert offenders == []
+
+
+# The operator and the worker never import each other (issue 24 item 5): what both need is in the base.
+APART = [("operator", "ardiff.worker"), ("worker", "ardiff.operator")]
+
+
+@pytest.mark.parametrize(("folder", "other"), APART, ids=[f"{f}-not-{o}" for f, o in APART])
+def test_the_operator_and_the_worker_never_import_each_other(folder, other):
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for line, module in imported_modules(path, PRODUCT[folder])
+        if module == other or module.startswith(other + ".")
+    ]
+    assert offenders == []

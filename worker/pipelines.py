@@ -1,27 +1,11 @@
-"""Which model family serves a pipeline class, in plain Python with no imports.
+"""The worker's import of the pipeline -> family map (`worker/families/`, `worker/server.py` read it here).
 
-The worker's family modules (`ardiff.worker.families`) take their `pipelines` from here, and the operator
-reads it to know a pool's family from its `model.pipeline` (a session names its `family`; the operator fails
-one whose family differs from its pool's). The operator image has no torch, pydantic or Pillow, which the
-family modules need, so the map lives apart from them.
+The map itself is shared with the operator and lives in the base, `ardiff/model_families.py`: the operator
+must not import the worker.
 """
 
 from __future__ import annotations
 
-DEFAULT_FAMILY = "lingbot"
-# pipeline class (vllm-omni) -> the model family serving it (`ARDiffusionSession.spec.family`)
-PIPELINE_FAMILIES: dict[str, str] = {
-    "LingBotWorldCausalDMDPipeline": "lingbot",
-    "DreamZeroPipeline": "dreamzero",
-}
-FAMILY_NAMES: tuple[str, ...] = tuple(dict.fromkeys(PIPELINE_FAMILIES.values()))
+from ardiff.model_families import DEFAULT_FAMILY, FAMILY_NAMES, PIPELINE_FAMILIES, family_of, pipelines_of
 
-
-def family_of(pipeline: str) -> str | None:
-    """The family serving `pipeline`, None when no family does (such a worker refuses to load it)."""
-    return PIPELINE_FAMILIES.get(pipeline)
-
-
-def pipelines_of(family: str) -> tuple[str, ...]:
-    """The pipeline classes `family` serves."""
-    return tuple(pipeline for pipeline, name in PIPELINE_FAMILIES.items() if name == family)
+__all__ = ["DEFAULT_FAMILY", "FAMILY_NAMES", "PIPELINE_FAMILIES", "family_of", "pipelines_of"]

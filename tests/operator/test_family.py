@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
+from ardiff.model_families import FAMILY_NAMES, PIPELINE_FAMILIES, family_of, pipelines_of
 from ardiff.operator.admission import AdmissionFailure, check_family
 from ardiff.operator.specs import InvalidSpec, ModelSpec, SessionResourceSpec
 from ardiff.operator.status import Reason
 from ardiff.operator.views import PoolView, SessionView
-from ardiff.worker.pipelines import FAMILY_NAMES, PIPELINE_FAMILIES, family_of, pipelines_of
 
 
 def pool(pipeline: str | None) -> PoolView:

@@ -12,7 +12,7 @@ from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionSpec, SessionState
 from ardiff.operator.config import OperatorConfig
 from ardiff.operator.context import OperatorContext
-from ardiff.operator.reconcile import sync_pods
+from ardiff.operator.slots import sync_pods
 from ardiff.operator.views import PodView
 
 TOKEN = hashlib.sha256(b"token").hexdigest()
