@@ -1,8 +1,10 @@
 """The operator's Kubernetes client beside the well-kept async ones, on the real API server (issue 24 item 6).
 
-`operator/kube.py` is a hand-written async client (JSON over one pooled `httpx.AsyncClient`). This measures it
-beside kr8s (what dask-kubernetes' operator uses; also httpx) and kubernetes_asyncio (the official client's
-generated async twin; aiohttp) doing the operator's hot calls on one dev cluster's kube-apiserver + etcd:
+`operator/kube.py` is the operator's client: JSON dicts through kubernetes_asyncio's generic `ApiClient` (it
+was a hand-written httpx client until this benchmark chose kubernetes_asyncio). This measures it beside kr8s
+(what dask-kubernetes' operator uses; httpx) and bare kubernetes_asyncio (the official client's generated
+async twin, aiohttp, through its typed APIs: the baseline under ours) doing the operator's hot calls on one
+dev cluster's kube-apiserver + etcd:
 - `patch status`: a merge-patch of an ARDiffusionSession's `status` subresource (every session status write);
 - `get secret`: a GET of a Secret (admission reads the session's token Secret);
 - `create secret`: a POST of a Secret (admission makes one per session).
@@ -10,7 +12,7 @@ generated async twin; aiohttp) doing the operator's hot calls on one dev cluster
 Each arm does `--ops` calls of each kind at concurrency 1 (latency) and `--concurrency` (throughput); the arms
 run interleaved, `--rounds` times, and the table reports the median round: wall µs per call and this process's
 CPU µs per call (the client's own cost; the API server's is the same for all three), and each as a ratio of
-ours. kr8s and kubernetes_asyncio are not dependencies of ardiff: `pip install kr8s kubernetes_asyncio` first.
+ours. kr8s is not a dependency of ardiff: `pip install kr8s` first.
 
     .venv/bin/python benchmarks/kube_client.py [--ops 300] [--concurrency 16] [--rounds 3]
 """
@@ -64,7 +66,7 @@ def secret_body(name: str) -> dict[str, Any]:
 
 
 class Ours:
-    name = "operator/kube.py (httpx)"
+    name = "operator/kube.py (kubernetes_asyncio ApiClient, dicts)"
 
     def __init__(self, cluster: DevCluster) -> None:
         admin = cluster.admin
@@ -118,7 +120,7 @@ class Kr8s:
 
 
 class KubernetesAsyncio:
-    name = "kubernetes_asyncio 36 (aiohttp)"
+    name = "kubernetes_asyncio 36 typed APIs, bare (aiohttp)"
 
     def __init__(self, client: Any) -> None:
         self.client = client
