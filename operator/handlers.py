@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -76,7 +75,6 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     settings.posting.reporting_component = "ardiff-operator"
     settings.background.cancellation_polling = config.cancellation_polling_seconds
     settings.execution.max_workers = 4  # sync handlers only; everything here is async
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per API call otherwise
     # Namespaced mode runs without cluster-scoped rights: no namespace or CRD scanning.
     settings.scanning.disabled = not config.all_namespaces
     settings.watching.label_selectors["pods"] = f"{POOL_LABEL},{COMPONENT_LABEL}={WORKER_COMPONENT}"
