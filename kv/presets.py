@@ -230,7 +230,7 @@ WAN21_VAE_PARAMS = 126_892_531  # DistributedAutoencoderKLWan with the Wan 2.1 d
 DREAMZERO_DIT_PARAMS = 16_484_292_448  # CausalWanModel with DREAMZERO_DROID
 DREAMZERO_CLIP_PARAMS = 632_076_801  # DreamZeroImageEncoder (open-clip ViT-H/14 visual tower)
 
-# The embedded tiny LingBot-World the worker generates (ardiff.worker.tiny_model; a test keeps them equal):
+# The embedded tiny LingBot-World the worker generates (ardiff.worker.tiny.model; a test keeps them equal):
 # 2 layers of 2 x 32 heads, VAE base 8 with one residual block per level; sink 3, window 6, 3-frame blocks.
 TINY_LINGBOT_TRANSFORMER = LingBotTransformerConfig(
     num_layers=2, num_attention_heads=2, attention_head_dim=32, sink_size=3, sliding_window_num_frames=9

@@ -142,7 +142,7 @@ def _train_tiny_world(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if args.nice:
         os.nice(args.nice)
-    from ardiff.worker.tiny_world_train import main
+    from ardiff.worker.tiny.world_train import main
 
     path = main(
         args.out_dir,

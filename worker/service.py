@@ -43,6 +43,7 @@ from ardiff.worker.errors import (
     UnknownSession,
 )
 from ardiff.worker.exports import Exports
+from ardiff.worker.families import ModelFamily, family_for, family_named
 from ardiff.worker.host_tier import HostCopy
 from ardiff.worker.metrics import WorkerMetrics
 from ardiff.worker.placement_guard import PlacementGuard
@@ -92,10 +93,8 @@ class TickResponse:
     headers: dict[str, str]
 
 
-def settings_family(settings: WorkerSettings) -> Any:
+def settings_family(settings: WorkerSettings) -> ModelFamily:
     """The model family of this worker's pipeline (LingBot-World for the fake runtime's, the default)."""
-    from ardiff.worker.families import family_for, family_named
-
     try:
         return family_for(settings.pipeline)
     except ValueError:

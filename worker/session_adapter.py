@@ -1,29 +1,26 @@
-"""The session adapter: the one module that touches the runner's and the pipeline's per-session state.
+"""The session adapter: the one module that touches the runner's per-session state.
 
 vllm-omni's `ARDiffusionModelRunner` owns each session's paged KV (created lazily at its first tick,
-released on reset, close, failed forward or silent LRU eviction); LingBot-World's pipeline owns the rest
-(chunk counter, RNG state, camera tail, encoder cache, the per-session streaming VAE decoder). Everything
-the worker needs from either (run a tick, decode its frames, reset, close, list residents, count free KV
-blocks) goes through `ARDiffusionSessionAdapter`, so suspend/resume/migrate (DESIGN §10) has one place to
-export and import from. What differs per model family (the request a tick becomes, what a chunk gives back)
-is the family module's (`ardiff.worker.families`); it asks this adapter for anything private (LingBot's
-camera key and streaming decoder, each branch's blocks).
+released on reset, close, failed forward or silent LRU eviction); the pipeline owns the rest (LingBot-World:
+chunk counter, RNG state, camera tail, encoder cache, the per-session streaming VAE decoder). Everything the
+worker needs (run a tick, decode its frames, reset, close, list residents, count free KV blocks) goes through
+`ARDiffusionSessionAdapter`, so suspend/resume/migrate (DESIGN §10) has one place to export and import from.
+What differs per model family is the family module's (`ardiff.worker.families`, the `ModelFamily` seam): the
+request a tick becomes, what a chunk gives back (it reads the pipeline's own decoders through `pipeline`),
+and the pipeline's own session state in an export (`SessionState`: `families/lingbot_state.py`).
 
-It implements `ardiff.worker.runtime.SessionRuntime`. Private vllm-omni members used here, on purpose and
-nowhere else: `runner._sessions`, `runner._session_capacity`, `runner._ar_diffusion_kv_cache_spec`,
-`pipeline._decode_chunk_to_pixels` (the streaming decoder), and LingBot's pre-processed camera key; for export
-and import (LingBot-World only, docs/contracts.md §9) also `runner._get_or_create_session`,
-`runner._release_session`, the KV state's `_closed`, `_paged_pending` and `_committed`, the adapters'
-`_prefill`, the pipeline's `_ar_diffusion_kv_state`, `_ar_sessions` (`_LingBotARSessionState`),
-`_streaming_decode_states` and `_streaming_decoder()`. Export reads one idle session (between ticks) part by
-part; import installs the KV straight into the pool as each part arrives and the rest once the checksum held.
-What a session is made of and why each piece is needed: `shared/reference/session-migration/README.md`.
+It implements `ardiff.worker.runtime.SessionRuntime`. Private vllm-omni members used here, on purpose:
+`runner._sessions`, `runner._session_capacity`, `runner._ar_diffusion_kv_cache_spec`; for export and import
+(LingBot-World only, docs/contracts.md §9) also `runner._get_or_create_session`, `runner._release_session`,
+the KV state's `_closed`, `_paged_pending` and `_committed`, the adapters' `_prefill` and the pipeline's
+`_ar_diffusion_kv_state`. Export reads one idle session (between ticks) part by part; import installs the KV
+straight into the pool as each part arrives and the rest once the checksum held. What a session is made of
+and why each piece is needed: `shared/reference/session-migration/README.md`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import hashlib
 import logging
@@ -32,14 +29,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import vllm_omni
-import vllm_omni.diffusion.models.lingbot_world.pipeline as lingbot_pipeline
 from vllm_omni.diffusion.data import OmniDiffusionConfig
-from vllm_omni.diffusion.models.lingbot_world.camera import (
-    CameraTrajectory,
-)
 from vllm_omni.diffusion.registry import get_diffusion_pre_process_func
 from vllm_omni.diffusion.request import OmniDiffusionRequest
 from vllm_omni.diffusion.worker.diffusion_worker import DiffusionWorker
@@ -53,13 +45,13 @@ from ardiff.worker.errors import (
     ExportUnsupported,
     SessionExportError,
 )
+from ardiff.worker.families import ModelFamily, SessionState, family_for
 from ardiff.worker.runtime import ChunkOutput, KVBlocks, PreparedTick
 from ardiff.worker.session_book import SessionBook
 from ardiff.worker.session_export import (
     BOOK_FRAMES,
     ExportReader,
     Readable,
-    ReadTensor,
     TensorCheck,
     TensorPart,
     Writable,
@@ -68,45 +60,9 @@ from ardiff.worker.session_export import (
     refuse_tensor,
     write_export,
 )
+from ardiff.worker.session_tensors import DTYPE_CODES, part, tensor
 
 log = logging.getLogger(__name__)
-
-
-# safetensors dtype codes of the tensors a session holds.
-_DTYPE_CODES = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
-_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
-# The fixed tensors of LingBot's session state (`pipe/<name>`, written by `_capture_pipeline` when present).
-_PIPELINE_TENSORS = (
-    "generator_state",
-    "condition_fixed_point",
-    "camera_tail/poses",
-    "camera_tail/intrinsics",
-)
-# LingBot's `_LingBotARSessionState` fields this exporter carries; one it does not know refuses the export.
-_PIPELINE_FIELDS = frozenset(
-    {
-        "next_chunk_index",
-        "text_cache_key",
-        "text_cache_dirty",
-        "generator_state",
-        "encoder_cache",
-        "pending_encoder_cache",
-        "condition_fixed_point",
-        "camera_tail",
-        "camera_pitch",
-    }
-)
 
 
 def model_fingerprint(root: Path) -> str:
@@ -122,73 +78,25 @@ def model_fingerprint(root: Path) -> str:
     return digest.hexdigest()
 
 
-def _host_bytes(tensor: torch.Tensor) -> memoryview:
-    """A tensor's bytes in host memory: one device-to-host copy (none on CPU when already contiguous)."""
-    host = tensor.detach().to("cpu").contiguous()
-    return memoryview(host.reshape(-1).view(torch.uint8).numpy())
-
-
-def _part(name: str, tensor: torch.Tensor) -> TensorPart:
-    return TensorPart(
-        name, _DTYPE_CODES[tensor.dtype], tuple(tensor.shape), functools.partial(_host_bytes, tensor)
-    )
-
-
-def _tensor(read: ReadTensor) -> torch.Tensor:
-    if not read.data:
-        return torch.empty(read.shape, dtype=_DTYPES[read.dtype])
-    return torch.frombuffer(read.data, dtype=torch.uint8).view(_DTYPES[read.dtype]).reshape(read.shape)
-
-
-def _pack_list(entries: list[Any] | None, prefix: str, parts: list[TensorPart]) -> list[Any] | None:
-    """A cache list (tensors, None before a conv ran, Wan's "Rep" string) as JSON; tensors go to `parts`."""
-    if entries is None:
-        return None
-    layout: list[Any] = []
-    for i, entry in enumerate(entries):
-        if entry is None:
-            layout.append(None)
-        elif isinstance(entry, str):
-            layout.append({"str": entry})
-        elif isinstance(entry, torch.Tensor):
-            parts.append(_part(f"{prefix}/{i}", entry))
-            layout.append({"t": f"{prefix}/{i}"})
-        else:
-            raise ExportUnsupported(f"cache entry {prefix}[{i}] is a {type(entry).__name__}")
-    return layout
-
-
-def _unpack_list(
-    layout: list[Any] | None, tensors: dict[str, torch.Tensor], device: torch.device
-) -> list[Any] | None:
-    if layout is None:
-        return None
-    return [
-        None if entry is None else entry["str"] if "str" in entry else tensors[entry["t"]].to(device)
-        for entry in layout
-    ]
-
-
 class ARDiffusionSessionAdapter:
-    def __init__(self, worker: DiffusionWorker, od_config: OmniDiffusionConfig, family: Any = None) -> None:
-        from ardiff.worker.families import family_for
-
+    def __init__(
+        self, worker: DiffusionWorker, od_config: OmniDiffusionConfig, family: ModelFamily | None = None
+    ) -> None:
         runner = worker.model_runner
         pipeline = runner.pipeline if runner is not None else None
         spec = getattr(runner, "_ar_diffusion_kv_cache_spec", None)
         if runner is None or runner.kv_cache is None or spec is None:
             raise TypeError("the worker's runner is not an ARDiffusionModelRunner with a KV cache")
         self._family = family or family_for(type(pipeline).__name__)
-        streaming = callable(getattr(pipeline, "_decode_chunk_to_pixels", None))
-        if self._family.name == "lingbot" and not streaming:
-            raise TypeError(f"{type(pipeline).__name__} has no per-session streaming decoder")
+        self._family.check_pipeline(pipeline)
+        self._state = self._family.session_state()
         self._worker = worker
         self._od_config = od_config
         self._runner = runner
         self._pipeline = pipeline
         self._pre_process = get_diffusion_pre_process_func(od_config)
         model_config = od_config.model_config
-        self._height, self._width = getattr(self._family, "FRAME_SIZE", None) or (
+        self._height, self._width = self._family.frame_size or (
             int(model_config["ar_diffusion_height"]),
             int(model_config["ar_diffusion_width"]),
         )
@@ -250,23 +158,14 @@ class ARDiffusionSessionAdapter:
     def latent_frames_per_tick(self) -> int:
         return self._latent_frames
 
+    @property
+    def pipeline(self) -> Any:
+        """The pipeline, for its family module's own members (`ardiff.worker.families`)."""
+        return self._pipeline
+
     def pre_process(self, request: OmniDiffusionRequest) -> OmniDiffusionRequest:
         """The pipeline's own pre-process (`get_diffusion_pre_process_func`), where it has one."""
         return request if self._pre_process is None else self._pre_process(request)
-
-    def lingbot_camera_trajectory(self, request: OmniDiffusionRequest) -> Any:
-        """LingBot's pre-processed camera trajectory of a request (a private extra-args key), or None."""
-        return request.sampling_params.extra_args.get(lingbot_pipeline._PREPROCESSED_CAMERA_KEY)
-
-    def decode_streaming_chunk(self, latents: Any, session_id: str) -> np.ndarray:
-        """LingBot: a chunk's latents through the session's own streaming VAE decoder (uint8 F,H,W,3)."""
-        return self._pipeline._decode_chunk_to_pixels(latents, session_id=session_id)
-
-    def decode_predicted_frames(self, video: Any) -> np.ndarray:
-        """DreamZero: a chunk's predicted latents `(B, C, T, h, w)` decoded to uint8 `(T, H, W, 3)`."""
-        pixels = self._pipeline.decode_video_latents(video)  # (B, 3, T, H, W) in [-1, 1]
-        frames = ((pixels[0].float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-        return np.ascontiguousarray(frames.permute(1, 2, 3, 0).cpu().numpy())
 
     def branch_blocks(self, session_id: str) -> dict[str, int]:
         """KV blocks each branch of a resident session holds now (empty when it is not resident)."""
@@ -301,23 +200,17 @@ class ARDiffusionSessionAdapter:
     # ---------------------------------------------------------------- export / import (contracts §9)
 
     def export_session(self, session_id: str, out: Writable, *, book: SessionBook) -> int:
-        self._check_exportable()
         state, parts = self._capture(session_id)
         return write_export(
             out, session_id=session_id, identity=self.identity, book=book, state=state, tensors=parts
         )
 
     def import_session(self, source: Readable) -> SessionBook:
-        self._check_exportable()
+        exporter = self._exporter
         reader = ExportReader(source)
         check_identity(reader.identity, self.identity)
         session_id, state = reader.session_id, reader.state
-        pipe = self._pipeline
-        if (
-            session_id in self._runner._sessions
-            or session_id in pipe._ar_sessions
-            or session_id in pipe._streaming_decode_states
-        ):
+        if session_id in self._runner._sessions or exporter.holds(self._pipeline, session_id):
             raise ExportDuplicateSession(f"session {session_id!r} is already resident on this worker")
         if len(self._runner._sessions) >= self.capacity:
             # The runner would silently evict its least recently used session to make room.
@@ -375,25 +268,26 @@ class ARDiffusionSessionAdapter:
     # ---------------------------------------------------------------- helpers
 
     @property
-    def family(self) -> Any:
+    def family(self) -> ModelFamily:
         return self._family
 
     @property
     def supports_export(self) -> bool:
-        return self._family.supports_export and isinstance(
-            self._pipeline, lingbot_pipeline.LingBotWorldCausalDMDPipeline
-        )
+        return self._state is not None and self._state.serves(self._pipeline)
 
-    def _check_exportable(self) -> None:
-        if not self.supports_export:
+    @property
+    def _exporter(self) -> SessionState:
+        """The family's session state of this pipeline; `ExportUnsupported` when it has none."""
+        if self._state is None or not self._state.serves(self._pipeline):
             raise ExportUnsupported(
                 f"{type(self._pipeline).__name__} sessions cannot be exported (LingBot-World only): "
                 "they keep reset-on-evict"
             )
+        return self._state
 
     def _capture(self, session_id: str) -> tuple[dict[str, Any], list[TensorPart]]:
         """One idle session's bookkeeping (JSON) and its tensors (read when written). Read-only."""
-        runner, kv, pipe = self._runner, self._runner.kv_cache, self._pipeline
+        runner, kv, pipe, exporter = self._runner, self._runner.kv_cache, self._pipeline, self._exporter
         session = runner._sessions.get(session_id)
         if session is None or session._closed:
             raise ExportNotIdle(f"session {session_id!r} is not resident on this worker")
@@ -410,8 +304,8 @@ class ARDiffusionSessionAdapter:
                 raise ExportNotIdle(f"session {session_id!r} branch {name} is not at a tick boundary")
             ids = torch.tensor(table, dtype=torch.long, device=kv.device)
             for layer in range(kv.num_layers if table else 0):
-                parts.append(_part(f"kv/{name}/k/{layer}", kv.key_cache(layer).index_select(0, ids)))
-                parts.append(_part(f"kv/{name}/v/{layer}", kv.value_cache(layer).index_select(0, ids)))
+                parts.append(part(f"kv/{name}/k/{layer}", kv.key_cache(layer).index_select(0, ids)))
+                parts.append(part(f"kv/{name}/v/{layer}", kv.value_cache(layer).index_select(0, ids)))
             branches[name] = {
                 "prefill": int(adapter._prefill),
                 "completed_chunks": int(adapter.completed_chunks),
@@ -427,53 +321,10 @@ class ARDiffusionSessionAdapter:
                     cross.append([cache_name, branch.name])
                     for layer in range(kv.num_layers):
                         pair = kv.read_cross_attention_kv(session_id, cache_name, layer, branch.name)
-                        parts.append(_part(f"cross/{cache_name}/{branch.name}/k/{layer}", pair["k"]))
-                        parts.append(_part(f"cross/{cache_name}/{branch.name}/v/{layer}", pair["v"]))
-        state = {
-            "kv_branches": branches,
-            "cross_attention": cross,
-            "pipeline": self._capture_pipeline(session_id, parts),
-            "decoder": None,
-        }
-        decoder = pipe._streaming_decode_states.get(session_id)
-        if decoder is not None:
-            state["decoder"] = {
-                "feat_map": _pack_list(decoder.feat_map, "dec/feat_map", parts),
-                "conv_idx": [int(i) for i in decoder.conv_idx],
-                "frames_decoded": int(decoder.frames_decoded),
-                "chunks_decoded": int(decoder.chunks_decoded),
-            }
-        return state, parts
-
-    def _capture_pipeline(self, session_id: str, parts: list[TensorPart]) -> dict[str, Any] | None:
-        state = self._pipeline._ar_sessions.get(session_id)
-        if state is None:
-            return None
-        unknown = {f.name for f in dataclasses.fields(state)} - _PIPELINE_FIELDS
-        if unknown:
-            raise ExportUnsupported(
-                f"LingBot's session state has fields this exporter does not know: {sorted(unknown)}"
-            )
-        if state.pending_encoder_cache is not None:
-            raise ExportNotIdle(f"session {session_id!r} has a chunk in flight (pending encoder cache)")
-        for name, tensor in (
-            ("pipe/generator_state", state.generator_state),
-            ("pipe/condition_fixed_point", state.condition_fixed_point),
-            ("pipe/camera_tail/poses", state.camera_tail.poses if state.camera_tail is not None else None),
-            (
-                "pipe/camera_tail/intrinsics",
-                state.camera_tail.intrinsics if state.camera_tail is not None else None,
-            ),
-        ):
-            if tensor is not None:
-                parts.append(_part(name, tensor))
-        return {
-            "next_chunk_index": int(state.next_chunk_index),
-            "text_cache_key": list(state.text_cache_key) if state.text_cache_key is not None else None,
-            "text_cache_dirty": bool(state.text_cache_dirty),
-            "camera_pitch": float(state.camera_pitch),
-            "encoder_cache": _pack_list(state.encoder_cache, "pipe/encoder_cache", parts),
-        }
+                        parts.append(part(f"cross/{cache_name}/{branch.name}/k/{layer}", pair["k"]))
+                        parts.append(part(f"cross/{cache_name}/{branch.name}/v/{layer}", pair["v"]))
+        sections = exporter.capture(pipe, session_id, parts)  # after the KV's tensors
+        return {"kv_branches": branches, "cross_attention": cross, **sections}, parts
 
     def _tensor_check(self, state: dict[str, Any]) -> TensorCheck:
         """This runtime's spec of an export's tensors, from its KV geometry and the export's own state
@@ -485,18 +336,12 @@ class ARDiffusionSessionAdapter:
         branches = [branch.name for branch in kv.kv_branches]
         try:
             blocks = {name: int(branch["num_blocks"]) for name, branch in state["kv_branches"].items()}
-            named = {
-                entry["t"]
-                for section, key in (("pipeline", "encoder_cache"), ("decoder", "feat_map"))
-                for entry in ((state[section] or {}).get(key) or [])
-                if isinstance(entry, dict) and "t" in entry
-            }
+            named = self._exporter.tensor_names(state)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ExportCorrupt(f"session export state lacks its KV branches or caches: {exc}") from None
         if not set(blocks) <= set(branches) or any(n < 0 for n in blocks.values()):
             raise ExportCorrupt(f"session export KV branches {blocks} do not fit this runner's {branches}")
-        named |= {f"pipe/{name}" for name in _PIPELINE_TENSORS}
-        code, page, layers = _DTYPE_CODES[kv.dtype], tuple(kv.key_cache(0).shape[1:]), range(kv.num_layers)
+        code, page, layers = DTYPE_CODES[kv.dtype], tuple(kv.key_cache(0).shape[1:]), range(kv.num_layers)
         spec = {
             f"kv/{branch}/{kind}/{layer}": (code, (count, *page))
             for branch, count in blocks.items()
@@ -544,15 +389,15 @@ class ARDiffusionSessionAdapter:
             block_ids[name] = torch.tensor(table, dtype=torch.long, device=kv.device)
         pages: list[tuple[str, torch.Tensor]] = []  # written once the checksum held: never an altered page
         rest: dict[str, torch.Tensor] = {}
-        for part in reader.tensors(check):
-            if part.name.startswith("kv/"):
-                pages.append((part.name, _tensor(part)))
+        for read in reader.tensors(check):
+            if read.name.startswith("kv/"):
+                pages.append((read.name, tensor(read)))
             else:
-                rest[part.name] = _tensor(part)
-        for name, tensor in pages:
+                rest[read.name] = tensor(read)
+        for name, page in pages:
             branch, kind, layer = name.removeprefix("kv/").rsplit("/", 2)
             pool = kv.key_cache(int(layer)) if kind == "k" else kv.value_cache(int(layer))
-            pool.index_copy_(0, block_ids[branch], tensor.to(kv.device))
+            pool.index_copy_(0, block_ids[branch], page.to(kv.device))
         book = reader.book()
         for name, branch in state["kv_branches"].items():
             adapter = session.adapter(name)
@@ -576,48 +421,8 @@ class ARDiffusionSessionAdapter:
                     for layer in range(kv.num_layers)
                 ),
             )
-        if state["pipeline"] is not None:
-            pipe._ar_sessions[session_id] = self._pipeline_state(state["pipeline"], rest)
-        if state["decoder"] is not None:
-            pipe._streaming_decode_states[session_id] = self._decoder_state(
-                session_id, state["decoder"], rest
-            )
+        self._exporter.restore(pipe, session_id, state, rest)
         return book
-
-    def _pipeline_state(self, value: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Any:
-        device = self._pipeline.device
-        poses, intrinsics = tensors.get("pipe/camera_tail/poses"), tensors.get("pipe/camera_tail/intrinsics")
-        fixed_point = tensors.get("pipe/condition_fixed_point")
-        return lingbot_pipeline._LingBotARSessionState(
-            next_chunk_index=value["next_chunk_index"],
-            text_cache_key=tuple(value["text_cache_key"]) if value["text_cache_key"] is not None else None,
-            text_cache_dirty=value["text_cache_dirty"],
-            generator_state=tensors.get("pipe/generator_state"),  # set_state wants a CPU ByteTensor
-            encoder_cache=_unpack_list(value["encoder_cache"], tensors, device),
-            pending_encoder_cache=None,
-            condition_fixed_point=fixed_point.to(device) if fixed_point is not None else None,
-            camera_tail=(
-                CameraTrajectory(poses=poses.to(device), intrinsics=intrinsics.to(device))
-                if poses is not None and intrinsics is not None
-                else None
-            ),
-            camera_pitch=value["camera_pitch"],
-        )
-
-    def _decoder_state(self, session_id: str, value: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Any:
-        decoder = self._pipeline._streaming_decoder()
-        if decoder is None:
-            raise ExportCorrupt("the export has streaming-decoder state but this VAE cannot stream")
-        state = decoder.new_decode_state(session_id)
-        if len(state.feat_map) != len(value["feat_map"]):
-            raise ExportCorrupt(
-                f"decoder cache has {len(value['feat_map'])} slots, this VAE {len(state.feat_map)}"
-            )
-        state.feat_map = _unpack_list(value["feat_map"], tensors, self._pipeline.device)
-        state.conv_idx = list(value["conv_idx"])
-        state.frames_decoded = value["frames_decoded"]
-        state.chunks_decoded = value["chunks_decoded"]
-        return state
 
     def _refresh(self) -> None:
         # A snapshot the event loop may read while the forward thread mutates the runner's dict.

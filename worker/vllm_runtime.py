@@ -11,6 +11,7 @@ from typing import Any
 
 from ardiff.worker import cpu_platform
 from ardiff.worker.errors import ModelUnavailable
+from ardiff.worker.families import ModelFamily, family_for
 from ardiff.worker.net import free_port
 from ardiff.worker.settings import EMBEDDED_TINY_MODEL, WorkerSettings
 
@@ -31,17 +32,15 @@ def prepare_vllm_omni(*, cpu_free_memory_bytes: int) -> bool:
     return not on_cpu
 
 
-def model_family(settings: WorkerSettings) -> Any:
+def model_family(settings: WorkerSettings) -> ModelFamily:
     """The family module serving `settings.pipeline`; `ModelUnavailable` for a pipeline no family serves."""
-    from ardiff.worker.families import family_for
-
     try:
         return family_for(settings.pipeline)
     except ValueError as exc:
         raise ModelUnavailable(str(exc)) from None
 
 
-def checked_model_dir(model: str, family: Any = None) -> Path:
+def checked_model_dir(model: str, family: ModelFamily | None = None) -> Path:
     """A model directory given by `--model`; `ModelUnavailable` unless it has the family's layout."""
     family = family or model_family(WorkerSettings())
     model_dir = Path(model).expanduser()
@@ -54,7 +53,12 @@ def checked_model_dir(model: str, family: Any = None) -> Path:
 
 
 def build_od_config_kwargs(
-    settings: WorkerSettings, model_dir: Path, *, accelerator: bool, master_port: int, family: Any = None
+    settings: WorkerSettings,
+    model_dir: Path,
+    *,
+    accelerator: bool,
+    master_port: int,
+    family: ModelFamily | None = None,
 ) -> dict[str, Any]:
     """The `OmniDiffusionConfig` of this worker (dtype as a name; the caller converts it to torch's)."""
     family = family or model_family(settings)

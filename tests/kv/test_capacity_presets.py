@@ -230,7 +230,7 @@ def test_weights_are_the_parameter_counts_in_bfloat16() -> None:
 
 
 def test_tiny_preset_is_the_workers_embedded_model() -> None:
-    from ardiff.worker import tiny_model
+    from ardiff.worker.tiny import model as tiny_model
 
     worker_config = {
         **tiny_model.TRANSFORMER_CONFIG,

@@ -4,13 +4,15 @@ The worker serves any pipeline with vllm-omni's AR-diffusion capability (`Suppor
 the runner, the paged KV, admission, order, idempotence, auth and placement are the same for all of them
 (`WorkerService`). A family module says what differs: the tick body and how it is validated, how a tick
 becomes the runner's request (pre-processing), what a chunk gives back (frames, actions), how the answer is
-encoded, the per-session state the session adapter may export, the checkpoint layout and its tiny config.
+encoded, the pipeline's own per-session state in an export (`SessionState`), the checkpoint layout and its
+tiny config. `ModelFamily` is that seam; each family module satisfies it (`family_for` checks, a test too).
 A third family is one more module here, one line in `_families` and its pipelines in
 `ardiff.worker.pipelines` (the pipeline -> family map the operator reads without torch).
 
 Family modules are light: the HTTP layer imports them (for the tick body) before any torch import; whatever
-needs torch or vllm-omni is imported inside the function that needs it. Only the session adapter touches
-private runner or pipeline state; a family calls the adapter's methods for it.
+needs torch or vllm-omni is imported inside the function that needs it (LingBot's session state is its own
+heavy module, `lingbot_state`). Only the session adapter touches the runner's private state; a family reads
+its own pipeline's members (decoders, private keys) through `FamilyAdapter.pipeline`.
 """
 
 from __future__ import annotations
@@ -18,16 +20,57 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
+    import torch
+
     from ardiff.worker.conditioning import Conditioning
     from ardiff.worker.runtime import ChunkOutput, PreparedTick
     from ardiff.worker.session_book import CachedChunk
+    from ardiff.worker.session_export import TensorPart
     from ardiff.worker.settings import WorkerSettings
+
+
+class FamilyAdapter(Protocol):
+    """What a family may ask of the session adapter while it prepares a tick or reads a chunk."""
+
+    @property
+    def frame_size(self) -> tuple[int, int]: ...
+
+    @property
+    def frames_per_tick(self) -> int: ...
+
+    @property
+    def latent_frames_per_tick(self) -> int: ...
+
+    @property
+    def pipeline(self) -> Any: ...
+
+    def pre_process(self, request: Any) -> Any: ...
+
+
+@runtime_checkable
+class SessionState(Protocol):
+    """The pipeline's own per-session state in a session export (contracts §9): the export state's sections
+    beside the runner's KV (`kv_branches`, `cross_attention`, the adapter's), and their tensors."""
+
+    def serves(self, pipeline: Any) -> bool:
+        """Whether this is the pipeline whose session state it knows (else its sessions do not export)."""
+
+    def holds(self, pipeline: Any, session_id: str) -> bool: ...
+
+    def capture(self, pipeline: Any, session_id: str, parts: list[TensorPart]) -> dict[str, Any]:
+        """An idle session's sections (JSON); their tensors appended to `parts`. Read-only."""
+
+    def tensor_names(self, state: dict[str, Any]) -> set[str]:
+        """The tensor names the export's sections may carry (shapes not checked)."""
+
+    def restore(
+        self, pipeline: Any, session_id: str, state: dict[str, Any], tensors: dict[str, torch.Tensor]
+    ) -> None: ...
 
 
 @runtime_checkable
@@ -37,10 +80,10 @@ class ModelFamily(Protocol):
     name: str  # "lingbot", "dreamzero": the session's and the pool's `family`
     pipelines: tuple[str, ...]  # vllm-omni pipeline class names of this family
     embedded_model: str  # the name of its tiny model (`ARDIFF_MODEL`)
-    supports_export: bool  # sessions can be exported (contracts §9); False keeps reset-on-evict
     tick_body: type[BaseModel]  # the HTTP tick's body
     max_body_bytes: int  # the largest tick body the worker reads
     default_dtype: str | None  # None: bfloat16 on an accelerator, float32 on CPU
+    frame_size: tuple[int, int] | None  # the frames' (height, width); None: the pipeline's configured size
 
     def checkpoint_ok(self, model_dir: Path) -> bool: ...
 
@@ -52,6 +95,13 @@ class ModelFamily(Protocol):
 
     def loading(self, model_dir: Path) -> AbstractContextManager[None]: ...
 
+    def check_pipeline(self, pipeline: Any) -> None:
+        """`TypeError` unless the loaded pipeline has what this family's ticks use."""
+
+    def session_state(self) -> SessionState | None:
+        """The pipeline's session state in an export (imported when asked); None: its sessions do not export
+        (they keep reset-on-evict)."""
+
     def parse_tick(self, session_id: str, body: dict[str, Any]) -> Any:
         """The tick's cheap checks (a 400 names the field); run on the event loop, before the order checks."""
 
@@ -59,10 +109,10 @@ class ModelFamily(Protocol):
         """What is dear to read (pictures): run in the worker's decode pool once the tick passed its order
         checks; a 400 names the field."""
 
-    def prepare(self, adapter: Any, tick: Any, conditioning: Conditioning) -> PreparedTick: ...
+    def prepare(self, adapter: FamilyAdapter, tick: Any, conditioning: Conditioning) -> PreparedTick: ...
 
     def chunk_output(
-        self, adapter: Any, session_id: str, output: Any, started: float, prepared: PreparedTick
+        self, adapter: FamilyAdapter, session_id: str, output: Any, started: float, prepared: PreparedTick
     ) -> ChunkOutput: ...
 
     def request_of(self, prepared: PreparedTick) -> Any: ...
@@ -74,24 +124,24 @@ class ModelFamily(Protocol):
     def encode(self, chunk: CachedChunk, media_type: str) -> tuple[bytes, dict[str, str]]: ...
 
 
-def _families() -> dict[str, ModuleType]:
+def _families() -> dict[str, ModelFamily]:
     from ardiff.worker.families import dreamzero, lingbot
 
-    return {module.name: module for module in (lingbot, dreamzero)}
+    return {module.name: cast(ModelFamily, module) for module in (lingbot, dreamzero)}
 
 
 def family_names() -> tuple[str, ...]:
     return tuple(_families())
 
 
-def family_named(name: str) -> Any:
+def family_named(name: str) -> ModelFamily:
     families = _families()
     if name not in families:
         raise ValueError(f"model family must be one of {sorted(families)}, got {name!r}")
     return families[name]
 
 
-def family_for(pipeline: str) -> Any:
+def family_for(pipeline: str) -> ModelFamily:
     """The family module serving the pipeline class `pipeline`; ValueError names the known ones."""
     for module in _families().values():
         if pipeline in module.pipelines:

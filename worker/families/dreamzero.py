@@ -21,7 +21,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,10 +34,12 @@ from ardiff.worker.pipelines import pipelines_of
 from ardiff.worker.runtime import ChunkOutput, PreparedTick
 from ardiff.worker.session_book import CachedChunk
 
+if TYPE_CHECKING:
+    from ardiff.worker.families import FamilyAdapter
+
 name = "dreamzero"
 pipelines = pipelines_of(name)  # worker/pipelines.py: the operator reads it too
 embedded_model = "tiny-dreamzero"
-supports_export = False
 tick_body = RobotTickBody
 max_body_bytes = 4 << 20  # three raw 180x320 cameras in base64 are ~0.7 MB
 default_dtype = "bfloat16"  # the pipeline casts to bfloat16 throughout; CPU runs it in bfloat16 too
@@ -53,6 +55,7 @@ POLICY_SERVER_CONFIG: dict[str, Any] = {
 }
 # The stitched canvas of three 176x320 views (roboarena/DROID transform): the predicted frames' size.
 FRAME_SIZE = (352, 640)
+frame_size = FRAME_SIZE
 MAX_FRAMES_PER_CAMERA = 4  # DreamZero keeps the last 4 stitched frames
 MIN_SIDE, MAX_SIDE = 32, 1024
 RAW = OCTET_STREAM
@@ -60,19 +63,19 @@ RAW = OCTET_STREAM
 
 def checkpoint_ok(model_dir: Path) -> bool:
     """DreamZero's layout: a root `config.json` with `action_head_cfg` (+ `action_head.*` safetensors)."""
-    from ardiff.worker.tiny_dreamzero import is_dreamzero_checkpoint
+    from ardiff.worker.tiny.dreamzero import is_dreamzero_checkpoint
 
     return is_dreamzero_checkpoint(model_dir)
 
 
 def ensure_tiny_model(cache_dir: str | Path, *, seed: int = 0) -> Path:
-    from ardiff.worker.tiny_dreamzero import ensure_tiny_dreamzero
+    from ardiff.worker.tiny.dreamzero import ensure_tiny_dreamzero
 
     return ensure_tiny_dreamzero(cache_dir, seed=seed)
 
 
 def write_tiny_model(directory: str | Path, *, seed: int = 0) -> Path:
-    from ardiff.worker.tiny_dreamzero import write_tiny_dreamzero
+    from ardiff.worker.tiny.dreamzero import write_tiny_dreamzero
 
     return write_tiny_dreamzero(directory, seed=seed)
 
@@ -80,7 +83,7 @@ def write_tiny_model(directory: str | Path, *, seed: int = 0) -> Path:
 def od_config_extras(settings: Any, model_dir: Path) -> dict[str, Any]:
     """The tokenizer from the checkpoint when it ships one; the robot transform and the openpi handshake;
     a tiny checkpoint's inference settings (fewer denoising steps)."""
-    from ardiff.worker.tiny_dreamzero import tiny_settings
+    from ardiff.worker.tiny.dreamzero import tiny_settings
 
     model_config: dict[str, Any] = {
         "default_robot_embodiment": EMBODIMENT,
@@ -98,10 +101,19 @@ def od_config_extras(settings: Any, model_dir: Path) -> dict[str, Any]:
 @contextlib.contextmanager
 def loading(model_dir: Path) -> Iterator[None]:
     """While the pipeline is built: a tiny checkpoint's encoders take its tiny sizes."""
-    from ardiff.worker.tiny_dreamzero import tiny_encoders
+    from ardiff.worker.tiny.dreamzero import tiny_encoders
 
     with tiny_encoders(model_dir):
         yield
+
+
+def check_pipeline(pipeline: Any) -> None:
+    """Nothing to check: DreamZero's pipeline decodes a chunk's predicted frames with its own VAE."""
+
+
+def session_state() -> None:
+    """DreamZero's sessions do not export: an evicted session starts over (reset-on-evict)."""
+    return None
 
 
 # ------------------------------------------------------------------------------------------ ticks
@@ -244,7 +256,7 @@ class RunnerTick:
     return_frames: bool
 
 
-def prepare(adapter: Any, tick: RobotTick, conditioning: Conditioning) -> PreparedTick:
+def prepare(adapter: FamilyAdapter, tick: RobotTick, conditioning: Conditioning) -> PreparedTick:
     """The engine request: the runner's tick plus `session_id` and `robot_obs` in the extra args."""
     from vllm_omni.diffusion.request import OmniDiffusionRequest
     from vllm_omni.inputs.data import OmniDiffusionSamplingParams
@@ -272,12 +284,12 @@ def request_of(prepared: PreparedTick) -> Any:
 
 
 def chunk_output(
-    adapter: Any, session_id: str, output: Any, started: float, prepared: PreparedTick
+    adapter: FamilyAdapter, session_id: str, output: Any, started: float, prepared: PreparedTick
 ) -> ChunkOutput:
     actions = np.ascontiguousarray(np.asarray(output.output["actions"], dtype=np.float32))
     forwarded = time.perf_counter()
     if prepared.request.return_frames:
-        frames = adapter.decode_predicted_frames(output.output["video"])
+        frames = _predicted_frames(adapter.pipeline, output.output["video"])
     else:
         frames = np.zeros((0, *FRAME_SIZE, 3), dtype=np.uint8)
     decoded = time.perf_counter()
@@ -289,6 +301,15 @@ def chunk_output(
         latents=output.output["video"],
         actions=actions,
     )
+
+
+def _predicted_frames(pipeline: Any, video: Any) -> np.ndarray:
+    """A chunk's predicted latents `(B, C, T, h, w)` decoded by the pipeline's VAE to uint8 `(T, H, W, 3)`."""
+    import torch
+
+    pixels = pipeline.decode_video_latents(video)  # (B, 3, T, H, W) in [-1, 1]
+    frames = ((pixels[0].float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return np.ascontiguousarray(frames.permute(1, 2, 3, 0).cpu().numpy())
 
 
 def choose_media_type(accept: str | None) -> str:

@@ -12,7 +12,7 @@ import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,13 +26,16 @@ from ardiff.worker.pipelines import pipelines_of
 from ardiff.worker.runtime import ChunkOutput, PreparedTick
 from ardiff.worker.session_book import CachedChunk
 
+if TYPE_CHECKING:
+    from ardiff.worker.families import FamilyAdapter, SessionState
+
 name = "lingbot"
 pipelines = pipelines_of(name)  # worker/pipelines.py: the operator reads it too
 embedded_model = "tiny-lingbot-world"
-supports_export = True
 tick_body = TickBody
 max_body_bytes = 1 << 20  # a tick is a few hundred bytes (a camera trajectory a few KB)
 default_dtype = None
+frame_size = None  # the pipeline's configured height and width
 
 
 def checkpoint_ok(model_dir: Path) -> bool:
@@ -41,13 +44,13 @@ def checkpoint_ok(model_dir: Path) -> bool:
 
 
 def ensure_tiny_model(cache_dir: str | Path, *, seed: int = 0) -> Path:
-    from ardiff.worker.tiny_model import ensure_tiny_model as ensure
+    from ardiff.worker.tiny.model import ensure_tiny_model as ensure
 
     return ensure(cache_dir, seed=seed)
 
 
 def write_tiny_model(directory: str | Path, *, seed: int = 0) -> Path:
-    from ardiff.worker.tiny_model import write_tiny_model as write
+    from ardiff.worker.tiny.model import write_tiny_model as write
 
     return write(directory, seed=seed)
 
@@ -59,10 +62,23 @@ def od_config_extras(settings: Any, model_dir: Path) -> dict[str, Any]:
 @contextlib.contextmanager
 def loading(model_dir: Path) -> Iterator[None]:
     """While the pipeline is built: a checkpoint marked tiny is built by the real DiT class (any device)."""
-    from ardiff.worker.tiny_model import install_tiny_transformer_factory
+    from ardiff.worker.tiny.model import install_tiny_transformer_factory
 
     install_tiny_transformer_factory()
     yield
+
+
+def check_pipeline(pipeline: Any) -> None:
+    """A LingBot pipeline decodes each session's chunks with its own streaming VAE decoder."""
+    if not callable(getattr(pipeline, "_decode_chunk_to_pixels", None)):
+        raise TypeError(f"{type(pipeline).__name__} has no per-session streaming decoder")
+
+
+def session_state() -> SessionState:
+    """LingBot-World's sessions export (contracts §9): `_ar_sessions` and the streaming decoder's cache."""
+    from ardiff.worker.families import lingbot_state
+
+    return lingbot_state
 
 
 def parse_tick(session_id: str, body: dict[str, Any]) -> Any:
@@ -86,7 +102,7 @@ class RunnerTick:
     close_after: bool
 
 
-def prepare(adapter: Any, tick: Any, conditioning: Conditioning) -> PreparedTick:
+def prepare(adapter: FamilyAdapter, tick: Any, conditioning: Conditioning) -> PreparedTick:
     """The engine request of a tick, through LingBot's own pre-process; `InvalidTick` names the field."""
     from vllm_omni.diffusion.request import OmniDiffusionRequest
     from vllm_omni.inputs.data import OmniDiffusionSamplingParams
@@ -117,18 +133,20 @@ def prepare(adapter: Any, tick: Any, conditioning: Conditioning) -> PreparedTick
     return PreparedTick(tick.session_id, RunnerTick(request, close_after=tick.close_session))
 
 
-def _check_camera_geometry(adapter: Any, request: Any) -> None:
+def _check_camera_geometry(adapter: FamilyAdapter, request: Any) -> None:
     """What LingBot checks only inside its forward: a trajectory covers the tick's frames and yields a valid
     camera embedding. Run here with the pipeline's own camera functions, so a malformed control is a 400 and
-    never fails a forward (which would close the session)."""
+    never fails a forward (which would close the session). The trajectory is the one LingBot's pre-process
+    left in the request's extra args (under a private key)."""
     import torch
     from vllm_omni.diffusion.models.lingbot_world.camera import (
         CameraTrajectory,
         build_plucker_embedding,
         interpolate_camera_trajectory,
     )
+    from vllm_omni.diffusion.models.lingbot_world.pipeline import _PREPROCESSED_CAMERA_KEY
 
-    trajectory = adapter.lingbot_camera_trajectory(request)
+    trajectory = request.sampling_params.extra_args.get(_PREPROCESSED_CAMERA_KEY)
     if trajectory is None:
         return
     frames, needed = int(trajectory.poses.shape[0]), adapter.frames_per_tick
@@ -148,13 +166,14 @@ def _check_camera_geometry(adapter: Any, request: Any) -> None:
 
 
 def chunk_output(
-    adapter: Any, session_id: str, output: Any, started: float, prepared: PreparedTick
+    adapter: FamilyAdapter, session_id: str, output: Any, started: float, prepared: PreparedTick
 ) -> ChunkOutput:
-    """The chunk's latents decoded by the session's streaming decoder (on the forward thread)."""
+    """The chunk's latents decoded by the session's own streaming VAE decoder (the pipeline's
+    `_decode_chunk_to_pixels`: uint8 F,H,W,3), on the forward thread."""
     latents = output.output["payload"]["latents"]
     metadata = dict(output.output["metadata"]["ar_diffusion"])
     forwarded = time.perf_counter()
-    frames = adapter.decode_streaming_chunk(latents, session_id)
+    frames = adapter.pipeline._decode_chunk_to_pixels(latents, session_id=session_id)
     decoded = time.perf_counter()
     return ChunkOutput(
         frames=np.ascontiguousarray(frames),

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ardiff.worker.tiny_model import ensure_generated, write_atomically, write_json
+from ardiff.worker.tiny.model import ensure_generated, write_atomically, write_json
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ def _checkpoint_tensors(staging: Path, vae: Any, seed: int) -> dict[str, Any]:
     from vllm_omni.diffusion.models.dreamzero.image_encoder import DreamZeroImageEncoder
     from vllm_omni.diffusion.models.dreamzero.pipeline_dreamzero import DreamZeroPipeline
 
-    from ardiff.worker.tiny_model import _single_rank_world
+    from ardiff.worker.tiny.model import _single_rank_world
 
     generator = torch.Generator().manual_seed(seed + 2)
     state: dict[str, torch.Tensor] = {}

@@ -30,11 +30,8 @@ Reference recipe and its limits: shared/reference/tiny-world/README.md.
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import shutil
-import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -43,356 +40,29 @@ from typing import Any
 
 import numpy as np
 
-from ardiff.worker import tiny_world as world
-
-VAE_CONFIG: dict[str, Any] = {
-    "base_dim": 8,
-    "z_dim": 16,
-    "dim_mult": [1, 2, 4, 4],
-    "num_res_blocks": 1,
-    "attn_scales": [],
-    "temperal_downsample": [False, True, True],
-    "dropout": 0.0,
-}
-N_CHUNKS = 4
-SAVE_EVERY_SECONDS = 180.0
-# In OUT_DIR/model: which sessions the model was trained on (the data options of the directory's last run;
-# they include every earlier run's sessions when only --long-turns grew: `training_actions` draws them first).
-TRAINING_RECORD = "training.json"
+from ardiff.worker.tiny import training, world
+from ardiff.worker.tiny.training import SAVE_EVERY_SECONDS, Progress
+from ardiff.worker.tiny.world_data import (
+    N_CHUNKS,
+    chunk_actions,
+    make_dataset,
+    turning_frames,
+    write_training_record,
+)
+from ardiff.worker.tiny.world_vae import train_decoder, train_vae
 
 
 def transformer_config() -> dict[str, Any]:
     """The trained world's DiT: the tiny config with a wider feed-forward. Its KV geometry (layers, heads,
     head size, sink, window) stays the tiny one's, so the `tiny-lingbot-64x64` capacity preset plans it."""
-    from ardiff.worker.tiny_model import TRANSFORMER_CONFIG
+    from ardiff.worker.tiny.model import TRANSFORMER_CONFIG
 
     return {**TRANSFORMER_CONFIG, "ffn_dim": 512}
 
 
-class Progress:
-    """One line per update: stage, step, elapsed/budget, ETA, and the latest figures."""
-
-    def __init__(self, stage: str, budget_s: float, elapsed_s: float) -> None:
-        self.stage, self.budget, self.start = stage, budget_s, time.monotonic() - elapsed_s
-        self.tty = sys.stderr.isatty()
-        self.last = 0.0
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-    def update(self, step: int, text: str, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self.last < (1.0 if self.tty else 30.0):
-            return
-        self.last = now
-        done = min(1.0, self.elapsed() / self.budget) if self.budget > 0 else 1.0
-        bar = "#" * int(24 * done) + "-" * (24 - int(24 * done))
-        eta = max(0.0, self.budget - self.elapsed())
-        line = (
-            f"[{self.stage}] |{bar}| {100 * done:5.1f}% step {step} "
-            f"{_clock(self.elapsed())}/{_clock(self.budget)} ETA {_clock(eta)} {text}"
-        )
-        print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.tty:
-            print(file=sys.stderr, flush=True)
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-def _cosine(base: float, fraction: float, step: int, warmup: int = 30) -> float:
-    return (
-        base
-        * min(1.0, (step + 1) / warmup)
-        * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, fraction))))
-    )
-
-
-def _load_state(out: Path) -> dict[str, Any]:
-    path = out / "state.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def _save_state(out: Path, state: dict[str, Any]) -> None:
-    tmp = out / "state.json.tmp"
-    tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
-    tmp.replace(out / "state.json")
-
-
-def _atomic_torch_save(value: Any, path: Path) -> None:
-    import torch
-
-    tmp = path.with_suffix(".tmp")
-    torch.save(value, tmp)
-    tmp.replace(path)
-
-
-# -- data ---------------------------------------------------------------------------------------------------
-
-
-def training_actions(sessions: int, seed: int, long_turns: int = 0) -> list[world.Actions]:
-    """The training sessions' keys: `sessions` of random held-key turning (`world.sample_actions`), then
-    `long_turns` of long turning (`world.sample_long_turns`, from their own stream of the same seed). A
-    session that holds `j` or `l` throughout is skipped (the next one drawn instead): those are the quality
-    benchmark's held-out hold-`j`/hold-`l` cases, which training must not contain."""
-    held = [world.held_actions(key, N_CHUNKS) for key in ("j", "l")]
-    out: list[world.Actions] = []
-    streams = (
-        (sessions, np.random.default_rng(seed), world.sample_actions),
-        (long_turns, np.random.default_rng([seed, 1]), world.sample_long_turns),
-    )
-    for count, rng, sample in streams:
-        drawn: list[world.Actions] = []
-        while len(drawn) < count:
-            chunks = sample(rng, N_CHUNKS)
-            if chunks not in held:
-                drawn.append(chunks)
-        out.extend(drawn)
-    return out
-
-
-def write_training_record(model_dir: Path, *, sessions: int, seed: int, long_turns: int) -> None:
-    """MODEL_DIR/training.json: the options `training_actions` drew the training sessions with, so a quality
-    benchmark can keep its held-out cases out of them (`trained_on`)."""
-    record = {"sessions": sessions, "seed": seed, "long_turns": long_turns}
-    (model_dir / TRAINING_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-
-
-def trained_on(model_dir: Path) -> list[world.Actions] | None:
-    """The sessions a model directory was trained on, from its training record; None without one."""
-    path = model_dir / TRAINING_RECORD
-    if not path.is_file():
-        return None
-    record = json.loads(path.read_text())
-    return training_actions(record["sessions"], record["seed"], record["long_turns"])
-
-
-def make_dataset(out: Path, sessions: int, seed: int, long_turns: int = 0) -> dict[str, np.ndarray]:
-    """Rendered sessions (uint8 frames) and their actions (`training_actions`), cached in OUT_DIR/data.npz."""
-    path = out / "data.npz"
-    if path.is_file():
-        data = np.load(path, allow_pickle=False)
-        if len(data["actions"]) != sessions + long_turns:
-            raise SystemExit(
-                f"{path} holds {len(data['actions'])} sessions, not --sessions + --long-turns = "
-                f"{sessions + long_turns}: use a new directory (or the options it was made with)"
-            )
-        return {"clips": data["clips"], "actions": data["actions"]}
-    cache: dict[float, np.ndarray] = {}
-    clips, actions = [], []
-    for chunks in training_actions(sessions, seed, long_turns):
-        yaws = world.frame_yaws(world.latent_yaws(chunks))
-        frames = []
-        for yaw in yaws:
-            key = round(float(yaw), 9)
-            if key not in cache:
-                cache[key] = world.render(yaw)
-            frames.append(cache[key])
-        clips.append(np.stack(frames))
-        actions.append([["".join(keys) for keys in frames_] for frames_ in chunks])
-    data = {"clips": np.stack(clips), "actions": np.asarray(actions, dtype="<U2")}
-    np.savez(out / "data.tmp.npz", **data)
-    (out / "data.tmp.npz").replace(path)
-    return data
-
-
-def chunk_actions(row: np.ndarray) -> list[list[list[str]]]:
-    return [[list(keys) for keys in chunk] for chunk in row]
-
-
-def turning_frames(actions: np.ndarray) -> np.ndarray:
-    """(sessions, chunks, 3) key strings -> (sessions, latent frames) 1.0 where the camera turns into that
-    latent frame (its keys are `j` or `l`: LingBot's yaw moves from the previous latent frame), else 0.0."""
-    return (actions != "").reshape(len(actions), -1).astype(np.float64)
-
-
-# -- stage 1: VAE -------------------------------------------------------------------------------------------
-
-
-def train_vae(out: Path, clips: np.ndarray, minutes: float, *, batch: int = 4, lr: float = 2e-3) -> Path:
-    import torch
-    from diffusers import AutoencoderKLWan
-
-    vae_dir = out / "vae"
-    state = _load_state(out)
-    if state.get("vae_done"):
-        return vae_dir
-    torch.manual_seed(0)
-    vae = AutoencoderKLWan(**VAE_CONFIG)
-    opt = torch.optim.AdamW(vae.parameters(), lr, weight_decay=0.0)
-    ckpt = out / "vae_train.pt"
-    step, elapsed = 0, 0.0
-    rng = np.random.default_rng(0)
-    if ckpt.is_file():
-        saved = torch.load(ckpt, weights_only=False)
-        vae.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["opt"])
-        step, elapsed, rng = saved["step"], saved["elapsed"], saved["rng"]
-    budget = minutes * 60
-    progress = Progress("vae", budget, elapsed)
-    n, length = clips.shape[:2]
-    span = 5
-    hist: list[float] = []
-    last_save = time.monotonic()
-
-    def save() -> None:
-        _atomic_torch_save(
-            {
-                "model": vae.state_dict(),
-                "opt": opt.state_dict(),
-                "step": step,
-                "elapsed": progress.elapsed(),
-                "rng": rng,
-            },
-            ckpt,
-        )
-
-    vae.train()
-    while progress.elapsed() < budget:
-        lr_now = _cosine(lr, progress.elapsed() / budget, step)
-        for group in opt.param_groups:
-            group["lr"] = lr_now
-        idx = rng.integers(0, n, batch)
-        # Windows start on a latent boundary (frame 0 or 1 + 4k), as the pipeline's causal encoder sees them.
-        starts = 1 + 4 * rng.integers(0, (length - 1 - span) // 4 + 1, batch)
-        starts = np.where(rng.random(batch) < 0.3, 0, starts)
-        x = _to_tensor(np.stack([clips[i, s : s + span] for i, s in zip(idx, starts, strict=True)]))
-        mu = vae.encode(x).latent_dist.mode()
-        z = mu + 0.1 * mu.detach().std() * torch.randn_like(mu)
-        y = vae.decode(z).sample
-        loss = (y - x).abs().mean() + ((y - x) ** 2).mean() + 1e-4 * (mu**2).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
-        opt.step()
-        step += 1
-        hist.append(loss.item())
-        progress.update(step, f"loss={np.mean(hist[-25:]):.4f} lr={lr_now:.1e}")
-        if time.monotonic() - last_save > SAVE_EVERY_SECONDS:
-            save()
-            last_save = time.monotonic()
-    progress.update(step, f"loss={np.mean(hist[-25:]) if hist else float('nan'):.4f}", force=True)
-    progress.close()
-    save()
-    vae.eval()
-    with torch.no_grad():
-        mus = [vae.encode(_to_tensor(clips[rng.integers(0, n, 4), :9])).latent_dist.mode() for _ in range(8)]
-        flat = torch.cat(mus).permute(1, 0, 2, 3, 4).reshape(16, -1)
-        mean, std = flat.mean(1), flat.std(1)
-        x = _to_tensor(clips[:4, :9])
-        y = vae.decode(vae.encode(x).latent_dist.mode()).sample.clamp(-1, 1)
-        psnr = 10 * math.log10(4 / float(((y - x) ** 2).mean()))
-    vae.register_to_config(latents_mean=mean.tolist(), latents_std=std.tolist())
-    if vae_dir.exists():
-        shutil.rmtree(vae_dir)
-    vae.save_pretrained(vae_dir, safe_serialization=True)
-    print(f"vae: {step} steps, 9-frame reconstruction PSNR {psnr:.2f} dB -> {vae_dir}", flush=True)
-    state = _load_state(out)
-    state.update(vae_done=True, vae_steps=step, vae_psnr=round(psnr, 2))
-    _save_state(out, state)
-    return vae_dir
-
-
-def train_decoder(out: Path, clips: np.ndarray, minutes: float, *, batch: int = 3, lr: float = 1e-3) -> Path:
-    """Fine-tune only the VAE's decoder (encoder frozen: the latent space and the DiT's targets stay), on
-    sessions' first 9 or 21 frames as the pipeline decodes them; it can run beside the DiT stage. Saves into
-    OUT_DIR/model/vae (every few minutes and at the end) and OUT_DIR/dec_train.pt (to resume)."""
-    import torch
-    from diffusers import AutoencoderKLWan
-
-    vae_dir = out / "model" / "vae"
-    vae = AutoencoderKLWan.from_pretrained(out / "vae")
-    params = list(vae.decoder.parameters()) + list(vae.post_quant_conv.parameters())
-    for p in vae.parameters():
-        p.requires_grad_(False)
-    for p in params:
-        p.requires_grad_(True)
-    opt = torch.optim.AdamW(params, lr)
-    ckpt = out / "dec_train.pt"
-    step, elapsed, rng = 0, 0.0, np.random.default_rng(2)
-    torch.manual_seed(2)
-    if ckpt.is_file():
-        saved = torch.load(ckpt, weights_only=False)
-        vae.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["opt"])
-        step, elapsed, rng = saved["step"], saved["elapsed"], saved["rng"]
-    budget = minutes * 60
-    progress = Progress("decoder", budget, elapsed)
-    n = len(clips)
-    hist: list[float] = []
-    last_save = time.monotonic()
-
-    def save() -> None:
-        _atomic_torch_save(
-            {
-                "model": vae.state_dict(),
-                "opt": opt.state_dict(),
-                "step": step,
-                "elapsed": progress.elapsed(),
-                "rng": rng,
-            },
-            ckpt,
-        )
-        staging = out / "vae.dec-staging"
-        shutil.rmtree(staging, ignore_errors=True)
-        vae.save_pretrained(staging, safe_serialization=True)
-        for item in staging.iterdir():
-            item.replace(vae_dir / item.name)
-        shutil.rmtree(staging, ignore_errors=True)
-
-    vae.train()
-    while progress.elapsed() < budget:
-        lr_now = _cosine(lr, progress.elapsed() / budget, step)
-        for group in opt.param_groups:
-            group["lr"] = lr_now
-        idx = rng.integers(0, n, batch)
-        # From the session's first frame, as the pipeline's streaming decoder sees the latents: chunk 0 alone
-        # (9 frames) or chunks 0-1 (21 frames, the decoder's causal cache carried into a later chunk).
-        span = 9 if step % 2 else 21
-        x = _to_tensor(clips[idx, :span])
-        with torch.no_grad():
-            mu = vae.encode(x).latent_dist.mode()
-        z = mu + 0.1 * mu.std() * torch.randn_like(mu)
-        y = vae.decode(z).sample
-        loss = (y - x).abs().mean() + ((y - x) ** 2).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        step += 1
-        hist.append(loss.item())
-        progress.update(step, f"loss={np.mean(hist[-25:]):.4f} lr={lr_now:.1e}")
-        if time.monotonic() - last_save > SAVE_EVERY_SECONDS:
-            save()
-            last_save = time.monotonic()
-    progress.close()
-    save()
-    vae.eval()
-    with torch.no_grad():
-        x = _to_tensor(clips[:4, :9])
-        y = vae.decode(vae.encode(x).latent_dist.mode()).sample.clamp(-1, 1)
-        psnr = 10 * math.log10(4 / float(((y - x) ** 2).mean()))
-    print(f"decoder: {step} steps, 9-frame reconstruction PSNR {psnr:.2f} dB -> {vae_dir}", flush=True)
-    return vae_dir
-
-
-def _to_tensor(frames: np.ndarray) -> Any:
-    """uint8 (B, T, H, W, 3) -> float (B, 3, T, H, W) in [-1, 1]."""
-    import torch
-
-    return torch.from_numpy(frames).float().div(127.5).sub(1).permute(0, 4, 1, 2, 3).contiguous()
-
-
-# -- stage 2: DiT -------------------------------------------------------------------------------------------
-
-
 def build_model_dir(out: Path, vae_dir: Path) -> Path:
     """OUT_DIR/model: the tiny tokenizer, text encoder and scheduler, the trained VAE, a fresh DiT."""
-    from ardiff.worker import tiny_model
+    from ardiff.worker.tiny import model as tiny_model
 
     model = out / "model"
     if (model / "model_index.json").is_file():
@@ -470,7 +140,7 @@ def train_dit(
 
     @torch.no_grad()
     def prep(ids: list[int]) -> tuple[Any, Any, Any]:
-        clip = _to_tensor(clips[ids])
+        clip = training.to_tensor(clips[ids])
         mu = pipe.vae.encode(clip).latent_dist.mode()
         mean, std = pipe._vae_latent_stats(mu)
         latents = (mu - mean) / std
@@ -525,7 +195,7 @@ def train_dit(
         t0 = time.monotonic()
         parts = [prep(list(range(s, min(n, s + 16)))) for s in range(0, n, 16)]
         lat_all, cond_all, cam_all = (torch.cat(p) for p in zip(*parts, strict=True))
-        _atomic_torch_save((lat_all, cond_all, cam_all), cache_path)
+        training.atomic_torch_save((lat_all, cond_all, cam_all), cache_path)
         print(
             f"dit: prepared {n} sessions in {time.monotonic() - t0:.0f}s: latents {tuple(lat_all.shape)} "
             f"std {float(lat_all.std()):.3f}, conditions {tuple(cond_all.shape)}, "
@@ -623,7 +293,7 @@ def train_dit(
     last_save = time.monotonic()
 
     def save() -> None:
-        _atomic_torch_save(
+        training.atomic_torch_save(
             {
                 "model": tr.state_dict(),
                 "opt": opt.state_dict(),
@@ -635,15 +305,15 @@ def train_dit(
             ckpt,
         )
         export_transformer(tr, weights)
-        state = _load_state(out)
+        state = training.load_state(out)
         prefix = stage.replace("-", "_")
         state.update({f"{prefix}_steps": step, f"{prefix}_seconds": round(progress.elapsed())})
-        _save_state(out, state)
+        training.save_state(out, state)
 
     context = set_forward_context(vllm_config=worker.vllm_config, omni_diffusion_config=od_config)
     with context:
         while progress.elapsed() < budget:
-            lr_now = _cosine(lr, progress.elapsed() / budget, step)
+            lr_now = training.cosine(lr, progress.elapsed() / budget, step)
             for group in opt.param_groups:
                 group["lr"] = lr_now
             own_context = self_forcing > 0 and rng.random() < self_forcing
@@ -667,7 +337,7 @@ def train_dit(
     progress.update(step, "done", force=True)
     progress.close()
     save()
-    print(f"{stage}: {step} steps in {_clock(progress.elapsed())} -> {model_dir}", flush=True)
+    print(f"{stage}: {step} steps in {training.clock(progress.elapsed())} -> {model_dir}", flush=True)
     worker.shutdown()
     return model_dir
 
