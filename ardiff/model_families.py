@@ -1,7 +1,7 @@
 """Which model family serves a pipeline class: the model knowledge the operator and the worker share, in plain
 Python with no imports.
 
-The worker's family modules (`ardiff.worker.families`, through `worker/pipelines.py`) take their `pipelines`
+The worker's family modules (`ardiff.worker.families`) take their `pipelines`
 from here, and the operator reads it (`operator/specs.py`) to know a pool's family from its `model.pipeline`
 (a session names its `family`; the operator fails one whose family differs from its pool's). It is part of
 the shared base so that the operator depends on no module of the worker; the operator image has no torch,

@@ -84,7 +84,7 @@ class ModelSpec:
 
     @property
     def family(self) -> str | None:
-        """The model family serving the pipeline (`ardiff.worker.pipelines`), None when none does."""
+        """The model family serving the pipeline (`ardiff.model_families`), None when none does."""
         return family_of(self.pipeline)
 
     @classmethod

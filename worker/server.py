@@ -46,8 +46,8 @@ CERTIFICATE_CHECK_SECONDS = 5.0
 def load_runtime(settings: WorkerSettings) -> SessionRuntime:
     """The runtime `settings` asks for. The vllm path imports torch and vllm-omni; the fake one never."""
     if settings.runtime == "fake":
+        from ardiff.model_families import DEFAULT_FAMILY, family_of
         from ardiff.worker.fake_runtime import FakeRuntime
-        from ardiff.worker.pipelines import DEFAULT_FAMILY, family_of
 
         return FakeRuntime(
             height=settings.height,

@@ -7,7 +7,7 @@ becomes the runner's request (pre-processing), what a chunk gives back (frames, 
 encoded, the pipeline's own per-session state in an export (`SessionState`), the checkpoint layout and its
 tiny config. `ModelFamily` is that seam; each family module satisfies it (`family_for` checks, a test too).
 A third family is one more module here, one line in `_families` and its pipelines in
-`ardiff.worker.pipelines` (the pipeline -> family map the operator reads without torch).
+`ardiff.model_families` (the pipeline -> family map the operator reads without torch).
 
 Family modules are light: the HTTP layer imports them (for the tick body) before any torch import; whatever
 needs torch or vllm-omni is imported inside the function that needs it (LingBot's session state is its own

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ardiff.model_families import pipelines_of
 from ardiff.wire import JSON, OCTET_STREAM, parse_accept
 from ardiff.worker import tick_rules
 from ardiff.worker.conditioning import Conditioning
 from ardiff.worker.errors import InvalidTick
 from ardiff.worker.messages import CAMERAS, RobotTickBody
-from ardiff.worker.pipelines import pipelines_of
 from ardiff.worker.runtime import ChunkOutput, PreparedTick
 from ardiff.worker.session_book import CachedChunk
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ardiff.worker.families import FamilyAdapter
 
 name = "dreamzero"
-pipelines = pipelines_of(name)  # worker/pipelines.py: the operator reads it too
+pipelines = pipelines_of(name)  # ardiff/model_families.py: the operator reads it too
 embedded_model = "tiny-dreamzero"
 tick_body = RobotTickBody
 max_body_bytes = 4 << 20  # three raw 180x320 cameras in base64 are ~0.7 MB

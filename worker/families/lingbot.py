@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ardiff.model_families import pipelines_of
 from ardiff.worker import tick_rules
 from ardiff.worker.conditioning import Conditioning, conditioning_image
 from ardiff.worker.encoding import RAW, encode_frames
 from ardiff.worker.encoding import choose_media_type as _choose_media_type
 from ardiff.worker.errors import InvalidTick
 from ardiff.worker.messages import TickBody
-from ardiff.worker.pipelines import pipelines_of
 from ardiff.worker.runtime import ChunkOutput, PreparedTick
 from ardiff.worker.session_book import CachedChunk
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ardiff.worker.families import FamilyAdapter, SessionState
 
 name = "lingbot"
-pipelines = pipelines_of(name)  # worker/pipelines.py: the operator reads it too
+pipelines = pipelines_of(name)  # ardiff/model_families.py: the operator reads it too
 embedded_model = "tiny-lingbot-world"
 tick_body = TickBody
 max_body_bytes = 1 << 20  # a tick is a few hundred bytes (a camera trajectory a few KB)
