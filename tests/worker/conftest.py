@@ -256,20 +256,24 @@ def session_spec() -> Callable[..., SessionSpec]:
 TRANSFER_TOKEN = "pool-transfer-secret"  # the pool's worker-to-worker token in the continuity tests
 
 
+FAKE_POD_DEFAULTS: dict[str, Any] = {
+    "fake_capacity": 2,
+    "lease_seconds": 5,
+    "heartbeat_seconds": 0.5,
+    "transfer_token": TRANSFER_TOKEN,
+}
+
+
 def launch_fake_pod(launch_worker: LaunchWorker, redis_url: str, pool: PoolId, pod: str, **settings: Any):
-    """A fake-runtime worker of `pool` (two slots, a 5 s lease, the pool's transfer token `TRANSFER_TOKEN`):
-    the pods of the continuity tests, which add their tiers."""
+    """A fake-runtime worker of `pool` named `pod`: `FAKE_POD_DEFAULTS` (two slots, a 5 s lease, the pool's
+    transfer token) unless `settings` say otherwise, e.g. the continuity tests' tiers."""
     return launch_worker(
         runtime="fake",
         redis_url=redis_url,
         namespace=pool.namespace,
         pool=pool.name,
         pod_name=pod,
-        fake_capacity=2,
-        lease_seconds=5,
-        heartbeat_seconds=0.5,
-        transfer_token=TRANSFER_TOKEN,
-        **settings,
+        **{**FAKE_POD_DEFAULTS, **settings},
     )
 
 

@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from ardiff.kv.records import PoolId, SessionState
+from tests.worker.conftest import launch_fake_pod
 from tests.worker.test_continuity import frames_of
 from tests.worker.test_http_contract import error_of
 
@@ -20,16 +21,7 @@ POD, ELSEWHERE = "books-0", "books-elsewhere"
 
 @pytest.fixture(scope="module")
 def worker(launch_worker, redis_url):
-    process = launch_worker(
-        runtime="fake",
-        redis_url=redis_url,
-        namespace=POOL.namespace,
-        pool=POOL.name,
-        pod_name=POD,
-        fake_capacity=2,
-        lease_seconds=5,
-        heartbeat_seconds=0.5,
-    )
+    process = launch_fake_pod(launch_worker, redis_url, POOL, POD)
     yield process
     process.stop()
 

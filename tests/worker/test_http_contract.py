@@ -21,7 +21,7 @@ from ardiff.kv.records import PoolId, SessionState
 from ardiff.worker.conditioning import Conditioning, seed_image
 from ardiff.worker.fake_runtime import fake_frames
 from ardiff.worker.tick_rules import parse_tick
-from tests.worker.conftest import CAMERA, TRANSFER_TOKEN
+from tests.worker.conftest import CAMERA, TRANSFER_TOKEN, launch_fake_pod
 
 POOL = PoolId("default", f"wk-contract-{uuid.uuid4().hex[:6]}")
 POD = "fake-worker-0"
@@ -31,18 +31,15 @@ FAKE_TICK_SECONDS = 0.3  # long enough for two requests to overlap
 
 @pytest.fixture(scope="module")
 def worker(launch_worker, redis_url):
-    process = launch_worker(
-        runtime="fake",
-        redis_url=redis_url,
-        namespace=POOL.namespace,
-        pool=POOL.name,
-        pod_name=POD,
+    # (The pool's transfer token: the listing names sessions only to it.)
+    process = launch_fake_pod(
+        launch_worker,
+        redis_url,
+        POOL,
+        POD,
         fake_capacity=3,
         fake_tick_seconds=FAKE_TICK_SECONDS,
-        lease_seconds=5,
-        heartbeat_seconds=0.5,
         test_faults=1,
-        transfer_token=TRANSFER_TOKEN,  # the listing names sessions only to it
     )
     yield process
     process.stop()

@@ -25,7 +25,7 @@ from websockets.exceptions import ConnectionClosed
 
 from ardiff.kv.records import PoolId
 from ardiff.worker.encoding import encode_images
-from tests.worker.conftest import CAMERA
+from tests.worker.conftest import CAMERA, launch_fake_pod
 from tests.worker.test_http_contract import first_chunk, wait_for
 
 POOL = PoolId("default", f"wk-stream-{uuid.uuid4().hex[:6]}")
@@ -36,28 +36,15 @@ TOKEN = "stream-token"
 FAKE_TICK_SECONDS = 0.3  # two ticks of one session overlap
 
 
-def launch_fake(launch_worker, redis_url, pool: PoolId, pod: str, **settings):
-    return launch_worker(
-        runtime="fake",
-        redis_url=redis_url,
-        namespace=pool.namespace,
-        pool=pool.name,
-        pod_name=pod,
-        **settings,
-    )
-
-
 @pytest.fixture(scope="module")
 def worker(launch_worker, redis_url):
-    process = launch_fake(
+    process = launch_fake_pod(
         launch_worker,
         redis_url,
         POOL,
         POD,
         fake_capacity=4,
         fake_tick_seconds=FAKE_TICK_SECONDS,
-        lease_seconds=5,
-        heartbeat_seconds=0.5,
         test_faults=1,
     )
     yield process
@@ -67,9 +54,7 @@ def worker(launch_worker, redis_url):
 @pytest.fixture(scope="module")
 def fast_worker(launch_worker, redis_url):
     """Forwards that take no time: a client can ask for chunks faster than it reads them."""
-    process = launch_fake(
-        launch_worker, redis_url, FAST_POOL, FAST_POD, fake_capacity=2, width=256, height=256
-    )
+    process = launch_fake_pod(launch_worker, redis_url, FAST_POOL, FAST_POD, width=256, height=256)
     yield process
     process.stop()
 

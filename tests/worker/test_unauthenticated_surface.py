@@ -24,7 +24,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from ardiff.kv.records import PoolId
-from tests.worker.conftest import CAMERA, TRANSFER_TOKEN
+from tests.worker.conftest import CAMERA, TRANSFER_TOKEN, launch_fake_pod
 
 POOL = PoolId("default", f"wk-surface-{uuid.uuid4().hex[:6]}")
 POD = "surface-worker-0"
@@ -34,17 +34,7 @@ REFUSAL = ("unauthorized", "missing or wrong bearer token for this session", "Un
 
 @pytest.fixture(scope="module")
 def worker(launch_worker, redis_url):
-    process = launch_worker(
-        runtime="fake",
-        redis_url=redis_url,
-        namespace=POOL.namespace,
-        pool=POOL.name,
-        pod_name=POD,
-        fake_capacity=2,
-        lease_seconds=5,
-        heartbeat_seconds=0.5,
-        transfer_token=TRANSFER_TOKEN,
-    )
+    process = launch_fake_pod(launch_worker, redis_url, POOL, POD)
     yield process
     process.stop()
 
