@@ -14,6 +14,14 @@ then the clients again, paced at ~70% of the peak, for latency against PING. Scr
 `INFO commandstats`; one pool's ceiling is one node's thread running its scripts.
 
     .venv/bin/python benchmarks/placement.py --clients 32 --pools 8 [--procs 2] [--duration 5]
+
+With `--cost` it measures what one operation costs the client (issue 27 item 3): this process's CPU per
+`PlacementStore.place` and `touch` against a bare redis-py EVALSHA of the same script with the argv the
+store sends, and a bare PING, interleaved over rounds on one connection each (the median round); then
+Redis' own time per script, each alone after `CONFIG RESETSTAT` (`INFO commandstats` lumps every script
+into `evalsha`), and the one-pool ceiling that follows from it (one hash slot: one node, one thread).
+
+    .venv/bin/python benchmarks/placement.py --cost [--calls 2000] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+
+import redis.asyncio as aioredis
 
 from ardiff.devcluster.redis_server import RedisServer
 from ardiff.kv.keys import PoolKeys
@@ -429,6 +439,96 @@ def throughput(url: str, port: int, clients: int, pools: int, procs: int, durati
     return met and ratio >= 0.8
 
 
+TARGET_CPU_RATIO = 1.5  # the store's client CPU per operation against a bare EVALSHA of its script
+
+
+@dataclass(frozen=True)
+class Cost:
+    cpu_us: float  # this process's CPU per call
+    wall_us: float
+
+
+async def timed_calls(call: Callable[[int], Awaitable[object]], first: int, calls: int) -> Cost:
+    cpu, wall = time.process_time(), time.perf_counter()
+    for i in range(first, first + calls):
+        await call(i)
+    return Cost((time.process_time() - cpu) / calls * 1e6, (time.perf_counter() - wall) / calls * 1e6)
+
+
+def numbered(argv: list[str], i: int) -> list[str]:
+    """`captured_calls`' argv for call `i` (its random session name made a counter: each place is new)."""
+    return [a.replace("__rand_int__", f"c{i}") for a in argv]
+
+
+async def script_usec(bare: aioredis.Redis, argv: list[str], calls: int) -> float:
+    """Redis' own µs per call of `argv`, alone: counters reset before."""
+    await bare.config_resetstat()
+    for i in range(calls):
+        await bare.execute_command(*numbered(argv, 10_000_000 + i))
+    stats = await bare.info("commandstats")
+    command = "cmdstat_" + argv[0].lower()
+    return float(stats[command]["usec_per_call"])
+
+
+async def client_cost(url: str, calls: int, rounds: int) -> bool:
+    shape = await setup_pools(url, 1)
+    argv = await captured_calls(url, shape.epochs[RB_POOL])
+    epoch = shape.epochs[RB_POOL]
+    arms: dict[str, Callable[[int], Awaitable[object]]]
+    async with PlacementStore.from_url(url) as store, aioredis.from_url(url) as bare:
+        arms = {
+            "PING (bare redis-py)": lambda i: bare.ping(),
+            "place: EVALSHA (bare redis-py)": lambda i: bare.execute_command(*numbered(argv["place"], i)),
+            "place: PlacementStore.place": lambda i: store.place(RB_POOL, spec(f"rb-s{i}")),
+            "touch: EVALSHA (bare redis-py)": lambda i: bare.execute_command(*argv["touch"]),
+            "touch: PlacementStore.touch": lambda i: store.touch(
+                RB_POOL, "t-000", pod="w-0", epoch=epoch, chunk_index=1
+            ),
+        }
+        for call in arms.values():  # warm: connections made, scripts loaded
+            await timed_calls(call, 0, 50)
+        runs: dict[str, list[Cost]] = {name: [] for name in arms}
+        for number in range(rounds):
+            for name, call in arms.items():
+                runs[name].append(await timed_calls(call, (number + 1) * calls, calls))
+        redis_us = {
+            "PING": await script_usec(bare, ["PING"], calls),
+            "place": await script_usec(bare, argv["place"], calls),
+            "touch": await script_usec(bare, argv["touch"], calls),
+        }
+    cost = {
+        name: Cost(statistics.median(c.cpu_us for c in costs), statistics.median(c.wall_us for c in costs))
+        for name, costs in runs.items()
+    }
+    load = os.getloadavg()
+    print(
+        f"client cost per operation: {calls} sequential calls per arm and round, {rounds} rounds "
+        f"interleaved, the median round; load average {load[0]:.2f}"
+    )
+    print(f"{'arm':<32} {'CPU µs':>8} {'wall µs':>8} {'CPU ÷ bare EVALSHA':>19} {'CPU ÷ PING':>11}")
+    ping = cost["PING (bare redis-py)"].cpu_us
+    met = True
+    for name, measured in cost.items():
+        kind = name.split(":")[0]
+        bare_cpu = cost[f"{kind}: EVALSHA (bare redis-py)"].cpu_us if kind in ("place", "touch") else None
+        ratio = f"{measured.cpu_us / bare_cpu:>19.2f}" if bare_cpu else f"{'':>19}"
+        to_ping = measured.cpu_us / ping
+        print(f"{name:<32} {measured.cpu_us:>8.0f} {measured.wall_us:>8.0f} {ratio} {to_ping:>11.2f}")
+        if bare_cpu and name.endswith(("place", "touch")):
+            met = met and measured.cpu_us / bare_cpu <= TARGET_CPU_RATIO
+    print(
+        f"Redis' own time per call, alone: place {redis_us['place']:.1f} µs, "
+        f"touch {redis_us['touch']:.1f} µs, PING {redis_us['PING']:.1f} µs"
+    )
+    print(
+        f"one pool's ceiling (one hash slot: one node, one thread): ~{1e6 / redis_us['place']:,.0f} places/s "
+        f"or ~{1e6 / redis_us['touch']:,.0f} touches/s of script time alone"
+    )
+    verdict = "met" if met else "MISSED"
+    print(f"target: the store's client CPU within {TARGET_CPU_RATIO:g}x the bare EVALSHA: {verdict}")
+    return met
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=100)
@@ -441,7 +541,14 @@ def main() -> None:
     parser.add_argument("--pools", type=int, default=8, help="throughput mode: pools the clients spread over")
     parser.add_argument("--procs", type=int, default=os.cpu_count() or 1, help="client processes")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per throughput phase")
+    parser.add_argument("--cost", action="store_true", help="client CPU per operation against bare EVALSHA")
+    parser.add_argument("--calls", type=int, default=2_000, help="cost mode: calls per arm and round")
+    parser.add_argument("--rounds", type=int, default=5, help="cost mode: interleaved rounds")
     args = parser.parse_args()
+    if args.cost:
+        with RedisServer() as server:
+            asyncio.run(client_cost(server.url, args.calls, args.rounds))
+        return
     if args.clients:
         with RedisServer() as server:
             throughput(server.url, server.port, args.clients, args.pools, args.procs, args.duration)
