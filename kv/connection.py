@@ -178,17 +178,26 @@ def _split_hosts(url: str, default_port: int) -> _Hosts:
     return unquote(username) or None, unquote(password) or None, addresses, [p for p in path.split("/") if p]
 
 
+CLUSTER_TLS_OPTIONS = ("ssl_ca_certs",)  # a rediss+cluster URL's query may name the CA to verify with
+
+
 def _cluster(url: str) -> RedisCluster:
+    hosts, _, query = url.partition("?")
+    tls = url.startswith("rediss+")
     try:
-        username, password, nodes, path = _split_hosts(url, DEFAULT_CLUSTER_PORT)
+        username, password, nodes, path = _split_hosts(hosts, DEFAULT_CLUSTER_PORT)
         if path:
             raise ValueError("a cluster has only database 0: nothing may follow the hosts but /")
+        options = dict(parse_qsl(query, keep_blank_values=True))
+        if unknown := sorted(set(options) - set(CLUSTER_TLS_OPTIONS if tls else ())):
+            raise ValueError(f"unknown option {unknown[0]!r} (a rediss+cluster url may name ssl_ca_certs)")
     except ValueError as exc:
         raise InvalidRedisUrl(f"placement cluster url {redact_url(url)} is malformed: {exc}") from None
     return RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in nodes],
         username=username,
         password=password,
-        ssl=url.startswith("rediss+"),
+        ssl=tls,
+        **options,
         **connection_options(),
     )

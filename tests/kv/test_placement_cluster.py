@@ -59,11 +59,16 @@ def test_cluster_urls() -> None:
     assert (kwargs["username"], kwargs["password"]) == ("user", "p@ss")
     tls = build_redis_client("rediss+cluster://n1:7000").connection_kwargs["connection_class"]
     assert tls is SSLConnection
+    # The CA a cluster's TLS is verified with, as the chart's operator URL names it (issue 23 item 9).
+    verified = build_redis_client("rediss+cluster://n1:7000/?ssl_ca_certs=/etc/ardiff/redis-tls/ca.crt")
+    assert verified.connection_kwargs["ssl_ca_certs"] == "/etc/ardiff/redis-tls/ca.crt"
     for bad in (
         "redis+cluster://",
         "redis+cluster://n1:7000/0",
         "redis+cluster://n1:port/",
         "redis+cluster://:pw@/",
+        "rediss+cluster://n1:7000/?ssl_cert_reqs=none",  # verification is not switched off by a URL
+        "redis+cluster://n1:7000/?ssl_ca_certs=/ca.crt",  # no TLS to verify
     ):
         with pytest.raises(InvalidRedisUrl, match="placement cluster url"):
             build_redis_client(bad)
