@@ -99,7 +99,9 @@ class Image:
     user: int = 0
     group: int = 0
     workdir: str = "/"
-    files: Mapping[str, str] = field(default_factory=dict)  # container path -> host file (read-only)
+    # container path -> host file or directory, read-only and over the Pod's volumes (as an image's own
+    # layers are never hidden by a volume mounted above their path in a real image: here they are host paths)
+    files: Mapping[str, str] = field(default_factory=dict)
     directories: tuple[ImageDirectory, ...] = ()
     users: tuple[ImageUser, ...] = ()
 
@@ -215,7 +217,11 @@ def build_image_venv(checkout: Path, extra: str, *, base_site_packages: Path | N
 
     `base_site_packages`: packages the venv sees after its own (a `.pth` line naming the directory: its own
     `.pth` files, like an editable install's finder, are not run) — the base image's layer."""
-    name = f"{extra}-{source_digest(checkout)}"
+    # Keyed by the base too: a venv built over another checkout's packages would name them in its `.pth`.
+    digest = source_digest(checkout)
+    if base_site_packages is not None:
+        digest = hashlib.sha256(f"{digest}\0{base_site_packages}".encode()).hexdigest()[:16]
+    name = f"{extra}-{digest}"
     venv = IMAGES_CACHE / name
     with _locked(IMAGES_CACHE / f".{extra}.lock"):
         _remove_unused(extra, keep=venv)
@@ -300,7 +306,8 @@ def build_image_table(checkout: Path, binaries: KubernetesBinaries, *, worker: b
         ),
     ]
     if worker:
-        worker_venv = build_image_venv(checkout, "worker", base_site_packages=dev_site_packages())
+        base = dev_site_packages()
+        worker_venv = build_image_venv(checkout, "worker", base_site_packages=base)
         images.append(
             Image(
                 WORKER_IMAGE,
@@ -323,6 +330,9 @@ def build_image_table(checkout: Path, binaries: KubernetesBinaries, *, worker: b
                     ImageDirectory("/home/ardiff/.cache", 1000, 1000),
                 ),
                 users=(ImageUser("ardiff", 1000, 1000, "/home/ardiff"),),
+                # The base layer at its own path: a checkout under /tmp must not vanish under the /tmp
+                # emptyDir the chart's worker Pods mount.
+                files={str(base): str(base)},
             )
         )
     return ImageTable({image.repository: image for image in images})

@@ -414,8 +414,10 @@ class PodWorker:
             "/etc/passwd": str(accounts / "passwd"),
             "/etc/group": str(accounts / "group"),
         }
-        for target, host_file in image_files.items():
-            mounts.append({"source": host_file, "target": target, "read_only": True, "file": True})
+        for target, host_path in image_files.items():
+            mounts.append(
+                {"source": host_path, "target": target, "read_only": True, "file": is_file(host_path)}
+            )
         return {
             "argv": argv,
             "env": env,
@@ -508,3 +510,9 @@ class PodWorker:
             self._dirty.clear()
             await self._report()
             await asyncio.sleep(0.05)
+
+
+def is_file(path: str) -> bool:
+    """Whether `path` is a file (an image's files may be directories: its base layer). A stat, not worth a
+    thread."""
+    return Path(path).is_file()

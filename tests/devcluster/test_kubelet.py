@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from ardiff.devcluster.cluster import DevCluster, pod_pid
+from ardiff.devcluster.images import WORKER_IMAGE, dev_site_packages
 from ardiff.devcluster.kubeconfig import credentials_from_kubeconfig
 from ardiff.devcluster.network import host_veth, short_pod_id
 from ardiff.devcluster.waiting import condition_true, wait_until
@@ -364,6 +365,26 @@ def test_the_root_filesystem_is_the_containers_own_and_read_only_when_asked(
     expected = "EROFS" if read_only else "written"
     assert result == {"/etc/ardiff-probe": expected, "/tmp/ardiff-probe": expected, "uid": 0}
     assert not Path("/etc/ardiff-probe").exists()  # a write that succeeded stayed in the container's layer
+
+
+def test_a_volume_over_the_base_layers_path_does_not_hide_the_worker_images_packages(ns: Namespace) -> None:
+    """The worker image's venv sees the dev venv's packages (torch, uvicorn, h11, ...) as its base layer, at
+    that venv's host path. A volume the Pod mounts above that path (the chart's /tmp emptyDir, with a checkout
+    under /tmp as CI's clean clones are) must not hide them, as a volume never hides an image's own layers."""
+    base = dev_site_packages()
+    ns.run(
+        "layered",
+        script="import h11, uvicorn; print('imported', h11.__name__, uvicorn.__name__)",
+        restartPolicy="Never",
+        container={
+            "image": f"{WORKER_IMAGE}:0.1.0",
+            "volumeMounts": [{"name": "over-base", "mountPath": str(base.parent)}],
+        },
+        volumes=[{"name": "over-base", "emptyDir": {}}],
+    )
+    pod = ns.wait_pod("layered", lambda p: p["status"].get("phase") in ("Succeeded", "Failed"), "done")
+    assert pod["status"]["phase"] == "Succeeded", ns.logs("layered")
+    assert ns.logs("layered").strip() == "imported h11 uvicorn"
 
 
 def test_run_as_non_root_refuses_an_image_that_runs_as_root(ns: Namespace) -> None:
