@@ -14,6 +14,7 @@ import asyncio
 import base64
 import contextlib
 import os
+import signal
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,14 @@ from ardiff.operator.pods import TRANSFER_TOKEN_KEY, worker_redis_secret_name
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
+
+
+def restore_default_sigint() -> None:
+    """A child's `preexec_fn`: SIGINT at its default, as in a terminal. A test runner started in the
+    background of a non-interactive shell ignores SIGINT, and a child would inherit that and miss a Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 # Short periods keep the tier within its budget; a dead worker is noticed within a few seconds.
 OPERATOR_ENV = {
     "ARDIFF_OPERATOR_RECONCILE_SECONDS": "0.5",

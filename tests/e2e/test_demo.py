@@ -23,7 +23,7 @@ from PIL import Image
 from ardiff.devcluster.kubeconfig import credentials_from_kubeconfig
 from ardiff.devcluster.network import ClusterNetwork
 from ardiff.devcluster.waiting import wait_until
-from tests.e2e.conftest import REPO
+from tests.e2e.conftest import REPO, restore_default_sigint
 
 pytestmark = pytest.mark.slow
 
@@ -145,10 +145,6 @@ def test_demo_runs_the_examples_and_writes_a_video_per_session(tmp_path: Path) -
     assert "operator started" in operator_log.read_text()
     assert processes_with(f"ARDIFF_DEMO_TEST={token}") == []
     assert demo_slot_left(tmp_path) == []  # every namespace the demo's cluster made is gone
-
-
-def restore_default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_ctrl_c_tears_the_demo_down(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from selenium.webdriver.common.keys import Keys
 
 from ardiff.devcluster.cluster import DevCluster
 from ardiff.devcluster.waiting import wait_until
-from tests.e2e.conftest import REPO, Stack, build_pool, running_stack
+from tests.e2e.conftest import REPO, Stack, build_pool, restore_default_sigint, running_stack
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,12 @@ class Viewer:
         command = [sys.executable, "-m", "ardiff.cli", "view", name, "-n", stack.namespace, "--port", "0"]
         command += ["--kubeconfig", str(stack.kube.kubeconfig)]
         self.process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ}
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ},
+            preexec_fn=restore_default_sigint,  # Ctrl-C reaches it even when this run ignores SIGINT
         )
         assert self.process.stdout is not None
         line = self.process.stdout.readline()
