@@ -98,6 +98,25 @@ class Release:
     def operator_pod(self) -> dict[str, Any] | None:
         return self.get(f"/api/v1/namespaces/{self.namespace}/pods/{self.chart.fullname}-operator-0")
 
+    def ready_session(self, name: str = "s") -> dict[str, Any]:
+        """A session of the default pool, created here; its status once it is Ready."""
+        sessions = GROUP.format(ns=self.namespace) + "/ardiffusionsessions"
+        session = {
+            "apiVersion": "ardiffusion.dev/v1alpha1",
+            "kind": "ARDiffusionSession",
+            "metadata": {"name": name},
+            "spec": {"poolRef": "fake-pool", "prompt": "a forest"},
+        }
+        assert self.http.post(sessions, json=session).status_code == 201
+        return wait_until(
+            lambda: (
+                (s := (self.get(f"{sessions}/{name}") or {}).get("status") or {}).get("phase") == "Ready"
+                and s
+            ),
+            timeout=READY_SECONDS,
+            what=f"session {name} Ready",
+        )
+
     def log(self, pod: str, *, previous: bool = False) -> str:
         reply = self.http.get(
             f"/api/v1/namespaces/{self.namespace}/pods/{pod}/log", params={"previous": str(previous).lower()}
@@ -197,19 +216,7 @@ def test_helm_install_upgrade_test_then_uninstall_leaves_nothing_behind(
 
     # It brings the default pool up and a session to Ready: its calls pass the real authorizer, its worker
     # Pods pass PodSecurity `restricted`.
-    sessions = GROUP.format(ns=release.namespace) + "/ardiffusionsessions"
-    session = {
-        "apiVersion": "ardiffusion.dev/v1alpha1",
-        "kind": "ARDiffusionSession",
-        "metadata": {"name": "s"},
-        "spec": {"poolRef": "fake-pool", "prompt": "a forest"},
-    }
-    assert release.http.post(sessions, json=session).status_code == 201
-    wait_until(
-        lambda: ((release.get(f"{sessions}/s") or {}).get("status") or {}).get("phase") == "Ready",
-        timeout=READY_SECONDS,
-        what="session s Ready",
-    )
+    release.ready_session()
 
     # Issue 23 item 1: the operator logs in as the bundled Redis' `ardiff-operator` (its rules let it make
     # users), and the pool's workers as the pool's own user.
@@ -327,19 +334,7 @@ def test_a_release_on_a_tls_redis_serves_a_tls_pool(releases: Callable[..., Rele
     )
     installed = release.helm("install", "ardiff", str(release.chart.path), "-f", str(values), "--wait")
     assert installed.returncode == 0, installed.stderr
-    sessions = GROUP.format(ns=ns) + "/ardiffusionsessions"
-    session = {
-        "apiVersion": "ardiffusion.dev/v1alpha1",
-        "kind": "ARDiffusionSession",
-        "metadata": {"name": "s"},
-        "spec": {"poolRef": "fake-pool", "prompt": "a forest"},
-    }
-    assert release.http.post(sessions, json=session).status_code == 201
-    status = wait_until(
-        lambda: (s := (release.get(f"{sessions}/s") or {}).get("status") or {}).get("phase") == "Ready" and s,
-        timeout=READY_SECONDS,
-        what="session s Ready",
-    )
+    status = release.ready_session()
     assert status["endpoint"] == f"https://{status['pod']}.fake-pool-workers.{ns}.svc.cluster.local:8000"
     for secret, user in ((f"{fullname}-redis", OPERATOR_USERNAME), ("fake-pool-workers-redis", None)):
         found = release.get(f"/api/v1/namespaces/{ns}/secrets/{secret}")
