@@ -10,6 +10,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# The most play time a client may claim to hold (10 minutes): more is not a buffer, it is a mistake.
+MAX_BUFFER_MS = 600_000
+
 
 class ControlBody(BaseModel):
     """One control track of a tick (vllm-omni's `ARDiffusionControlInput`)."""
@@ -47,6 +50,13 @@ class TickBody(BaseModel):
     controls: list[ControlBody] = Field(default_factory=list)
     reset: bool = False
     close_session: bool = False
+    buffer_ms: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_BUFFER_MS,
+        description="the play time (ms) the client has buffered and not yet shown when it sent the tick: the "
+        "chunk's deadline (absent: no deadline, arrival order)",
+    )
 
 
 class StreamTick(TickBody):
