@@ -34,6 +34,7 @@ from ardiff.kv.records import (
     check_spec,
     check_text,
     check_tier,
+    decimal_text,
 )
 from ardiff.kv.scripts import Plan, as_text, as_texts
 
@@ -42,7 +43,7 @@ DEFAULT_STREAM_MAXLEN = 1_000
 
 
 def _spec_args(pool: PoolId, spec: SessionSpec) -> list[str | int | bytes]:
-    """ARGV[1..9] of place.lua and restore.lua: the session's record fields, as both scripts write them."""
+    """ARGV[1..11] of place.lua and restore.lua: the session's record fields, as both scripts write them."""
     return [
         spec.name,
         pool.name,
@@ -53,6 +54,8 @@ def _spec_args(pool: PoolId, spec: SessionSpec) -> list[str | int | bytes]:
         spec.max_chunks,
         spec.priority,
         spec.eviction_policy,
+        decimal_text(spec.playout_fps),
+        spec.playout_buffer_chunks,
     ]
 
 

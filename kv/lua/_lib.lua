@@ -263,13 +263,14 @@ local function begin_suspend(session_key, lru_key, suspending_key, stream_key, s
   post_event(stream_key, stream_maxlen, 'suspend', session, reason, epoch)
 end
 
--- Writes a session record's spec (from ARGV[2..9] = pool, token_sha256, seed, prompt, image, max_chunks,
--- priority, eviction_policy: the layout place.lua and restore.lua share), where it is, and how far it ticked.
+-- Writes a session record's spec (from ARGV[2..11] = pool, token_sha256, seed, prompt, image, max_chunks,
+-- priority, eviction_policy, playout_fps, playout_buffer_chunks: the layout place.lua and restore.lua share),
+-- where it is, and how far it ticked.
 local function write_record(session_key, state, pod, pod_epoch, chunk_index, reset_required, now)
   redis.call('HSET', session_key, 'pool', ARGV[2], 'pod', pod, 'pod_epoch', pod_epoch, 'state', state,
     'token_sha256', ARGV[3], 'seed', ARGV[4], 'prompt', ARGV[5], 'image', ARGV[6], 'reset_required', reset_required,
     'max_chunks', ARGV[7], 'priority', ARGV[8], 'eviction_policy', ARGV[9], 'chunk_index', chunk_index,
-    'last_tick_ms', int_text(now))
+    'last_tick_ms', int_text(now), 'playout_fps', ARGV[10], 'playout_buffer_chunks', ARGV[11])
   redis.call('PERSIST', session_key)
 end
 

@@ -4,9 +4,9 @@
 -- KEYS[5] residents (zset) KEYS[6] LRU index (zset)   KEYS[7] suspending sessions (zset)
 -- KEYS[8...] plan: chosen pod and victim (see _lib.lua)
 -- ARGV[1] session   ARGV[2] pool   ARGV[3] token_sha256   ARGV[4] seed   ARGV[5] prompt   ARGV[6] image
--- ARGV[7] max_chunks   ARGV[8] priority   ARGV[9] eviction_policy (LRU|Never)   ARGV[10] may_evict (1|0)
--- ARGV[11] min_idle_ms   ARGV[12] policy (least-loaded|pack)   ARGV[13] stream maxlen
--- ARGV[14...] plan
+-- ARGV[7] max_chunks   ARGV[8] priority   ARGV[9] eviction_policy (LRU|Never)   ARGV[10] playout_fps
+-- ARGV[11] playout_buffer_chunks   ARGV[12] may_evict (1|0)   ARGV[13] min_idle_ms
+-- ARGV[14] policy (least-loaded|pack)   ARGV[15] stream maxlen   ARGV[16...] plan
 --
 -- A placed session is returned as is. Otherwise: the live, non-draining pod with a free slot that the policy
 -- prefers (least-loaded: lowest used/capacity; pack: highest). With no such pod, a first admission (no record,
@@ -38,11 +38,11 @@ local lru_key = KEYS[6]
 local suspending_key = KEYS[7]
 local session = ARGV[1]
 local priority = tonumber(ARGV[8])
-local may_evict = ARGV[10] == '1'
-local min_idle_ms = tonumber(ARGV[11])
-local pack = ARGV[12] == 'pack'
-local stream_maxlen = ARGV[13]
-local plan = read_plan(8, 14)
+local may_evict = ARGV[12] == '1'
+local min_idle_ms = tonumber(ARGV[13])
+local pack = ARGV[14] == 'pack'
+local stream_maxlen = ARGV[15]
+local plan = read_plan(8, 16)
 local missing = new_missing()
 
 local now = now_ms()
