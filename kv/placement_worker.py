@@ -293,6 +293,7 @@ class WorkerPlacement(PlacementShared):
                 keys.residents,
                 keys.lru,
                 keys.suspending,
+                keys.headroom,
             ],
             [session, pod, epoch, tier if location else "", location, bytes if location else 0, chunk_index],
         )

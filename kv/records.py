@@ -27,6 +27,8 @@ MAX_PLAYOUT_FPS = 120.0
 MAX_PLAYOUT_BUFFER_CHUNKS = 16
 
 PlacementPolicy = Literal["least-loaded", "pack"]
+# Why `place` left a session pending (issue 25): no slot, or a slot but no compute for its playout_fps.
+PendingReason = Literal["", "capacity", "compute"]
 EvictionPolicy = Literal["LRU", "Never"]
 
 
@@ -342,6 +344,8 @@ class SessionBinding:
     snapshot_location: str = ""
     snapshot_chunk: int = 0
     resumed_note: str = ""
+    playout_fps: float = 0.0  # issue 25: the playout target it was placed with
+    playout_buffer_chunks: int = 0
 
     FIELDS: ClassVar[tuple[str, ...]] = (
         "state",
@@ -359,6 +363,8 @@ class SessionBinding:
         "snapshot_location",
         "snapshot_chunk",
         "resumed_note",
+        "playout_fps",
+        "playout_buffer_chunks",
     )
 
     @classmethod
@@ -371,6 +377,8 @@ class SessionBinding:
             reset_required=_int(raw, "reset_required") == 1,
             chunk_index=_int(raw, "chunk_index"),
             last_tick_ms=_int(raw, "last_tick_ms"),
+            playout_fps=_float(raw, "playout_fps"),
+            playout_buffer_chunks=_int(raw, "playout_buffer_chunks"),
             **_continuity(raw),
         )
 
@@ -396,12 +404,16 @@ class PlaceResult:
     `suspending` is True when the victim's pod can export: the victim became `suspending` (it keeps its slot
     until its worker has written the export) and this session was NOT placed; place it again once the victim
     is `suspended` (its slot is then free).
+    `pending_reason` (issue 25) says why a session is pending: 'compute' when some live, non-draining pod
+    had a free slot but no compute headroom for its playout_fps, else 'capacity' ('' when placed or
+    suspending).
     """
 
     placement: Placement | None
     victim: str | None = None
     already_placed: bool = False
     suspending: bool = False
+    pending_reason: PendingReason = ""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 --
 -- KEYS[1] pod record          KEYS[2] pod event stream     KEYS[3] pods (set)         KEYS[4] open pods (zset)
 -- KEYS[5] leases (zset)       KEYS[6] draining pods (set)  KEYS[7] residents (zset)   KEYS[8] LRU index (zset)
--- KEYS[9] suspending sessions (zset)   KEYS[10...] plan: the records of the sessions the pod holds (_lib.lua)
+-- KEYS[9] suspending sessions (zset)   KEYS[10] compute headroom (zset)
+-- KEYS[11...] plan: the records of the sessions the pod holds (_lib.lua)
 -- ARGV[1] pod name   ARGV[2] epoch: 0 = register (mint a new epoch), else the heartbeat's epoch
 -- ARGV[3] capacity   ARGV[4] endpoint   ARGV[5] lease_ms   ARGV[6] exports (1|0: the worker can export sessions)
 -- ARGV[7] compute_fps (frames/s the pod may be asked for; 0 = not limited)   ARGV[8] tick_ms (its measured
@@ -14,7 +15,7 @@
 -- Returns {OK, epoch, outcome ('registered'|'renewed'|'recreated'), {lost sessions}}
 --      or {POD_FENCED, record epoch} | {CAPACITY_BELOW_USED, used} | {STALE_PLAN, {}, {sessions}}
 local k = {pods_key = KEYS[3], open_key = KEYS[4], leases_key = KEYS[5], draining_key = KEYS[6],
-  residents_key = KEYS[7], lru_key = KEYS[8], suspending_key = KEYS[9]}
+  residents_key = KEYS[7], lru_key = KEYS[8], suspending_key = KEYS[9], headroom_key = KEYS[10]}
 local pod_key = KEYS[1]
 local stream_key = KEYS[2]
 local pod = ARGV[1]
@@ -25,7 +26,7 @@ local lease_ms = tonumber(ARGV[5])
 local exports = ARGV[6]
 local compute_fps = ARGV[7]
 local tick_ms = ARGV[8]
-local plan = read_plan(10, 9)
+local plan = read_plan(11, 9)
 
 local now = now_ms()
 local rec = redis.call('HMGET', pod_key, 'epoch', 'used')
@@ -45,7 +46,7 @@ elseif previous == epoch then
   redis.call('HSET', pod_key, 'capacity', capacity, 'endpoint', endpoint, 'lease_expires_ms', int_text(lease),
     'exports', exports, 'compute_fps', compute_fps, 'tick_ms', tick_ms)
   redis.call('ZADD', k.leases_key, int_text(lease), pod)
-  refresh_open(k.open_key, pod_key, pod)
+  refresh_open(k.open_key, k.headroom_key, pod_key, pod)
   return {OK, int_text(epoch), 'renewed', {}}
 else
   outcome = 'recreated'
@@ -68,7 +69,7 @@ redis.call('HSET', pod_key, 'capacity', capacity, 'used', 0, 'endpoint', endpoin
 redis.call('SADD', k.pods_key, pod)
 redis.call('ZADD', k.leases_key, int_text(lease), pod)
 redis.call('SREM', k.draining_key, pod)
-refresh_open(k.open_key, pod_key, pod)
+refresh_open(k.open_key, k.headroom_key, pod_key, pod)
 -- The worker's consumer group: start from the stream's beginning so nothing posted before it is skipped.
 redis.pcall('XGROUP', 'CREATE', stream_key, 'worker', '0', 'MKSTREAM')
 return {OK, int_text(epoch), outcome, lost}

@@ -518,7 +518,10 @@ async def test_get_bindings_reads_where_sessions_are_without_their_prompt_or_ima
     store: PlacementStore, pool: PoolId
 ) -> None:
     a = await register(store, pool, "w-a", capacity=2)
-    await store.place(pool, spec("ticking", prompt="a forest", image=b"\x89PNG" * 1000))
+    ticking = spec(
+        "ticking", prompt="a forest", image=b"\x89PNG" * 1000, playout_fps=12.5, playout_buffer_chunks=3
+    )
+    await store.place(pool, ticking)
     await store.place(pool, spec("reset", prompt="a desert"))
     await register(store, pool, "w-b", capacity=1)
     await store.place(pool, spec("lost", prompt="the sea"))  # w-a is full: on w-b
@@ -537,6 +540,8 @@ async def test_get_bindings_reads_where_sessions_are_without_their_prompt_or_ima
         reset_required=False,
         chunk_index=4,
         last_tick_ms=tick_ms,
+        playout_fps=12.5,
+        playout_buffer_chunks=3,
     )
     assert (bindings["reset"].state, bindings["reset"].reset_required) == (SessionState.PLACED, True)
     assert bindings["lost"].state is SessionState.LOST
