@@ -491,7 +491,7 @@ def run_load(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--loads", type=float, nargs="+", default=[0.5, 1.0, 1.5])
+    parser.add_argument("--loads", type=float, nargs="*", default=[0.5, 1.0, 1.5])
     parser.add_argument("--duration", type=float, default=120.0, help="seconds of arrivals per load")
     parser.add_argument(
         "--drain-s", type=float, default=60.0, help="how long sessions may wait after the last"
