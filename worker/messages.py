@@ -23,7 +23,8 @@ class ControlBody(BaseModel):
     data: dict[str, Any] = Field(examples=[{"mode": "frames", "frames": [["w"], ["w"], ["w", "j"]]}])
 
 
-_EXAMPLE_TICK = {
+# A valid LingBot tick: the schema's example, and the body of the warm-up forwards (worker/service.py).
+EXAMPLE_TICK = {
     "request_id": "tick-0",
     "chunk_index": 0,
     "prompt": "camera moving forward through a forest",
@@ -40,7 +41,7 @@ _EXAMPLE_TICK = {
 class TickBody(BaseModel):
     """vllm-omni's `ARDiffusionTickRequest` minus `session_id` (the URL names the session)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [_EXAMPLE_TICK]})
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [EXAMPLE_TICK]})
     request_id: str = Field(
         min_length=1, description="correlation id; a retry with the same id replays the chunk"
     )

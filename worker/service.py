@@ -46,7 +46,7 @@ from ardiff.worker.errors import (
 from ardiff.worker.exports import Exports
 from ardiff.worker.families import ModelFamily, family_for, family_named
 from ardiff.worker.host_tier import HostCopy
-from ardiff.worker.messages import TickBody
+from ardiff.worker.messages import EXAMPLE_TICK, TickBody
 from ardiff.worker.metrics import WorkerMetrics
 from ardiff.worker.placement_guard import PlacementGuard
 from ardiff.worker.playout import Playouts, TickEstimate, target_of, target_view
@@ -189,6 +189,9 @@ class WorkerService:
             runtime = await self.forward.load(self._loader)
             cap = self.settings.session_capacity
             self.books.capacity = runtime.capacity if cap is None else min(runtime.capacity, cap)
+            if self.settings.compute_utilisation > 0:  # before the pod is ready (standalone) or registers
+                await self._warm_up(runtime)
+                self._report_compute()
             self.forward.runtime = runtime
             self.metrics.capacity.set(self.capacity)
             log.info(
@@ -197,11 +200,8 @@ class WorkerService:
                 runtime.capacity,
                 runtime.frame_size,
             )
-            if self.settings.compute_utilisation > 0:
-                await self._warm_up(runtime)
             if self.link is not None:
                 self.link.exports = self.exports_sessions and runtime.supports_export
-                self._report_compute()
                 await self.link.register(self.capacity)
                 link = self.link
                 self._tasks.supervise("heartbeat", lambda: link.heartbeat_forever(self._fence))
@@ -225,7 +225,7 @@ class WorkerService:
         conditioning = Conditioning(seed=0, prompt="warm-up", image=b"")
         try:
             for index in range(WARM_UP_CHUNKS):
-                body = {"request_id": f"{WARM_UP_SESSION}-{index}", "chunk_index": index}
+                body = {**EXAMPLE_TICK, "request_id": f"{WARM_UP_SESSION}-{index}", "chunk_index": index}
                 prepared = await asyncio.to_thread(
                     runtime.prepare, self.family.parse_tick(WARM_UP_SESSION, body), conditioning
                 )

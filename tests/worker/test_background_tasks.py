@@ -130,7 +130,7 @@ async def test_a_failing_background_task_is_restarted_and_counted() -> None:
     task = supervised("events", flaky, metrics, restart_seconds=0.01)
     await asyncio.wait_for(finished.wait(), 5)
     assert runs == [0, 1, 2]
-    text = metrics.render(None, admitted=0, ready=True).decode()
+    text = metrics.render(None, admitted=0, ready=True, playback_ratio=1.0).decode()
     assert 'ardiff_background_task_restarts_total{task="events"} 2.0' in text
     task.cancel()
     await asyncio.sleep(0.05)
