@@ -23,11 +23,12 @@ Two tick sources. The fake runtime at `--size`^2 whose forward takes a lognormal
 (sigma `--tick-sigma`): the tiny model's distribution — measured first by the real arm, else the recorded
 figures of docs/benchmarks.md ("Tick overhead": p50 233 ms, p99 328 ms at 64x64: sigma 0.15). And with
 `--real`, a small arm of real workers (the tiny LingBot-World model at 64x64, the vllm-omni runner, on CPU):
-one pod, `--real-sessions` slots, each arm in turn (they share the cores).
+one pod (its runner's 2 KV slots), each arm in turn (they share the cores).
 
 Figures per arm and load, from the players (what viewers saw): mean and p5 CPR of admitted sessions, the share
 of chunks on time (the buffer had not run dry), p99 gap between chunks, time to first chunk (from the first
-tick) p50/p99, sessions that waited for a pod (> 1 s) and the mean wait, goodput (session-seconds played at
+tick) p50/p99, sessions that waited for a pod (> 1 s; `for_compute`: the last `place` answer said compute)
+and the mean wait, the pods' own tick estimate (their records' `tick_ms`), goodput (session-seconds played at
 CPR >= 0.95 per pod-second), the mean CPR over every arrival (time waiting for a pod and for the first chunk
 counts as stall; a session never placed counts 0) and goodput against the `fifo` arm's.
 
@@ -157,8 +158,7 @@ def worker_env(
             **env,
             "ARDIFF_HEIGHT": "64",
             "ARDIFF_WIDTH": "64",
-            "ARDIFF_SESSION_CAPACITY": str(args.real_sessions),
-        }
+        }  # the runner's KV slots: the tiny model's 2
     return {
         **env,
         "ARDIFF_RUNTIME": "fake",
@@ -184,6 +184,7 @@ class Session:
     ended_at: float | None = None
     figures: PlayoutFigures | None = None
     error: str = ""
+    pending_reason: str = ""  # the last `place` answer's while it waited ('capacity' or 'compute')
     placed: threading.Event = field(default_factory=threading.Event)
 
     def spec(self, args: argparse.Namespace) -> SessionSpec:
@@ -213,6 +214,7 @@ class ArmRun:
     stop: threading.Event = field(default_factory=threading.Event)
     pod_seconds: float = 0.0
     failure: BaseException | None = None  # the emulated operator's, which ends the run
+    tick_ms: dict[str, float] = field(default_factory=dict)  # the pods' own tick estimates (their records)
 
     def now(self) -> float:
         return time.monotonic() - self.started
@@ -277,6 +279,7 @@ class ArmRun:
                 for session in waiting:
                     result = None if still else await store.place(self.pool, session.spec(args))
                     if result is None or result.placement is None:
+                        session.pending_reason = result.pending_reason if result else session.pending_reason
                         still.append(session)  # in arrival order: the next ones wait behind it
                         continue
                     session.placed_at, session.endpoint = self.now(), result.placement.endpoint
@@ -287,6 +290,7 @@ class ArmRun:
                 if still and parked and not opening:
                     opening[parked[0]] = now + args.pod_start_s
                 records = {r.name: r for r in await store.list_pods(self.pool)}
+                self.tick_ms.update({pod: r.tick_ms for pod, r in records.items() if r.tick_ms})
                 for pod in sorted(open_pods - set(pods[: args.pods])):
                     used = records[pod].used if pod in records else 0
                     if used or still:
@@ -368,10 +372,12 @@ def figures_of(run: ArmRun) -> dict[str, float]:
         "ttfc_p50": percentile(ttfc, 50),  # type: ignore[arg-type]
         "ttfc_p99": percentile(ttfc, 99),  # type: ignore[arg-type]
         "waited": sum(w > 1.0 for w in waits),
+        "for_compute": sum(s.pending_reason == "compute" for s in run.sessions),
         "wait_mean": statistics.fmean(waits) if waits else 0.0,
         "goodput": good / run.pod_seconds if run.pod_seconds else 0.0,
         "cpr_all": statistics.fmean(over_arrival(s) for s in run.sessions) if run.sessions else float("nan"),
         "pod_seconds": run.pod_seconds,
+        "tick_ms": statistics.fmean(run.tick_ms.values()) if run.tick_ms else float("nan"),
     }
 
 
@@ -386,8 +392,10 @@ COLUMNS = (
     ("ttfc_p50", "{:>8.2f}"),
     ("ttfc_p99", "{:>8.2f}"),
     ("waited", "{:>6}"),
+    ("for_compute", "{:>11}"),
     ("wait_mean", "{:>9.1f}"),
     ("pod_seconds", "{:>11.0f}"),
+    ("tick_ms", "{:>7.0f}"),
     ("goodput", "{:>7.2f}"),
     ("cpr_all", "{:>7.3f}"),
     ("vs_fifo", "{:>7.2f}"),
@@ -513,7 +521,6 @@ def main() -> None:
     parser.add_argument(
         "--real", action="store_true", help="also the real tiny model arm (and measure ticks)"
     )
-    parser.add_argument("--real-sessions", type=int, default=4, help="KV slots of the real pod")
     parser.add_argument("--real-load", type=float, default=1.2)
     parser.add_argument("--real-duration", type=float, default=60.0)
     parser.add_argument("--measure", type=int, default=30, help="ticks measured on the real model")
@@ -555,7 +562,7 @@ def main() -> None:
                 args.real_load, arms, redis.url, real_args, logs, real=True, index=len(args.loads)
             )
             print_table(
-                f"tiny model (real runner), 1 pod, {args.real_sessions} KV slots, load {args.real_load:g}",
+                f"tiny model (real runner), 1 pod (2 KV slots), load {args.real_load:g}",
                 rows,
             )
 
