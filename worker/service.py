@@ -218,8 +218,8 @@ class WorkerService:
 
     async def _warm_up(self, runtime: SessionRuntime) -> None:
         """Forwards of a throwaway session at the pool's resolution, closed after, so that the pod's first
-        registration carries its tick time. A family whose tick needs more than a camera-less tick (DreamZero:
-        an observation) is measured by its real ticks only."""
+        registration carries its tick time: LingBot ticks (the schema's example). A family whose ticks are
+        another body (DreamZero's carry an observation) is measured by its real ticks only."""
         if not issubclass(self.family.tick_body, TickBody):
             return
         conditioning = Conditioning(seed=0, prompt="warm-up", image=b"")
@@ -340,6 +340,8 @@ class WorkerService:
         session_id, record, arrived = admitted.session_id, admitted.record, admitted.arrived
         runtime = self._require_loaded()
         tick = self.family.parse_tick(session_id, body)
+        if session_id not in self.playouts:
+            self._forget_released_playouts()
         playout = self.playouts.of(session_id, target_of(record, self.settings), arrived)
         deadline = playout.deadline(arrived, body.get("buffer_ms"))
         prefetch = self.transfer.prefetch_of(session_id)
@@ -501,12 +503,15 @@ class WorkerService:
                 self.books[session_id] = book.closed()
             else:
                 self.books.pop(session_id, None)  # standalone, or not this pod's: the id is free again
-        return {
+        view = {
             **book.closed().describe(),
             "resident": False,
             "in_flight": False,
             "playout": self._playout_view(session_id, record),
         }
+        if session_id not in self.books:
+            self.playouts.pop(session_id, None)
+        return view
 
     async def reset(self, session_id: str, authorization: str | None) -> dict[str, Any]:
         runtime = self.require_ready()
@@ -585,8 +590,12 @@ class WorkerService:
             else None,
         }
 
-    def render_metrics(self) -> bytes:
+    def _forget_released_playouts(self) -> None:
+        """Drop the playouts of sessions this pod no longer holds (released, moved, deleted)."""
         self.playouts.keep_only(set(self.books) | self.books.in_flight)
+
+    def render_metrics(self) -> bytes:
+        self._forget_released_playouts()
         playing = {session_id for session_id, book in self.books.items() if book.holds_slot}
         return self.metrics.render(
             self.runtime,

@@ -323,6 +323,53 @@ async def test_forwards_run_one_at_a_time_in_arrival_order(worker, place):
     assert queued[0] < queued[1] < queued[2]
 
 
+async def waiting_order(worker, sessions: list[str], buffers: list[int | None]) -> list[str]:
+    """Tick each session once, 0.05 s apart (the first holds the forward while the others queue), the tick
+    of each carrying its buffer_ms (None: none); the order the ticks finished in."""
+    finished: list[str] = []
+    async with httpx.AsyncClient(base_url=worker.url, timeout=30) as client:
+
+        async def tick(session: str, delay: float, buffer_ms: int | None) -> None:
+            await asyncio.sleep(delay)
+            body = {"request_id": "r", "chunk_index": 0, "controls": []}
+            if buffer_ms is not None:
+                body["buffer_ms"] = buffer_ms
+            response = await client.post(
+                f"/v1/sessions/{session}/ticks", json=body, headers=worker.headers(TOKEN)
+            )
+            assert response.status_code == 200, response.text
+            finished.append(session)
+
+        ticks = enumerate(zip(sessions, buffers, strict=True))
+        await asyncio.gather(*(tick(session, 0.05 * i, buffer_ms) for i, (session, buffer_ms) in ticks))
+    return finished
+
+
+async def test_a_tick_due_sooner_overtakes_one_that_arrived_before_it(worker, place):
+    sessions = [await place() for _ in range(3)]
+    # the second's viewer holds 10 s of play, the third's nothing: the third is due first
+    assert await waiting_order(worker, sessions, [None, 10_000, 0]) == [sessions[0], sessions[2], sessions[1]]
+
+
+async def test_tick_order_fifo_serves_arrival_order_whatever_the_buffers(launch_worker, redis_url, placer):
+    pool = PoolId("default", f"wk-fifo-{uuid.uuid4().hex[:6]}")
+    fifo = launch_fake_pod(
+        launch_worker,
+        redis_url,
+        pool,
+        "fifo-worker-0",
+        fake_capacity=3,
+        fake_tick_seconds=FAKE_TICK_SECONDS,
+        tick_order="fifo",
+    )
+    try:
+        place = placer(pool, "fifo-worker-0", TOKEN)
+        sessions = [await place() for _ in range(3)]
+        assert await waiting_order(fifo, sessions, [None, 10_000, 0]) == sessions
+    finally:
+        fifo.stop()
+
+
 async def test_retried_request_id_returns_the_same_chunk_without_advancing(worker, store, place):
     session = await place()
     first = worker.tick(session, 0, token=TOKEN, request_id="req-a")

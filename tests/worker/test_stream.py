@@ -159,7 +159,7 @@ async def test_ticks_stream_their_frames_as_jpeg_with_the_metadata_echo(worker, 
         assert images == encode_images(expected, "jpeg")  # exactly the chunk's frames, as JPEG
         assert decode(images[0]).shape == (64, 64, 3)
 
-        await ws.send(tick_message(1))
+        await ws.send(tick_message(1, buffer_ms=60_000))  # the client's buffered play: a deadline, met
         message, images = await chunk(ws)
         assert (message["metadata"]["chunk_index"], len(images)) == (1, 12)
         await ws.send(tick_message(1))  # a retried request id: the same chunk, nothing advances
@@ -168,6 +168,8 @@ async def test_ticks_stream_their_frames_as_jpeg_with_the_metadata_echo(worker, 
         assert replayed == images
     response = worker.tick(session, 2, token=TOKEN)  # the HTTP tick continues where the stream left off
     assert response.status_code == 200, response.text
+    view = worker.client.get(f"{worker.url}/v1/sessions/{session}", headers=worker.headers(TOKEN)).json()
+    assert (view["playout"]["chunks_on_time"], view["playout"]["chunks_late"]) == (1, 0)
 
 
 async def test_webp_by_query_and_an_unknown_format_is_refused(worker, place):
@@ -227,6 +229,7 @@ async def test_the_newest_connection_to_a_session_wins(worker, place):
         (json.dumps({"type": "tick", "request_id": "r", "chunk_index": -1}), "chunk_index"),
         (tick_message(0, surprise=True), "surprise"),
         (tick_message(0, controls="wasd"), "controls"),
+        (tick_message(0, buffer_ms=-5), "buffer_ms"),
     ],
     ids=[
         "malformed",
@@ -236,6 +239,7 @@ async def test_the_newest_connection_to_a_session_wins(worker, place):
         "negative chunk",
         "unknown field",
         "controls not a list",
+        "negative buffer",
     ],
 )
 async def test_an_invalid_tick_message_is_invalid_tick_and_the_stream_goes_on(worker, place, message, param):
