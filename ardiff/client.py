@@ -473,8 +473,11 @@ class SessionClient:
         applied_event_ids: Sequence[int] = (),
         request_id: str | None = None,
         close_session: bool = False,
+        buffer_ms: int | None = None,
     ) -> Chunk:
-        """Generate the next chunk. A retry with the same `request_id` replays the last chunk."""
+        """Generate the next chunk. A retry with the same `request_id` replays the last chunk. `buffer_ms`:
+        the play time the caller has buffered and not yet shown (the worker's deadline for this chunk; a
+        `Player` sends it); None sends none (no deadline: arrival order)."""
         body: dict[str, Any] = {
             "request_id": request_id or f"{self.session_id}-{self.next_chunk_index}-{uuid.uuid4().hex[:8]}",
             "chunk_index": self.next_chunk_index,
@@ -484,6 +487,8 @@ class SessionClient:
         }
         if prompt is not None:
             body["prompt"] = prompt
+        if buffer_ms is not None:
+            body["buffer_ms"] = buffer_ms
         started = time.perf_counter()
         response = self._request("POST", "/ticks", json_body=body, headers={"Accept": OCTET_STREAM})
         latency = time.perf_counter() - started

@@ -5,7 +5,9 @@ proxied to the session's worker stream (`/v1/sessions/{id}/stream`, docs/contrac
 reachable from a laptop, and the session's token stays here (the page never sees it). The proxy follows the
 session: a 421 `misdirected` to the endpoint it names, and a closed or unreachable worker (evicted, pod lost,
 resuming) to wherever the session's status says it is once it is `Ready` again; the page then gets a fresh
-`ready` message and continues at the chunk it names. It sends the session's phase to the page each second.
+`ready` message and continues at the chunk it names. It sends the session's phase to the page each second, and
+before each stream opens the session's playout target (`{"type": "playout", "fps", "buffer_chunks"}`, from the
+worker's session view; the defaults where it names none): the page plays at that rate from that buffer.
 
 Only the page this run printed may use it (issue 23 item 10): both routes live under a secret path made per
 run (another local user, or a web page probing `localhost`, cannot guess it), and answer 403 unless the
@@ -33,6 +35,7 @@ import aiohttp
 from aiohttp import web
 
 from ardiff.client import KubeSessions, SessionNotFound, is_ready
+from ardiff.player import PlayoutTarget
 from ardiff.wire import CLOSE_MISDIRECTED, CLOSE_NORMAL, CLOSE_SUPERSEDED
 from ardiff.worker.net import url_host
 
@@ -182,13 +185,12 @@ class SessionViewer:
             if status is None:
                 return
             token = await asyncio.to_thread(self.sessions.token, self.settings.session, status)
-            url = stream_url(
-                endpoint or status["endpoint"], self.settings.session, self.settings.frame_format
-            )
+            base = (endpoint or status["endpoint"]).rstrip("/")
+            url = stream_url(base, self.settings.session, self.settings.frame_format)
+            auth = {"Authorization": f"Bearer {token}"}
             try:
-                async with http.ws_connect(
-                    url, headers={"Authorization": f"Bearer {token}"}, max_msg_size=0
-                ) as worker:
+                await self._send_playout(browser, http, f"{base}/v1/sessions/{self.settings.session}", auth)
+                async with http.ws_connect(url, headers=auth, max_msg_size=0) as worker:
                     closed = await self._pump(browser, worker)
             except aiohttp.ClientError as exc:
                 log.info("worker stream %s unreachable (%s); following the session", url, exc)
@@ -200,6 +202,16 @@ class SessionViewer:
             endpoint = closed.endpoint if closed.code == CLOSE_MISDIRECTED else None
             if endpoint is None:
                 await asyncio.sleep(RECONNECT_SECONDS)
+
+    async def _send_playout(
+        self, browser: web.WebSocketResponse, http: aiohttp.ClientSession, view_url: str, auth: dict[str, str]
+    ) -> None:
+        """The session's playout target, from its worker's session view (the defaults if the read fails: the
+        stream then says why)."""
+        async with http.get(view_url, headers=auth) as answer:
+            view = await answer.json() if answer.status == 200 else {}
+        target = PlayoutTarget.of_view(view)
+        await _send(browser, {"type": "playout", "fps": target.fps, "buffer_chunks": target.buffer_chunks})
 
     async def _wait_ready(self, browser: web.WebSocketResponse) -> dict[str, Any] | None:
         while not browser.closed:

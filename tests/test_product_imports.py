@@ -44,8 +44,9 @@ def _is_harness(module: str) -> bool:
 
 # The layers of ours (issue 24 item 7; a drawing tool cannot follow `ardiff.kv` to `kv/`, hence this scan):
 # the shared base (the modules directly in ardiff/ but the user-facing tools), kv, the worker, the operator,
-# the dev harness, and the user-facing tools (the CLI, the client, the viewer), which may import the product.
-TOOLS = frozenset({"cli", "client", "client_cli", "viewer"})
+# the dev harness, and the user-facing tools (the CLI, the client, its player, the viewer), which may import
+# the product.
+TOOLS = frozenset({"cli", "client", "client_cli", "player", "viewer"})
 # What no module of a layer imports. kv imports nothing of ours but the base; the worker and the operator
 # import kv and the base, and never each other (test_the_operator_and_the_worker_never_import_each_other).
 FORBIDDEN = {

@@ -1,6 +1,7 @@
 """`ardiff view` in a real headless Chromium (Debian's chromium + chromium-driver, driven by Selenium):
 keys pressed on the page become ticks with those controls, frames arrive and change on the canvas, the page
-shows the session's phase, the token never reaches the page, and the viewer follows the session when its
+shows the session's phase, the token never reaches the page, the page plays at the session's rate from its
+buffer (reporting it with each tick) however fast ticks come, and the viewer follows the session when its
 worker dies.
 
 The dev cluster runs worker Pods on the fake runtime (the worker app, its stream and the control plane are
@@ -32,6 +33,8 @@ pytestmark = pytest.mark.slow
 
 POOL = build_pool("view", capacity=1, min_replicas=1, max_replicas=2, fake=True)
 POOL["spec"]["env"].append({"name": "ARDIFF_FAKE_TICK_SECONDS", "value": "0.1"})  # a steady tick rate
+PLAYOUT = {"fps": 8, "bufferChunks": 3}  # the pool's sessions' target (not the defaults: 16 fps, 2 chunks)
+POOL["spec"]["playout"] = PLAYOUT
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 SCREENSHOT = REPO / "demo-out" / "viewer.png"
 
@@ -135,6 +138,35 @@ def test_keys_steer_the_session_and_frames_change_in_chromium(
         SCREENSHOT.parent.mkdir(exist_ok=True)
         assert browser.save_screenshot(str(SCREENSHOT))
         assert SCREENSHOT.stat().st_size > 1000
+    finally:
+        viewer.stop()
+
+
+def test_the_page_plays_at_the_sessions_rate_not_as_fast_as_ticks_come(
+    stack: Stack, browser: webdriver.Chrome
+) -> None:
+    name = stack.session("paced", seed=13)
+    status = stack.sessions.wait_ready(name, timeout=60)
+    assert status["playout"] == PLAYOUT
+    viewer = Viewer(stack, name)
+    try:
+        browser.get(viewer.url)
+        wait_until(lambda: len(page_log(browser)["chunks"]) >= 3, timeout=30, what="the first chunks")
+        before, started = page_log(browser), time.monotonic()
+        time.sleep(6)
+        after, seconds = page_log(browser), time.monotonic() - started
+        fps, buffer_chunks = after["playout"]["fps"], after["playout"]["bufferChunks"]
+        assert (fps, buffer_chunks) == (PLAYOUT["fps"], PLAYOUT["bufferChunks"])  # the session's target
+        # Frames are drawn at the session's rate; ticks (0.1 s each: 120 frames/s possible) only keep the
+        # buffer at its target, about fps / 12 chunks a second.
+        shown = (after["shown"] - before["shown"]) / seconds
+        assert fps * 0.85 <= shown <= fps * 1.1, shown
+        chunks = (len(after["chunks"]) - len(before["chunks"])) / seconds
+        assert chunks <= 1.5 * fps / 12, chunks
+        # Every tick says what the page held unshown: nothing at first, then up to its target.
+        buffers = [tick["buffer_ms"] for tick in after["sent"]]
+        assert buffers[0] == 0
+        assert all(0 < ms <= buffer_chunks * 12 * 1000 / fps for ms in buffers[3:]), buffers
     finally:
         viewer.stop()
 
