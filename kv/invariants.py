@@ -20,6 +20,7 @@ from ardiff.kv.records import PodRecord, PoolId, SessionRecord, SessionState
 from ardiff.kv.scripts import MAX_PLAN_ATTEMPTS, as_text, as_texts
 
 LRU_PRIORITY_SCALE = 1 << 42  # as kv/lua/_lib.lua PRIORITY_SCALE
+EMPTY_POD_HEADROOM = 1e12  # as kv/lua/_lib.lua EMPTY_POD_HEADROOM
 # States that hold a slot on their pod (counted in its `used`, listed in the resident index).
 _HOLDS_A_SLOT = (SessionState.PLACED, SessionState.SUSPENDING)
 # demand_fps is a running float sum (HINCRBYFLOAT): it may differ from the exact sum by rounding.
@@ -151,7 +152,10 @@ class _Snapshot:
                     f"pod {name} open index disagrees (used={pod.used}, draining={int(pod.draining)}, "
                     f"demand_fps={pod.demand_fps}, compute_fps={pod.compute_fps})"
                 )
-            headroom = pod.compute_fps - pod.demand_fps if has_slot and pod.compute_fps > 0 else None
+            headroom = None
+            if has_slot and pod.compute_fps > 0:
+                empty = pod.demand_fps <= _FPS_TOLERANCE
+                headroom = EMPTY_POD_HEADROOM if empty else pod.compute_fps - pod.demand_fps
             indexed = self.headroom.get(name)
             if (headroom is None) != (indexed is None) or (
                 headroom is not None and indexed is not None and abs(headroom - indexed) > _FPS_TOLERANCE

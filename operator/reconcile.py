@@ -487,7 +487,7 @@ async def reconcile_pool(
     refusal = ctx.template_refusals.get(pid)  # still the current template's, unless a Pod was created since
     replicas = len({p.name for p in existing} | set(ctx.expected_pods[pid]))
     serving = [r for name, r in live.items() if name in ready and not r.draining]
-    compute_capacity = sum(compute_sessions(r.compute_fps, pool.spec.playout.fps) for r in serving)
+    compute_capacity = sum(compute_sessions(r.compute_fps, 0.0, pool.spec.playout.fps) for r in serving)
     observation = PoolObservation(
         replicas=replicas,
         updated_replicas=replicas - stale,

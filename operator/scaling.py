@@ -70,9 +70,11 @@ class ScalePlan:
     replace: tuple[str, ...] = ()  # stuck pods: delete (they hold nothing); `create` covers their successors
 
 
-def compute_sessions(fps_budget: float, fps: float) -> int:
-    """Sessions at `fps` that `fps_budget` frames/s admit (as placement compares them: a hair of slack)."""
-    return max(0, math.floor(fps_budget / fps + COMPUTE_SLACK))
+def compute_sessions(compute_fps: float, demand_fps: float, fps: float) -> int:
+    """Sessions at `fps` a pod's compute admits beside its `demand_fps`, as placement admits them (a hair of
+    slack): an empty pod takes at least one, even one its whole compute cannot play at full rate."""
+    room = max(0, math.floor((compute_fps - demand_fps) / fps + COMPUTE_SLACK))
+    return max(1, room) if demand_fps <= COMPUTE_SLACK else room
 
 
 def counted(pods: Mapping[str, PodSlots]) -> dict[str, PodSlots]:

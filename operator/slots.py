@@ -79,8 +79,8 @@ def compute_slots(record: PodRecord | None, fps: float) -> dict[str, int | None]
     if record is None or record.compute_fps <= 0:
         return {"compute_capacity": None, "compute_free": None}
     return {
-        "compute_capacity": compute_sessions(record.compute_fps, fps),
-        "compute_free": compute_sessions(record.compute_fps - record.demand_fps, fps),
+        "compute_capacity": compute_sessions(record.compute_fps, 0.0, fps),
+        "compute_free": compute_sessions(record.compute_fps, record.demand_fps, fps),
     }
 
 

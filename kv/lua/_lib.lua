@@ -21,6 +21,9 @@ local SCAN_BATCH = 16
 -- Slack in compute comparisons: `demand_fps` is a running float sum (HINCRBYFLOAT), so an exact fit may read
 -- back a hair over.
 local FPS_EPSILON = 1e-6
+-- The headroom an empty compute-limited pod is indexed with: it takes any one session, even one whose
+-- playout_fps exceeds its whole compute_fps (played as fast as the pod can, rather than never placed).
+local EMPTY_POD_HEADROOM = 1e12
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -113,7 +116,7 @@ local function refresh_open(open_key, headroom_key, pod_key, pod)
   local demand = tonumber(rec[5]) or 0
   local has_slot = rec[3] == '0' and used < capacity
   if has_slot and compute > 0 then
-    redis.call('ZADD', headroom_key, compute - demand, pod)
+    redis.call('ZADD', headroom_key, demand <= FPS_EPSILON and EMPTY_POD_HEADROOM or compute - demand, pod)
   else
     redis.call('ZREM', headroom_key, pod)
   end

@@ -28,7 +28,7 @@
 -- VICTIM_CANDIDATES best, is taken; the rules (live, not draining, free slot; priority bound, idle time, never `Never`) always hold.
 -- Issue 25 (compute): a pod is taken only if the session *fits*: it is open (not draining, a free slot, and
 -- demand_fps < compute_fps where compute_fps > 0) and demand_fps + the session's playout_fps <= compute_fps
--- (compute_fps = 0: KV slots only). Pods that do not fit are skipped like expired leases. A victim's pod must fit
+-- (compute_fps = 0: KV slots only), or it has no demand yet (an empty pod takes any one session). Pods that do not fit are skipped like expired leases. A victim's pod must fit
 -- once the victim's demand leaves it (the first victim in LRU order is checked; if it does not, nobody is
 -- evicted and the session waits for compute). The session's playout_fps joins its pod's demand_fps atomically
 -- with `used` (an idle session's demand counts in full while it holds a slot).
@@ -152,7 +152,7 @@ local function fits_instead_of(pod_key, victim_key)
   local p = redis.call('HMGET', pod_key, 'compute_fps', 'demand_fps')
   local compute = tonumber(p[1]) or 0
   local left = (tonumber(p[2]) or 0) - (tonumber(redis.call('HGET', victim_key, 'playout_fps')) or 0)
-  return compute == 0 or left + fps <= compute + FPS_EPSILON
+  return compute == 0 or left <= FPS_EPSILON or left + fps <= compute + FPS_EPSILON
 end
 
 local function hints()

@@ -91,7 +91,8 @@ async def test_without_a_free_slot_a_session_waits_for_capacity(store: Placement
     await store.set_draining(pool, "w-drain")
     await asyncio.sleep(0.01)
     assert (await store.place(pool, playing("s2"))).pending_reason == "capacity"
-    await register(store, pool, "w-small", compute_fps=8.0)
+    await register(store, pool, "w-small", capacity=2, compute_fps=12.0)
+    assert await pod_of(store, pool, playing("small", fps=8.0)) == "w-small"  # empty: it takes any one
     assert (await store.place(pool, playing("s2"))).pending_reason == "compute"
     await store.place(pool, playing("s1"))  # idempotent: placed
     assert (await store.place(pool, playing("s1"))).pending_reason == ""
@@ -228,3 +229,18 @@ async def test_restore_charges_the_demand_of_the_binding_it_rebuilds(
     )
     assert restored is not None  # the binding existed: restored whatever the pod's compute
     assert await demand(store, pool) == {"w-a": (1, 16.0)}
+
+
+async def test_an_empty_pod_takes_one_session_whose_demand_exceeds_its_whole_compute(
+    store: PlacementStore, pool: PoolId
+) -> None:
+    # A GPU pod at LingBot's published tick time (vllm-omni: ~3 s per 12-frame chunk on one H200) delivers
+    # ~4 fps; at a 0.9 bound no 16 fps session would ever fit. It still takes one, played as fast as it can,
+    # rather than leaving it to wait for compute no pod will ever have; a second one waits for compute.
+    await register(store, pool, "w-gpu", compute_fps=3.6)
+    assert await pod_of(store, pool, playing("first")) == "w-gpu"
+    assert await demand(store, pool) == {"w-gpu": (1, 16.0)}
+    second = await store.place(pool, playing("second"))
+    assert (second.placement, second.pending_reason) == (None, "compute")
+    await store.release(pool, "first", reason="deleted")
+    assert await pod_of(store, pool, playing("second")) == "w-gpu"  # empty again: it takes the next one

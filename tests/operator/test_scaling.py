@@ -69,10 +69,15 @@ def test_a_slot_without_compute_is_not_free_and_a_new_pod_brings_what_its_comput
 
 
 def test_compute_sessions_counts_whole_sessions_with_placements_slack() -> None:
-    assert compute_sessions(48.0, 16.0) == 3
-    assert compute_sessions(47.9, 16.0) == 2
-    assert compute_sessions(16.0 * 3 - 1e-9, 16.0) == 3  # a float sum a hair under: as placement admits it
-    assert compute_sessions(-5.0, 16.0) == 0  # demand over compute (a slower measurement)
+    assert compute_sessions(48.0, 0.0, 16.0) == 3
+    assert compute_sessions(47.9, 0.0, 16.0) == 2
+    assert compute_sessions(64.0, 16.0, 16.0) == 3
+    assert compute_sessions(16.0 * 4 - 1e-9, 16.0, 16.0) == 3  # a hair under: as placement admits it
+    assert compute_sessions(32.0, 37.0, 16.0) == 0  # demand over compute (a slower measurement)
+    # An empty pod takes one session even where its whole compute is below one session's rate (a GPU pod at
+    # LingBot's published ~3 s tick delivers ~4 fps); a pod holding one admits no second.
+    assert compute_sessions(3.6, 0.0, 16.0) == 1
+    assert compute_sessions(3.6, 16.0, 16.0) == 0
 
 
 def test_does_not_grow_while_a_slot_is_free_or_at_max() -> None:
