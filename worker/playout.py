@@ -8,8 +8,8 @@ effective buffer `max(claimed, floor)`, the floor being what was delivered minus
 (`max(0, level - (now - t_last))`): claiming an empty buffer buys nothing. Its chunk's deadline is `now +
 effective buffer`, when the viewer's buffer would run dry; a tick without `buffer_ms` has none (arrival
 order). The figures: time to first chunk (from the session's first tick here to its first chunk), the gap
-between deliveries, chunks delivered by their deadline (on time) or after it (late), stall seconds (delivered
-minus deadline, for late ones) and the continuous-playback ratio `CPR = 1 - stall / (time since first chunk)`.
+between deliveries, chunks after the first delivered by their deadline (on time) or after it (late), stall
+seconds (delivered minus deadline, for late ones) and the continuous-playback ratio `CPR = 1 - stall / (time since first chunk)`.
 Times are `time.perf_counter()` seconds, as a tick's arrival (worker/service.py `AdmittedTick`).
 
 `TickEstimate` is the pod's side of compute admission: its forward time per full chunk (the median of the
@@ -94,7 +94,9 @@ class SessionPlayout:
             first = now - self.started
         self.level = self.floor(now) + frames / self.target.fps
         self.last_delivery = now
-        late = None if deadline is None else now > deadline
+        # A session's first chunk is its time to first chunk, not a stall: nothing was playing yet (as the
+        # player and the viewer count it; CPR runs from the first chunk).
+        late = None if deadline is None or first is not None else now > deadline
         stall = 0.0
         if late:
             stall = now - deadline

@@ -165,6 +165,26 @@ def test_the_figures_on_a_controlled_clock():
     }
 
 
+def test_a_sessions_first_chunk_is_its_time_to_first_chunk_not_a_stall():
+    """The first tick claims an empty buffer (due at once); its chunk comes 0.4 s later. Nothing was playing:
+    that wait is the time to first chunk, neither on time nor late, and CPR starts from the first chunk (as the
+    player and the viewer count it)."""
+    playout = SessionPlayout(PlayoutTarget(fps=16, buffer_chunks=2), started=0.0)
+    first = playout.delivered(0.4, 9, playout.deadline(0.0, 0))
+    assert (first.first_chunk_s, first.late, first.stall_s) == (0.4, None, 0.0)
+    second = playout.delivered(0.7, 12, playout.deadline(0.5, 0))  # due at 0.5 + 0.4625
+    assert (second.late, second.stall_s) == (False, 0.0)
+    assert playout.view(1.4) == {
+        "fps": 16,
+        "buffer_chunks": 2,
+        "time_to_first_chunk_s": 0.4,
+        "chunks_on_time": 1,
+        "chunks_late": 0,
+        "stall_s": 0.0,
+        "cpr": 1.0,
+    }
+
+
 async def test_claiming_an_empty_buffer_does_not_move_a_tick_ahead():
     """Session a was just delivered 1.5 s of play and claims an empty buffer; session b truly holds 0.3 s.
     b is due first and goes first, though a asked first."""
