@@ -1,9 +1,9 @@
 """The placement store's invariants, checked from one consistent snapshot of a pool (for tests and the
 failover harness, never on a serving path).
 
-For every pod `used == |sessions placed on it| <= capacity`; every placed session points to a registered pod
-with that pod's epoch; the indexes (open, leases, draining, residents, LRU, suspending) agree with the
-records.
+For every pod `used == |sessions placed on it| <= capacity` and `demand_fps` is the sum of their playout_fps;
+every placed session points to a registered pod with that pod's epoch; the indexes (open, leases, draining,
+residents, LRU, suspending, compute headroom) agree with the records.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from ardiff.kv.scripts import MAX_PLAN_ATTEMPTS, as_text, as_texts
 LRU_PRIORITY_SCALE = 1 << 42  # as kv/lua/_lib.lua PRIORITY_SCALE
 # States that hold a slot on their pod (counted in its `used`, listed in the resident index).
 _HOLDS_A_SLOT = (SessionState.PLACED, SessionState.SUSPENDING)
+# demand_fps is a running float sum (HINCRBYFLOAT): it may differ from the exact sum by rounding.
+_FPS_TOLERANCE = 1e-6
 
 
 async def read_violations(client: aioredis.Redis, pool: PoolId) -> list[str]:
@@ -55,6 +57,7 @@ class _Snapshot:
     leases: dict[str, float]
     draining: set[str]
     suspending: set[str] = field(default_factory=set)
+    headroom: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     async def read(cls, client: aioredis.Redis, keys: PoolKeys) -> _Snapshot | None:
@@ -72,7 +75,7 @@ class _Snapshot:
         async with client.pipeline(transaction=True) as pipe:
             pipe.execute_command("SMEMBERS", keys.pods)
             pipe.execute_command("ZRANGE", keys.residents, 0, -1)
-            for scored in (keys.lru, keys.open, keys.leases):
+            for scored in (keys.lru, keys.open, keys.leases, keys.headroom):
                 pipe.execute_command("ZRANGE", scored, 0, -1, "WITHSCORES")
             pipe.execute_command("SMEMBERS", keys.draining)
             pipe.execute_command("ZRANGE", keys.suspending, 0, -1)
@@ -86,11 +89,13 @@ class _Snapshot:
                 lru_flat,
                 open_flat,
                 leases_flat,
+                headroom_flat,
                 draining,
                 suspending,
                 *raws,
             ) = await pipe.execute()
         lru, open_, leases = _pairs(lru_flat), _pairs(open_flat), _pairs(leases_flat)
+        headroom = _pairs(headroom_flat)
         resident_members = as_texts(residents)
         if (
             sorted(as_texts(pods_now)) != pod_names
@@ -112,6 +117,7 @@ class _Snapshot:
             leases={as_text(m): score for m, score in leases},
             draining=set(as_texts(draining)),
             suspending=set(as_texts(suspending)),
+            headroom={as_text(m): score for m, score in headroom},
         )
 
     def violations(self) -> list[str]:
@@ -133,14 +139,30 @@ class _Snapshot:
                 found.append(f"pod {name} lease index disagrees with lease_expires_ms={pod.lease_expires_ms}")
             if (name in self.draining) != pod.draining:
                 found.append(f"pod {name} draining index disagrees with draining={int(pod.draining)}")
-            accepts = not pod.draining and pod.used < pod.capacity
+            demand = sum(self.sessions[s].playout_fps for s in on_pod[name] if s in self.sessions)
+            if abs(pod.demand_fps - demand) > _FPS_TOLERANCE:
+                found.append(
+                    f"pod {name} demand_fps={pod.demand_fps} but its sessions' playout_fps sum to {demand}"
+                )
+            has_slot = not pod.draining and pod.used < pod.capacity
+            accepts = has_slot and (pod.compute_fps == 0 or pod.demand_fps < pod.compute_fps)
             if accepts != (name in self.open):
                 found.append(
-                    f"pod {name} open index disagrees (used={pod.used}, draining={int(pod.draining)})"
+                    f"pod {name} open index disagrees (used={pod.used}, draining={int(pod.draining)}, "
+                    f"demand_fps={pod.demand_fps}, compute_fps={pod.compute_fps})"
+                )
+            headroom = pod.compute_fps - pod.demand_fps if has_slot and pod.compute_fps > 0 else None
+            indexed = self.headroom.get(name)
+            if (headroom is None) != (indexed is None) or (
+                headroom is not None and indexed is not None and abs(headroom - indexed) > _FPS_TOLERANCE
+            ):
+                found.append(
+                    f"pod {name} compute headroom index {indexed} disagrees with the record ({headroom})"
                 )
         for pod in on_pod.keys() - self.pods.keys():
             found.append(f"sessions {sorted(on_pod[pod])} are placed on unregistered pod {pod}")
-        for extra in (self.open.keys() | self.leases.keys() | self.draining) - self.pods.keys():
+        indexed_pods = self.open.keys() | self.leases.keys() | self.draining | self.headroom.keys()
+        for extra in indexed_pods - self.pods.keys():
             found.append(f"index entry for unregistered pod {extra}")
         residents = set(self.residents)
         for name, record in self.sessions.items():

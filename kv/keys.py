@@ -68,11 +68,26 @@ class PoolKeys:
         return f"{self.prefix}:suspending"
 
     @property
+    def headroom(self) -> str:
+        """Sorted set (issue 25): the compute-limited pods (compute_fps > 0) that are not draining and have a
+        free slot, scored compute_fps - demand_fps: whether a session's playout_fps fits a pod of the open
+        index, and whether a pending session waits for compute."""
+        return f"{self.prefix}:headroom"
+
+    @property
     def indexes(self) -> list[str]:
         """Every pool-wide index a placement change may touch (open, leases, draining, residents, lru,
-        suspending), in the order the scripts that touch them all declare them: register_pod, place and
-        remove_pods (kv/lua/<name>.lua KEYS)."""
-        return [self.open, self.leases, self.draining, self.residents, self.lru, self.suspending]
+        suspending, headroom), in the order the scripts that touch them all declare them: register_pod, place
+        and remove_pods (kv/lua/<name>.lua KEYS)."""
+        return [
+            self.open,
+            self.leases,
+            self.draining,
+            self.residents,
+            self.lru,
+            self.suspending,
+            self.headroom,
+        ]
 
     @property
     def pattern(self) -> str:

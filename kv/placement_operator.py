@@ -34,6 +34,7 @@ from ardiff.kv.records import (
     check_spec,
     check_text,
     check_tier,
+    decimal_text,
 )
 from ardiff.kv.scripts import Plan, as_text, as_texts
 
@@ -42,7 +43,7 @@ DEFAULT_STREAM_MAXLEN = 1_000
 
 
 def _spec_args(pool: PoolId, spec: SessionSpec) -> list[str | int | bytes]:
-    """ARGV[1..9] of place.lua and restore.lua: the session's record fields, as both scripts write them."""
+    """ARGV[1..11] of place.lua and restore.lua: the session's record fields, as both scripts write them."""
     return [
         spec.name,
         pool.name,
@@ -53,6 +54,8 @@ def _spec_args(pool: PoolId, spec: SessionSpec) -> list[str | int | bytes]:
         spec.max_chunks,
         spec.priority,
         spec.eviction_policy,
+        decimal_text(spec.playout_fps),
+        spec.playout_buffer_chunks,
     ]
 
 
@@ -86,7 +89,9 @@ class OperatorPlacement(PlacementShared):
     ) -> PlaceResult:
         """Give `spec.name` a slot, or return its current one (`already_placed=True`).
 
-        Picks a live, non-draining pod with a free slot (`least-loaded` or `pack`). With none, a first
+        Picks a live, non-draining pod with a free slot (`least-loaded` or `pack`) and, where its compute is
+        limited (issue 25), compute for `spec.playout_fps`: demand_fps + playout_fps <= compute_fps (the
+        session's playout_fps joins the pod's demand_fps with its slot). With none, a first
         admission (no record, or `closed`) or a `lost` session (its pod died under it) called with
         `may_evict=True` evicts the session with the lowest priority (<= its own), then the least recently
         ticked, idle >= `min_idle_ms`, never `evictionPolicy: Never`, and takes its slot (`victim`).
@@ -99,7 +104,7 @@ class OperatorPlacement(PlacementShared):
         while any session of the pool is suspending nobody is evicted. A `suspended` session may evict like a
         first admission and comes back with `resume_from` (its export) and `reset_required=False`; a `lost`
         one comes back from the export it had not imported yet, else from its latest snapshot, and with
-        `reset_required` only when it has neither.
+        `reset_required` only when it has neither. A pending result says why (`pending_reason`).
         """
         keys = PoolKeys(check_pool(pool))
         check_spec(spec)
@@ -131,7 +136,8 @@ class OperatorPlacement(PlacementShared):
                 [as_text(hint_victim)] if hint_victim else [],
             )
         if as_text(outcome) == "pending":
-            return PlaceResult(placement=None)
+            reason = "compute" if as_text(reply[10]) == "compute" else "capacity"
+            return PlaceResult(placement=None, pending_reason=reason)
         if as_text(outcome) == "suspending":
             return PlaceResult(placement=None, victim=as_text(victim), suspending=True)
         placement = Placement(
@@ -167,7 +173,7 @@ class OperatorPlacement(PlacementShared):
         check_non_negative_int("chunk_index", chunk_index)
         _, reply = await self._run(
             "restore",
-            [keys.session(spec.name), keys.pod(pod), keys.open, keys.residents, keys.lru],
+            [keys.session(spec.name), keys.pod(pod), keys.open, keys.residents, keys.lru, keys.headroom],
             [*_spec_args(pool, spec), pod, pod_epoch, chunk_index, int(bool(reset_required)), "", "", 0],
         )
         if int(reply[0]) != 1:
@@ -197,7 +203,7 @@ class OperatorPlacement(PlacementShared):
         _, reply = await self._run(
             "restore",
             # No pod: KEYS[2] is never read, and stays in the pool's slot.
-            [session_key, session_key, keys.open, keys.residents, keys.lru],
+            [session_key, session_key, keys.open, keys.residents, keys.lru, keys.headroom],
             [*_spec_args(pool, spec), "", 0, chunk_index, 0, tier, location, size],
         )
         return int(reply[0]) == 1
@@ -210,7 +216,7 @@ class OperatorPlacement(PlacementShared):
         check_text("reason", reason)
         _, reply = await self._run(
             "release",
-            [keys.session(session), keys.open, keys.residents, keys.lru, keys.suspending],
+            [keys.session(session), keys.open, keys.residents, keys.lru, keys.suspending, keys.headroom],
             [session, reason, self.closed_ttl_ms, self.stream_maxlen],
             pool_keys=keys,
             plan=Plan(),
@@ -229,7 +235,7 @@ class OperatorPlacement(PlacementShared):
         hint = self._evict_hints.get(pool, Plan())
         _, reply = await self._run(
             "evict_lru",
-            [keys.open, keys.residents, keys.lru],
+            [keys.open, keys.residents, keys.lru, keys.headroom],
             [min_idle_ms, max_priority, reason, self.stream_maxlen],
             pool_keys=keys,
             plan=Plan(list(hint.pods), list(hint.sessions)),
@@ -331,7 +337,7 @@ class OperatorPlacement(PlacementShared):
         check_positive_int("timeout_ms", timeout_ms)
         _, reply = await self._run(
             "expire_suspending",
-            [keys.open, keys.residents, keys.lru, keys.suspending],
+            [keys.open, keys.residents, keys.lru, keys.suspending, keys.headroom],
             [timeout_ms, self.stream_maxlen],
             pool_keys=keys,
             plan=Plan(),

@@ -87,7 +87,7 @@ class PlacementShared(ScriptRunner):
         check_name("pod", pod)
         status, reply = await self._run(
             "drain_pod",
-            [keys.pod(pod), keys.open, keys.draining],
+            [keys.pod(pod), keys.open, keys.draining, keys.headroom],
             [pod, int(bool(draining)), int(bool(only_if_empty))],
         )
         if status is ScriptStatus.UNKNOWN_POD:

@@ -32,11 +32,13 @@ from ardiff.kv.records import (
     SessionState,
     check_endpoint,
     check_name,
+    check_non_negative_float,
     check_non_negative_int,
     check_pool,
     check_positive_int,
     check_text,
     check_tier,
+    decimal_text,
 )
 from ardiff.kv.scripts import Plan, as_text, as_texts
 
@@ -55,14 +57,27 @@ class WorkerPlacement(PlacementShared):
     """The worker's side of the store (see the module docstring)."""
 
     async def register_pod(
-        self, pool: PoolId, pod: str, *, capacity: int, endpoint: str, lease_ms: int, exports: bool = False
+        self,
+        pool: PoolId,
+        pod: str,
+        *,
+        capacity: int,
+        endpoint: str,
+        lease_ms: int,
+        exports: bool = False,
+        compute_fps: float = 0.0,
+        tick_ms: float = 0.0,
     ) -> PodRegistration:
         """Register a (re)started worker: a new epoch, max(now_ms, previous + 1); the sessions an earlier
         incarnation held become `lost` and are returned. After Redis lost the previous record only the server
         clock orders epochs, so two registrations of one pod must be more than a millisecond apart.
         `exports`: the worker can export sessions (issue 12: its runtime supports it, a tier is configured),
-        so eviction and migration suspend its sessions instead of dropping them."""
-        return await self._upsert_pod(pool, pod, 0, capacity, endpoint, lease_ms, exports)
+        so eviction and migration suspend its sessions instead of dropping them. `compute_fps` (issue 25): the
+        frames/s the pod may be asked for (its pool's utilisation bound x its measured throughput; 0 = not
+        limited: admission by KV slots only); `tick_ms`: its measured forward time per full chunk."""
+        return await self._upsert_pod(
+            pool, pod, 0, capacity, endpoint, lease_ms, exports, compute_fps=compute_fps, tick_ms=tick_ms
+        )
 
     async def heartbeat(
         self,
@@ -74,12 +89,22 @@ class WorkerPlacement(PlacementShared):
         endpoint: str,
         lease_ms: int,
         exports: bool = False,
+        compute_fps: float = 0.0,
+        tick_ms: float = 0.0,
     ) -> PodRegistration:
-        """Renew the lease (and `exports`). Raises `PodFenced` if a newer incarnation registered; re-creates
-        the record if it is missing (Redis lost its data) or belongs to an older incarnation
-        (`recreated=True`)."""
+        """Renew the lease (and `exports`, `compute_fps`, `tick_ms`). Raises `PodFenced` if a newer
+        incarnation registered; re-creates the record if it is missing (Redis lost its data) or belongs to an
+        older incarnation (`recreated=True`)."""
         return await self._upsert_pod(
-            pool, pod, check_positive_int("epoch", epoch), capacity, endpoint, lease_ms, exports
+            pool,
+            pod,
+            check_positive_int("epoch", epoch),
+            capacity,
+            endpoint,
+            lease_ms,
+            exports,
+            compute_fps=compute_fps,
+            tick_ms=tick_ms,
         )
 
     async def _upsert_pod(
@@ -90,17 +115,31 @@ class WorkerPlacement(PlacementShared):
         capacity: int,
         endpoint: str,
         lease_ms: int,
-        exports: bool = False,
+        exports: bool,
+        *,
+        compute_fps: float,
+        tick_ms: float,
     ) -> PodRegistration:
         keys = PoolKeys(check_pool(pool))
         check_name("pod", pod)
         check_non_negative_int("capacity", capacity)
         check_endpoint(endpoint)
         check_positive_int("lease_ms", lease_ms)
+        compute_fps = check_non_negative_float("compute_fps", compute_fps)
+        tick_ms = check_non_negative_float("tick_ms", tick_ms)
         status, reply = await self._run(
             "register_pod",
             [keys.pod(pod), keys.events(pod), keys.pods, *keys.indexes],
-            [pod, epoch, capacity, endpoint, lease_ms, int(bool(exports))],
+            [
+                pod,
+                epoch,
+                capacity,
+                endpoint,
+                lease_ms,
+                int(bool(exports)),
+                decimal_text(compute_fps),
+                decimal_text(tick_ms),
+            ],
             pool_keys=keys,
             plan=Plan(),
         )
@@ -254,6 +293,7 @@ class WorkerPlacement(PlacementShared):
                 keys.residents,
                 keys.lru,
                 keys.suspending,
+                keys.headroom,
             ],
             [session, pod, epoch, tier if location else "", location, bytes if location else 0, chunk_index],
         )

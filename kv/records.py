@@ -6,6 +6,7 @@ Frozen dataclasses that validate themselves; `from_hash` decodes a Redis hash (b
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from dataclasses import dataclass, fields
 from enum import StrEnum
@@ -21,8 +22,13 @@ _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 # The most a ConfigMap or Secret holds (the apiserver's MaxSecretSize): the operator reads the image there.
 MAX_IMAGE_BYTES = 1 << 20
 MAX_PRIORITY = 1000
+# A session's playout target (docs/contracts.md §2): frames per second, the chunks its player keeps buffered.
+MAX_PLAYOUT_FPS = 120.0
+MAX_PLAYOUT_BUFFER_CHUNKS = 16
 
 PlacementPolicy = Literal["least-loaded", "pack"]
+# Why `place` left a session pending (issue 25): no slot, or a slot but no compute for its playout_fps.
+PendingReason = Literal["", "capacity", "compute"]
 EvictionPolicy = Literal["LRU", "Never"]
 
 
@@ -51,6 +57,30 @@ def check_priority(kind: str, value: object) -> int:
     if priority > MAX_PRIORITY:
         raise InvalidPlacementArgument(f"placement {kind} must be <= {MAX_PRIORITY}, got {priority}")
     return priority
+
+
+def check_non_negative_float(kind: str, value: object) -> float:
+    """A finite float >= 0 (an int is taken as its float)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise InvalidPlacementArgument(f"placement {kind} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def check_playout(fps: object, buffer_chunks: object) -> None:
+    """A playout target: 0 <= fps <= MAX_PLAYOUT_FPS and 0 <= buffer_chunks <= MAX_PLAYOUT_BUFFER_CHUNKS
+    (0: no target)."""
+    if check_non_negative_float("playout_fps", fps) > MAX_PLAYOUT_FPS:
+        raise InvalidPlacementArgument(f"placement playout_fps must be <= {MAX_PLAYOUT_FPS:g}, got {fps!r}")
+    if check_non_negative_int("playout_buffer_chunks", buffer_chunks) > MAX_PLAYOUT_BUFFER_CHUNKS:
+        raise InvalidPlacementArgument(
+            f"placement playout_buffer_chunks must be <= {MAX_PLAYOUT_BUFFER_CHUNKS}, got {buffer_chunks!r}"
+        )
+
+
+def decimal_text(value: float) -> str:
+    """A float as the shortest decimal text that reads back exactly ('16', '12.5'): how the scripts get it."""
+    text = repr(float(value))
+    return text.removesuffix(".0")
 
 
 def check_tier(value: object) -> str:
@@ -135,9 +165,14 @@ class SessionSpec:
     max_chunks: int = 0  # 0: unlimited
     priority: int = 0
     eviction_policy: EvictionPolicy = "LRU"
+    # Issue 25: the playout target (frames/s, chunks buffered); 0 = none. Its fps is the session's demand on
+    # its pod's compute (`PodRecord.demand_fps`).
+    playout_fps: float = 0.0
+    playout_buffer_chunks: int = 0
 
     def __post_init__(self) -> None:
         check_name("session", self.name)
+        check_playout(self.playout_fps, self.playout_buffer_chunks)
         if not isinstance(self.token_sha256, str) or not _SHA256_HEX.match(self.token_sha256):
             raise InvalidPlacementArgument(
                 f"placement token_sha256 must be 64 lowercase hex digits, got {self.token_sha256!r}"
@@ -167,6 +202,11 @@ def _int(raw: dict[bytes, bytes], field: str, default: int = 0) -> int:
     return default if value in (None, b"") else int(value)
 
 
+def _float(raw: dict[bytes, bytes], field: str) -> float:
+    value = raw.get(field.encode())
+    return 0.0 if value in (None, b"") else float(value)
+
+
 @dataclass(frozen=True)
 class PodRecord:
     name: str
@@ -177,6 +217,12 @@ class PodRecord:
     lease_expires_ms: int
     draining: bool
     exports: bool = False  # the worker can export sessions (its runtime supports it, a tier is configured)
+    # Issue 25: the frames/s this pod may be asked for (its pool's utilisation bound x its measured
+    # throughput; 0 = not limited), the playout_fps of the sessions holding its slots, its forward time per
+    # full chunk (for display).
+    compute_fps: float = 0.0
+    demand_fps: float = 0.0
+    tick_ms: float = 0.0
 
     @property
     def free(self) -> int:
@@ -193,6 +239,9 @@ class PodRecord:
             lease_expires_ms=_int(raw, "lease_expires_ms"),
             draining=_int(raw, "draining") == 1,
             exports=_int(raw, "exports") == 1,
+            compute_fps=_float(raw, "compute_fps"),
+            demand_fps=_float(raw, "demand_fps"),
+            tick_ms=_float(raw, "tick_ms"),
         )
 
 
@@ -224,6 +273,11 @@ class SessionRecord:
     snapshot_location: str = ""
     snapshot_chunk: int = 0
     resumed_note: str = ""  # how its last resume went (JSON), until the operator reported it
+    playout_fps: float = 0.0  # issue 25: the playout target it was placed with (as SessionSpec)
+    playout_buffer_chunks: int = 0
+
+    def __post_init__(self) -> None:
+        check_playout(self.playout_fps, self.playout_buffer_chunks)
 
     def spec(self) -> SessionSpec:
         """The placement request the record holds (a lost or evicted session is placed again with it)."""
@@ -248,6 +302,8 @@ class SessionRecord:
             eviction_policy="Never" if policy == "Never" else "LRU",
             chunk_index=_int(raw, "chunk_index"),
             last_tick_ms=_int(raw, "last_tick_ms"),
+            playout_fps=_float(raw, "playout_fps"),
+            playout_buffer_chunks=_int(raw, "playout_buffer_chunks"),
             **_continuity(raw),
         )
 
@@ -288,6 +344,8 @@ class SessionBinding:
     snapshot_location: str = ""
     snapshot_chunk: int = 0
     resumed_note: str = ""
+    playout_fps: float = 0.0  # issue 25: the playout target it was placed with
+    playout_buffer_chunks: int = 0
 
     FIELDS: ClassVar[tuple[str, ...]] = (
         "state",
@@ -305,6 +363,8 @@ class SessionBinding:
         "snapshot_location",
         "snapshot_chunk",
         "resumed_note",
+        "playout_fps",
+        "playout_buffer_chunks",
     )
 
     @classmethod
@@ -317,6 +377,8 @@ class SessionBinding:
             reset_required=_int(raw, "reset_required") == 1,
             chunk_index=_int(raw, "chunk_index"),
             last_tick_ms=_int(raw, "last_tick_ms"),
+            playout_fps=_float(raw, "playout_fps"),
+            playout_buffer_chunks=_int(raw, "playout_buffer_chunks"),
             **_continuity(raw),
         )
 
@@ -342,12 +404,16 @@ class PlaceResult:
     `suspending` is True when the victim's pod can export: the victim became `suspending` (it keeps its slot
     until its worker has written the export) and this session was NOT placed; place it again once the victim
     is `suspended` (its slot is then free).
+    `pending_reason` (issue 25) says why a session is pending: 'compute' when some live, non-draining pod
+    had a free slot but no compute headroom for its playout_fps, else 'capacity' ('' when placed or
+    suspending).
     """
 
     placement: Placement | None
     victim: str | None = None
     already_placed: bool = False
     suspending: bool = False
+    pending_reason: PendingReason = ""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import kopf
 from ardiff.kv.records import MAX_IMAGE_BYTES, SessionSpec, token_sha256
 from ardiff.operator.context import OperatorContext
 from ardiff.operator.kube import CONFIGMAPS, SECRETS
-from ardiff.operator.specs import ImageRef, SessionResourceSpec
+from ardiff.operator.specs import ImageRef, Playout, SessionResourceSpec
 from ardiff.operator.status import Reason
 from ardiff.operator.tokens import build_token_secret, new_token, read_token, token_secret_name
 from ardiff.operator.views import PoolView, SessionView
@@ -119,8 +119,9 @@ async def resolve_image(ctx: OperatorContext, namespace: str, ref: ImageRef | No
 
 
 def build_placement_spec(
-    name: str, spec: SessionResourceSpec, *, token_sha256: str, image: bytes
+    name: str, spec: SessionResourceSpec, *, token_sha256: str, image: bytes, playout: Playout
 ) -> SessionSpec:
+    """`playout`: the resolved target (`resolve_playout`)."""
     return SessionSpec(
         name=name,
         token_sha256=token_sha256,
@@ -130,14 +131,24 @@ def build_placement_spec(
         max_chunks=spec.max_chunks,
         priority=spec.priority,
         eviction_policy=spec.eviction_policy,
+        playout_fps=playout.fps,
+        playout_buffer_chunks=playout.buffer_chunks,
     )
 
 
+def resolve_playout(session: SessionView, pool: PoolView | None) -> Playout:
+    """The session's playout target (issue 25): each field of its spec.playout, else its pool's."""
+    assert session.spec is not None
+    default = pool.spec.playout if pool is not None and pool.spec is not None else Playout()
+    return session.spec.playout.resolve(default)
+
+
 async def placement_spec(
-    ctx: OperatorContext, session: SessionView, *, create_token: bool = False
+    ctx: OperatorContext, session: SessionView, pool: PoolView | None, *, create_token: bool = False
 ) -> SessionSpec:
-    """The session's placement request: its token's hash (kept in memory: small, never changes) and its image
-    (read each time: up to 1 MiB, needed only when the session is about to get a slot)."""
+    """The session's placement request: its token's hash (kept in memory: small, never changes), its image
+    (read each time: up to 1 MiB, needed only when the session is about to get a slot) and its playout
+    target resolved against `pool`."""
     if session.spec is None:
         raise AdmissionFailure(Reason.INVALID_SPEC, session.invalid_reason or "invalid spec")
     key = (session.namespace, session.name)
@@ -147,6 +158,12 @@ async def placement_spec(
         ctx.token_hashes[key] = sha
     image = await resolve_image(ctx, session.namespace, session.spec.image)
     try:
-        return build_placement_spec(session.name, session.spec, token_sha256=sha, image=image)
+        return build_placement_spec(
+            session.name,
+            session.spec,
+            token_sha256=sha,
+            image=image,
+            playout=resolve_playout(session, pool),
+        )
     except ValueError as exc:
         raise AdmissionFailure(Reason.INVALID_SPEC, str(exc)) from None

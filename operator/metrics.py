@@ -11,7 +11,12 @@ Gauges, labelled `namespace` and `pool` (and `phase` / `state` where named):
 - `ardiff_pool_free_slots`, `ardiff_pool_capacity_slots`: free and all slots on Ready, non-draining pods;
 - `ardiff_pool_pods{state}`: worker pods `ready`, `starting` (not registered yet), `stale` (older template);
 - `ardiff_pool_replicas`, `ardiff_pool_min_replicas`, `ardiff_pool_max_replicas`: pods, `spec.replicas`;
-- `ardiff_pool_last_pod_startup_seconds`: `status.lastPodStartupSeconds` (a cold start's wait).
+- `ardiff_pool_last_pod_startup_seconds`: `status.lastPodStartupSeconds` (a cold start's wait);
+- issue 25, admission by compute: `ardiff_pool_compute_capacity_sessions` (sessions at the pool's default
+  playout fps the Ready pods' compute admits, `status.computeCapacity`; 0 while no pod reports compute),
+  `ardiff_pool_compute_fps` (frames/s the Ready pods may be asked for: their `compute_fps`),
+  `ardiff_pool_demand_fps` (the playout fps of the sessions holding slots: their pods' `demand_fps`),
+  `ardiff_pool_compute_waiting_sessions` (sessions pending because a pod had a slot but no compute).
 Histograms: `ardiff_session_placement_seconds` (a session's admission to its first Ready status, cold starts
 included), `ardiff_pool_reconcile_seconds` (one reconcile round).
 """
@@ -66,6 +71,10 @@ class PoolSample:
     min_replicas: int
     max_replicas: int
     last_pod_startup_seconds: float | None
+    compute_capacity: int = 0
+    compute_fps: float = 0.0
+    demand_fps: float = 0.0
+    waiting_for_compute: int = 0
 
 
 @dataclass
@@ -86,6 +95,24 @@ class OperatorMetrics:
             "ardiff_pool_capacity_slots", "Slots on Ready, non-draining pods", pool, registry=r
         )
         self.pods = Gauge("ardiff_pool_pods", "Worker pods by state", [*pool, "state"], registry=r)
+        self.compute_capacity = Gauge(
+            "ardiff_pool_compute_capacity_sessions",
+            "Sessions at the pool's default playout fps the Ready pods' compute admits",
+            pool,
+            registry=r,
+        )
+        self.compute_fps = Gauge(
+            "ardiff_pool_compute_fps", "Frames/s the Ready pods may be asked for", pool, registry=r
+        )
+        self.demand_fps = Gauge(
+            "ardiff_pool_demand_fps", "Playout frames/s of the sessions holding slots", pool, registry=r
+        )
+        self.compute_waiting = Gauge(
+            "ardiff_pool_compute_waiting_sessions",
+            "Sessions waiting because a pod had a free slot but no compute for them",
+            pool,
+            registry=r,
+        )
         self.replicas = Gauge("ardiff_pool_replicas", "Worker pods", pool, registry=r)
         self.min_replicas = Gauge("ardiff_pool_min_replicas", "spec.replicas.min", pool, registry=r)
         self.max_replicas = Gauge("ardiff_pool_max_replicas", "spec.replicas.max", pool, registry=r)
@@ -121,6 +148,10 @@ class OperatorMetrics:
         self.pending.labels(*labels).set(sample.pending)
         self.free_slots.labels(*labels).set(sample.free_slots)
         self.capacity.labels(*labels).set(sample.capacity)
+        self.compute_capacity.labels(*labels).set(sample.compute_capacity)
+        self.compute_fps.labels(*labels).set(sample.compute_fps)
+        self.demand_fps.labels(*labels).set(sample.demand_fps)
+        self.compute_waiting.labels(*labels).set(sample.waiting_for_compute)
         for state, count in (("ready", sample.ready), ("starting", sample.starting), ("stale", sample.stale)):
             self.pods.labels(*labels, state).set(count)
         self.replicas.labels(*labels).set(sample.replicas)
@@ -142,6 +173,10 @@ class OperatorMetrics:
             self.pending,
             self.free_slots,
             self.capacity,
+            self.compute_capacity,
+            self.compute_fps,
+            self.demand_fps,
+            self.compute_waiting,
             self.replicas,
             self.min_replicas,
             self.max_replicas,

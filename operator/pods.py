@@ -197,6 +197,8 @@ def build_worker_env(namespace: str, pool: str, spec: WorkerPoolSpec) -> list[di
         "ARDIFF_CPU_FREE_MEMORY_BYTES": None
         if spec.cpu_free_memory_bytes is None
         else str(spec.cpu_free_memory_bytes),
+        # Issue 25: the worker reports compute_fps = this x its measured throughput (unset: 0, not limited).
+        "ARDIFF_COMPUTE_UTILISATION": str(spec.compute_utilisation) if spec.compute_utilisation else None,
     }
     if spec.tls_secret is not None:  # https at the Pod's DNS name (the worker's endpoint default with TLS)
         values |= {

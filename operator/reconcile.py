@@ -33,7 +33,7 @@ from ardiff.operator.context import OperatorContext
 from ardiff.operator.disruption import pool_selector, sync_busy_pods
 from ardiff.operator.kube import PODS
 from ardiff.operator.metrics import PoolSample
-from ardiff.operator.scaling import PodSlots, may_grow, plan_migrations, plan_scaling
+from ardiff.operator.scaling import PodSlots, compute_sessions, may_grow, plan_migrations, plan_scaling
 from ardiff.operator.slots import live_pods, pod_slots, sync_pods
 from ardiff.operator.status import Phase, PoolObservation, Reason, build_pool_status, status_patch
 from ardiff.operator.status_writer import now_rfc3339, previous_status, write_failed, write_session_statuses
@@ -65,6 +65,9 @@ class RoundResult:
     # Sessions whose status this round must not rewrite: failed now, or bound to a pod that must re-register
     # before their binding can be restored.
     settled: set[str] = field(default_factory=set)
+    # Issue 25: waiting sessions `place` left pending for compute (a pod had a slot but no compute for them),
+    # and those not tried after such an answer.
+    waiting_for_compute: set[str] = field(default_factory=set)
 
 
 def placement_order(session: SessionView, record: SessionBinding | None) -> tuple[int, int, int, str, str]:
@@ -88,7 +91,7 @@ def placement_order(session: SessionView, record: SessionBinding | None) -> tupl
 
 async def rebind_from_status(
     ctx: OperatorContext,
-    pool: PoolId,
+    pool_view: PoolView,
     session: SessionView,
     live: Mapping[str, PodRecord],
     slots: Mapping[str, PodSlots],
@@ -99,10 +102,11 @@ async def rebind_from_status(
     (`wait`) while that pod still exists, or given up (`lost`: the KV is gone, it is placed again). A
     Suspended session's record comes back from the status's export fields (`suspended`: no slot; its export
     outlives Redis' data in the shared tier)."""
+    pool = PoolId(pool_view.namespace, pool_view.name)
     if session.phase == Phase.SUSPENDED and (location := session.status.get("exportLocation")):
         restored_suspended = await ctx.store.restore_suspended(
             pool,
-            await placement_spec(ctx, session),
+            await placement_spec(ctx, session, pool_view),
             tier=session.status.get("tier") or "",
             location=location,
             size=int(session.status.get("bytes") or 0),
@@ -120,7 +124,7 @@ async def rebind_from_status(
         return "wait"  # its heartbeat re-creates the pod's record soon
     if pod is None or pod.epoch != bound_epoch:
         return "lost"
-    spec = await placement_spec(ctx, session)
+    spec = await placement_spec(ctx, session, pool_view)
     restored = await ctx.store.restore(
         pool,
         spec,
@@ -164,6 +168,7 @@ async def place_sessions(
     pid = PoolId(pool.namespace, pool.name)
     result = RoundResult()
     free = sum(p.free for p in live.values() if not p.draining)
+    compute_bound = False  # `place` said compute, not slots, is what the pool lacks
     can_evict = not may_grow(slots, pool.spec.max_replicas)
     # Only the sessions that wait are ordered: sorting all of them every round cost ~0.25 s at 100k
     # sessions, filtering them ~0.1 s.
@@ -175,7 +180,7 @@ async def place_sessions(
         try:
             if record is None:
                 check_family(session, pool)  # one admitted before its pool existed meets it here
-                rebind = await rebind_from_status(ctx, pid, session, live, slots, logger)
+                rebind = await rebind_from_status(ctx, pool, session, live, slots, logger)
             if rebind == "wait":
                 result.settled.add(
                     session.name
@@ -196,8 +201,10 @@ async def place_sessions(
             may_evict = (rebind == "new" or lost) and can_evict
             if free <= 0 and not may_evict:
                 result.waiting += 1
+                if compute_bound:
+                    result.waiting_for_compute.add(session.name)
                 continue
-            spec = await placement_request(ctx, pid, session, record is not None)
+            spec = await placement_request(ctx, pool, session, record is not None)
         except AdmissionFailure as exc:
             await write_failed(ctx, session, exc.reason, exc.message)
             result.settled.add(session.name)
@@ -208,8 +215,11 @@ async def place_sessions(
         )
         if placed.placement is None:
             result.waiting += 1
+            if placed.pending_reason == "compute":
+                result.waiting_for_compute.add(session.name)
             if not may_evict:
                 free = 0  # `place` found no free slot: nobody else without eviction will either
+                compute_bound = placed.pending_reason == "compute"
             if placed.suspending and placed.victim is not None:  # its slot frees once the export is written
                 result.changed = True
                 victim_key = (session.namespace, placed.victim)
@@ -228,11 +238,13 @@ async def place_sessions(
 
 
 async def placement_request(
-    ctx: OperatorContext, pool: PoolId, session: SessionView, has_record: bool
+    ctx: OperatorContext, pool: PoolView, session: SessionView, has_record: bool
 ) -> SessionSpec:
-    """A lost or evicted session's request comes from its own full record; anyone else's from the CR."""
-    full = await ctx.store.get_session(pool, session.name) if has_record else None
-    return full.spec() if full is not None else await placement_spec(ctx, session)
+    """A lost or evicted session's request comes from its own full record (its playout target included);
+    anyone else's from the CR."""
+    pid = PoolId(pool.namespace, pool.name)
+    full = await ctx.store.get_session(pid, session.name) if has_record else None
+    return full.spec() if full is not None else await placement_spec(ctx, session, pool)
 
 
 def newly_unplaced(
@@ -407,7 +419,13 @@ async def reconcile_pool(
         # Report a loss before repairing it: a session placed again in this same round still shows `Lost`
         # (and its Event) once, rather than staying `Ready` while its pod and KV changed under it.
         await write_session_statuses(
-            ctx, newly_unplaced(ctx, active, records), records, live, by_name, now_ms
+            ctx,
+            newly_unplaced(ctx, active, records),
+            records,
+            live,
+            by_name,
+            now_ms,
+            default_playout=pool.spec.playout,
         )
         expired = await expire_idle(ctx, pid, active, records, now_ms)
         expired += await expire_suspending(ctx, pid, records)
@@ -431,6 +449,9 @@ async def reconcile_pool(
             now_ms,
             starting_pods=booting,
             last_startup_seconds=last_startup,
+            default_playout=pool.spec.playout,
+            waiting_for_compute=result.waiting_for_compute,
+            compute_utilisation=pool.spec.compute_utilisation,
         )
     slots = pod_slots(ctx, pool, pods, live)
     plan = plan_scaling(
@@ -465,6 +486,8 @@ async def reconcile_pool(
         ctx.startup_failures.pop(pid, None)  # every pod registered: the last replacement worked
     refusal = ctx.template_refusals.get(pid)  # still the current template's, unless a Pod was created since
     replicas = len({p.name for p in existing} | set(ctx.expected_pods[pid]))
+    serving = [r for name, r in live.items() if name in ready and not r.draining]
+    compute_capacity = sum(compute_sessions(r.compute_fps, pool.spec.playout.fps) for r in serving)
     observation = PoolObservation(
         replicas=replicas,
         updated_replicas=replicas - stale,
@@ -479,6 +502,7 @@ async def reconcile_pool(
         startup_failure=ctx.startup_failures.get(pid),
         template_refusal=refusal.message if refusal else None,
         credentials_problem=credentials.problem,
+        compute_capacity=compute_capacity if pool.spec.compute_utilisation > 0 else None,
     )
     status = build_pool_status(
         previous_pool_status, observation, generation=pool.generation, now=now_rfc3339()
@@ -499,6 +523,10 @@ async def reconcile_pool(
         min_replicas=observation.min_replicas,
         max_replicas=observation.max_replicas,
         last_pod_startup_seconds=status.get("lastPodStartupSeconds", last_startup),
+        compute_capacity=compute_capacity,
+        compute_fps=sum(r.compute_fps for r in serving),
+        demand_fps=sum(r.demand_fps for r in live.values()),
+        waiting_for_compute=len(result.waiting_for_compute),
     )
     return status_patch(previous_pool_status, status, mirror_due=True)
 

@@ -3,6 +3,9 @@
 Scale up while sessions wait and no slot is free (counting slots still booting), never above `max`.
 Scale down only pods that hold no session and have been empty for `scaleDownDelaySeconds`, never below `min`.
 A pod that did not register within `startupTimeoutSeconds` (`stuck`) counts for nothing: it is replaced.
+A slot counts as free only while the pod's compute (issue 25) also admits one more session at the pool's
+default playout fps: a pod's free slots are min(KV slots free, sessions its compute headroom admits), and a
+new pod brings min(KV slots, sessions its compute admits) of the largest registered pod.
 
 A pod made from an older template (`stale`: the pool's spec changed since) takes no new session (the round
 drains it); it is retired as soon as it holds none, and until then it counts against `max` (no surge: the
@@ -22,6 +25,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+COMPUTE_SLACK = 1e-6  # as kv/lua/_lib.lua FPS_EPSILON, in sessions
+
 
 @dataclass(frozen=True)
 class PodSlots:
@@ -36,6 +41,21 @@ class PodSlots:
     stale: bool = False  # made from an older template than the pool's current one (or chosen for scale-down)
     exports: bool = False  # its worker can export sessions (migration instead of waiting for them to end)
     same_identity: bool = True  # its sessions can be imported by a pod of the current template
+    # Issue 25: sessions at the pool's default playout fps its compute admits in all, and still admits
+    # (None: its compute is not limited)
+    compute_capacity: int | None = None
+    compute_free: int | None = None
+
+    @property
+    def free(self) -> int:
+        """Sessions it can take now: free KV slots, bounded by its compute headroom."""
+        slots = max(0, self.capacity - self.used)
+        return slots if self.compute_free is None else min(slots, self.compute_free)
+
+    @property
+    def admits(self) -> int:
+        """Sessions it holds when full: its KV slots, bounded by its compute."""
+        return self.capacity if self.compute_capacity is None else min(self.capacity, self.compute_capacity)
 
     @property
     def retiring(self) -> bool:
@@ -50,14 +70,20 @@ class ScalePlan:
     replace: tuple[str, ...] = ()  # stuck pods: delete (they hold nothing); `create` covers their successors
 
 
+def compute_sessions(fps_budget: float, fps: float) -> int:
+    """Sessions at `fps` that `fps_budget` frames/s admit (as placement compares them: a hair of slack)."""
+    return max(0, math.floor(fps_budget / fps + COMPUTE_SLACK))
+
+
 def counted(pods: Mapping[str, PodSlots]) -> dict[str, PodSlots]:
     """The pods that count for the pool's size and capacity: all but the stuck and the retiring ones."""
     return {name: pod for name, pod in pods.items() if not (pod.stuck or pod.retiring)}
 
 
 def per_pod_capacity(pods: Mapping[str, PodSlots], session_capacity: int | None) -> int | None:
-    """Slots one more pod brings: the largest registered pod's, else the spec's cap, else unknown."""
-    known = [p.capacity for p in pods.values() if p.registered and p.capacity > 0]
+    """Sessions one more pod brings: the largest registered pod's (`admits`), else the spec's cap, else
+    unknown."""
+    known = [p.admits for p in pods.values() if p.registered and p.admits > 0]
     if known:
         return max(known)
     return session_capacity
@@ -89,7 +115,7 @@ def plan_scaling(
     current = len(pods)  # against max: stale pods that still hold sessions included
     updated = [p for p in pods.values() if not p.stale]  # towards min
     booting = [p for p in updated if not p.registered]
-    free = sum(max(0, p.capacity - p.used) for p in pods.values() if p.registered)
+    free = sum(p.free for p in pods.values() if p.registered)
     if len(updated) < min_replicas:
         create = max(0, min(min_replicas - len(updated), max_replicas - current))
         return ScalePlan(create=create, delete=retire, replace=replace)
@@ -137,7 +163,7 @@ def plan_migrations(
     `scaleDownDelaySeconds`."""
     kept = counted(pods)
     updated = [p for p in kept.values() if not p.stale]
-    free = sum(max(0, p.capacity - p.used) for p in updated if p.registered)
+    free = sum(p.free for p in updated if p.registered)
     movable = sorted(
         (
             p
@@ -160,7 +186,7 @@ def plan_migrations(
     if len(updated) <= min_replicas or any(p.used == 0 for p in registered) or len(registered) < 2:
         return MigrationPlan()
     for pod in sorted(registered, key=lambda p: (p.used, p.name)):
-        others = sum(max(0, p.capacity - p.used) for p in registered if p.name != pod.name)
+        others = sum(p.free for p in registered if p.name != pod.name)
         if pod.exports and pod.used <= others:
             return MigrationPlan(scale_down=pod.name)
         break  # only the least-loaded pod is a candidate

@@ -13,7 +13,7 @@ import kopf
 
 from ardiff.kv.errors import NotReplicated
 from ardiff.kv.records import PlaceResult, PoolId, SessionSpec
-from ardiff.operator.admission import AdmissionFailure, check_family, placement_spec
+from ardiff.operator.admission import AdmissionFailure, check_family, placement_spec, resolve_playout
 from ardiff.operator.context import OperatorContext
 from ardiff.operator.scaling import may_grow
 from ardiff.operator.slots import live_pods, pod_slots
@@ -49,7 +49,7 @@ async def admit(
     if session.spec is None:
         return failed_status(session, Reason.INVALID_SPEC, session.invalid_reason or "invalid spec", logger)
     try:
-        spec = await placement_spec(ctx, session, create_token=True)
+        spec = await placement_spec(ctx, session, pool, create_token=True)
     except AdmissionFailure as exc:
         return failed_status(session, exc.reason, exc.message, logger)
     if pool is None:
@@ -85,8 +85,16 @@ async def admit(
     record = (await ctx.store.get_bindings(pid, [session.name])).get(session.name)
     where = record.pod if record is not None else ""
     ready = any(p.name == where and p.ready for p in pods)
-    pod = await ctx.store.get_pod(pid, where) if where else None
-    observation = SessionObservation(record=record, pod=pod, pod_ready=ready, now_ms=now_ms)
+    observation = SessionObservation(
+        record=record,
+        pod=await ctx.store.get_pod(pid, where) if where else None,
+        pod_ready=ready,
+        now_ms=now_ms,
+        playout=resolve_playout(session, pool),
+        compute_utilisation=pool.spec.compute_utilisation
+        if placed.pending_reason == "compute" and pool.spec is not None
+        else None,
+    )
     return build_session_status(
         session.status, observation, session=session.name, generation=session.generation, now=now_rfc3339()
     )

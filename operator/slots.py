@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from ardiff.kv.records import PodRecord, PoolId
 from ardiff.operator.context import OperatorContext
-from ardiff.operator.scaling import PodSlots
+from ardiff.operator.scaling import PodSlots, compute_sessions
 from ardiff.operator.views import PodView, PoolView
 
 # A created pod the index has not reported within this long is no longer counted (its creation was undone).
@@ -27,7 +27,8 @@ def pod_slots(
     """The pool's pods as scaling sees them: existing (not terminating) and just created ones. A pod without a
     Redis record is `stuck` once it has been seen without one for `spec.startupTimeoutSeconds` (by this
     operator process: a restarted operator gives such pods a fresh deadline); one made from another template
-    than the spec's is `stale`."""
+    than the spec's is `stale`. A pod whose worker reports compute_fps counts the sessions at the pool's
+    default playout fps its compute admits."""
     assert pool.spec is not None
     pid = PoolId(pool.namespace, pool.name)
     now = time.monotonic()
@@ -68,8 +69,19 @@ def pod_slots(
             stale=name in stale,
             exports=bool(record and record.exports),
             same_identity=name in same_identity,
+            **compute_slots(record, pool.spec.playout.fps),
         )
     return slots
+
+
+def compute_slots(record: PodRecord | None, fps: float) -> dict[str, int | None]:
+    """PodSlots' compute_capacity and compute_free of a pod (None: its compute is not limited)."""
+    if record is None or record.compute_fps <= 0:
+        return {"compute_capacity": None, "compute_free": None}
+    return {
+        "compute_capacity": compute_sessions(record.compute_fps, fps),
+        "compute_free": compute_sessions(record.compute_fps - record.demand_fps, fps),
+    }
 
 
 async def live_pods(ctx: OperatorContext, pool: PoolId) -> dict[str, PodRecord]:

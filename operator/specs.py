@@ -12,7 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ardiff.kv.records import MAX_PRIORITY, EvictionPolicy, check_name
+from ardiff.kv.records import (
+    MAX_PLAYOUT_BUFFER_CHUNKS,
+    MAX_PLAYOUT_FPS,
+    MAX_PRIORITY,
+    EvictionPolicy,
+    check_name,
+)
 from ardiff.model_families import DEFAULT_FAMILY, FAMILY_NAMES, family_of
 
 DEFAULT_MODEL = "tiny-lingbot-world"
@@ -26,6 +32,10 @@ DEFAULT_IDLE_TIMEOUT_SECONDS = 0  # never
 DEFAULT_HEIGHT = 480
 DEFAULT_WIDTH = 832
 DEFAULT_KV_MEMORY_FRACTION = 0.9
+# Issue 25: a pool's default playout target (a LingBot chunk of 12 frames every 0.75 s) and compute bound.
+DEFAULT_PLAYOUT_FPS = 16.0
+DEFAULT_PLAYOUT_BUFFER_CHUNKS = 2
+DEFAULT_COMPUTE_UTILISATION = 0.0  # admit by KV memory only
 
 
 class InvalidSpec(ValueError):
@@ -53,6 +63,15 @@ def _get(spec: Mapping[str, Any], path: str, default: Any) -> Any:
             return default
         node = node[part]
     return node
+
+
+def _number(spec: Mapping[str, Any], path: str, default: float | None) -> float | None:
+    value = _get(spec, path, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidSpec(f"spec.{path} must be a number, got {value!r}")
+    return float(value)
 
 
 def _mapping(spec: Mapping[str, Any], path: str) -> dict[str, Any]:
@@ -103,6 +122,50 @@ class ModelSpec:
             width=_int(spec, "model.width", DEFAULT_WIDTH, minimum=1),
             dtype=None if dtype is None else _str(spec, "model.dtype"),
         )
+
+
+@dataclass(frozen=True)
+class Playout:
+    """A playout target (issue 25): the frames per second a session's viewer plays, and the chunks its player
+    keeps buffered before and while it plays."""
+
+    fps: float = DEFAULT_PLAYOUT_FPS
+    buffer_chunks: int = DEFAULT_PLAYOUT_BUFFER_CHUNKS
+
+    def __post_init__(self) -> None:
+        if not 0 < self.fps <= MAX_PLAYOUT_FPS:
+            raise InvalidSpec(f"spec.playout.fps must be in (0, {MAX_PLAYOUT_FPS:g}], got {self.fps:g}")
+        if not 1 <= self.buffer_chunks <= MAX_PLAYOUT_BUFFER_CHUNKS:
+            limit = MAX_PLAYOUT_BUFFER_CHUNKS
+            raise InvalidSpec(f"spec.playout.bufferChunks must be in 1..{limit}, got {self.buffer_chunks}")
+
+    def status(self) -> dict[str, Any]:
+        """As `status.playout` shows it."""
+        return {"fps": self.fps, "bufferChunks": self.buffer_chunks}
+
+
+@dataclass(frozen=True)
+class PlayoutOverride:
+    """A session's `spec.playout`: each field it sets overrides its pool's default."""
+
+    fps: float | None = None
+    buffer_chunks: int | None = None
+
+    def resolve(self, default: Playout) -> Playout:
+        return Playout(
+            fps=default.fps if self.fps is None else self.fps,
+            buffer_chunks=default.buffer_chunks if self.buffer_chunks is None else self.buffer_chunks,
+        )
+
+    @classmethod
+    def from_resource(cls, spec: Mapping[str, Any]) -> PlayoutOverride:
+        buffer = _get(spec, "playout.bufferChunks", None)
+        override = cls(
+            fps=_number(spec, "playout.fps", None),
+            buffer_chunks=None if buffer is None else _int(spec, "playout.bufferChunks", 0, minimum=1),
+        )
+        override.resolve(Playout())  # checks the ranges
+        return override
 
 
 MODEL_VOLUME_MOUNT = "/models"  # where a model download's volume is mounted (init and worker containers)
@@ -235,8 +298,14 @@ class WorkerPoolSpec:
     # spec.tls.secretName: a kubernetes.io/tls Secret (tls.crt, tls.key, optional ca.crt) the workers serve
     # https with, at their DNS names under the pool's headless Service. None: plain HTTP.
     tls_secret: str | None = None
+    # Issue 25: its sessions' default playout target, and the share of its pods' measured throughput that
+    # admission may promise (0: admit by KV memory only).
+    playout: Playout = field(default_factory=Playout)
+    compute_utilisation: float = DEFAULT_COMPUTE_UTILISATION
 
     def __post_init__(self) -> None:
+        if not 0 <= self.compute_utilisation <= 1:
+            raise InvalidSpec(f"spec.computeUtilisation must be in [0, 1], got {self.compute_utilisation:g}")
         if self.max_replicas < max(1, self.min_replicas):
             raise InvalidSpec(
                 f"spec.replicas.max must be >= max(1, replicas.min), got max={self.max_replicas}, "
@@ -282,6 +351,8 @@ class WorkerPoolSpec:
             pod=PodOptions.from_resource(spec),
             model_download=ModelDownload.from_resource(spec),
             tls_secret=None if _get(spec, "tls", None) is None else _str(spec, "tls.secretName"),
+            playout=PlayoutOverride.from_resource(spec).resolve(Playout()),
+            compute_utilisation=_number(spec, "computeUtilisation", DEFAULT_COMPUTE_UTILISATION) or 0.0,
         )
 
 
@@ -307,6 +378,7 @@ class SessionResourceSpec:
     max_chunks: int = 0  # 0: unlimited (the CRD leaves it unset)
     image: ImageRef | None = None
     family: str = DEFAULT_FAMILY  # the model family it speaks; must be its pool's
+    playout: PlayoutOverride = field(default_factory=PlayoutOverride)  # unset fields: the pool's
 
     def __post_init__(self) -> None:
         try:
@@ -335,6 +407,7 @@ class SessionResourceSpec:
             max_chunks=_int(spec, "maxChunks", 0),
             image=_image_ref(spec),
             family=_get(spec, "family", DEFAULT_FAMILY),
+            playout=PlayoutOverride.from_resource(spec),
         )
 
 

@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from ardiff.kv.records import PodRecord, SessionState
+from ardiff.operator.specs import Playout
 from ardiff.operator.tokens import TOKEN_KEY, token_secret_name
 
 
@@ -35,6 +36,8 @@ class Reason(StrEnum):
     """`status.reason`: one stable word per cause."""
 
     WAITING_FOR_CAPACITY = "WaitingForCapacity"
+    # Issue 25: a pod has a free slot but no compute for its playout fps (spec.computeUtilisation)
+    WAITING_FOR_COMPUTE = "WaitingForCompute"
     POD_STARTING = "PodStarting"  # waiting for a slot while the pool's worker pods start (e.g. from zero)
     POD_NOT_READY = "PodNotReady"
     PLACED = "Placed"
@@ -140,6 +143,10 @@ class SessionPlacement(Protocol):
     def resume_from(self) -> str: ...
     @property
     def snapshot_location(self) -> str: ...
+    @property
+    def playout_fps(self) -> float: ...
+    @property
+    def playout_buffer_chunks(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -153,6 +160,10 @@ class SessionObservation:
     # Issue 14: the pool's worker pods not registered yet, and how long its last pod took to register.
     starting_pods: int = 0
     last_startup_seconds: float | None = None
+    # Issue 25: the session's resolved playout target (its own, else its pool's; a record's wins: what it
+    # was placed with), and, while `place` said it waits for compute, its pool's spec.computeUtilisation.
+    playout: Playout | None = None
+    compute_utilisation: float | None = None
 
 
 def starting_message(starting: int, last_startup_seconds: float | None) -> str:
@@ -166,8 +177,19 @@ def starting_message(starting: int, last_startup_seconds: float | None) -> str:
     return f"waiting for a slot: {pods} starting{last}"
 
 
+def compute_message(utilisation: float, starting: int) -> str:
+    """A session waiting for compute: the pool's bound, and the pods starting for it."""
+    pods = "" if not starting else f"; {starting} worker pod{'s' if starting > 1 else ''} starting"
+    return (
+        "waiting for compute: every pod with a free slot would exceed spec.computeUtilisation "
+        f"({utilisation:g}) of its measured throughput with this session's playout fps{pods}"
+    )
+
+
 def derive_session_phase(obs: SessionObservation) -> tuple[Phase, Reason]:
     record = obs.record
+    if record is None and obs.compute_utilisation is not None:
+        return Phase.PENDING, Reason.WAITING_FOR_COMPUTE
     if record is None:
         return Phase.PENDING, Reason.POD_STARTING if obs.starting_pods else Reason.WAITING_FOR_CAPACITY
     if record.state is SessionState.LOST:
@@ -206,6 +228,8 @@ def build_session_status(
     phase, reason = derive_session_phase(obs)
     if message is None and reason is Reason.POD_STARTING:
         message = starting_message(obs.starting_pods, obs.last_startup_seconds)
+    if message is None and reason is Reason.WAITING_FOR_COMPUTE:
+        message = compute_message(obs.compute_utilisation or 0.0, obs.starting_pods)
     if message is None:
         same_reason = previous.get("reason") == reason and previous.get("message")
         message = previous["message"] if same_reason else DEFAULT_MESSAGES[reason]
@@ -224,6 +248,7 @@ def build_session_status(
         "observedGeneration": generation,
         "chunkIndex": record.chunk_index if record is not None else previous.get("chunkIndex", 0),
         "lastTickTime": rfc3339(record.last_tick_ms) if record and record.last_tick_ms else None,
+        "playout": playout_status(obs),
     }
     # Where a Suspended session's export lies; removed (null) once it is not suspended any more.
     export = {"tier": None, "bytes": None, "suspendedChunk": None, "exportLocation": None}
@@ -245,6 +270,14 @@ def build_session_status(
         generation=generation,
     )
     return status
+
+
+def playout_status(obs: SessionObservation) -> dict[str, Any] | None:
+    """`status.playout`: the target its record holds (what it was placed with), else the resolved one."""
+    record = obs.record
+    if record is not None and record.playout_fps > 0:
+        return {"fps": record.playout_fps, "bufferChunks": record.playout_buffer_chunks}
+    return obs.playout.status() if obs.playout is not None else None
 
 
 def needs_reset(record: SessionPlacement) -> bool:
@@ -311,6 +344,9 @@ class PoolObservation:
     template_refusal: str | None  # the API's message refusing a Pod of the current template
     # (reason, message) while the workers' Redis credentials cannot be made (issue 23 item 1): no Pod starts
     credentials_problem: tuple[str, str] | None = None
+    # Issue 25: sessions at the pool's default playout fps the Ready pods' compute admits (None: the pool
+    # admits by KV memory only, spec.computeUtilisation 0)
+    compute_capacity: int | None = None
 
 
 def progressing_condition(obs: PoolObservation) -> ConditionSpec:
@@ -357,7 +393,7 @@ def build_pool_status(
         ),
         progressing_condition(obs),
     ]
-    return {
+    status: dict[str, Any] = {
         "replicas": obs.replicas,
         "updatedReplicas": obs.updated_replicas,
         "readyReplicas": obs.ready_replicas,
@@ -369,3 +405,6 @@ def build_pool_status(
             previous.get("conditions") or (), conditions, now=now, generation=generation
         ),
     }
+    if obs.compute_capacity is not None or "computeCapacity" in previous:  # None removes it
+        status["computeCapacity"] = obs.compute_capacity
+    return status

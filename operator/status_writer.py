@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import kopf
@@ -24,6 +24,7 @@ import kopf
 from ardiff.kv.records import PodRecord, SessionBinding
 from ardiff.operator.context import OperatorContext, SessionKey
 from ardiff.operator.kube import POOLS, SESSIONS
+from ardiff.operator.specs import Playout
 from ardiff.operator.status import (
     Phase,
     Reason,
@@ -135,7 +136,13 @@ async def write_session_statuses(
     *,
     starting_pods: int = 0,
     last_startup_seconds: float | None = None,
+    default_playout: Playout | None = None,
+    waiting_for_compute: Collection[str] = frozenset(),
+    compute_utilisation: float = 0.0,
 ) -> int:
+    """Derive and write the statuses of `sessions`. `default_playout`: their pool's (each session's own
+    spec.playout fields win); `waiting_for_compute`: those `place` left pending for compute, under the pool's
+    `compute_utilisation`."""
     now = now_rfc3339()
     limit = asyncio.Semaphore(ctx.config.status_write_concurrency)
 
@@ -151,6 +158,8 @@ async def write_session_statuses(
             now_ms=now_ms,
             starting_pods=starting_pods,
             last_startup_seconds=last_startup_seconds,
+            playout=session.spec.playout.resolve(default_playout or Playout()) if session.spec else None,
+            compute_utilisation=compute_utilisation if session.name in waiting_for_compute else None,
         )
         previous = previous_status(ctx, session)
         desired = build_session_status(

@@ -20,6 +20,7 @@ import yaml
 from ardiff.devcluster.cluster import CRD_DIR, DevCluster, load_manifests
 from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.records import PodRecord, SessionBinding, SessionState
+from ardiff.operator.specs import Playout
 from ardiff.operator.status import (
     PoolObservation,
     Reason,
@@ -112,10 +113,16 @@ def test_printer_columns() -> None:
         ("Age", ".metadata.creationTimestamp"),
     ]
     wide = [(c["name"], c["jsonPath"]) for c in columns(SESSIONS) if c.get("priority")]
-    assert wide == [("Reason", ".status.reason"), ("Endpoint", ".status.endpoint"), ("Tier", ".status.tier")]
+    assert wide == [
+        ("Reason", ".status.reason"),
+        ("Endpoint", ".status.endpoint"),
+        ("FPS", ".status.playout.fps"),
+        ("Tier", ".status.tier"),
+    ]
     assert default_columns(POOLS) == [
         ("Ready", ".status.readyReplicas"),
         ("Capacity", ".status.capacity"),
+        ("Compute", ".status.computeCapacity"),
         ("Sessions", ".status.sessions"),
         ("Age", ".metadata.creationTimestamp"),
     ]
@@ -171,6 +178,8 @@ def test_defaults_are_applied(admission: Admission) -> None:
     assert spec["eviction"] == {"minIdleSeconds": 30}
     assert spec["scaleDownDelaySeconds"] == 300
     assert spec["startupTimeoutSeconds"] == 600
+    assert spec["playout"] == {"fps": 16, "bufferChunks": 2}
+    assert spec["computeUtilisation"] == 0
 
     session = example("sessions.yaml", "forest-walk")
     session["spec"] = {"poolRef": "tiny-world", "prompt": ""}
@@ -327,6 +336,24 @@ BAD_POOLS = [
         '{f}.url: Invalid value: "ftp://m/x": {f}.url in body should',
     ),
     ("metadata.name", "a.b", "{f}: Invalid value: pool name must be a DNS-1035 label"),
+    # issue 25
+    ("spec.playout.fps", 0, "{f}: Invalid value: 0: {f} in body should be greater than 0"),
+    ("spec.playout.fps", 121, "{f}: Invalid value: 121: {f} in body should be less than or equal to 120"),
+    (
+        "spec.playout.bufferChunks",
+        17,
+        "{f}: Invalid value: 17: {f} in body should be less than or equal to 16",
+    ),
+    (
+        "spec.computeUtilisation",
+        1.5,
+        "{f}: Invalid value: 1.5: {f} in body should be less than or equal to 1",
+    ),
+    (
+        "spec.computeUtilisation",
+        -0.1,
+        "{f}: Invalid value: -0.1: {f} in body should be greater than or equal to 0",
+    ),
 ]
 
 
@@ -375,6 +402,14 @@ BAD_SESSIONS = [
     ),
     ("spec.image", {"secretKeyRef": {"name": "a"}}, "{f}.secretKeyRef.key: Required value"),
     ("metadata.name", "Forest.Walk", "{f}: Invalid value: session name must be a DNS-1123 label"),
+    # issue 25
+    ("spec.playout.fps", -1, "{f}: Invalid value: -1: {f} in body should be greater than 0"),
+    ("spec.playout.fps", "16", '{f}: Invalid value: "string": {f} in body must be of type number: "string"'),
+    (
+        "spec.playout.bufferChunks",
+        0,
+        "{f}: Invalid value: 0: {f} in body should be greater than or equal to 1",
+    ),
 ]
 # Written through the status subresource (a create drops status); the server names the field relative to
 # status in the schema's own words.
@@ -537,6 +572,17 @@ def _session_statuses() -> list[dict[str, Any]]:
             for state in SessionState
             for reset in (False, True)
         ),
+        SessionBinding(  # issue 25: placed with a playout target
+            "forest-walk",
+            SessionState.PLACED,
+            pod.name,
+            42,
+            False,
+            12,
+            1_700_000_000_000,
+            playout_fps=12.5,
+            playout_buffer_chunks=3,
+        ),
         SessionBinding(
             "forest-walk",
             SessionState.SUSPENDED,
@@ -555,7 +601,14 @@ def _session_statuses() -> list[dict[str, Any]]:
     previous: dict[str, Any] = {}
     for record in records:
         for ready in (False, True):
-            obs = SessionObservation(record=record, pod=pod, pod_ready=ready, now_ms=1_700_000_001_000)
+            obs = SessionObservation(
+                record=record,
+                pod=pod,
+                pod_ready=ready,
+                now_ms=1_700_000_001_000,
+                playout=Playout() if ready else None,
+                compute_utilisation=0.9 if ready else None,  # record None: WaitingForCompute
+            )
             previous = build_session_status(
                 previous, obs, session="forest-walk", generation=1, now="2026-01-02T03:04:05.000Z"
             )
@@ -608,6 +661,7 @@ def test_every_status_field_the_operator_writes_is_declared(
         "bytes",
         "suspendedChunk",
         "exportLocation",
+        "playout",
     }
     observation = PoolObservation(
         replicas=3,
@@ -622,6 +676,7 @@ def test_every_status_field_the_operator_writes_is_declared(
         stale=1,
         startup_failure="worker pod tiny-world-abcde did not register within 600 s",
         template_refusal='Pod "tiny-world-abcde" is invalid: spec.containers[0].env[0].name: Required value',
+        compute_capacity=2,
     )
     pool_status = build_pool_status({}, observation, generation=4, now="2026-01-02T03:04:05.000Z")
     admitted = judged(example("pool.yaml", "tiny-world"), "tiny-world", pool_status)

@@ -1,7 +1,7 @@
 """examples/autoscaling/keda-scaledobject.yaml against KEDA's upstream ScaledObject CRD (vendored under
 tests/vendor/keda/, source and version in its header) with `jsonschema`, and against our pool: the target
 serves the scale subresource (the pool admitted by the session's real API server: server-side dry-run), the
-query reads a metric the operator exports for that pool, the bounds fit."""
+queries read metrics the operator and the pool's workers export, the bounds fit."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import yaml
 
 from ardiff.devcluster.cluster import load_manifests
 from ardiff.operator.metrics import OperatorMetrics
+from ardiff.operator.pods import pool_service_name
+from ardiff.worker.metrics import WorkerMetrics
 from tests.conftest import Admission
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,17 +88,27 @@ def test_it_drives_the_pools_scale_subresource_on_the_pending_sessions_metric(ad
     # Scale to zero with a floor KEDA may raise up to the pool's max (a Scale above max is refused).
     assert pool["spec"]["replicas"]["min"] == scaled["spec"]["minReplicaCount"] == 0
     assert scaled["spec"]["maxReplicaCount"] <= pool["spec"]["replicas"]["max"]
-    # One Prometheus trigger on the operator's pending-sessions gauge of exactly this pool.
-    (trigger,) = scaled["spec"]["triggers"]
-    assert trigger["type"] == "prometheus"
-    query = trigger["metadata"]["query"]
+    # Two Prometheus triggers: the operator's pending-sessions gauge of exactly this pool, and the rate of
+    # late chunks (deadline misses, issue 25) of exactly this pool's worker pods.
+    pending, late = scaled["spec"]["triggers"]
+    assert pending["type"] == late["type"] == "prometheus"
+    query = pending["metadata"]["query"]
     names = set(re.findall(r"\b(ardiff_[a-z_]+)\{", query))
     exported = {m.name for m in OperatorMetrics().registry.collect()}
     assert names == {"ardiff_pool_pending_sessions"} <= exported
     labels = dict(re.findall(r'(\w+)="([^"]*)"', query))
     assert labels == {"namespace": "default", "pool": pool["metadata"]["name"]}
     # The threshold is one pod's slots: ceil(pending / threshold) pods.
-    assert int(trigger["metadata"]["threshold"]) == pool["spec"]["kv"]["sessionCapacity"]
+    assert int(pending["metadata"]["threshold"]) == pool["spec"]["kv"]["sessionCapacity"]
+    query = late["metadata"]["query"]
+    samples = {s.name for m in WorkerMetrics().registry.collect() for s in m.samples}
+    assert set(re.findall(r"\brate\((ardiff_[a-z_]+)\{", query)) == {"ardiff_worker_chunks_late_total"}
+    assert "ardiff_worker_chunks_late_total" in samples
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', query))
+    assert labels == {"namespace": "default", "service": pool_service_name(pool["metadata"]["name"])}
+    assert float(late["metadata"]["threshold"]) > 0
+    # The pool admits by compute too: new sessions wait for the pod the misses bring.
+    assert 0 < pool["spec"]["computeUtilisation"] <= 1
 
 
 def test_the_demo_does_not_apply_it() -> None:

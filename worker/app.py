@@ -49,6 +49,18 @@ class ErrorEnvelope(BaseModel):
     error: ErrorInfo
 
 
+class PlayoutView(BaseModel):
+    """The session's playout target and what its viewer saw of it (worker/playout.py; None before a chunk)."""
+
+    fps: float
+    buffer_chunks: int
+    time_to_first_chunk_s: float | None
+    chunks_on_time: int
+    chunks_late: int
+    stall_s: float
+    cpr: float | None
+
+
 class SessionView(BaseModel):
     session_id: str
     state: str
@@ -57,6 +69,7 @@ class SessionView(BaseModel):
     ticks: int
     resident: bool
     in_flight: bool = False
+    playout: PlayoutView
 
 
 class KVBlocksView(BaseModel):

@@ -237,7 +237,7 @@ class Continuity:
         direct = None if source is None else await self.transfer.pull(session_id, *source, size=size)
         if source is not None:
             pulled[location] = None if direct is None else direct[1]
-        async with self.forward.lock:
+        async with self.forward.lock.hold():
             if direct is not None:
                 book = direct[0]
             elif direct_only:
@@ -267,7 +267,7 @@ class Continuity:
             return
         started = time.perf_counter()
         try:
-            async with self.forward.lock:
+            async with self.forward.lock.hold():
                 location, size = await self.forward.run(
                     self.exports.write_shared, session_id, book, "snapshot"
                 )
@@ -329,7 +329,7 @@ class Continuity:
                 and resident
             ):
                 try:
-                    async with self.forward.lock:
+                    async with self.forward.lock.hold():
                         tier, location, size = await self.forward.run(
                             self.exports.write_suspension, session_id, book, holder
                         )

@@ -2,9 +2,10 @@
 
 It behaves like LingBot-World's runner where the worker can observe it: 9 frames for a session's first chunk
 and 12 afterwards, chunk indices contiguous per session (a gap fails the forward), a reset or close frees the
-session's blocks. Frames are a pure function of (seed, image, prompt, chunk index, controls), so a test can
-recompute them. It exports and imports its sessions (their next chunk, and the worker's book) in the real
-export format (docs/contracts.md §9), so control-plane tests can suspend and move them. Unlike the real
+session's blocks; a forward takes `tick_seconds`, or (with `tick_spread`, for the playout benchmark) a seeded
+lognormal draw around it. Frames are a pure function of (seed, image, prompt, chunk index, controls), so a
+test can recompute them. It exports and imports its sessions (their next chunk, and the worker's book) in the
+real export format (docs/contracts.md §9), so control-plane tests can suspend and move them. Unlike the real
 runner, a fake that is full refuses a new session instead of evicting one: the worker must never let that
 happen, and a loud failure shows it if it does.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -94,7 +96,15 @@ def fake_actions(conditioning: Conditioning, tick: Any) -> np.ndarray:
 
 class FakeRuntime:
     def __init__(
-        self, *, height: int, width: int, capacity: int, tick_seconds: float = 0.0, family: str = "lingbot"
+        self,
+        *,
+        height: int,
+        width: int,
+        capacity: int,
+        tick_seconds: float = 0.0,
+        tick_spread: float = 0.0,
+        seed: int = 0,
+        family: str = "lingbot",
     ) -> None:
         if capacity <= 0:
             raise ValueError(f"fake runtime capacity must be positive, got {capacity}")
@@ -105,6 +115,8 @@ class FakeRuntime:
         self._height, self._width = height, width
         self._capacity = capacity
         self._tick_seconds = tick_seconds
+        self._tick_spread = tick_spread
+        self._tick_rng = random.Random(seed)  # the forward thread alone draws from it: one sequence per seed
         self._next_chunk: dict[str, int] = {}
         self._lock = threading.Lock()  # forward runs on the forward thread; snapshots are read elsewhere
 
@@ -138,7 +150,7 @@ class FakeRuntime:
                     f"chunk_index must be contiguous: expected {expected}, got {tick.chunk_index}"
                 )
             if self._tick_seconds:
-                time.sleep(self._tick_seconds)
+                time.sleep(self.tick_time())
             if inject_fault:
                 raise RuntimeError("injected forward fault (ARDIFF_TEST_FAULTS)")
             actions = None
@@ -162,6 +174,12 @@ class FakeRuntime:
             decode_s=0.0,
             actions=actions,
         )
+
+    def tick_time(self) -> float:
+        """The next forward's time: `tick_seconds` x a lognormal draw of sigma `tick_spread` (median 1)."""
+        if not self._tick_spread:
+            return self._tick_seconds
+        return self._tick_seconds * self._tick_rng.lognormvariate(0.0, self._tick_spread)
 
     def reset(self, session_id: str) -> None:
         self.close(session_id)

@@ -10,6 +10,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# The most play time a client may claim to hold (10 minutes): more is not a buffer, it is a mistake.
+MAX_BUFFER_MS = 600_000
+
 
 class ControlBody(BaseModel):
     """One control track of a tick (vllm-omni's `ARDiffusionControlInput`)."""
@@ -20,7 +23,8 @@ class ControlBody(BaseModel):
     data: dict[str, Any] = Field(examples=[{"mode": "frames", "frames": [["w"], ["w"], ["w", "j"]]}])
 
 
-_EXAMPLE_TICK = {
+# A valid LingBot tick: the schema's example, and the body of the warm-up forwards (worker/service.py).
+EXAMPLE_TICK = {
     "request_id": "tick-0",
     "chunk_index": 0,
     "prompt": "camera moving forward through a forest",
@@ -37,7 +41,7 @@ _EXAMPLE_TICK = {
 class TickBody(BaseModel):
     """vllm-omni's `ARDiffusionTickRequest` minus `session_id` (the URL names the session)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [_EXAMPLE_TICK]})
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [EXAMPLE_TICK]})
     request_id: str = Field(
         min_length=1, description="correlation id; a retry with the same id replays the chunk"
     )
@@ -47,6 +51,13 @@ class TickBody(BaseModel):
     controls: list[ControlBody] = Field(default_factory=list)
     reset: bool = False
     close_session: bool = False
+    buffer_ms: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_BUFFER_MS,
+        description="the play time (ms) the client has buffered and not yet shown when it sent the tick: the "
+        "chunk's deadline (absent: no deadline, arrival order)",
+    )
 
 
 class StreamTick(TickBody):

@@ -6,10 +6,13 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from ardiff.worker.playout import Delivery
 from ardiff.worker.runtime import SessionRuntime
 
 # Ticks take ~0.1 s (tiny model on CPU) to a few seconds (the real model at 480x832).
 _TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# A 12-frame chunk plays for 0.75 s at 16 FPS: gaps around that are on target, well over it are stalls.
+_GAP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 
 
 @dataclass
@@ -101,8 +104,63 @@ class WorkerMetrics:
             registry=r,
         )
 
-    def render(self, runtime: SessionRuntime | None, *, admitted: int, ready: bool) -> bytes:
+        # Playout (issue 25, worker/playout.py): what the viewers of this pod's sessions see.
+        self.time_to_first_chunk = Histogram(
+            "ardiff_worker_time_to_first_chunk_seconds",
+            "Time from a session's first tick on this pod to its first chunk",
+            buckets=_TICK_BUCKETS,
+            registry=r,
+        )
+        self.chunk_gap = Histogram(
+            "ardiff_worker_chunk_gap_seconds",
+            "Time between a session's consecutive chunks",
+            buckets=_GAP_BUCKETS,
+            registry=r,
+        )
+        self.chunks_on_time = Counter(
+            "ardiff_worker_chunks_on_time", "Chunks delivered by their playout deadline", registry=r
+        )
+        self.chunks_late = Counter(
+            "ardiff_worker_chunks_late", "Chunks delivered after their playout deadline", registry=r
+        )
+        self.stall_seconds = Counter(
+            "ardiff_worker_stall_seconds",
+            "Seconds viewers' buffers ran dry (late chunks: delivered minus deadline)",
+            registry=r,
+        )
+        self.playback_ratio = Gauge(
+            "ardiff_worker_playback_ratio",
+            "Continuous-playback ratio over this pod's playing sessions (1 - stall / time played; 1: none)",
+            registry=r,
+        )
+        self.tick_seconds = Gauge(
+            "ardiff_worker_tick_seconds",
+            "Estimated forward time of a full chunk (median of the recent ones; 0: none yet)",
+            registry=r,
+        )
+        self.compute_fps = Gauge(
+            "ardiff_worker_compute_fps",
+            "Frames/s this pod may be asked for: compute_utilisation x measured throughput (0: not limited)",
+            registry=r,
+        )
+
+    def delivered(self, delivery: Delivery) -> None:
+        """One chunk delivered (worker/playout.py `SessionPlayout.delivered`)."""
+        if delivery.first_chunk_s is not None:
+            self.time_to_first_chunk.observe(delivery.first_chunk_s)
+        if delivery.gap_s is not None:
+            self.chunk_gap.observe(delivery.gap_s)
+        if delivery.late is True:
+            self.chunks_late.inc()
+            self.stall_seconds.inc(delivery.stall_s)
+        elif delivery.late is False:
+            self.chunks_on_time.inc()
+
+    def render(
+        self, runtime: SessionRuntime | None, *, admitted: int, ready: bool, playback_ratio: float
+    ) -> bytes:
         """The exposition text, with the gauges refreshed from the runtime's snapshots."""
+        self.playback_ratio.set(playback_ratio)
         if runtime is not None:
             blocks = runtime.kv_blocks()
             self.sessions_resident.set(len(runtime.resident_sessions()))

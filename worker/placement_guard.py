@@ -278,7 +278,7 @@ class PlacementGuard:
         runtime = self.forward.runtime
         assert runtime is not None
         self.transfer.discard_held(session_id)  # closed or moved while held for a transfer: nothing to pull
-        async with self.forward.lock:
+        async with self.forward.lock.hold():
             held = session_id in self.books or session_id in runtime.resident_sessions()
             await self.forward.run(runtime.close, session_id)
             book = self.books.get(session_id)

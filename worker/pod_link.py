@@ -34,6 +34,10 @@ class PodLink:
         self.heartbeat_seconds = settings.heartbeat_seconds
         self.capacity = 0
         self.exports = False  # the runtime can export and a shared tier is mounted: evictions suspend
+        # Issue 25, set by the worker service: the frames/s this pod may be asked for (0 = not limited) and
+        # its measured forward time per full chunk; reported at register and with every heartbeat.
+        self.compute_fps = 0.0
+        self.tick_ms = 0.0
         self.epoch: int | None = None
 
     @classmethod
@@ -54,6 +58,8 @@ class PodLink:
             endpoint=self.endpoint,
             lease_ms=self.lease_ms,
             exports=self.exports,
+            compute_fps=self.compute_fps,
+            tick_ms=self.tick_ms,
         )
         self.epoch = registration.epoch
         log.info(
@@ -80,6 +86,8 @@ class PodLink:
                     endpoint=self.endpoint,
                     lease_ms=self.lease_ms,
                     exports=self.exports,
+                    compute_fps=self.compute_fps,
+                    tick_ms=self.tick_ms,
                 )
             except PodFenced:
                 log.error("pod %s epoch %s was fenced by a newer incarnation; stopping", self.pod, self.epoch)

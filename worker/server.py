@@ -8,6 +8,7 @@ import os
 import signal
 import ssl
 import sys
+import zlib
 from types import FrameType
 from typing import Any
 
@@ -54,6 +55,8 @@ def load_runtime(settings: WorkerSettings) -> SessionRuntime:
             width=settings.width,
             capacity=settings.fake_capacity,
             tick_seconds=settings.fake_tick_seconds,
+            tick_spread=settings.fake_tick_spread,
+            seed=zlib.crc32(settings.pod_name.encode()),  # pods of one run draw different forward times
             family=family_of(settings.pipeline) or DEFAULT_FAMILY,  # DreamZeroPipeline: its robot mode
         )
     from ardiff.worker.vllm_runtime import load_vllm_runtime

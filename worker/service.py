@@ -4,7 +4,8 @@
 (ticks, close, reset, describe, the transfer endpoints, listing, metrics) and drains and stops the pod. A tick
 is checked cheapest first (`admitted`: at most a few requests per session under way, the pod draining or not
 ready, the session's placement and token), then its body, its chunk order (one tick per session in flight),
-its pictures' decoding (a thread pool) and its forward (worker/pod_state.py: one thread, FIFO). The rest is
+its pictures' decoding (a thread pool) and its forward (worker/pod_state.py: one thread, earliest playout
+deadline first; worker/playout.py models each viewer's buffer and keeps the playout figures). The rest is
 its collaborators', each in its own module and wired here with the state they share (the session books, the
 forward thread, the pod's link to the placement store, the background tasks): the placement guard
 (worker/placement_guard.py: placement checks, admission, releases, the pod's events), continuity
@@ -45,8 +46,10 @@ from ardiff.worker.errors import (
 from ardiff.worker.exports import Exports
 from ardiff.worker.families import ModelFamily, family_for, family_named
 from ardiff.worker.host_tier import HostCopy
+from ardiff.worker.messages import EXAMPLE_TICK, TickBody
 from ardiff.worker.metrics import WorkerMetrics
 from ardiff.worker.placement_guard import PlacementGuard
+from ardiff.worker.playout import Playouts, TickEstimate, target_of, target_view
 from ardiff.worker.pod_state import ForwardThread, SessionBooks
 from ardiff.worker.runtime import SessionRuntime
 from ardiff.worker.session_book import CachedChunk, SessionBook, SessionStatus
@@ -59,6 +62,9 @@ RuntimeLoader = Callable[[], SessionRuntime]
 # Threads that decode ticks' pictures (a robot tick's three cameras), off the event loop; at most one tick per
 # session gets there (the in-flight check comes first), so the queue is bounded by the sessions placed here.
 DECODE_THREADS = 2
+# The throwaway session whose forwards measure the tick time before the pod registers (compute admission).
+WARM_UP_SESSION = "ardiff-warm-up"
+WARM_UP_CHUNKS = 3  # a session's first chunk is shorter; the two after it are full
 
 
 @dataclass(frozen=True)
@@ -119,8 +125,10 @@ class WorkerService:
         self.link = link
         self.metrics = metrics or WorkerMetrics()
         self._loader = loader
-        self.forward = ForwardThread()
+        self.forward = ForwardThread(settings.tick_order)
         self.books = SessionBooks()
+        self.playouts = Playouts()
+        self.tick_estimate = TickEstimate(settings.compute_utilisation)
         self._tasks = Background(self.metrics)
         self.exports = Exports(settings, self.forward)
         self.transfer = Transfer(settings, link, self.forward, self.exports, self.metrics, self._tasks)
@@ -181,6 +189,9 @@ class WorkerService:
             runtime = await self.forward.load(self._loader)
             cap = self.settings.session_capacity
             self.books.capacity = runtime.capacity if cap is None else min(runtime.capacity, cap)
+            if self.settings.compute_utilisation > 0:  # before the pod is ready (standalone) or registers
+                await self._warm_up(runtime)
+                self._report_compute()
             self.forward.runtime = runtime
             self.metrics.capacity.set(self.capacity)
             log.info(
@@ -204,6 +215,39 @@ class WorkerService:
                 log.exception("worker failed to start")
             self.failure = exc
             self._stopped.set()
+
+    async def _warm_up(self, runtime: SessionRuntime) -> None:
+        """Forwards of a throwaway session at the pool's resolution, closed after, so that the pod's first
+        registration carries its tick time. A family whose tick needs more than a camera-less tick (DreamZero:
+        an observation) is measured by its real ticks only."""
+        if not issubclass(self.family.tick_body, TickBody):
+            return
+        conditioning = Conditioning(seed=0, prompt="warm-up", image=b"")
+        try:
+            for index in range(WARM_UP_CHUNKS):
+                body = {**EXAMPLE_TICK, "request_id": f"{WARM_UP_SESSION}-{index}", "chunk_index": index}
+                prepared = await asyncio.to_thread(
+                    runtime.prepare, self.family.parse_tick(WARM_UP_SESSION, body), conditioning
+                )
+                async with self.forward.lock.hold():
+                    started = time.perf_counter()
+                    output = await self.forward.run(runtime.forward, prepared)
+                    busy = time.perf_counter() - started
+                if index > 0:
+                    self.tick_estimate.add(busy, len(output.frames))
+        finally:
+            async with self.forward.lock.hold():
+                await self.forward.run(runtime.close, WARM_UP_SESSION)
+        log.info("warm-up: %.1f ms per full chunk", self.tick_estimate.tick_s * 1000)
+
+    def _report_compute(self) -> None:
+        """The tick estimate and the frames/s it admits, to the metrics and the pod's record (placement)."""
+        compute_fps = self.tick_estimate.compute_fps
+        self.metrics.tick_seconds.set(self.tick_estimate.tick_s)
+        self.metrics.compute_fps.set(compute_fps)
+        if self.link is not None:
+            self.link.compute_fps = compute_fps
+            self.link.tick_ms = self.tick_estimate.tick_s * 1000
 
     def _fence(self) -> None:
         self.failure = RuntimeError("fenced: a newer incarnation of this pod registered")
@@ -296,6 +340,8 @@ class WorkerService:
         session_id, record, arrived = admitted.session_id, admitted.record, admitted.arrived
         runtime = self._require_loaded()
         tick = self.family.parse_tick(session_id, body)
+        playout = self.playouts.of(session_id, target_of(record, self.settings), arrived)
+        deadline = playout.deadline(arrived, body.get("buffer_ms"))
         prefetch = self.transfer.prefetch_of(session_id)
         if prefetch is not None:  # the session is being pulled here already: its tick waits for that
             await asyncio.shield(prefetch)
@@ -328,8 +374,9 @@ class WorkerService:
             tick = await loop.run_in_executor(self._decoder, self.family.decode_tick, tick)
             prepared = await asyncio.to_thread(runtime.prepare, tick, conditioning)
             await self.guard.admit(session_id, record)
-            async with self.forward.lock:
-                queued = time.perf_counter() - arrived
+            async with self.forward.lock.hold(deadline):
+                started = time.perf_counter()
+                queued = started - arrived
                 book = self.books.get(session_id)
                 if book is None:
                     raise SessionEvicted(f"session {session_id!r} was released while its tick was queued")
@@ -348,6 +395,7 @@ class WorkerService:
                         tick.request_id, tick.chunk_index, output.frames, output.metadata, output.actions
                     )
                     self.books[session_id] = book.advanced(chunk, closed=tick.close_session)
+                    busy = time.perf_counter() - started
             if failure is not None:
                 await self.guard.mark_reset_required(session_id)
                 raise ForwardFailed(
@@ -363,6 +411,10 @@ class WorkerService:
             self.metrics.tick_latency.labels("queue").observe(queued)
             self.metrics.tick_latency.labels("forward").observe(output.forward_s)
             self.metrics.tick_latency.labels("total").observe(time.perf_counter() - arrived)
+            self.metrics.delivered(playout.delivered(time.perf_counter(), len(output.frames), deadline))
+            if tick.chunk_index > 0:  # a full chunk (a session's first is shorter)
+                self.tick_estimate.add(busy, len(output.frames))
+                self._report_compute()
             return TickOutcome(chunk, queue=queued, forward=output.forward_s, decode=output.decode_s)
 
     @staticmethod
@@ -441,7 +493,7 @@ class WorkerService:
         runtime = self._require_loaded()
         record = await self.guard.placed_record(session_id, authorization, any_state=True)
         self.transfer.discard_held(session_id)  # deleted while held for a transfer: nothing to pull
-        async with self.forward.lock:
+        async with self.forward.lock.hold():
             await self.forward.run(runtime.close, session_id)
             book = self.books.get(session_id) or SessionBook(session_id)
             ours = session_id in self.books or (record is not None and self.link.is_here(record))
@@ -449,7 +501,12 @@ class WorkerService:
                 self.books[session_id] = book.closed()
             else:
                 self.books.pop(session_id, None)  # standalone, or not this pod's: the id is free again
-        return {**book.closed().describe(), "resident": False}
+        return {
+            **book.closed().describe(),
+            "resident": False,
+            "in_flight": False,
+            "playout": self._playout_view(session_id, record),
+        }
 
     async def reset(self, session_id: str, authorization: str | None) -> dict[str, Any]:
         runtime = self.require_ready()
@@ -461,12 +518,12 @@ class WorkerService:
                 raise UnknownSession(f"no session {session_id!r} on this worker")
             if book is not None and book.status is SessionStatus.CLOSED:
                 raise SessionClosed(f"session {session_id!r} was closed on this worker")
-            async with self.forward.lock:
+            async with self.forward.lock.hold():
                 await self.forward.run(runtime.reset, session_id)
                 if book is not None:
                     book = self.books[session_id] = book.after_reset()
             await self.guard.touch(session_id, chunk_index=0, reset_done=True)
-        return self._describe(session_id, book)
+        return self._describe(session_id, book, record)
 
     async def describe(self, session_id: str, authorization: str | None) -> dict[str, Any]:
         self._require_loaded()
@@ -485,15 +542,30 @@ class WorkerService:
 
     def _view(self, session_id: str, record: SessionRecord | None) -> dict[str, Any]:
         book = self.books.get(session_id)
-        view = self._describe(session_id, book)
+        view = self._describe(session_id, book, record)
         if record is not None and record.reset_required and book is None:
             view["state"] = SessionStatus.RESET_REQUIRED.value
         return view
 
-    def _describe(self, session_id: str, book: SessionBook | None) -> dict[str, Any]:
+    def _describe(
+        self, session_id: str, book: SessionBook | None, record: SessionRecord | None = None
+    ) -> dict[str, Any]:
         resident = self.runtime is not None and session_id in self.runtime.resident_sessions()
         view = (book or SessionBook(session_id)).describe()
-        return {**view, "resident": resident, "in_flight": session_id in self.books.in_flight}
+        return {
+            **view,
+            "resident": resident,
+            "in_flight": session_id in self.books.in_flight,
+            "playout": self._playout_view(session_id, record),
+        }
+
+    def _playout_view(self, session_id: str, record: SessionRecord | None) -> dict[str, Any]:
+        """The session's playout figures; before its first tick here, its target (the record's, else the
+        settings')."""
+        playout = self.playouts.get(session_id)
+        if playout is None:
+            return target_view(target_of(record, self.settings))
+        return playout.view(time.perf_counter())
 
     def list_sessions(self, authorization: str | None) -> dict[str, Any]:
         """The pod's capacity and KV blocks for anyone (the numbers `/metrics` serves); the sessions it
@@ -514,4 +586,11 @@ class WorkerService:
         }
 
     def render_metrics(self) -> bytes:
-        return self.metrics.render(self.runtime, admitted=self.books.admitted(), ready=self.ready)
+        self.playouts.keep_only(set(self.books) | self.books.in_flight)
+        playing = {session_id for session_id, book in self.books.items() if book.holds_slot}
+        return self.metrics.render(
+            self.runtime,
+            admitted=self.books.admitted(),
+            ready=self.ready,
+            playback_ratio=self.playouts.pod_cpr(time.perf_counter(), playing),
+        )

@@ -26,6 +26,7 @@ DEFAULT_GPU_KV_FRACTION = 0.9
 DEFAULT_CPU_KV_FRACTION = 0.1
 DEFAULT_CPU_FREE_MEMORY_BYTES = 8 << 30
 Runtime = Literal["vllm", "fake"]
+TickOrder = Literal["deadline", "fifo"]  # worker/pod_state.py ForwardLock
 Dtype = Literal["bfloat16", "float16", "float32"]
 
 
@@ -77,9 +78,16 @@ class WorkerSettings:
     transfer_hold_seconds: float = 20.0
     # How often this pod removes the tier's files of sessions the store has closed (deleted ones).
     tier_sweep_seconds: float = 300.0
+    # Playout (issue 25): how waiting ticks are served, the share of its measured throughput this pod may be
+    # asked for (0 = admit by KV memory only), and a standalone session's target (placement: the record's).
+    tick_order: TickOrder = "deadline"
+    compute_utilisation: float = 0.0
+    playout_fps: float = 16.0
+    playout_buffer_chunks: int = 2
     runtime: Runtime = "vllm"
     fake_capacity: int = 4
     fake_tick_seconds: float = 0.0
+    fake_tick_spread: float = 0.0  # lognormal sigma of a fake forward's time around fake_tick_seconds
     model_cache: str = field(default_factory=_default_model_cache)
     test_faults: bool = False
     # Tests only (with test_faults): a transfer this worker serves pauses this long halfway (kill it then).
@@ -120,6 +128,20 @@ class WorkerSettings:
             )
         if self.fake_tick_seconds < 0:
             raise ValueError(f"worker fake_tick_seconds must be >= 0, got {self.fake_tick_seconds!r}")
+        if not 0 <= self.fake_tick_spread <= 3:
+            raise ValueError(f"worker fake_tick_spread must be in [0, 3], got {self.fake_tick_spread!r}")
+        if self.tick_order not in get_args(TickOrder):
+            raise ValueError(f"worker tick_order must be 'deadline' or 'fifo', got {self.tick_order!r}")
+        if not 0 <= self.compute_utilisation <= 1:
+            raise ValueError(
+                f"worker compute_utilisation must be in [0, 1], got {self.compute_utilisation!r}"
+            )
+        if not 0 < self.playout_fps <= 120:
+            raise ValueError(f"worker playout_fps must be in (0, 120], got {self.playout_fps!r}")
+        if isinstance(self.playout_buffer_chunks, bool) or not 1 <= self.playout_buffer_chunks <= 16:
+            raise ValueError(
+                f"worker playout_buffer_chunks must be in [1, 16], got {self.playout_buffer_chunks!r}"
+            )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"worker port must be in [0, 65535], got {self.port!r}")
         if self.runtime not in get_args(Runtime):
@@ -205,6 +227,13 @@ _HELP = {
     "runtime": "vllm (vllm-omni's paged-KV runner) or fake (no torch; control-plane tests)",
     "fake_capacity": "sessions a fake runtime holds",
     "fake_tick_seconds": "how long a fake forward takes",
+    "fake_tick_spread": "lognormal sigma of a fake forward's time around fake_tick_seconds (seeded by the "
+    "pod's name; 0: fixed)",
+    "tick_order": "deadline (earliest playout deadline first, bounded wait) or fifo (arrival order)",
+    "compute_utilisation": "the share of its measured throughput this pod may be asked for (0: admit by KV "
+    "memory only; the pool's spec.computeUtilisation)",
+    "playout_fps": "a standalone session's playout rate (placement: the record's)",
+    "playout_buffer_chunks": "a standalone session's buffer in chunks (placement: the record's)",
     "model_cache": "where the embedded tiny model is written",
 }
 
@@ -220,6 +249,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
             kwargs["choices"] = get_args(Runtime)
         if item.name == "dtype":
             kwargs["choices"] = get_args(Dtype)
+        if item.name == "tick_order":
+            kwargs["choices"] = get_args(TickOrder)
         parser.add_argument(_flag_name(item.name), dest=item.name, **kwargs)
 
 

@@ -272,7 +272,7 @@ class Transfer:
         runtime = self.forward.runtime
         if self.held.pop(session_id, None) is None or runtime is None:
             return
-        async with self.forward.lock:
+        async with self.forward.lock.hold():
             await self.forward.run(runtime.close, session_id)
         log.info("released session %s held for a transfer (%s)", session_id, why)
 
@@ -338,7 +338,7 @@ class Transfer:
         assert runtime is not None
         collector = PieceCollector(sys.maxsize)
         try:
-            async with self.forward.lock:
+            async with self.forward.lock.hold():
                 try:
                     await self.forward.run(runtime.export_session, session_id, collector, book=held.book)
                 finally:
@@ -508,7 +508,7 @@ class Transfer:
             if self._pull_client is None:
                 self._pull_client = self._peer_client(PULL_TIMEOUT)
             pieces, result = await download(self._pull_client, endpoint, session_id, token, size=size)
-            async with self.forward.lock:
+            async with self.forward.lock.hold():
                 book = await self.forward.run(runtime.import_session, BodyReader(iter(pieces)))
         except (ExportNoCapacity, ExportIdentityMismatch):
             raise  # this worker refuses the session: no other copy would do, and the holder's stays

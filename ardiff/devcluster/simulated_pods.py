@@ -9,8 +9,11 @@ stream (no runner holds sessions to close or export). With a shared tier in its 
 cost 1,000 asyncio tasks and 1,000 Redis connections, not 1,000 processes.
 
 Its capacity is what the fake runtime would report (`ARDIFF_FAKE_CAPACITY`), capped by
-`ARDIFF_SESSION_CAPACITY` as the worker caps its runner's. On deletion it marks itself draining (what a worker
-does on SIGTERM) and stops heartbeating; its record goes when the operator sees the Pod gone.
+`ARDIFF_SESSION_CAPACITY` as the worker caps its runner's. Its compute (issue 25) is what the worker's tick
+estimate would report for the fake runtime's forwards: `ARDIFF_COMPUTE_UTILISATION` x 12 frames per
+`ARDIFF_FAKE_TICK_SECONDS` (0, not limited, without either), with every registration and heartbeat. On
+deletion it marks itself draining (what a worker does on SIGTERM) and stops heartbeating; its record goes when
+the operator sees the Pod gone.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
+from ardiff.worker.fake_runtime import CHUNK_FRAMES
+from ardiff.worker.playout import TickEstimate
 from ardiff.worker.pod_link import PodLink
 from ardiff.worker.settings import WorkerSettings, build_settings
 
@@ -35,6 +40,15 @@ def simulated_capacity(settings: WorkerSettings) -> int:
     return settings.fake_capacity if cap is None else min(settings.fake_capacity, cap)
 
 
+def simulated_compute(settings: WorkerSettings) -> TickEstimate:
+    """The tick estimate a fake-runtime worker would hold once its forwards ran: every full chunk (12
+    frames) takes `fake_tick_seconds`."""
+    estimate = TickEstimate(settings.compute_utilisation)
+    if settings.fake_tick_seconds > 0:
+        estimate.add(settings.fake_tick_seconds, CHUNK_FRAMES)
+    return estimate
+
+
 def simulated_link(env: Mapping[str, str]) -> PodLink:
     """The worker's link to Redis for a Pod with this env, with a Redis client of its own as each worker has
     (a shared one refuses calls past its 100 connections: 1,000 pods' heartbeats failed); ValueError when the
@@ -45,6 +59,8 @@ def simulated_link(env: Mapping[str, str]) -> PodLink:
     link = PodLink.connect(settings)
     link.capacity = simulated_capacity(settings)
     link.exports = settings.suspend_dir is not None  # the fake runtime can export
+    estimate = simulated_compute(settings)
+    link.compute_fps, link.tick_ms = estimate.compute_fps, estimate.tick_s * 1000
     return link
 
 

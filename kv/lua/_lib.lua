@@ -18,6 +18,9 @@ local CAPACITY_BELOW_USED = 6
 -- 2^42 ms lasts until 2109 and 1000 * 2^42 < 2^53, so scores stay exact doubles.
 local PRIORITY_SCALE = 4398046511104
 local SCAN_BATCH = 16
+-- Slack in compute comparisons: `demand_fps` is a running float sum (HINCRBYFLOAT), so an exact fit may read
+-- back a hair over.
+local FPS_EPSILON = 1e-6
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -97,22 +100,81 @@ local function stale_reply(missing)
   return {STALE_PLAN, missing.pods, missing.sessions}
 end
 
--- A pod accepts placements iff it is not draining and has a free slot; `open_key` holds exactly those pods,
--- scored by load (used / capacity). Lease expiry is checked at use, from `leases_key`.
-local function refresh_open(open_key, pod_key, pod)
-  local rec = redis.call('HMGET', pod_key, 'capacity', 'used', 'draining')
+-- A pod accepts placements iff it is not draining, has a free slot and, when its compute is limited
+-- (compute_fps > 0), demand_fps < compute_fps; `open_key` holds exactly those pods, scored by load:
+-- max(used / capacity, demand_fps / compute_fps). `headroom_key` holds the compute-limited pods that are not
+-- draining and have a free slot, scored compute_fps - demand_fps (whether a session's playout_fps fits, and
+-- whether a pending session waits for compute rather than for a slot). Lease expiry is checked at use.
+local function refresh_open(open_key, headroom_key, pod_key, pod)
+  local rec = redis.call('HMGET', pod_key, 'capacity', 'used', 'draining', 'compute_fps', 'demand_fps')
   local capacity = tonumber(rec[1]) or 0
   local used = tonumber(rec[2]) or 0
-  if rec[3] == '0' and used < capacity then
-    redis.call('ZADD', open_key, used / capacity, pod)
+  local compute = tonumber(rec[4]) or 0
+  local demand = tonumber(rec[5]) or 0
+  local has_slot = rec[3] == '0' and used < capacity
+  if has_slot and compute > 0 then
+    redis.call('ZADD', headroom_key, compute - demand, pod)
+  else
+    redis.call('ZREM', headroom_key, pod)
+  end
+  if has_slot and (compute == 0 or demand < compute) then
+    local load = used / capacity
+    if compute > 0 then
+      load = math.max(load, demand / compute)
+    end
+    redis.call('ZADD', open_key, load, pod)
   else
     redis.call('ZREM', open_key, pod)
+  end
+end
+
+-- A session takes (+1) or gives back (-1) a slot of its pod: `used` and `demand_fps` (the sum of the playout_fps
+-- of the sessions holding the pod's slots) change together, in the same script. The session record's
+-- playout_fps is only written while it holds no slot (place, restore), so what is given back is what was taken.
+-- demand_fps is set to exactly 0 when used is (no float residue survives an empty pod). The caller refreshes the
+-- open index.
+local function charge(pod_key, session_key, delta)
+  local used = redis.call('HINCRBY', pod_key, 'used', delta)
+  local fps = tonumber(redis.call('HGET', session_key, 'playout_fps')) or 0
+  if used == 0 then
+    redis.call('HSET', pod_key, 'demand_fps', 0)
+  elseif fps > 0 then
+    redis.call('HINCRBYFLOAT', pod_key, 'demand_fps', string.format('%.17g', delta * fps))
   end
 end
 
 local function lease_live(leases_key, pod, now)
   local expires = redis.call('ZSCORE', leases_key, pod)
   return expires ~= false and tonumber(expires) > now
+end
+
+-- Whether pod `pod` of the open index has compute for one more session at `fps` (a pod absent from
+-- `headroom_key` is not compute-limited).
+local function fits(headroom_key, pod, fps)
+  local headroom = redis.call('ZSCORE', headroom_key, pod)
+  return headroom == false or (fps <= tonumber(headroom) + FPS_EPSILON)
+end
+
+-- Whether some live pod has a free slot but no compute for one more session at `fps`: the session waits for
+-- compute, not for a slot. Bounded batches over `headroom_key`, lowest headroom first.
+local function compute_bound(headroom_key, leases_key, fps, now)
+  local start = 0
+  while true do
+    local batch = redis.call('ZRANGE', headroom_key, start, start + SCAN_BATCH - 1, 'WITHSCORES')
+    for i = 1, #batch, 2 do
+      local headroom = tonumber(batch[i + 1])
+      if headroom > 0 and fps <= headroom + FPS_EPSILON then
+        return false  -- every further pod has at least this much headroom: the rest fit (or are dead)
+      end
+      if lease_live(leases_key, batch[i], now) then
+        return true
+      end
+    end
+    if #batch < 2 * SCAN_BATCH then
+      return false
+    end
+    start = start + SCAN_BATCH
+  end
 end
 
 local function lru_score(priority, last_tick_ms)
@@ -215,6 +277,7 @@ local function drop_pod(k, plan, pod, residents)
   redis.call('DEL', plan.pod_keys[pod], plan.stream_keys[pod])
   redis.call('SREM', k.pods_key, pod)
   redis.call('ZREM', k.open_key, pod)
+  redis.call('ZREM', k.headroom_key, pod)
   redis.call('ZREM', k.leases_key, pod)
   redis.call('SREM', k.draining_key, pod)
   return lost
@@ -263,13 +326,14 @@ local function begin_suspend(session_key, lru_key, suspending_key, stream_key, s
   post_event(stream_key, stream_maxlen, 'suspend', session, reason, epoch)
 end
 
--- Writes a session record's spec (from ARGV[2..9] = pool, token_sha256, seed, prompt, image, max_chunks,
--- priority, eviction_policy: the layout place.lua and restore.lua share), where it is, and how far it ticked.
+-- Writes a session record's spec (from ARGV[2..11] = pool, token_sha256, seed, prompt, image, max_chunks,
+-- priority, eviction_policy, playout_fps, playout_buffer_chunks: the layout place.lua and restore.lua share),
+-- where it is, and how far it ticked.
 local function write_record(session_key, state, pod, pod_epoch, chunk_index, reset_required, now)
   redis.call('HSET', session_key, 'pool', ARGV[2], 'pod', pod, 'pod_epoch', pod_epoch, 'state', state,
     'token_sha256', ARGV[3], 'seed', ARGV[4], 'prompt', ARGV[5], 'image', ARGV[6], 'reset_required', reset_required,
     'max_chunks', ARGV[7], 'priority', ARGV[8], 'eviction_policy', ARGV[9], 'chunk_index', chunk_index,
-    'last_tick_ms', int_text(now))
+    'last_tick_ms', int_text(now), 'playout_fps', ARGV[10], 'playout_buffer_chunks', ARGV[11])
   redis.call('PERSIST', session_key)
 end
 

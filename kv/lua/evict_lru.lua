@@ -1,7 +1,7 @@
 -- evict_lru.lua: evict the session that place.lua would evict first, freeing its slot.
 --
--- KEYS[1] open pods (zset)   KEYS[2] residents (zset)   KEYS[3] LRU index (zset)
--- KEYS[4...] plan: the victim and its pod (see _lib.lua)
+-- KEYS[1] open pods (zset)   KEYS[2] residents (zset)   KEYS[3] LRU index (zset)   KEYS[4] compute headroom (zset)
+-- KEYS[5...] plan: the victim and its pod (see _lib.lua)
 -- ARGV[1] min_idle_ms   ARGV[2] max_priority   ARGV[3] reason   ARGV[4] stream maxlen   ARGV[5...] plan
 --
 -- Victim: evictable (not `Never`), priority <= max_priority, idle >= min_idle_ms; lowest priority first, then
@@ -12,7 +12,8 @@
 local open_key = KEYS[1]
 local residents_key = KEYS[2]
 local lru_key = KEYS[3]
-local plan = read_plan(4, 5)
+local headroom_key = KEYS[4]
+local plan = read_plan(5, 5)
 
 local function any_pod()
   return true
@@ -31,7 +32,7 @@ end
 local pod, victim = chosen[1], chosen[2]
 local pod_key = plan.pod_keys[pod]
 evict(plan, residents_key, lru_key, pod, victim, ARGV[4], ARGV[3])
-redis.call('HINCRBY', pod_key, 'used', -1)
-refresh_open(open_key, pod_key, pod)
+charge(pod_key, plan.session_keys[victim], -1)
+refresh_open(open_key, headroom_key, pod_key, pod)
 local hint = find_victims(lru_key, max_priority, cutoff_ms, any_pod, 1)[1] or {false, false}
 return {OK, victim, hint[1], hint[2]}

@@ -1,7 +1,7 @@
 -- expire_suspending.lua: suspensions whose worker never reported the export (issue 12) end as evictions.
 --
 -- KEYS[1] open pods (zset)   KEYS[2] residents (zset)   KEYS[3] LRU index (zset)   KEYS[4] suspending sessions (zset)
--- KEYS[5...] plan: the overdue sessions and their pods (see _lib.lua)
+-- KEYS[5] compute headroom (zset)   KEYS[6...] plan: the overdue sessions and their pods (see _lib.lua)
 -- ARGV[1] timeout_ms   ARGV[2] stream maxlen   ARGV[3...] plan
 --
 -- While a session is `suspending` its slot stays taken and `place` evicts nobody in the pool, so a worker that never
@@ -14,7 +14,8 @@ local open_key = KEYS[1]
 local residents_key = KEYS[2]
 local lru_key = KEYS[3]
 local suspending_key = KEYS[4]
-local plan = read_plan(5, 3)
+local headroom_key = KEYS[5]
+local plan = read_plan(6, 3)
 
 local cutoff = now_ms() - tonumber(ARGV[1])
 local overdue = redis.call('ZRANGE', suspending_key, '-inf', int_text(cutoff), 'BYSCORE')
@@ -46,8 +47,8 @@ for _, session in ipairs(overdue) do
     evict(plan, residents_key, lru_key, pod, session, ARGV[2], 'suspend-timeout')
     redis.call('HSET', session_key, 'reset_required', 1, 'chunk_index', 0, 'resume_requested_ms', 0)
     if redis.call('EXISTS', pod_key) == 1 then
-      redis.call('HINCRBY', pod_key, 'used', -1)
-      refresh_open(open_key, pod_key, pod)
+      charge(pod_key, session_key, -1)
+      refresh_open(open_key, headroom_key, pod_key, pod)
     end
     table.insert(expired, session)
   end

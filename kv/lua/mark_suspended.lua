@@ -1,7 +1,7 @@
 -- mark_suspended.lua: the worker wrote a session's export (issue 12): the session leaves its pod and its slot.
 --
 -- KEYS[1] session record   KEYS[2] pod record   KEYS[3] open pods (zset)   KEYS[4] residents (zset)
--- KEYS[5] LRU index (zset)   KEYS[6] suspending sessions (zset)
+-- KEYS[5] LRU index (zset)   KEYS[6] suspending sessions (zset)   KEYS[7] compute headroom (zset)
 -- ARGV[1] session   ARGV[2] pod   ARGV[3] pod epoch   ARGV[4] tier   ARGV[5] location ('' = the export failed)
 -- ARGV[6] bytes   ARGV[7] chunk_index (the next chunk the export continues at)
 --
@@ -18,6 +18,7 @@ local open_key = KEYS[3]
 local residents_key = KEYS[4]
 local lru_key = KEYS[5]
 local suspending_key = KEYS[6]
+local headroom_key = KEYS[7]
 local session = ARGV[1]
 local pod = ARGV[2]
 local epoch = tonumber(ARGV[3])
@@ -35,8 +36,8 @@ end
 local was_placed = s[1] == 'placed'
 redis.call('ZREM', suspending_key, session)
 if redis.call('EXISTS', pod_key) == 1 then
-  redis.call('HINCRBY', pod_key, 'used', -1)
-  refresh_open(open_key, pod_key, pod)
+  charge(pod_key, session_key, -1)
+  refresh_open(open_key, headroom_key, pod_key, pod)
 end
 if location == '' then
   unbind(session_key, residents_key, lru_key, pod, session, 'evicted')

@@ -2,11 +2,11 @@
 --
 -- KEYS[1] session record   KEYS[2] open pods (zset)   KEYS[3] leases (zset)   KEYS[4] draining pods (set)
 -- KEYS[5] residents (zset) KEYS[6] LRU index (zset)   KEYS[7] suspending sessions (zset)
--- KEYS[8...] plan: chosen pod and victim (see _lib.lua)
+-- KEYS[8] compute headroom (zset)   KEYS[9...] plan: chosen pod and victim (see _lib.lua)
 -- ARGV[1] session   ARGV[2] pool   ARGV[3] token_sha256   ARGV[4] seed   ARGV[5] prompt   ARGV[6] image
--- ARGV[7] max_chunks   ARGV[8] priority   ARGV[9] eviction_policy (LRU|Never)   ARGV[10] may_evict (1|0)
--- ARGV[11] min_idle_ms   ARGV[12] policy (least-loaded|pack)   ARGV[13] stream maxlen
--- ARGV[14...] plan
+-- ARGV[7] max_chunks   ARGV[8] priority   ARGV[9] eviction_policy (LRU|Never)   ARGV[10] playout_fps
+-- ARGV[11] playout_buffer_chunks   ARGV[12] may_evict (1|0)   ARGV[13] min_idle_ms
+-- ARGV[14] policy (least-loaded|pack)   ARGV[15] stream maxlen   ARGV[16...] plan
 --
 -- A placed session is returned as is. Otherwise: the live, non-draining pod with a free slot that the policy
 -- prefers (least-loaded: lowest used/capacity; pack: highest). With no such pod, a first admission (no record,
@@ -26,9 +26,17 @@
 -- Preferences yield to progress: when the call repeats after STALE_PLAN and the preferred pod or victim changed
 -- again meanwhile (concurrent placers), the best declared pod, or the first declared victim among the
 -- VICTIM_CANDIDATES best, is taken; the rules (live, not draining, free slot; priority bound, idle time, never `Never`) always hold.
+-- Issue 25 (compute): a pod is taken only if the session *fits*: it is open (not draining, a free slot, and
+-- demand_fps < compute_fps where compute_fps > 0) and demand_fps + the session's playout_fps <= compute_fps
+-- (compute_fps = 0: KV slots only). Pods that do not fit are skipped like expired leases. A victim's pod must fit
+-- once the victim's demand leaves it (the first victim in LRU order is checked; if it does not, nobody is
+-- evicted and the session waits for compute). The session's playout_fps joins its pod's demand_fps atomically
+-- with `used` (an idle session's demand counts in full while it holds a slot).
 -- Returns {OK, outcome ('placed'|'already'|'pending'|'suspending'), pod, pod_epoch, endpoint, reset_required,
---          victim, hint pod, hint victim pod, hint victim session, resume_from} (hints: the pods/sessions the next
---          call will likely need) or {STALE_PLAN, {pods}, {sessions}}
+--          victim, hint pod, hint victim pod, hint victim session, resume_from, pending_reason} (hints: the
+--          pods/sessions the next call will likely need; pending_reason: '' unless pending, 'compute' when some
+--          live non-draining pod had a free slot but no compute for this session, else 'capacity')
+--       or {STALE_PLAN, {pods}, {sessions}}
 local session_key = KEYS[1]
 local open_key = KEYS[2]
 local leases_key = KEYS[3]
@@ -36,13 +44,15 @@ local draining_key = KEYS[4]
 local residents_key = KEYS[5]
 local lru_key = KEYS[6]
 local suspending_key = KEYS[7]
+local headroom_key = KEYS[8]
 local session = ARGV[1]
+local fps = tonumber(ARGV[10])
 local priority = tonumber(ARGV[8])
-local may_evict = ARGV[10] == '1'
-local min_idle_ms = tonumber(ARGV[11])
-local pack = ARGV[12] == 'pack'
-local stream_maxlen = ARGV[13]
-local plan = read_plan(8, 14)
+local may_evict = ARGV[12] == '1'
+local min_idle_ms = tonumber(ARGV[13])
+local pack = ARGV[14] == 'pack'
+local stream_maxlen = ARGV[15]
+local plan = read_plan(9, 16)
 local missing = new_missing()
 
 local now = now_ms()
@@ -50,7 +60,13 @@ local function placeable(pod)
   return lease_live(leases_key, pod, now) and redis.call('SISMEMBER', draining_key, pod) == 0
 end
 
--- The first live pod in `open_key` in policy order (pods there are non-draining with a free slot).
+-- Open, live, and with compute for this session.
+local function takes(pod)
+  return lease_live(leases_key, pod, now) and fits(headroom_key, pod, fps)
+end
+
+-- The first pod in `open_key` in policy order that `takes` this session (pods there are non-draining with a
+-- free slot and compute left).
 local function preferred_pod()
   local start = 0
   while true do
@@ -61,7 +77,7 @@ local function preferred_pod()
       batch = redis.call('ZRANGE', open_key, start, start + SCAN_BATCH - 1, 'WITHSCORES')
     end
     for i = 1, #batch, 2 do
-      if lease_live(leases_key, batch[i], now) then
+      if takes(batch[i]) then
         return batch[i], batch[i + 1]
       end
     end
@@ -72,7 +88,7 @@ local function preferred_pod()
   end
 end
 
--- Up to `limit` live pods of `open_key`, in policy order.
+-- Up to `limit` pods of `open_key` that take this session, in policy order.
 local function open_pods(limit)
   local found, start = {}, 0
   while #found < limit do
@@ -83,7 +99,7 @@ local function open_pods(limit)
       batch = redis.call('ZRANGE', open_key, start, start + SCAN_BATCH - 1)
     end
     for i = 1, #batch do
-      if #found < limit and lease_live(leases_key, batch[i], now) then
+      if #found < limit and takes(batch[i]) then
         table.insert(found, batch[i])
       end
     end
@@ -112,7 +128,7 @@ local function choose_pod()
   local fallback, fallback_load = nil, nil
   for pod, _ in pairs(plan.pod_keys) do
     local score = redis.call('ZSCORE', open_key, pod)
-    if score ~= false and lease_live(leases_key, pod, now) then
+    if score ~= false and takes(pod) then
       if score == load then
         return pod
       end
@@ -131,6 +147,14 @@ local function choose_pod()
   return fallback or best
 end
 
+-- Whether this session fits on `pod_key` once `victim_key`'s demand leaves it.
+local function fits_instead_of(pod_key, victim_key)
+  local p = redis.call('HMGET', pod_key, 'compute_fps', 'demand_fps')
+  local compute = tonumber(p[1]) or 0
+  local left = (tonumber(p[2]) or 0) - (tonumber(redis.call('HGET', victim_key, 'playout_fps')) or 0)
+  return compute == 0 or left + fps <= compute + FPS_EPSILON
+end
+
 local function hints()
   local pod = preferred_pod()
   if pod ~= nil then
@@ -138,6 +162,11 @@ local function hints()
   end
   local victim = find_victims(lru_key, priority, now - min_idle_ms, placeable, 1)[1] or {false, false}
   return false, victim[1], victim[2]
+end
+
+local function pending(reason)
+  local hint_pod, hint_victim_pod, hint_victim = hints()
+  return {OK, 'pending', false, false, false, 0, false, hint_pod, hint_victim_pod, hint_victim, '', reason}
 end
 
 local s = redis.call('HMGET', session_key, 'state', 'pod', 'pod_epoch', 'reset_required', 'location',
@@ -148,10 +177,10 @@ if s[1] == 'placed' then
     return stale_reply(missing)
   end
   local endpoint = redis.call('HGET', plan.pod_keys[s[2]], 'endpoint')
-  return {OK, 'already', s[2], s[3], endpoint or '', tonumber(s[4]) or 0, false, false, false, false, s[7] or ''}
+  return {OK, 'already', s[2], s[3], endpoint or '', tonumber(s[4]) or 0, false, false, false, false, s[7] or '', ''}
 end
 if s[1] == 'suspending' then  -- it still holds its slot on its pod until the export is written
-  return {OK, 'pending', false, false, false, 0, false, false, false, false, ''}
+  return {OK, 'pending', false, false, false, 0, false, false, false, false, '', 'capacity'}
 end
 local first_admission = s[1] == false or s[1] == 'closed'
 local may_take_slot = (first_admission or s[1] == 'lost' or s[1] == 'suspended')
@@ -172,21 +201,22 @@ if missing.any then
   return stale_reply(missing)
 end
 if pod == nil then
-  local hint_pod, hint_victim_pod, hint_victim = hints()
-  return {OK, 'pending', false, false, false, 0, false, hint_pod, hint_victim_pod, hint_victim, ''}
+  return pending(compute_bound(headroom_key, leases_key, fps, now) and 'compute' or 'capacity')
 end
 
 local pod_key = plan.pod_keys[pod]
+if victim and not fits_instead_of(pod_key, plan.session_keys[victim]) then
+  return pending('compute')
+end
 local p = redis.call('HMGET', pod_key, 'epoch', 'endpoint')
 if victim and redis.call('HGET', pod_key, 'exports') == '1' then
   begin_suspend(plan.session_keys[victim], lru_key, suspending_key, plan.stream_keys[pod], stream_maxlen, pod, victim,
     'evicted', 0, now)
-  return {OK, 'suspending', false, false, false, 0, victim, false, false, false, ''}
+  return {OK, 'suspending', false, false, false, 0, victim, false, false, false, '', ''}
 end
 if victim then
   evict(plan, residents_key, lru_key, pod, victim, stream_maxlen, 'evicted for ' .. session)
-else
-  redis.call('HINCRBY', pod_key, 'used', 1)
+  charge(pod_key, plan.session_keys[victim], -1)
 end
 local reset_required, chunk_index, resume_from = 0, 0, ''
 if first_admission then
@@ -203,6 +233,8 @@ else  -- evicted, or lost without a snapshot: a new world
 end
 bind(session_key, residents_key, lru_key, session, pod, p[1], chunk_index, reset_required, now)
 redis.call('HSET', session_key, 'resume_from', resume_from, 'resume_requested_ms', 0)
-refresh_open(open_key, pod_key, pod)
+charge(pod_key, session_key, 1)
+refresh_open(open_key, headroom_key, pod_key, pod)
 local hint_pod, hint_victim_pod, hint_victim = hints()
-return {OK, 'placed', pod, p[1], p[2], reset_required, victim, hint_pod, hint_victim_pod, hint_victim, resume_from}
+return {OK, 'placed', pod, p[1], p[2], reset_required, victim, hint_pod, hint_victim_pod, hint_victim, resume_from,
+  ''}

@@ -2,10 +2,12 @@
 --
 -- KEYS[1] pod record          KEYS[2] pod event stream     KEYS[3] pods (set)         KEYS[4] open pods (zset)
 -- KEYS[5] leases (zset)       KEYS[6] draining pods (set)  KEYS[7] residents (zset)   KEYS[8] LRU index (zset)
--- KEYS[9] suspending sessions (zset)   KEYS[10...] plan: the records of the sessions the pod holds (_lib.lua)
+-- KEYS[9] suspending sessions (zset)   KEYS[10] compute headroom (zset)
+-- KEYS[11...] plan: the records of the sessions the pod holds (_lib.lua)
 -- ARGV[1] pod name   ARGV[2] epoch: 0 = register (mint a new epoch), else the heartbeat's epoch
 -- ARGV[3] capacity   ARGV[4] endpoint   ARGV[5] lease_ms   ARGV[6] exports (1|0: the worker can export sessions)
--- ARGV[7...] plan
+-- ARGV[7] compute_fps (frames/s the pod may be asked for; 0 = not limited)   ARGV[8] tick_ms (its measured
+-- forward time per full chunk)   ARGV[9...] plan
 --
 -- Register mints epoch = max(now_ms, previous + 1). A heartbeat with the record's epoch renews the lease; with an
 -- older epoch it is fenced; with a newer one, or when the record is missing (Redis lost its data), it re-creates
@@ -13,7 +15,7 @@
 -- Returns {OK, epoch, outcome ('registered'|'renewed'|'recreated'), {lost sessions}}
 --      or {POD_FENCED, record epoch} | {CAPACITY_BELOW_USED, used} | {STALE_PLAN, {}, {sessions}}
 local k = {pods_key = KEYS[3], open_key = KEYS[4], leases_key = KEYS[5], draining_key = KEYS[6],
-  residents_key = KEYS[7], lru_key = KEYS[8], suspending_key = KEYS[9]}
+  residents_key = KEYS[7], lru_key = KEYS[8], suspending_key = KEYS[9], headroom_key = KEYS[10]}
 local pod_key = KEYS[1]
 local stream_key = KEYS[2]
 local pod = ARGV[1]
@@ -22,7 +24,9 @@ local capacity = tonumber(ARGV[3])
 local endpoint = ARGV[4]
 local lease_ms = tonumber(ARGV[5])
 local exports = ARGV[6]
-local plan = read_plan(10, 7)
+local compute_fps = ARGV[7]
+local tick_ms = ARGV[8]
+local plan = read_plan(11, 9)
 
 local now = now_ms()
 local rec = redis.call('HMGET', pod_key, 'epoch', 'used')
@@ -40,9 +44,9 @@ elseif previous == epoch then
   end
   local lease = now + lease_ms
   redis.call('HSET', pod_key, 'capacity', capacity, 'endpoint', endpoint, 'lease_expires_ms', int_text(lease),
-    'exports', exports)
+    'exports', exports, 'compute_fps', compute_fps, 'tick_ms', tick_ms)
   redis.call('ZADD', k.leases_key, int_text(lease), pod)
-  refresh_open(k.open_key, pod_key, pod)
+  refresh_open(k.open_key, k.headroom_key, pod_key, pod)
   return {OK, int_text(epoch), 'renewed', {}}
 else
   outcome = 'recreated'
@@ -60,11 +64,12 @@ end
 local lost = lose_sessions(k, plan, pod, residents)
 local lease = now + lease_ms
 redis.call('HSET', pod_key, 'capacity', capacity, 'used', 0, 'endpoint', endpoint, 'epoch', int_text(epoch),
-  'lease_expires_ms', int_text(lease), 'draining', 0, 'exports', exports)
+  'lease_expires_ms', int_text(lease), 'draining', 0, 'exports', exports, 'compute_fps', compute_fps,
+  'tick_ms', tick_ms, 'demand_fps', 0)
 redis.call('SADD', k.pods_key, pod)
 redis.call('ZADD', k.leases_key, int_text(lease), pod)
 redis.call('SREM', k.draining_key, pod)
-refresh_open(k.open_key, pod_key, pod)
+refresh_open(k.open_key, k.headroom_key, pod_key, pod)
 -- The worker's consumer group: start from the stream's beginning so nothing posted before it is skipped.
 redis.pcall('XGROUP', 'CREATE', stream_key, 'worker', '0', 'MKSTREAM')
 return {OK, int_text(epoch), outcome, lost}

@@ -1,7 +1,8 @@
 -- release.lua: close a session (the operator's one teardown path); idempotent.
 --
 -- KEYS[1] session record   KEYS[2] open pods (zset)   KEYS[3] residents (zset)   KEYS[4] LRU index (zset)
--- KEYS[5] suspending sessions (zset)   KEYS[6...] plan: the pod the session is placed on (see _lib.lua)
+-- KEYS[5] suspending sessions (zset)   KEYS[6] compute headroom (zset)
+-- KEYS[7...] plan: the pod the session is placed on (see _lib.lua)
 -- ARGV[1] session   ARGV[2] reason   ARGV[3] closed_ttl_ms   ARGV[4] stream maxlen   ARGV[5...] plan
 --
 -- A placed (or suspending) session frees its slot and a `close` event goes to its pod's stream. The record stays with
@@ -13,8 +14,9 @@ local open_key = KEYS[2]
 local residents_key = KEYS[3]
 local lru_key = KEYS[4]
 local suspending_key = KEYS[5]
+local headroom_key = KEYS[6]
 local session = ARGV[1]
-local plan = read_plan(6, 5)
+local plan = read_plan(7, 5)
 
 local s = redis.call('HMGET', session_key, 'state', 'pod', 'pod_epoch')
 if s[1] == false then
@@ -34,8 +36,8 @@ if s[1] == 'placed' or s[1] == 'suspending' then
   unbind(session_key, residents_key, lru_key, owner, session, 'closed')
   redis.call('ZREM', suspending_key, session)
   if redis.call('EXISTS', pod_key) == 1 then
-    redis.call('HINCRBY', pod_key, 'used', -1)
-    refresh_open(open_key, pod_key, owner)
+    charge(pod_key, session_key, -1)
+    refresh_open(open_key, headroom_key, pod_key, owner)
   end
   post_event(plan.stream_keys[owner], ARGV[4], 'close', session, ARGV[2], s[3])
 end

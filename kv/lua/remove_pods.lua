@@ -2,7 +2,7 @@
 --
 -- KEYS[1] pods (set)   KEYS[2] open pods (zset)   KEYS[3] leases (zset)   KEYS[4] draining pods (set)
 -- KEYS[5] residents (zset)   KEYS[6] LRU index (zset)   KEYS[7] suspending sessions (zset)
--- KEYS[8...] plan: the pods and their sessions (_lib.lua)
+-- KEYS[8] compute headroom (zset)   KEYS[9...] plan: the pods and their sessions (_lib.lua)
 -- ARGV[1] mode: 'expired' (every pod whose lease ended) or 'named'   ARGV[2] the pod (mode 'named')
 -- ARGV[3...] plan
 --
@@ -10,8 +10,8 @@
 -- slots gone).
 -- Returns {OK, {pod, {sessions}, pod, {sessions}, ...}} | {STALE_PLAN, {pods}, {sessions}}
 local k = {pods_key = KEYS[1], open_key = KEYS[2], leases_key = KEYS[3], draining_key = KEYS[4],
-  residents_key = KEYS[5], lru_key = KEYS[6], suspending_key = KEYS[7]}
-local plan = read_plan(8, 3)
+  residents_key = KEYS[5], lru_key = KEYS[6], suspending_key = KEYS[7], headroom_key = KEYS[8]}
+local plan = read_plan(9, 3)
 
 local targets
 if ARGV[1] == 'expired' then

@@ -58,11 +58,37 @@ async def test_a_record_gives_back_the_spec_it_was_placed_with(store: PlacementS
         max_chunks=9,
         priority=5,
         eviction_policy="Never",
+        playout_fps=12.5,
+        playout_buffer_chunks=3,
     )
     await store.place(pool, placed)
     record = await store.get_session(pool, "s1")
     assert record is not None
     assert record.spec() == placed
+
+
+async def test_a_pod_record_carries_the_compute_its_worker_reports(
+    store: PlacementStore, pool: PoolId
+) -> None:
+    reg = await store.register_pod(
+        pool, "w-a", capacity=2, endpoint="http://w-a:8000", lease_ms=LEASE_MS, compute_fps=43.2, tick_ms=250
+    )
+    pod = await store.get_pod(pool, "w-a")
+    assert pod is not None
+    assert (pod.compute_fps, pod.tick_ms, pod.demand_fps) == (43.2, 250.0, 0.0)
+    await store.heartbeat(
+        pool,
+        "w-a",
+        epoch=reg.epoch,
+        capacity=2,
+        endpoint="http://w-a:8000",
+        lease_ms=LEASE_MS,
+        compute_fps=40.0,
+        tick_ms=270.5,
+    )
+    pod = await store.get_pod(pool, "w-a")
+    assert pod is not None
+    assert (pod.compute_fps, pod.tick_ms) == (40.0, 270.5)
 
 
 async def test_place_is_idempotent(store: PlacementStore, pool: PoolId) -> None:
@@ -492,7 +518,10 @@ async def test_get_bindings_reads_where_sessions_are_without_their_prompt_or_ima
     store: PlacementStore, pool: PoolId
 ) -> None:
     a = await register(store, pool, "w-a", capacity=2)
-    await store.place(pool, spec("ticking", prompt="a forest", image=b"\x89PNG" * 1000))
+    ticking = spec(
+        "ticking", prompt="a forest", image=b"\x89PNG" * 1000, playout_fps=12.5, playout_buffer_chunks=3
+    )
+    await store.place(pool, ticking)
     await store.place(pool, spec("reset", prompt="a desert"))
     await register(store, pool, "w-b", capacity=1)
     await store.place(pool, spec("lost", prompt="the sea"))  # w-a is full: on w-b
@@ -511,6 +540,8 @@ async def test_get_bindings_reads_where_sessions_are_without_their_prompt_or_ima
         reset_required=False,
         chunk_index=4,
         last_tick_ms=tick_ms,
+        playout_fps=12.5,
+        playout_buffer_chunks=3,
     )
     assert (bindings["reset"].state, bindings["reset"].reset_required) == (SessionState.PLACED, True)
     assert bindings["lost"].state is SessionState.LOST
@@ -707,6 +738,11 @@ BAD_CALLS = [
     _call("register_pod", pod="w-a", capacity=1, endpoint="", lease_ms=1000),
     _call("register_pod", pod="w-a", capacity=1, endpoint="ftp://w:21", lease_ms=1000),
     _call("register_pod", pod="w-a", capacity=1, endpoint="http://w:8000", lease_ms=0),
+    _call("register_pod", pod="w-a", capacity=1, endpoint="http://w:8000", lease_ms=9, compute_fps=-1.0),
+    _call(
+        "register_pod", pod="w-a", capacity=1, endpoint="http://w:8000", lease_ms=9, compute_fps=float("nan")
+    ),
+    _call("register_pod", pod="w-a", capacity=1, endpoint="http://w:8000", lease_ms=9, tick_ms="5"),
     _call("heartbeat", pod="w-a", epoch=0, capacity=1, endpoint="http://w:8000", lease_ms=1000),
     _call("touch", session="s1", pod="w-a", epoch=1, chunk_index=-1),
     _call("touch", session="S1", pod="w-a", epoch=1, chunk_index=0),
@@ -763,6 +799,11 @@ async def test_a_pool_must_be_a_pool_id(store: PlacementStore) -> None:
         {"name": "s1", "token_sha256": TOKEN, "seed": -1},
         {"name": "s1", "token_sha256": TOKEN, "image": b"x" * (4 * 1024 * 1024 + 1)},
         {"name": "s1", "token_sha256": TOKEN, "eviction_policy": "Sometimes"},
+        {"name": "s1", "token_sha256": TOKEN, "playout_fps": -1.0},
+        {"name": "s1", "token_sha256": TOKEN, "playout_fps": 120.5},
+        {"name": "s1", "token_sha256": TOKEN, "playout_fps": float("inf")},
+        {"name": "s1", "token_sha256": TOKEN, "playout_buffer_chunks": 17},
+        {"name": "s1", "token_sha256": TOKEN, "playout_buffer_chunks": 1.5},
     ],
 )
 def test_bad_session_specs_are_rejected(fields: dict[str, object]) -> None:

@@ -13,7 +13,7 @@ from ardiff.kv.errors import InvalidPlacementArgument
 from ardiff.kv.records import MAX_IMAGE_BYTES
 from ardiff.operator.admission import AdmissionFailure, build_placement_spec, decode_image, resolve_image
 from ardiff.operator.reconcile import needs_reconcile
-from ardiff.operator.specs import ImageRef, SessionResourceSpec
+from ardiff.operator.specs import ImageRef, InvalidSpec, Playout, SessionResourceSpec
 from ardiff.operator.status import Reason
 from ardiff.operator.views import SessionView
 
@@ -66,7 +66,9 @@ async def test_the_image_limit_is_what_a_config_map_holds_and_one_byte_more_is_r
     assert failure.value.message == "image configMap pics/k has 1048577 bytes, max 1048576"
     spec = SessionResourceSpec.from_resource({"poolRef": "p", "prompt": "a forest"})
     with pytest.raises(InvalidPlacementArgument, match="placement image must be at most 1048576 bytes"):
-        build_placement_spec("forest", spec, token_sha256="a" * 64, image=b"x" * (MAX_IMAGE_BYTES + 1))
+        build_placement_spec(
+            "forest", spec, token_sha256="a" * 64, image=b"x" * (MAX_IMAGE_BYTES + 1), playout=Playout()
+        )
 
 
 def test_placement_spec_carries_the_session_fields() -> None:
@@ -78,11 +80,33 @@ def test_placement_spec_carries_the_session_fields() -> None:
             "priority": 9,
             "evictionPolicy": "Never",
             "maxChunks": 5,
+            "playout": {"fps": 24},
         }
     )
-    request = build_placement_spec("forest", spec, token_sha256="a" * 64, image=PNG)
+    pool_default = Playout(fps=16.0, buffer_chunks=3)
+    request = build_placement_spec(
+        "forest", spec, token_sha256="a" * 64, image=PNG, playout=spec.playout.resolve(pool_default)
+    )
     assert (request.name, request.prompt, request.seed, request.priority) == ("forest", "a forest", 3, 9)
     assert (request.eviction_policy, request.max_chunks, request.image) == ("Never", 5, PNG)
+    # Its own fps, its pool's buffer.
+    assert (request.playout_fps, request.playout_buffer_chunks) == (24.0, 3)
+
+
+@pytest.mark.parametrize(
+    ("playout", "message"),
+    [
+        ({"fps": 0}, "spec.playout.fps must be in (0, 120], got 0"),
+        ({"fps": 121}, "spec.playout.fps must be in (0, 120], got 121"),
+        ({"fps": "16"}, "spec.playout.fps must be a number, got '16'"),
+        ({"bufferChunks": 0}, "spec.playout.bufferChunks must be an integer >= 1, got 0"),
+        ({"bufferChunks": 17}, "spec.playout.bufferChunks must be in 1..16, got 17"),
+    ],
+)
+def test_a_bad_playout_target_is_an_invalid_spec(playout: dict, message: str) -> None:
+    with pytest.raises(InvalidSpec) as raised:
+        SessionResourceSpec.from_resource({"poolRef": "p", "playout": playout})
+    assert str(raised.value) == message
 
 
 def view(status: dict, **meta: object) -> SessionView:

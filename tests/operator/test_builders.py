@@ -281,6 +281,17 @@ def test_worker_env_defaults_and_optional_settings() -> None:
     }
 
 
+def test_a_pool_that_admits_by_compute_tells_its_workers_the_bound() -> None:
+    """Issue 25: the worker reports compute_fps = computeUtilisation x its throughput; a pool without a
+    bound makes the same Pods as before (no roll on upgrade)."""
+    bounded = WorkerPoolSpec.from_resource({"image": "w:1", "computeUtilisation": 0.9})
+    env = {e["name"]: e.get("value") for e in build_worker_env("ns", "p", bounded)}
+    assert env["ARDIFF_COMPUTE_UTILISATION"] == "0.9"
+    plain = WorkerPoolSpec.from_resource({"image": "w:1", "computeUtilisation": 0})
+    assert "ARDIFF_COMPUTE_UTILISATION" not in {e["name"] for e in build_worker_env("ns", "p", plain)}
+    assert (plain.playout.fps, plain.playout.buffer_chunks) == (16.0, 2)  # the defaults
+
+
 def test_pool_service_is_headless_and_selects_the_pool() -> None:
     assert build_pool_service("worlds", "tiny") == {
         "apiVersion": "v1",

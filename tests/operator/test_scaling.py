@@ -6,6 +6,7 @@ from ardiff.operator.scaling import (
     MigrationPlan,
     PodSlots,
     ScalePlan,
+    compute_sessions,
     may_grow,
     plan_migrations,
     plan_scaling,
@@ -51,6 +52,27 @@ def test_unknown_capacity_grows_one_pod_at_a_time() -> None:
     assert plan(pods(("a", False, 0, 0, None)), waiting=10, session_capacity=2) == ScalePlan(
         create=4 - 1, delete=()
     )
+
+
+def test_a_slot_without_compute_is_not_free_and_a_new_pod_brings_what_its_compute_admits() -> None:
+    # 8 KV slots, 3 used; its compute admits 4 sessions at the pool's fps and 1 more now.
+    a = PodSlots("a", True, 8, 3, None, compute_capacity=4, compute_free=1)
+    assert (a.free, a.admits) == (1, 4)
+    assert plan({"a": a}, waiting=1) == ScalePlan(create=0, delete=())
+    full = PodSlots("a", True, 8, 4, None, compute_capacity=4, compute_free=0)
+    assert full.free == 0  # 4 KV slots free, but no compute: the waiting sessions need pods
+    assert plan({"a": full}, waiting=1) == ScalePlan(create=1, delete=())
+    assert plan({"a": full}, waiting=6) == ScalePlan(create=2, delete=())  # 4 sessions per new pod
+    booting = PodSlots("b", False, 0, 0, None)
+    assert plan({"a": full, "b": booting}, waiting=4) == ScalePlan(create=0, delete=())
+    assert plan({"a": full, "b": booting}, waiting=5) == ScalePlan(create=1, delete=())
+
+
+def test_compute_sessions_counts_whole_sessions_with_placements_slack() -> None:
+    assert compute_sessions(48.0, 16.0) == 3
+    assert compute_sessions(47.9, 16.0) == 2
+    assert compute_sessions(16.0 * 3 - 1e-9, 16.0) == 3  # a float sum a hair under: as placement admits it
+    assert compute_sessions(-5.0, 16.0) == 0  # demand over compute (a slower measurement)
 
 
 def test_does_not_grow_while_a_slot_is_free_or_at_max() -> None:

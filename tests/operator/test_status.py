@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ardiff.kv.records import PodRecord, SessionRecord, SessionState
+from ardiff.operator.specs import Playout
 from ardiff.operator.status import (
     ConditionSpec,
     Phase,
@@ -80,8 +81,9 @@ def test_phase_follows_the_records(
 
 
 def test_ready_status_mirrors_the_binding() -> None:
+    placed = record(playout_fps=12.5, playout_buffer_chunks=3)
     status = build_session_status(
-        {}, SessionObservation(record(), POD, True, NOW_MS), session="forest", generation=3, now="T1"
+        {}, SessionObservation(placed, POD, True, NOW_MS), session="forest", generation=3, now="T1"
     )
     assert status == {
         "phase": "Ready",
@@ -95,6 +97,7 @@ def test_ready_status_mirrors_the_binding() -> None:
         "observedGeneration": 3,
         "chunkIndex": 7,
         "lastTickTime": "2023-11-14T22:13:19.000Z",
+        "playout": {"fps": 12.5, "bufferChunks": 3},
         "conditions": [
             {
                 "type": "Ready",
@@ -106,6 +109,32 @@ def test_ready_status_mirrors_the_binding() -> None:
             }
         ],
     }
+
+
+def test_the_playout_target_is_the_records_else_the_resolved_one() -> None:
+    resolved = Playout(fps=8.0, buffer_chunks=4)
+
+    def playout(rec: SessionRecord | None) -> object:
+        obs = SessionObservation(rec, POD, True, NOW_MS, playout=resolved)
+        return build_session_status({}, obs, session="forest", generation=1, now="T1")["playout"]
+
+    assert playout(None) == {"fps": 8.0, "bufferChunks": 4}  # pending: what it will be placed with
+    assert playout(record()) == {"fps": 8.0, "bufferChunks": 4}  # placed before issue 25: no target kept
+    assert playout(record(playout_fps=16.0, playout_buffer_chunks=2)) == {"fps": 16.0, "bufferChunks": 2}
+
+
+def test_a_session_place_left_for_compute_waits_for_compute_naming_the_bound() -> None:
+    waiting = SessionObservation(None, None, False, NOW_MS, starting_pods=1, compute_utilisation=0.9)
+    assert derive_session_phase(waiting) == (Phase.PENDING, Reason.WAITING_FOR_COMPUTE)
+    status = build_session_status({}, waiting, session="forest", generation=1, now="T1")
+    assert (status["phase"], status["reason"]) == ("Pending", "WaitingForCompute")
+    assert status["message"] == (
+        "waiting for compute: every pod with a free slot would exceed spec.computeUtilisation (0.9) of its "
+        "measured throughput with this session's playout fps; 1 worker pod starting"
+    )
+    # Once placed, the record decides.
+    placed = SessionObservation(record(), POD, True, NOW_MS, compute_utilisation=0.9)
+    assert derive_session_phase(placed) == (Phase.READY, Reason.PLACED)
 
 
 def test_lost_status_drops_the_binding_and_requires_a_reset() -> None:
@@ -200,6 +229,13 @@ def test_pool_status() -> None:
         ("AtCapacity", "True", "FullAtMaxReplicas"),
         ("Progressing", "True", "PodsRegistered"),
     ]
+
+
+def test_pool_status_shows_compute_capacity_while_the_pool_admits_by_compute() -> None:
+    status = build_pool_status({}, pool_observation(compute_capacity=5), generation=5, now="T")
+    assert (status["capacity"], status["computeCapacity"]) == (12, 5)
+    # computeUtilisation set back to 0: the field goes (None: the merge patch removes it).
+    assert build_pool_status(status, pool_observation(), generation=6, now="T")["computeCapacity"] is None
 
 
 @pytest.mark.parametrize(

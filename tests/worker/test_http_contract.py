@@ -164,6 +164,10 @@ async def test_mp4_by_accept_header(worker, place):
         ({"prompt": "   "}, "prompt"),
         ({"controls": [{"track": "camera", "schema": "x"}]}, "controls.0.data"),
         ({"surprise": 1}, "surprise"),
+        ({"buffer_ms": -1}, "buffer_ms"),
+        ({"buffer_ms": 600_001}, "buffer_ms"),
+        ({"buffer_ms": 1.5}, "buffer_ms"),
+        ({"buffer_ms": "100"}, "buffer_ms"),
     ],
 )
 async def test_invalid_tick_is_400_naming_the_field(worker, place, body, param):
