@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from ardiff.devcluster.kubeconfig import Credentials
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PodRecord, PoolId, SessionBinding, SessionSpec
+from ardiff.operator.specs import Playout
 from ardiff.operator.status import SessionObservation, build_session_status, rfc3339
 
 T = TypeVar("T")
@@ -24,10 +25,20 @@ TOKEN_SHA256 = hashlib.sha256(b"scale").hexdigest()
 PROMPT = "a lighthouse on a cliff at dusk, waves, slow dolly in"
 SEED = 7
 SEED_CONCURRENCY = 16
+# A pool's default playout target (issue 25): what the operator places a session of such a pool with, so a
+# seeded record and its status hold what the operator's would.
+PLAYOUT = Playout()
 
 
 def session_spec(name: str) -> SessionSpec:
-    return SessionSpec(name=name, token_sha256=TOKEN_SHA256, seed=SEED, prompt=PROMPT)
+    return SessionSpec(
+        name=name,
+        token_sha256=TOKEN_SHA256,
+        seed=SEED,
+        prompt=PROMPT,
+        playout_fps=PLAYOUT.fps,
+        playout_buffer_chunks=PLAYOUT.buffer_chunks,
+    )
 
 
 async def bounded(calls: Sequence[Callable[[], Awaitable[T]]], limit: int) -> list[float]:

@@ -118,6 +118,8 @@ def test_h200_pool_is_lingbot_world_480x832_bf16_on_one_h200_from_a_claim(admiss
     assert spec["model"]["path"].startswith(mounts["weights"] + "/")
     assert spec["shmSize"] == "16Gi"
     assert spec["imagePullSecrets"] == [{"name": "ghcr-pull"}]  # the chart-wide value
+    # Issue 25: admitted by compute as well as KV memory, at LingBot's 16 frames/s.
+    assert (spec["playout"], spec["computeUtilisation"]) == ({"fps": 16, "bufferChunks": 2}, 0.9)
 
 
 def test_h200_renders_are_repeatable_and_hold_no_password(chart, h200):
