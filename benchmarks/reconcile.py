@@ -2,8 +2,9 @@
 
 Both runs use the same dev cluster (real etcd, kube-apiserver, controller-manager and scheduler, the process
 kubelet's two nodes, real Redis), one after the other:
-- baseline: a bare kopf operator whose only handler marks each new session `Ready` (one status patch):
-  the floor that kopf and this API server put under any operator;
+- baseline: a bare kopf operator with the operator's kopf settings whose only handler creates one Secret and
+  marks each new session `Ready` (one status patch): the floor that kopf and this API server put under an
+  operator that must give each session a token;
 - ardiff: the real operator (`ardiff operator run`), a pool of fake-runtime worker Pods (the worker image's
   worker app over the fake runtime, processes on the process nodes, started and registered before the clock
   starts), token Secrets, placement in Redis.
@@ -455,16 +456,34 @@ def print_table(results: list[Result], args: argparse.Namespace) -> None:
 
 
 def run_baseline_operator(liveness: str) -> None:
-    """A bare kopf operator: one create handler, one status patch per session; nothing else."""
+    """A bare kopf operator with the operator's kopf settings (`operator/kopf_settings.py`) and its Kubernetes
+    client: one create handler that creates one Secret (the shape of a session's token Secret, owned by it)
+    and returns one status patch; nothing else."""
     import kopf
 
+    from ardiff.operator import kopf_settings
+    from ardiff.operator.config import config_from_env
+    from ardiff.operator.kube import SECRETS, KubeApi
+    from ardiff.operator.tokens import build_token_secret, new_token
+
     @kopf.on.startup()
-    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.scanning.disabled = True
-        settings.posting.enabled = False
+    async def configure(
+        settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+    ) -> None:
+        kopf_settings.apply(settings, config_from_env())
+        memo.kube = KubeApi(lambda: kopf.login_via_client(logger=logger, settings=settings))
+
+    @kopf.on.cleanup()
+    async def close(memo: kopf.Memo, **_: Any) -> None:
+        await memo.kube.close()
 
     @kopf.on.create("ardiffusion.dev", "v1alpha1", "ardiffusionsessions")
-    def ready(patch: kopf.Patch, **_: Any) -> None:
+    async def ready(
+        namespace: str, name: str, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any
+    ) -> None:
+        secret = build_token_secret(namespace, name, new_token())
+        kopf.adopt(secret, owner=body)
+        await memo.kube.create_or_get(SECRETS, secret)
         patch.status["phase"] = "Ready"
 
     kopf.run(namespaces=["baseline"], standalone=True, liveness_endpoint=liveness)

@@ -25,6 +25,7 @@ from ardiff.kv.connection import redact_url
 from ardiff.kv.errors import NotReplicated
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
+from ardiff.operator import kopf_settings
 from ardiff.operator.config import OperatorConfig
 from ardiff.operator.context import OperatorContext
 from ardiff.operator.kube import KubeApi
@@ -50,9 +51,6 @@ from ardiff.operator.views import PodView, PoolView, SessionView
 from ardiff.operator.worker_pods import ensure_service
 from ardiff.wire import GROUP, POOL_PLURAL, SESSION_PLURAL, VERSION
 
-# Named so that kopf removes it from objects an earlier operator version put it on; nothing adds it now.
-FINALIZER = "ardiffusion.dev/finalizer"
-ANNOTATIONS_PREFIX = "ardiffusion.dev"
 WORKER_LABELS = {POOL_LABEL: kopf.PRESENT, COMPONENT_LABEL: WORKER_COMPONENT}
 # A kicked pool waits at least this long between rounds (kicks come in bursts: 1,000 sessions at once).
 MIN_ROUND_GAP_SECONDS = 0.2
@@ -61,26 +59,7 @@ MIN_ROUND_GAP_SECONDS = 0.2
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     config: OperatorConfig = memo.config
-    settings.persistence.finalizer = FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATIONS_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATIONS_PREFIX, key="last-handled-configuration"
-    )
-    # Watches reconnect well before proxies cut idle streams; requests fail fast instead of hanging handlers.
-    settings.watching.server_timeout = 300
-    settings.watching.client_timeout = 330
-    settings.watching.connect_timeout = 30
-    settings.networking.request_timeout = 60
-    settings.posting.enabled = True
-    settings.posting.reporting_component = "ardiff-operator"
-    settings.background.cancellation_polling = config.cancellation_polling_seconds
-    settings.execution.max_workers = 4  # sync handlers only; everything here is async
-    # Namespaced mode runs without cluster-scoped rights: no namespace or CRD scanning.
-    settings.scanning.disabled = not config.all_namespaces
-    settings.watching.label_selectors["pods"] = f"{POOL_LABEL},{COMPONENT_LABEL}={WORKER_COMPONENT}"
-    # Peering (standalone / name / priority) comes from `kopf.run`'s arguments (operator/cli.py); the lifetime
-    # decides how soon a standby takes over from a killed active (kopf reads it whole seconds, at least 1).
-    settings.peering.lifetime = max(1, round(config.peering_lifetime_seconds))
+    kopf_settings.apply(settings, config)
 
     def login() -> kopf.ConnectionInfo:
         """The same credentials kopf logs in with (in-cluster service account, else kubeconfig)."""

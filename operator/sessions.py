@@ -12,7 +12,7 @@ from typing import Any
 import kopf
 
 from ardiff.kv.errors import NotReplicated
-from ardiff.kv.records import PoolId
+from ardiff.kv.records import PlaceResult, PoolId, SessionSpec
 from ardiff.operator.admission import AdmissionFailure, check_family, placement_spec, resolve_playout
 from ardiff.operator.context import OperatorContext
 from ardiff.operator.scaling import may_grow
@@ -63,11 +63,8 @@ async def admit(
         return failed_status(session, exc.reason, exc.message, logger)
     pid = PoolId(pool.namespace, pool.name)
     async with ctx.locks[pid]:
-        live = await live_pods(ctx, pid)
-        can_grow = pool.spec is None or may_grow(pod_slots(ctx, pool, pods, live), pool.spec.max_replicas)
-        min_idle_ms = pool.spec.min_idle_seconds * 1000 if pool.spec else 0
         try:
-            placed = await ctx.store.place(pid, spec, may_evict=not can_grow, min_idle_ms=min_idle_ms)
+            placed = await place(ctx, pool, pods, spec)
         except NotReplicated as exc:
             # Applied on the master, not (yet) on a replica: a failover may lose it, so nothing is reported
             # from it. `place` is idempotent: the retry returns the same slot once a replica acknowledges.
@@ -90,7 +87,7 @@ async def admit(
     ready = any(p.name == where and p.ready for p in pods)
     observation = SessionObservation(
         record=record,
-        pod=live.get(where),
+        pod=await ctx.store.get_pod(pid, where) if where else None,
         pod_ready=ready,
         now_ms=now_ms,
         playout=resolve_playout(session, pool),
@@ -101,6 +98,22 @@ async def admit(
     return build_session_status(
         session.status, observation, session=session.name, generation=session.generation, now=now_rfc3339()
     )
+
+
+async def place(
+    ctx: OperatorContext, pool: PoolView, pods: Sequence[PodView], spec: SessionSpec
+) -> PlaceResult:
+    """`place` without eviction first: a free slot needs nothing else (O(1) in the pool's pods). Only when
+    none is free are the pod records read, to tell whether the pool may still grow; if it cannot, `place`
+    again with eviction (under the same lock: the decision is as exact as one call with eviction)."""
+    pid = PoolId(pool.namespace, pool.name)
+    min_idle_ms = pool.spec.min_idle_seconds * 1000 if pool.spec else 0
+    placed = await ctx.store.place(pid, spec, may_evict=False, min_idle_ms=min_idle_ms)
+    if placed.placement is not None or pool.spec is None:
+        return placed
+    if may_grow(pod_slots(ctx, pool, pods, await live_pods(ctx, pid)), pool.spec.max_replicas):
+        return placed
+    return await ctx.store.place(pid, spec, may_evict=True, min_idle_ms=min_idle_ms)
 
 
 async def release(ctx: OperatorContext, session: SessionView, logger: kopf.Logger) -> None:

@@ -103,11 +103,13 @@ class Cluster:
         assert response.status_code == 201, response.text
         return response.json()
 
-    def create_session(self, name: str, pool: str = "pool", **spec: Any) -> dict[str, Any]:
+    def create_session(
+        self, name: str, pool: str = "pool", *, finalizers: Sequence[str] = (), **spec: Any
+    ) -> dict[str, Any]:
         body = {
             "apiVersion": "ardiffusion.dev/v1alpha1",
             "kind": "ARDiffusionSession",
-            "metadata": {"name": name},
+            "metadata": {"name": name, **({"finalizers": list(finalizers)} if finalizers else {})},
             "spec": {"poolRef": pool, "prompt": f"the world of {name}", **spec},
         }
         response = self.http.post(self._path("ardiffusionsessions"), json=body)

@@ -37,6 +37,10 @@ async def test_session_becomes_ready_with_its_pod_endpoint_and_token(
     assert [(c["type"], c["status"], c["reason"]) for c in status["conditions"]] == [
         ("Ready", "True", "Placed")
     ]
+    # Admitted with its token Secret and its status only: kopf wrote nothing on the object (no diff-base or
+    # marker annotation: operator/kopf_settings.py).
+    annotations = cluster.session("forest")["metadata"].get("annotations") or {}
+    assert [k for k in annotations if k.startswith("ardiffusion.dev/")] == []
     # The token lives in a Secret owned by the session; Redis keeps only its SHA-256.
     secret = cluster.get("secrets", "forest-token", core=True)
     assert secret is not None
