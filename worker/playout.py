@@ -9,7 +9,8 @@ effective buffer `max(claimed, floor)`, the floor being what was delivered minus
 effective buffer`, when the viewer's buffer would run dry; a tick without `buffer_ms` has none (arrival
 order). The figures: time to first chunk (from the session's first tick here to its first chunk), the gap
 between deliveries, chunks after the first delivered by their deadline (on time) or after it (late), stall
-seconds (delivered minus deadline, for late ones) and the continuous-playback ratio `CPR = 1 - stall / (time since first chunk)`.
+seconds (delivered minus deadline, for late ones) and the continuous-playback ratio
+`CPR = 1 - stall / (time since first chunk)`.
 Times are `time.perf_counter()` seconds, as a tick's arrival (worker/service.py `AdmittedTick`).
 
 `TickEstimate` is the pod's side of compute admission: its forward time per full chunk (the median of the

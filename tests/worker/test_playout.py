@@ -166,9 +166,9 @@ def test_the_figures_on_a_controlled_clock():
 
 
 def test_a_sessions_first_chunk_is_its_time_to_first_chunk_not_a_stall():
-    """The first tick claims an empty buffer (due at once); its chunk comes 0.4 s later. Nothing was playing:
-    that wait is the time to first chunk, neither on time nor late, and CPR starts from the first chunk (as the
-    player and the viewer count it)."""
+    """The first tick claims an empty buffer (due at once); its chunk comes 0.4 s later. Nothing was
+    playing: that wait is the time to first chunk, neither on time nor late, and CPR starts from the first
+    chunk (as the player and the viewer count it)."""
     playout = SessionPlayout(PlayoutTarget(fps=16, buffer_chunks=2), started=0.0)
     first = playout.delivered(0.4, 9, playout.deadline(0.0, 0))
     assert (first.first_chunk_s, first.late, first.stall_s) == (0.4, None, 0.0)
