@@ -44,7 +44,7 @@ def test_apply_crds_then_examples_and_get_printer_columns(kubectl) -> None:
     by_name = {row[0]: row for row in rows[1:]}
     assert by_name["forest-walk"][1:5] == ["Ready", "tiny-world", "tiny-world-x7k2p", "4"]
     assert table(kubectl("get", "adpool", "-o", "wide").stdout)[0] == [
-        "NAME", "READY", "CAPACITY", "SESSIONS", "PENDING", "AGE",
+        "NAME", "READY", "CAPACITY", "COMPUTE", "SESSIONS", "PENDING", "AGE",
     ]  # fmt: skip
     # Categories and short names work as on a real cluster.
     names = kubectl("get", "ardiff", "-o", "name").stdout.split()
