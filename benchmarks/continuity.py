@@ -287,35 +287,6 @@ def measure_wire(total_bytes: int) -> dict[str, Any]:
     return {"bytes": size, "bytes_per_second": statistics.median(rates), "runs": len(rates)}
 
 
-def launch_worker(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    from ardiff.devcluster.redis_server import free_port
-
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ardiff.cli", "worker", "serve"],
-        env={**env, "ARDIFF_PORT": str(port)},
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-    )
-    return process, f"http://127.0.0.1:{port}"
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 600) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            sys.exit(f"worker exited:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    sys.exit(f"worker not ready in {timeout} s:\n{log.read_text()[-3000:]}")
-
-
 def metric(url: str, sample: str) -> float:
     import httpx
 
@@ -341,6 +312,9 @@ def measure_migration(
     from ardiff.kv.placement import PlacementStore
     from ardiff.kv.records import PoolId, SessionSpec, SessionState, token_sha256
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from worker_process import WorkerProcess
+
     pool = PoolId("bench", f"mig-{size}")
     token, session = "bench-token", f"walk-{size}"
     with tempfile.TemporaryDirectory(prefix="ardiff-bench-mig-") as workdir:
@@ -359,12 +333,11 @@ def measure_migration(
             "ARDIFF_SUSPEND_DIR": str(Path(workdir) / "tier"),
             "ARDIFF_TRANSFER_TOKEN": secrets.token_urlsafe(32),
         }
-        logs = {pod: Path(workdir) / f"{pod}.log" for pod in ("a", "b")}
-        workers = {pod: launch_worker({**env, "ARDIFF_POD_NAME": pod}, logs[pod]) for pod in ("a", "b")}
+        workers = [WorkerProcess.start(pod, env, Path(workdir)) for pod in ("a", "b")]
         try:
-            for pod, (process, url) in workers.items():
-                wait_ready(url, process, logs[pod])
-            (_, url_a), (_, url_b) = workers["a"], workers["b"]
+            for worker in workers:
+                worker.wait_ready(600)
+            url_a, url_b = (worker.url for worker in workers)
 
             async def store_call(call: Any) -> Any:
                 async with PlacementStore.from_url(redis_url) as store:
@@ -418,10 +391,8 @@ def measure_migration(
                 "direct": metric(url_b, 'ardiff_session_resumes_total{source="direct"}') == 1,
             }
         finally:
-            for process, _ in workers.values():
-                process.terminate()
-            for process, _ in workers.values():
-                process.wait(timeout=60)
+            for worker in workers:
+                worker.stop()
 
 
 def print_transfer(wire: dict[str, Any] | None, migrations: list[dict[str, Any]]) -> None:

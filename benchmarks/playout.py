@@ -44,7 +44,6 @@ import hashlib
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -54,14 +53,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
 from ardiff.client import SessionClient, WorkerAPIError, WorkerUnreachable, hold
-from ardiff.devcluster.redis_server import RedisServer, free_port
+from ardiff.devcluster.redis_server import RedisServer
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionSpec
 from ardiff.player import Player, PlayoutFigures
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from worker_process import WorkerProcess
 
 FRAMES_PER_CHUNK = 12  # LingBot-World's chunks after the first (9 frames)
 GOOD_CPR = 0.95
@@ -94,47 +95,6 @@ def trace(load: float, args: argparse.Namespace, tick_s: float, seed: int) -> li
 
 
 # --------------------------------------------------------------------------------------------- workers
-
-
-@dataclass
-class Worker:
-    pod: str
-    url: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    @classmethod
-    def start(cls, pod: str, env: dict[str, str], logs: Path) -> Worker:
-        port = free_port()
-        log = logs / f"{pod}.log"
-        process = subprocess.Popen(
-            [sys.executable, "-m", "ardiff.cli", "worker", "serve"],
-            env={**env, "ARDIFF_POD_NAME": pod, "ARDIFF_PORT": str(port)},
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-        )
-        return cls(pod, f"http://127.0.0.1:{port}", process, log)
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                sys.exit(f"worker {self.pod} exited:\n{self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        sys.exit(f"worker {self.pod} not ready in {timeout} s:\n{self.log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
 
 
 def worker_env(
@@ -204,7 +164,7 @@ class ArmRun:
 
     arm: Arm
     pool: PoolId
-    workers: Sequence[Worker]
+    workers: Sequence[WorkerProcess]
     args: argparse.Namespace
     sessions: list[Session]
     started: float = field(default_factory=time.monotonic)
@@ -306,7 +266,7 @@ class ArmRun:
 def run_arm(
     arm: Arm,
     arrivals: Sequence[Arrival],
-    workers: Sequence[Worker],
+    workers: Sequence[WorkerProcess],
     pool: PoolId,
     redis_url: str,
     args: argparse.Namespace,
@@ -328,7 +288,7 @@ def run_arm(
     return run
 
 
-def park_spares(pool: PoolId, workers: Sequence[Worker], redis_url: str, pods: int) -> None:
+def park_spares(pool: PoolId, workers: Sequence[WorkerProcess], redis_url: str, pods: int) -> None:
     async def park() -> None:
         async with PlacementStore.from_url(redis_url) as store:
             for worker in workers[pods:]:
@@ -423,7 +383,7 @@ def measure_tick(redis_url: str, args: argparse.Namespace, logs: Path) -> tuple[
     back-to-back ticks of one session on a real worker: the median (ms) and the lognormal sigma (from p50 and
     p90, as the fake runtime draws them)."""
     pool = PoolId("bench", "playout-measure")
-    worker = Worker.start(
+    worker = WorkerProcess.start(
         "measure-0", worker_env(Arm("measure", "fifo", 0.0), pool, redis_url, args, True), logs
     )
     try:
@@ -467,7 +427,7 @@ def run_load(
     for arm in arms:
         pool = PoolId("bench", f"playout-{'real' if real else 'fake'}-{index}-{arm.name.replace('+', '-')}")
         env = worker_env(arm, pool, redis_url, args, real)
-        workers = [Worker.start(f"{pool.name}-{i}", env, logs) for i in range(pods)]
+        workers = [WorkerProcess.start(f"{pool.name}-{i}", env, logs) for i in range(pods)]
         prepared.append((arm, pool, workers))
     try:
         for _, _, workers in prepared:
@@ -477,7 +437,7 @@ def run_load(
             park_spares(pool, workers, redis_url, min(args.pods, pods))
         results: dict[str, ArmRun] = {}
 
-        def one(arm: Arm, pool: PoolId, workers: Sequence[Worker]) -> None:
+        def one(arm: Arm, pool: PoolId, workers: Sequence[WorkerProcess]) -> None:
             tag = f"{index}-{arms.index(arm)}"
             results[arm.name] = run_arm(arm, arrivals, workers, pool, redis_url, args, tag)
 
