@@ -31,6 +31,7 @@ from ardiff.kv.records import PodRecord, PoolId, SessionBinding, SessionSpec, Se
 from ardiff.operator.admission import AdmissionFailure, check_family, placement_spec
 from ardiff.operator.context import OperatorContext
 from ardiff.operator.disruption import pool_selector, sync_busy_pods
+from ardiff.operator.forks import fork_request
 from ardiff.operator.kube import PODS
 from ardiff.operator.metrics import PoolSample
 from ardiff.operator.scaling import PodSlots, compute_sessions, may_grow, plan_migrations, plan_scaling
@@ -205,13 +206,20 @@ async def place_sessions(
                     result.waiting_for_compute.add(session.name)
                 continue
             spec = await placement_request(ctx, pool, session, record is not None)
+            prefer_pod = ""
+            if rebind == "new":  # never placed: a fork is resolved now (its parent may have moved on)
+                spec, prefer_pod = await fork_request(ctx, session, spec)
         except AdmissionFailure as exc:
             await write_failed(ctx, session, exc.reason, exc.message)
             result.settled.add(session.name)
             result.changed = True
             continue
         placed = await ctx.store.place(
-            pid, spec, may_evict=may_evict, min_idle_ms=pool.spec.min_idle_seconds * 1000
+            pid,
+            spec,
+            may_evict=may_evict,
+            min_idle_ms=pool.spec.min_idle_seconds * 1000,
+            prefer_pod=prefer_pod,
         )
         if placed.placement is None:
             result.waiting += 1
