@@ -5,22 +5,27 @@ The parent must be an ARDiffusionSession of the same namespace, pool and family,
 `fork_from` = that kept chunk's location and `prefer_pod` = the parent's pod, and takes the parent's seed,
 prompt and image where its own spec leaves them out. Any refusal is an `AdmissionFailure` (the child ends
 `Failed` with a Warning Event). The child gets no ownerReference to its parent: each outlives the other.
+The parent's CR is looked up in the operator's sessions index (`SessionFinder`): the operator may list and
+watch sessions, never `get` one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from ardiff.kv.records import PoolId, SessionSpec, SessionState, kept_location
 from ardiff.operator.admission import AdmissionFailure
 from ardiff.operator.context import OperatorContext
-from ardiff.operator.kube import SESSIONS
 from ardiff.operator.status import Reason
 from ardiff.operator.views import SessionView
 
+# (namespace, name, the pool to look in first) -> the session as the operator's index has it, None if absent.
+SessionFinder = Callable[[str, str, str], SessionView | None]
+
 
 async def fork_request(
-    ctx: OperatorContext, session: SessionView, spec: SessionSpec
+    ctx: OperatorContext, session: SessionView, spec: SessionSpec, find_session: SessionFinder
 ) -> tuple[SessionSpec, str]:
     """The placement request of a session's first placement, and the pod to prefer: `spec` and "" when it is
     not a fork; else `spec` forking from its parent's kept chunk, and the parent's pod."""
@@ -30,8 +35,7 @@ async def fork_request(
         return spec, ""
     if fork.session == session.name:
         raise AdmissionFailure(Reason.FORK_SOURCE_NOT_FOUND, "a session cannot fork from itself")
-    body = await ctx.kube.get(SESSIONS, session.namespace, fork.session)
-    parent = SessionView.from_body(body) if body is not None else None
+    parent = find_session(session.namespace, fork.session, session.spec.pool_ref)
     if parent is None or parent.spec is None:
         why = "no" if parent is None else "an invalid"
         raise AdmissionFailure(

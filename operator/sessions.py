@@ -15,7 +15,7 @@ from ardiff.kv.errors import NotReplicated
 from ardiff.kv.records import PlaceResult, PoolId, SessionSpec
 from ardiff.operator.admission import AdmissionFailure, check_family, placement_spec, resolve_playout
 from ardiff.operator.context import OperatorContext
-from ardiff.operator.forks import fork_request
+from ardiff.operator.forks import SessionFinder, fork_request
 from ardiff.operator.scaling import may_grow
 from ardiff.operator.slots import live_pods, pod_slots
 from ardiff.operator.status import Reason, SessionObservation, build_failed_status, build_session_status
@@ -44,9 +44,11 @@ async def admit(
     session: SessionView,
     pool: PoolView | None,
     pods: Sequence[PodView],
+    find_session: SessionFinder,
     logger: kopf.Logger,
 ) -> dict[str, Any]:
-    """Token Secret and image, then `place` (evicting only when the pool cannot grow); returns the status."""
+    """Token Secret and image, a fork's parent (`fork_request`), then `place` (evicting only when the pool
+    cannot grow); returns the status."""
     if session.spec is None:
         return failed_status(session, Reason.INVALID_SPEC, session.invalid_reason or "invalid spec", logger)
     try:
@@ -60,7 +62,7 @@ async def admit(
         return failed_status(session, Reason.POOL_DELETED, f"pool {pool.name} is being deleted", logger)
     try:
         check_family(session, pool)
-        spec, prefer_pod = await fork_request(ctx, session, spec)
+        spec, prefer_pod = await fork_request(ctx, session, spec, find_session)
     except AdmissionFailure as exc:
         return failed_status(session, exc.reason, exc.message, logger)
     pid = PoolId(pool.namespace, pool.name)
