@@ -296,7 +296,10 @@ class Continuity:
                 raise ExportCorrupt(
                     f"this pod no longer keeps chunk {chunk} of session {parent!r} (rewound, reset or closed)"
                 )
-            return await self.forward.run(runtime.import_session, copy.reader(), as_session=session_id)
+            # The parent, still at that chunk here, lends the fork its KV blocks (worker/block_share.py).
+            return await self.forward.run(
+                runtime.import_session, copy.reader(), as_session=session_id, share_with=parent
+            )
 
     # ---------------------------------------------------------------- snapshot and suspend
 

@@ -223,7 +223,10 @@ class FakeRuntime:
             out, session_id=session_id, identity=self.identity, book=book, state=state, tensors=()
         )
 
-    def import_session(self, source: Readable, *, as_session: str | None = None) -> SessionBook:
+    def import_session(
+        self, source: Readable, *, as_session: str | None = None, share_with: str | None = None
+    ) -> SessionBook:
+        del share_with  # the fake holds no KV blocks to share: a fork is always a copy
         reader = ExportReader(source)
         check_identity(reader.identity, self.identity)
         session_id = as_session or reader.session_id

@@ -46,6 +46,9 @@ class WorkerMetrics:
         self.capacity = Gauge("ardiff_session_capacity", "Sessions this worker admits", registry=r)
         self.kv_free_blocks = Gauge("ardiff_kv_free_blocks", "Free blocks of the paged KV pool", registry=r)
         self.kv_blocks = Gauge("ardiff_kv_blocks", "Blocks of the paged KV pool", registry=r)
+        self.kv_shared_blocks = Gauge(
+            "ardiff_kv_shared_blocks", "Blocks of the paged KV pool more than one session holds", registry=r
+        )
         self.ready = Gauge("ardiff_worker_ready", "1 when the worker accepts ticks", registry=r)
         self.resumes = Counter(
             "ardiff_session_resumes",
@@ -179,6 +182,7 @@ class WorkerMetrics:
             self.sessions_resident.set(len(runtime.resident_sessions()))
             self.kv_free_blocks.set(blocks.free)
             self.kv_blocks.set(blocks.total)
+            self.kv_shared_blocks.set(blocks.shared)
         self.sessions_admitted.set(admitted)
         self.ready.set(1 if ready else 0)
         return generate_latest(self.registry)

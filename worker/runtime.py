@@ -23,14 +23,19 @@ from ardiff.worker.session_export import Readable, Writable
 
 @dataclass(frozen=True)
 class KVBlocks:
-    """The runner's paged KV pool: blocks free for sessions, out of the managed total."""
+    """The runner's paged KV pool: blocks free for sessions, out of the managed total; `shared`: blocks
+    more than one session holds (same-pod forks, worker/block_share.py)."""
 
     free: int
     total: int
+    shared: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.free <= self.total:
             raise ValueError(f"kv blocks free must be in [0, total={self.total}], got {self.free}")
+        if not 0 <= self.shared <= self.total - self.free:
+            used = self.total - self.free
+            raise ValueError(f"kv blocks shared must be in [0, used={used}], got {self.shared}")
 
 
 @dataclass(frozen=True)
@@ -118,10 +123,15 @@ class SessionRuntime(Protocol):
         """
         ...
 
-    def import_session(self, source: Readable, *, as_session: str | None = None) -> SessionBook:
+    def import_session(
+        self, source: Readable, *, as_session: str | None = None, share_with: str | None = None
+    ) -> SessionBook:
         """Install a session read from `source` as a resident one whose next tick continues it; returns the
         worker's book that travelled with it. `as_session` (a fork, issue 26) installs it under that id
-        instead of the export's, with the book `SessionBook.forked` gives.
+        instead of the export's, with the book `SessionBook.forked` gives. `share_with` (a fork on its
+        parent's pod): the resident session whose KV blocks the fork may hold too instead of copies, for each
+        KV branch where that session is still at the export's boundary (worker/block_share.py); elsewhere the
+        pages are copied as usual.
 
         Refuses with `ExportCorrupt` (not an export, unknown version, truncated, checksum or header wrong),
         `ExportIdentityMismatch`, `ExportDuplicateSession` or `ExportNoCapacity` (resident capacity, free KV

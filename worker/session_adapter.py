@@ -36,6 +36,7 @@ from vllm_omni.diffusion.registry import get_diffusion_pre_process_func
 from vllm_omni.diffusion.request import OmniDiffusionRequest
 from vllm_omni.diffusion.worker.diffusion_worker import DiffusionWorker
 
+from ardiff.worker import block_share
 from ardiff.worker.conditioning import Conditioning
 from ardiff.worker.errors import (
     ExportCorrupt,
@@ -192,7 +193,11 @@ class ARDiffusionSessionAdapter:
     def kv_blocks(self) -> KVBlocks:
         cache = self._runner.kv_cache
         # Block 0 is vLLM's null block; the rest of the pool is what sessions draw from.
-        return KVBlocks(free=cache.manager.block_pool.get_num_free_blocks(), total=cache.num_blocks - 1)
+        return KVBlocks(
+            free=cache.manager.block_pool.get_num_free_blocks(),
+            total=cache.num_blocks - 1,
+            shared=block_share.shared_blocks(cache),
+        )
 
     def shutdown(self) -> None:
         self._worker.shutdown()
@@ -205,7 +210,9 @@ class ARDiffusionSessionAdapter:
             out, session_id=session_id, identity=self.identity, book=book, state=state, tensors=parts
         )
 
-    def import_session(self, source: Readable, *, as_session: str | None = None) -> SessionBook:
+    def import_session(
+        self, source: Readable, *, as_session: str | None = None, share_with: str | None = None
+    ) -> SessionBook:
         exporter = self._exporter
         reader = ExportReader(source)
         check_identity(reader.identity, self.identity)
@@ -216,12 +223,13 @@ class ARDiffusionSessionAdapter:
             # The runner would silently evict its least recently used session to make room.
             raise ExportNoCapacity(f"this worker holds {self.capacity} sessions, its capacity")
         check = self._tensor_check(state)
-        needed = sum(int(b["num_blocks"]) for b in state["kv_branches"].values())
+        shared = self._shareable(share_with, state)
+        needed = sum(int(b["num_blocks"]) for n, b in state["kv_branches"].items() if n not in shared)
         free = self.kv_blocks().free
         if needed > free:
             raise ExportNoCapacity(f"the session needs {needed} KV blocks, this worker has {free} free")
         try:
-            book = self._install(reader, check, session_id)
+            book = self._install(reader, check, session_id, shared)
         except BaseException as exc:
             self._runner._release_session(
                 session_id, reset_model=False, reason="import_failed", suppress_errors=True
@@ -369,16 +377,37 @@ class ARDiffusionSessionAdapter:
 
         return check
 
-    def _install(self, reader: ExportReader, check: TensorCheck, session_id: str) -> SessionBook:
-        """Build the session `session_id` from `reader`: its KV blocks allocated first; the tensors read (each
-        declared one checked against `check` before anything is read); the KV pages written only once every
-        part is in and the checksum held, then the rest. The caller releases it on any failure."""
+    def _shareable(self, share_with: str | None, state: dict[str, Any]) -> dict[str, Any]:
+        """The KV branches of the export `state` whose blocks the resident idle session `share_with` holds
+        as they are in the export, by name: its adapters (worker/block_share.py)."""
+        parent = self._runner._sessions.get(share_with) if share_with else None
+        if parent is None or parent._closed:
+            return {}
+        kv = self._runner.kv_cache
+        return {
+            name: parent.adapters[name]
+            for name, branch in state["kv_branches"].items()
+            if name in parent.adapters
+            and parent._paged_pending.get(name) is None
+            and block_share.branch_matches(kv, parent.adapters[name], branch)
+        }
+
+    def _install(
+        self, reader: ExportReader, check: TensorCheck, session_id: str, shared: dict[str, Any]
+    ) -> SessionBook:
+        """Build the session `session_id` from `reader`: its KV blocks allocated first (or, for the
+        branches in `shared`, the parent's blocks held too: their pages are read for the checksum only); the
+        tensors read (each declared one checked against `check` before anything is read); the KV pages written
+        only once every part is in and the checksum held, then the rest. The caller releases it on any
+        failure."""
         kv, pipe, state = self._runner.kv_cache, self._pipeline, reader.state
         session = self._runner._get_or_create_session(session_id)
         block_ids = {}
         for name, branch in state["kv_branches"].items():
             adapter = session.adapter(name)
-            if branch["num_blocks"]:
+            if name in shared:
+                block_share.share_blocks(kv, shared[name], adapter)
+            elif branch["num_blocks"]:
                 kv.allocate_token_slots(adapter, branch["num_blocks"] * kv.block_size)  # from position 0
             table = kv.block_table(adapter)
             if len(table) != branch["num_blocks"]:
@@ -390,7 +419,8 @@ class ARDiffusionSessionAdapter:
         rest: dict[str, torch.Tensor] = {}
         for read in reader.tensors(check):
             if read.name.startswith("kv/"):
-                pages.append((read.name, tensor(read)))
+                if read.name.removeprefix("kv/").rsplit("/", 2)[0] not in shared:
+                    pages.append((read.name, tensor(read)))
             else:
                 rest[read.name] = tensor(read)
         for name, page in pages:

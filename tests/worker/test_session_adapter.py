@@ -399,3 +399,74 @@ def test_a_tensor_declared_outside_the_spec_is_refused_before_anything_is_read(
         adapter.import_session(io.BytesIO(with_index(blob, lambda index: index[name].update(shape=shape))))
     assert adapter.resident_sessions() == ()
     assert adapter.kv_blocks() == before
+
+
+# ---- same-pod forks by shared blocks (issue 26 item 3; worker/block_share.py) -----------------------------
+
+
+def run_as(adapter, session: str, chunk: int, conditioning: Conditioning):
+    tick = tick_rules.parse_tick(
+        session,
+        {"request_id": f"{session}-{chunk}", "chunk_index": chunk, "controls": [CAMERA[chunk % 3]]},
+    )
+    return adapter.forward(adapter.prepare(tick, conditioning))
+
+
+def self_kv_blocks(adapter, session: str) -> int:
+    kv = adapter._runner.kv_cache
+    return sum(len(kv.block_table(a)) for a in adapter._runner._sessions[session].adapters.values())
+
+
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "copied"])
+def test_a_fork_on_the_parents_pod_continues_bit_identically_and_shares_its_blocks(adapter, exported, share):
+    from ardiff.worker.block_share import shared_blocks
+
+    reference, _, blob = exported
+    empty = adapter.kv_blocks()
+    for chunk in range(3):
+        run(adapter, "a", chunk)  # the parent, at the export's boundary again
+    held = self_kv_blocks(adapter, "a")
+    before = adapter.kv_blocks()
+    forked = adapter.import_session(io.BytesIO(blob), as_session="fork", share_with="a" if share else None)
+    assert (forked.session_id, forked.next_chunk_index) == ("fork", 3)
+    taken = before.free - adapter.kv_blocks().free
+    assert held > 0
+    assert taken == (0 if share else held)
+    assert shared_blocks(adapter._runner.kv_cache) == (held if share else 0)
+    children, parents = [], []
+    for chunk in range(3, 6):
+        children.append(run_as(adapter, "fork", chunk, CONDITIONING["a"]))
+        parents.append(run(adapter, "a", chunk))
+    assert_same(children, reference[3:])
+    assert_same(parents, reference[3:])
+    adapter.close("a")  # the parent goes first: the child keeps the blocks it still shares
+    assert self_kv_blocks(adapter, "fork") > 0
+    assert_same([run_as(adapter, "fork", 6, CONDITIONING["a"])], [run_as_twin(adapter, 6)])
+    adapter.close("fork")
+    assert adapter.kv_blocks() == empty
+
+
+def run_as_twin(adapter, chunks: int):
+    """Chunk `chunks` of an uninterrupted `a` (a twin session, closed afterwards)."""
+    for chunk in range(chunks):
+        run_as(adapter, "twin", chunk, CONDITIONING["a"])
+    out = run_as(adapter, "twin", chunks, CONDITIONING["a"])
+    adapter.close("twin")
+    return out
+
+
+def test_a_parent_that_moved_on_is_copied_not_shared(adapter, exported):
+    from ardiff.worker.block_share import shared_blocks
+
+    reference, _, blob = exported
+    empty = adapter.kv_blocks()
+    for chunk in range(4):
+        run(adapter, "a", chunk)  # one chunk past the export: its blocks no longer hold the export's pages
+    before = adapter.kv_blocks().free
+    adapter.import_session(io.BytesIO(blob), as_session="fork", share_with="a")
+    assert before - adapter.kv_blocks().free > 0
+    assert shared_blocks(adapter._runner.kv_cache) == 0
+    assert_same([run_as(adapter, "fork", chunk, CONDITIONING["a"]) for chunk in range(3, 6)], reference[3:])
+    for session in ("a", "fork"):
+        adapter.close(session)
+    assert adapter.kv_blocks() == empty
