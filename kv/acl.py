@@ -56,6 +56,7 @@ WORKER_SCRIPTS = (
     "resumed",
     "note_snapshot",
     "relocate_export",
+    "note_history",
 )
 # What the worker sends besides the scripts' own commands: EVALSHA (redis-py loads a script it finds missing
 # with SCRIPT LOAD; never EVAL), WAIT after a write when its URL asks for replicas, the event stream (its

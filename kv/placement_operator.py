@@ -43,7 +43,7 @@ DEFAULT_STREAM_MAXLEN = 1_000
 
 
 def _spec_args(pool: PoolId, spec: SessionSpec) -> list[str | int | bytes]:
-    """ARGV[1..11] of place.lua and restore.lua: the session's record fields, as both scripts write them."""
+    """ARGV[1..13] of place.lua and restore.lua: the session's record fields, as both scripts write them."""
     return [
         spec.name,
         pool.name,
@@ -56,6 +56,8 @@ def _spec_args(pool: PoolId, spec: SessionSpec) -> list[str | int | bytes]:
         spec.eviction_policy,
         decimal_text(spec.playout_fps),
         spec.playout_buffer_chunks,
+        spec.history_keep_chunks,
+        spec.fork_from,
     ]
 
 
@@ -86,6 +88,7 @@ class OperatorPlacement(PlacementShared):
         may_evict: bool = False,
         min_idle_ms: int = 0,
         policy: PlacementPolicy = "least-loaded",
+        prefer_pod: str = "",
     ) -> PlaceResult:
         """Give `spec.name` a slot, or return its current one (`already_placed=True`).
 
@@ -105,6 +108,11 @@ class OperatorPlacement(PlacementShared):
         first admission and comes back with `resume_from` (its export) and `reset_required=False`; a `lost`
         one comes back from the export it had not imported yet, else from its latest snapshot, and with
         `reset_required` only when it has neither. A pending result says why (`pending_reason`).
+
+        Issue 26: `prefer_pod` (a fork's parent's pod; "" = none) is taken when it takes the session by every
+        rule above (live, not draining, a free slot, compute), else the policy's choice (never an eviction for
+        it). A first admission with `spec.fork_from` comes back with `resume_from = fork_from`, `chunk_index`
+        its chunk and no `reset_required`: its worker imports the kept chunk before the first tick.
         """
         keys = PoolKeys(check_pool(pool))
         check_spec(spec)
@@ -113,8 +121,11 @@ class OperatorPlacement(PlacementShared):
             raise InvalidPlacementArgument(
                 f"placement policy must be one of {get_args(PlacementPolicy)}, got {policy!r}"
             )
+        if prefer_pod:
+            check_name("prefer_pod", prefer_pod)
         hint = self._place_hints.get(pool, Plan())
         plan = Plan(list(hint.pods), list(hint.sessions))
+        plan.add([prefer_pod] if prefer_pod else [], [])
         _, reply = await self._run(
             "place",
             [keys.session(spec.name), *keys.indexes],
@@ -124,6 +135,7 @@ class OperatorPlacement(PlacementShared):
                 min_idle_ms,
                 policy,
                 self.stream_maxlen,
+                prefer_pod,
             ],
             pool_keys=keys,
             plan=plan,

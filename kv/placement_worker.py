@@ -3,9 +3,9 @@
 A pod's registration and lease, a tick's `touch`, the pod's event stream (read and acknowledge), and the
 continuity reports of issue 12: an export written (`mark_suspended`), a suspended session ticked
 (`request_resume`), an export moved (`relocate_export`) or imported (`resumed`), a periodic snapshot
-(`note_snapshot`). Every call names the pod's incarnation (`epoch`); a newer one fences it (`PodFenced`). The
-operations the worker shares with the operator are in `placement_shared`; kv/acl.py's `WORKER_SCRIPTS` lists
-the scripts this side runs.
+(`note_snapshot`), and the chunks it keeps or was rewound to (`note_history`, issue 26). Every call names the
+pod's incarnation (`epoch`); a newer one fences it (`PodFenced`). The operations the worker shares with the
+operator are in `placement_shared`; kv/acl.py's `WORKER_SCRIPTS` lists the scripts this side runs.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from ardiff.kv.records import (
     check_text,
     check_tier,
     decimal_text,
+    kept_chunks_text,
 )
 from ardiff.kv.scripts import Plan, as_text, as_texts
 
@@ -358,6 +359,40 @@ class WorkerPlacement(PlacementShared):
             "note_snapshot",
             [keys.session(session), keys.pod(pod)],
             [pod, epoch, location, chunk_index],
+        )
+        if status is not ScriptStatus.OK:
+            raise await self._refusal(keys, status, reply, session=session, pod=pod, epoch=epoch)
+
+    async def note_history(
+        self,
+        pool: PoolId,
+        session: str,
+        *,
+        pod: str,
+        epoch: int,
+        kept: Sequence[int],
+        chunk_index: int | None = None,
+    ) -> None:
+        """The worker holding the session at `epoch` keeps the chunk boundaries `kept` now (ascending,
+        distinct, each >= 1, at most MAX_KEEP_CHUNKS): the record's `kept_chunks`, what a fork may start
+        from. `chunk_index` (a rewind: the kept chunk the session continues at) also sets the record's
+        `chunk_index`, atomically, and forgets a periodic snapshot taken after it; `kept` must then hold no
+        chunk after it. Raises `UnknownSession`, `PodFenced`, or `SessionNotHere`."""
+        keys = PoolKeys(check_pool(pool))
+        check_name("session", session)
+        check_name("pod", pod)
+        check_positive_int("epoch", epoch)
+        text = kept_chunks_text(kept)
+        if chunk_index is not None:
+            check_positive_int("chunk_index", chunk_index)
+            if kept and kept[-1] > chunk_index:
+                raise InvalidPlacementArgument(
+                    f"placement rewind to chunk {chunk_index} keeps no later chunk, got kept={list(kept)!r}"
+                )
+        status, reply = await self._run(
+            "note_history",
+            [keys.session(session), keys.pod(pod)],
+            [pod, epoch, text, "" if chunk_index is None else chunk_index],
         )
         if status is not ScriptStatus.OK:
             raise await self._refusal(keys, status, reply, session=session, pod=pod, epoch=epoch)

@@ -6,8 +6,10 @@ Frozen dataclasses that validate themselves; `from_hash` decodes a Redis hash (b
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import ClassVar, Literal
@@ -25,6 +27,11 @@ MAX_PRIORITY = 1000
 # A session's playout target (docs/contracts.md §2): frames per second, the chunks its player keeps buffered.
 MAX_PLAYOUT_FPS = 120.0
 MAX_PLAYOUT_BUFFER_CHUNKS = 16
+# Issue 26: the most chunk boundaries a session keeps (`history_keep_chunks`), and how a fork names the kept
+# chunk it starts from (`SessionSpec.fork_from`): `kept:<pod>/<session>/<chunk>`, the state at the boundary
+# before chunk <chunk> that pod <pod> keeps for session <session>.
+MAX_KEEP_CHUNKS = 64
+KEPT_PREFIX = "kept:"
 
 PlacementPolicy = Literal["least-loaded", "pack"]
 # Why `place` left a session pending (issue 25): no slot, or a slot but no compute for its playout_fps.
@@ -75,6 +82,60 @@ def check_playout(fps: object, buffer_chunks: object) -> None:
         raise InvalidPlacementArgument(
             f"placement playout_buffer_chunks must be <= {MAX_PLAYOUT_BUFFER_CHUNKS}, got {buffer_chunks!r}"
         )
+
+
+def check_keep_chunks(value: object) -> int:
+    """A session's `history_keep_chunks`: 0 (keeps none) to MAX_KEEP_CHUNKS."""
+    if check_non_negative_int("history_keep_chunks", value) > MAX_KEEP_CHUNKS:
+        raise InvalidPlacementArgument(
+            f"placement history_keep_chunks must be <= {MAX_KEEP_CHUNKS}, got {value!r}"
+        )
+    return value  # type: ignore[return-value]
+
+
+def kept_location(pod: str, session: str, chunk: int) -> str:
+    """The location of kept chunk `chunk` (>= 1) of `session` on `pod`: what a fork's `fork_from` names."""
+    check_name("pod", pod)
+    check_name("session", session)
+    check_positive_int("chunk", chunk)
+    return f"{KEPT_PREFIX}{pod}/{session}/{chunk}"
+
+
+def parse_kept_location(location: str) -> tuple[str, str, int] | None:
+    """(pod, session, chunk) of a kept location; None when `location` is not one (an export's path, '')."""
+    if not isinstance(location, str) or not location.startswith(KEPT_PREFIX):
+        return None
+    parts = location.removeprefix(KEPT_PREFIX).split("/")
+    if len(parts) != 3 or not all(_DNS_LABEL.match(part) for part in parts[:2]):
+        return None
+    pod, session, chunk = parts
+    if not chunk.isascii() or not chunk.isdigit() or chunk.startswith("0"):
+        return None
+    return pod, session, int(chunk)
+
+
+def check_fork_from(value: object) -> str:
+    """A session's `fork_from`: '' (not a fork) or a kept location (`kept_location`)."""
+    if value != "" and (not isinstance(value, str) or parse_kept_location(value) is None):
+        raise InvalidPlacementArgument(
+            f"placement fork_from must be '' or {KEPT_PREFIX}<pod>/<session>/<chunk >= 1>, got {value!r}"
+        )
+    return value  # type: ignore[return-value]
+
+
+def kept_chunks_text(kept: Sequence[int]) -> str:
+    """The record's `kept_chunks`: ascending, distinct chunk indices >= 1, comma-separated ('' = none); at
+    most MAX_KEEP_CHUNKS of them."""
+    if isinstance(kept, str | bytes) or not isinstance(kept, Sequence):
+        raise InvalidPlacementArgument(f"placement kept must be a sequence of chunk indices, got {kept!r}")
+    if len(kept) > MAX_KEEP_CHUNKS:
+        raise InvalidPlacementArgument(
+            f"placement kept lists {len(kept)} chunks, more than a session keeps ({MAX_KEEP_CHUNKS})"
+        )
+    chunks = [check_positive_int("kept chunk", chunk) for chunk in kept]
+    if any(a >= b for a, b in itertools.pairwise(chunks)):
+        raise InvalidPlacementArgument(f"placement kept must be ascending and distinct, got {list(kept)!r}")
+    return ",".join(str(chunk) for chunk in chunks)
 
 
 def decimal_text(value: float) -> str:
@@ -169,10 +230,16 @@ class SessionSpec:
     # its pod's compute (`PodRecord.demand_fps`).
     playout_fps: float = 0.0
     playout_buffer_chunks: int = 0
+    # Issue 26: how many chunk boundaries its worker keeps (rewind, fork), and the kept chunk a fork starts
+    # from ('' = not a fork; only a first admission reads it).
+    history_keep_chunks: int = 0
+    fork_from: str = ""
 
     def __post_init__(self) -> None:
         check_name("session", self.name)
         check_playout(self.playout_fps, self.playout_buffer_chunks)
+        check_keep_chunks(self.history_keep_chunks)
+        check_fork_from(self.fork_from)
         if not isinstance(self.token_sha256, str) or not _SHA256_HEX.match(self.token_sha256):
             raise InvalidPlacementArgument(
                 f"placement token_sha256 must be 64 lowercase hex digits, got {self.token_sha256!r}"
@@ -275,6 +342,10 @@ class SessionRecord:
     resumed_note: str = ""  # how its last resume went (JSON), until the operator reported it
     playout_fps: float = 0.0  # issue 25: the playout target it was placed with (as SessionSpec)
     playout_buffer_chunks: int = 0
+    # Issue 26 (as SessionSpec), and the chunks its worker keeps now (ascending).
+    history_keep_chunks: int = 0
+    fork_from: str = ""
+    kept_chunks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         check_playout(self.playout_fps, self.playout_buffer_chunks)
@@ -304,8 +375,19 @@ class SessionRecord:
             last_tick_ms=_int(raw, "last_tick_ms"),
             playout_fps=_float(raw, "playout_fps"),
             playout_buffer_chunks=_int(raw, "playout_buffer_chunks"),
+            fork_from=_text(raw, "fork_from"),
             **_continuity(raw),
+            **_history(raw),
         )
+
+
+def _history(raw: dict[bytes, bytes]) -> dict[str, int | tuple[int, ...]]:
+    """The issue-26 fields SessionRecord and SessionBinding share."""
+    kept = _text(raw, "kept_chunks")
+    return {
+        "history_keep_chunks": _int(raw, "history_keep_chunks"),
+        "kept_chunks": tuple(int(chunk) for chunk in kept.split(",")) if kept else (),
+    }
 
 
 def _continuity(raw: dict[bytes, bytes]) -> dict[str, str | int]:
@@ -346,6 +428,8 @@ class SessionBinding:
     resumed_note: str = ""
     playout_fps: float = 0.0  # issue 25: the playout target it was placed with
     playout_buffer_chunks: int = 0
+    history_keep_chunks: int = 0  # issue 26: how many chunk boundaries it keeps, and those kept now
+    kept_chunks: tuple[int, ...] = ()
 
     FIELDS: ClassVar[tuple[str, ...]] = (
         "state",
@@ -365,6 +449,8 @@ class SessionBinding:
         "resumed_note",
         "playout_fps",
         "playout_buffer_chunks",
+        "history_keep_chunks",
+        "kept_chunks",
     )
 
     @classmethod
@@ -380,6 +466,7 @@ class SessionBinding:
             playout_fps=_float(raw, "playout_fps"),
             playout_buffer_chunks=_int(raw, "playout_buffer_chunks"),
             **_continuity(raw),
+            **_history(raw),
         )
 
 

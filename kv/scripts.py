@@ -55,6 +55,8 @@ SCRIPTS = (
     "ack_resumed_note",
     "expire_suspending",
     "relocate_export",
+    # issue 26: kept chunks (fork, rewind)
+    "note_history",
 )
 # Scripts that never wait for replicas: a read, and a touch (losing one at a failover costs a stale
 # last_tick_ms and chunk_index, which the next tick rewrites, docs/contracts.md §2 "Failover"; waiting would

@@ -125,14 +125,15 @@ def build_placement_spec(
     return SessionSpec(
         name=name,
         token_sha256=token_sha256,
-        seed=spec.seed,
-        prompt=spec.prompt,
+        seed=spec.seed or 0,
+        prompt=spec.prompt or "",
         image=image,
         max_chunks=spec.max_chunks,
         priority=spec.priority,
         eviction_policy=spec.eviction_policy,
         playout_fps=playout.fps,
         playout_buffer_chunks=playout.buffer_chunks,
+        history_keep_chunks=spec.history_keep_chunks,
     )
 
 

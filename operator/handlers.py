@@ -28,6 +28,7 @@ from ardiff.kv.records import PoolId
 from ardiff.operator import kopf_settings
 from ardiff.operator.config import OperatorConfig
 from ardiff.operator.context import OperatorContext
+from ardiff.operator.forks import SessionFinder
 from ardiff.operator.kube import KubeApi
 from ardiff.operator.metrics import OperatorMetrics, PoolSample
 from ardiff.operator.nodes import CordonedNodes
@@ -154,6 +155,24 @@ def session_names(pool: PoolView, sessions_by_pool: kopf.Index) -> set[str]:
     return {session.name for session in _values(sessions_by_pool, (pool.namespace, pool.name))}
 
 
+def session_finder(sessions_by_pool: kopf.Index) -> SessionFinder:
+    """Finds a session of a namespace in the index by name: in the given pool first (a fork's parent is
+    there unless the fork is refused), then in the namespace's other pools."""
+
+    def find(namespace: str, name: str, pool: str) -> SessionView | None:
+        keys = [
+            (namespace, pool),
+            *(key for key in sessions_by_pool if key[0] == namespace and key[1] != pool),
+        ]
+        for key in keys:
+            for view in sessions_by_pool.get(key, ()):
+                if view.name == name:
+                    return view
+        return None
+
+    return find
+
+
 def pool_members(
     pool: PoolView, sessions_by_pool: kopf.Index, worker_pods: kopf.Index
 ) -> tuple[list[SessionView], list[PodView]]:
@@ -181,6 +200,7 @@ async def admit_session(
     logger: kopf.Logger,
     pools: kopf.Index,
     worker_pods: kopf.Index,
+    sessions_by_pool: kopf.Index,
     **_: Any,
 ) -> None:
     """Token Secret, image, then a slot at once if one is free (or, at max, by evicting an idle session)."""
@@ -189,7 +209,10 @@ async def admit_session(
     pool_key = (session.namespace, session.spec.pool_ref if session.spec else "")
     key = (session.namespace, session.name)
     ctx.admitted_at.setdefault(key, time.monotonic())  # kept across retries: the placement histogram's start
-    status = await admit(ctx, session, _first(pools, pool_key), _values(worker_pods, pool_key), logger)
+    pods = _values(worker_pods, pool_key)
+    status = await admit(
+        ctx, session, _first(pools, pool_key), pods, session_finder(sessions_by_pool), logger
+    )
     write_admission_status(ctx, key, patch, status)
     observe_placements(ctx, PoolId(*pool_key), [session])
 
@@ -338,7 +361,7 @@ async def pool_round(
         return
     sessions, pods = pool_members(pool, sessions_by_pool, worker_pods)
     started = time.perf_counter()
-    patch = await reconcile_pool(ctx, pool, sessions, pods, status, logger)
+    patch = await reconcile_pool(ctx, pool, sessions, pods, status, session_finder(sessions_by_pool), logger)
     if patch is not None:
         await write_pool_status(ctx, pool, patch)
     pid = PoolId(pool.namespace, pool.name)

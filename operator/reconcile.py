@@ -31,6 +31,7 @@ from ardiff.kv.records import PodRecord, PoolId, SessionBinding, SessionSpec, Se
 from ardiff.operator.admission import AdmissionFailure, check_family, placement_spec
 from ardiff.operator.context import OperatorContext
 from ardiff.operator.disruption import pool_selector, sync_busy_pods
+from ardiff.operator.forks import SessionFinder, fork_request
 from ardiff.operator.kube import PODS
 from ardiff.operator.metrics import PoolSample
 from ardiff.operator.scaling import PodSlots, compute_sessions, may_grow, plan_migrations, plan_scaling
@@ -159,6 +160,7 @@ async def place_sessions(
     records: Mapping[str, SessionBinding],
     live: Mapping[str, PodRecord],
     slots: Mapping[str, PodSlots],
+    find_session: SessionFinder,
     logger: kopf.Logger,
 ) -> RoundResult:
     """Restore bindings Redis lost; place sessions that wait for a slot, in `placement_order` (first
@@ -205,13 +207,20 @@ async def place_sessions(
                     result.waiting_for_compute.add(session.name)
                 continue
             spec = await placement_request(ctx, pool, session, record is not None)
+            prefer_pod = ""
+            if rebind == "new":  # never placed: a fork is resolved now (its parent may have moved on)
+                spec, prefer_pod = await fork_request(ctx, session, spec, find_session)
         except AdmissionFailure as exc:
             await write_failed(ctx, session, exc.reason, exc.message)
             result.settled.add(session.name)
             result.changed = True
             continue
         placed = await ctx.store.place(
-            pid, spec, may_evict=may_evict, min_idle_ms=pool.spec.min_idle_seconds * 1000
+            pid,
+            spec,
+            may_evict=may_evict,
+            min_idle_ms=pool.spec.min_idle_seconds * 1000,
+            prefer_pod=prefer_pod,
         )
         if placed.placement is None:
             result.waiting += 1
@@ -396,9 +405,11 @@ async def reconcile_pool(
     sessions: Sequence[SessionView],
     pods: Sequence[PodView],
     previous_pool_status: Mapping[str, Any],
+    find_session: SessionFinder,
     logger: kopf.Logger,
 ) -> dict[str, Any] | None:
-    """One round; returns the pool status patch (None when unchanged)."""
+    """One round; returns the pool status patch (None when unchanged). `find_session`: any session of the
+    namespace (a fork's parent)."""
     assert pool.spec is not None
     pid = PoolId(pool.namespace, pool.name)
     # First the workers' Secret: its digest is part of the Pod template (a changed one rolls the pool).
@@ -429,7 +440,7 @@ async def reconcile_pool(
         )
         expired = await expire_idle(ctx, pid, active, records, now_ms)
         expired += await expire_suspending(ctx, pid, records)
-        result = await place_sessions(ctx, pool, active, records, live, slots, logger)
+        result = await place_sessions(ctx, pool, active, records, live, slots, find_session, logger)
         if expired or result.changed:
             records = await ctx.store.get_bindings(pid, names)
             live = await live_pods(ctx, pid)

@@ -15,6 +15,7 @@ from ardiff.kv.errors import NotReplicated
 from ardiff.kv.records import PlaceResult, PoolId, SessionSpec
 from ardiff.operator.admission import AdmissionFailure, check_family, placement_spec, resolve_playout
 from ardiff.operator.context import OperatorContext
+from ardiff.operator.forks import SessionFinder, fork_request
 from ardiff.operator.scaling import may_grow
 from ardiff.operator.slots import live_pods, pod_slots
 from ardiff.operator.status import Reason, SessionObservation, build_failed_status, build_session_status
@@ -43,9 +44,11 @@ async def admit(
     session: SessionView,
     pool: PoolView | None,
     pods: Sequence[PodView],
+    find_session: SessionFinder,
     logger: kopf.Logger,
 ) -> dict[str, Any]:
-    """Token Secret and image, then `place` (evicting only when the pool cannot grow); returns the status."""
+    """Token Secret and image, a fork's parent (`fork_request`), then `place` (evicting only when the pool
+    cannot grow); returns the status."""
     if session.spec is None:
         return failed_status(session, Reason.INVALID_SPEC, session.invalid_reason or "invalid spec", logger)
     try:
@@ -59,12 +62,13 @@ async def admit(
         return failed_status(session, Reason.POOL_DELETED, f"pool {pool.name} is being deleted", logger)
     try:
         check_family(session, pool)
+        spec, prefer_pod = await fork_request(ctx, session, spec, find_session)
     except AdmissionFailure as exc:
         return failed_status(session, exc.reason, exc.message, logger)
     pid = PoolId(pool.namespace, pool.name)
     async with ctx.locks[pid]:
         try:
-            placed = await place(ctx, pool, pods, spec)
+            placed = await place(ctx, pool, pods, spec, prefer_pod=prefer_pod)
         except NotReplicated as exc:
             # Applied on the master, not (yet) on a replica: a failover may lose it, so nothing is reported
             # from it. `place` is idempotent: the retry returns the same slot once a replica acknowledges.
@@ -101,19 +105,25 @@ async def admit(
 
 
 async def place(
-    ctx: OperatorContext, pool: PoolView, pods: Sequence[PodView], spec: SessionSpec
+    ctx: OperatorContext,
+    pool: PoolView,
+    pods: Sequence[PodView],
+    spec: SessionSpec,
+    *,
+    prefer_pod: str = "",
 ) -> PlaceResult:
     """`place` without eviction first: a free slot needs nothing else (O(1) in the pool's pods). Only when
     none is free are the pod records read, to tell whether the pool may still grow; if it cannot, `place`
-    again with eviction (under the same lock: the decision is as exact as one call with eviction)."""
+    again with eviction (under the same lock: the decision is as exact as one call with eviction).
+    `prefer_pod`: a fork's parent's pod, taken when it fits."""
     pid = PoolId(pool.namespace, pool.name)
     min_idle_ms = pool.spec.min_idle_seconds * 1000 if pool.spec else 0
-    placed = await ctx.store.place(pid, spec, may_evict=False, min_idle_ms=min_idle_ms)
+    placed = await ctx.store.place(pid, spec, may_evict=False, min_idle_ms=min_idle_ms, prefer_pod=prefer_pod)
     if placed.placement is not None or pool.spec is None:
         return placed
     if may_grow(pod_slots(ctx, pool, pods, await live_pods(ctx, pid)), pool.spec.max_replicas):
         return placed
-    return await ctx.store.place(pid, spec, may_evict=True, min_idle_ms=min_idle_ms)
+    return await ctx.store.place(pid, spec, may_evict=True, min_idle_ms=min_idle_ms, prefer_pod=prefer_pod)
 
 
 async def release(ctx: OperatorContext, session: SessionView, logger: kopf.Logger) -> None:

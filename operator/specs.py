@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ardiff.kv.records import (
+    MAX_KEEP_CHUNKS,
     MAX_PLAYOUT_BUFFER_CHUNKS,
     MAX_PLAYOUT_FPS,
     MAX_PRIORITY,
@@ -366,12 +367,42 @@ class ImageRef:
 
 
 @dataclass(frozen=True)
+class ForkFrom:
+    """`spec.forkFrom` (issue 26): the parent session (same namespace) and the chunk the child starts at
+    (None: the parent's latest kept chunk)."""
+
+    session: str
+    chunk: int | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            check_name("session", self.session)
+        except ValueError:
+            raise InvalidSpec(
+                f"spec.forkFrom.session must be a DNS-1123 label, got {self.session!r}"
+            ) from None
+        if self.chunk is not None and self.chunk < 1:
+            raise InvalidSpec(f"spec.forkFrom.chunk must be >= 1, got {self.chunk}")
+
+    @classmethod
+    def from_resource(cls, spec: Mapping[str, Any]) -> ForkFrom | None:
+        if _get(spec, "forkFrom", None) is None:
+            return None
+        _mapping(spec, "forkFrom")  # an object, or a clear message
+        chunk = _get(spec, "forkFrom.chunk", None)
+        return cls(
+            session=_str(spec, "forkFrom.session"),
+            chunk=None if chunk is None else _int(spec, "forkFrom.chunk", 1, minimum=1),
+        )
+
+
+@dataclass(frozen=True)
 class SessionResourceSpec:
-    """`ARDiffusionSession.spec`."""
+    """`ARDiffusionSession.spec`. `prompt` and `seed` are None where unset: "" and 0, or a fork's parent's."""
 
     pool_ref: str
-    prompt: str = ""
-    seed: int = 0
+    prompt: str | None = None
+    seed: int | None = None
     priority: int = 0
     eviction_policy: EvictionPolicy = "LRU"
     idle_timeout_seconds: int = DEFAULT_IDLE_TIMEOUT_SECONDS  # 0: never expires
@@ -379,6 +410,8 @@ class SessionResourceSpec:
     image: ImageRef | None = None
     family: str = DEFAULT_FAMILY  # the model family it speaks; must be its pool's
     playout: PlayoutOverride = field(default_factory=PlayoutOverride)  # unset fields: the pool's
+    fork_from: ForkFrom | None = None  # issue 26
+    history_keep_chunks: int = 0  # spec.history.keepChunks
 
     def __post_init__(self) -> None:
         try:
@@ -391,16 +424,20 @@ class SessionResourceSpec:
             raise InvalidSpec(f"spec.evictionPolicy must be 'LRU' or 'Never', got {self.eviction_policy!r}")
         if self.family not in FAMILY_NAMES:
             raise InvalidSpec(f"spec.family must be one of {list(FAMILY_NAMES)}, got {self.family!r}")
+        if self.history_keep_chunks > MAX_KEEP_CHUNKS:
+            raise InvalidSpec(
+                f"spec.history.keepChunks must be <= {MAX_KEEP_CHUNKS}, got {self.history_keep_chunks}"
+            )
 
     @classmethod
     def from_resource(cls, spec: Mapping[str, Any]) -> SessionResourceSpec:
-        prompt = _get(spec, "prompt", "")
-        if not isinstance(prompt, str):
+        prompt = _get(spec, "prompt", None)
+        if prompt is not None and not isinstance(prompt, str):
             raise InvalidSpec(f"spec.prompt must be a string, got {prompt!r}")
         return cls(
             pool_ref=_str(spec, "poolRef"),
             prompt=prompt,
-            seed=_int(spec, "seed", 0),
+            seed=None if _get(spec, "seed", None) is None else _int(spec, "seed", 0),
             priority=_int(spec, "priority", 0),
             eviction_policy=_get(spec, "evictionPolicy", "LRU"),
             idle_timeout_seconds=_int(spec, "idleTimeoutSeconds", DEFAULT_IDLE_TIMEOUT_SECONDS),
@@ -408,6 +445,8 @@ class SessionResourceSpec:
             image=_image_ref(spec),
             family=_get(spec, "family", DEFAULT_FAMILY),
             playout=PlayoutOverride.from_resource(spec),
+            fork_from=ForkFrom.from_resource(spec),
+            history_keep_chunks=_int(spec, "history.keepChunks", 0),
         )
 
 

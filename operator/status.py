@@ -51,6 +51,11 @@ class Reason(StrEnum):
     IMAGE_NOT_ALLOWED = "ImageNotAllowed"  # its image.secretKeyRef names a Secret not labelled for sessions
     POOL_DELETED = "PoolDeleted"
     FAMILY_MISMATCH = "FamilyMismatch"  # its spec.family is not its pool's (the pool's model.pipeline says)
+    # Issue 26: a fork (spec.forkFrom) whose parent is not there or not placed, does not keep the chunk, or is
+    # in another pool or family.
+    FORK_SOURCE_NOT_FOUND = "ForkSourceNotFound"
+    CHUNK_NOT_KEPT = "ChunkNotKept"
+    FORK_POOL_MISMATCH = "ForkPoolMismatch"
     SUSPENDED_FOR_CAPACITY = "SuspendedForCapacity"  # evicted for idleness, its KV kept in the tier
     MIGRATING = "Migrating"  # moved off its pod (scale-down, roll): placed again as soon as it is exported
     RESUME_REQUESTED = "ResumeRequested"  # suspended, a tick asked for it: waiting for a slot
@@ -71,8 +76,9 @@ DEFAULT_MESSAGES = {
 # States whose record holds the session's pod and slot.
 HOLDING_STATES = (SessionState.PLACED, SessionState.SUSPENDING)
 
-# Per-tick data: mirrored on a throttle, never per tick.
-THROTTLED_FIELDS = ("chunkIndex", "lastTickTime")
+# Per-tick data: mirrored on a throttle, never per tick (keptChunks changes with each chunk of a session
+# that keeps chunks).
+THROTTLED_FIELDS = ("chunkIndex", "lastTickTime", "keptChunks")
 
 
 def rfc3339(ms: int) -> str:
@@ -147,6 +153,8 @@ class SessionPlacement(Protocol):
     def playout_fps(self) -> float: ...
     @property
     def playout_buffer_chunks(self) -> int: ...
+    @property
+    def kept_chunks(self) -> tuple[int, ...]: ...
 
 
 @dataclass(frozen=True)
@@ -249,6 +257,8 @@ def build_session_status(
         "chunkIndex": record.chunk_index if record is not None else previous.get("chunkIndex", 0),
         "lastTickTime": rfc3339(record.last_tick_ms) if record and record.last_tick_ms else None,
         "playout": playout_status(obs),
+        # Issue 26: the chunks its worker keeps (what a fork or a rewind may name); removed when none.
+        "keptChunks": list(record.kept_chunks) if placed and record.kept_chunks else None,
     }
     # Where a Suspended session's export lies; removed (null) once it is not suspended any more.
     export = {"tier": None, "bytes": None, "suspendedChunk": None, "exportLocation": None}

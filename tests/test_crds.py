@@ -19,7 +19,7 @@ import yaml
 
 from ardiff.devcluster.cluster import CRD_DIR, DevCluster, load_manifests
 from ardiff.devcluster.waiting import wait_until
-from ardiff.kv.records import PodRecord, SessionBinding, SessionState
+from ardiff.kv.records import MAX_KEEP_CHUNKS, PodRecord, SessionBinding, SessionState
 from ardiff.operator.specs import Playout
 from ardiff.operator.status import (
     PoolObservation,
@@ -187,7 +187,6 @@ def test_defaults_are_applied(admission: Admission) -> None:
     assert spec == {
         "poolRef": "tiny-world",
         "prompt": "",
-        "seed": 0,
         "priority": 0,
         "evictionPolicy": "LRU",
         "idleTimeoutSeconds": 0,
@@ -390,6 +389,29 @@ BAD_SESSIONS = [
     ("spec.prompt", 7, '{f}: Invalid value: "integer": {f} in body must be of type string: "integer"'),
     ("spec.prompt", "x" * 8193, "{f}: Too long: may not be more than 8192 bytes"),
     ("spec.poolRef", "Tiny_World", '{f}: Invalid value: "Tiny_World": {f} in body should match'),
+    # issue 26
+    ("spec.prompt", _DELETE, "{f}: Required value: prompt is required unless forkFrom is set"),
+    ("spec.forkFrom", {"chunk": 3}, "{f}.session: Required value"),
+    (
+        "spec.forkFrom",
+        {"session": "Walk_1"},
+        '{f}.session: Invalid value: "Walk_1": {f}.session in body should',
+    ),
+    (
+        "spec.forkFrom",
+        {"session": "walk", "chunk": 0},
+        "{f}.chunk: Invalid value: 0: {f}.chunk in body should be greater than or equal to 1",
+    ),
+    (
+        "spec.history.keepChunks",
+        65,
+        "{f}: Invalid value: 65: {f} in body should be less than or equal to 64",
+    ),
+    (
+        "spec.history.keepChunks",
+        -1,
+        "{f}: Invalid value: -1: {f} in body should be greater than or equal to 0",
+    ),
     (
         "spec.image",
         {},
@@ -415,6 +437,11 @@ BAD_SESSIONS = [
 # status in the schema's own words.
 BAD_SESSION_STATUSES = [
     ("status.phase", "Running", '{f}: Unsupported value: "Running": supported values: "Pending", "Ready"'),
+    (
+        "status.keptChunks",
+        [0],
+        "{f}[0]: Invalid value: 0: keptChunks[0] in body should be greater than or equal",
+    ),
     (
         "status.chunkIndex",
         -1,
@@ -583,6 +610,17 @@ def _session_statuses() -> list[dict[str, Any]]:
             playout_fps=12.5,
             playout_buffer_chunks=3,
         ),
+        SessionBinding(  # issue 26: keeping chunks
+            "forest-walk",
+            SessionState.PLACED,
+            pod.name,
+            42,
+            False,
+            12,
+            1_700_000_000_000,
+            history_keep_chunks=4,
+            kept_chunks=(9, 10, 11, 12),
+        ),
         SessionBinding(
             "forest-walk",
             SessionState.SUSPENDED,
@@ -662,6 +700,7 @@ def test_every_status_field_the_operator_writes_is_declared(
         "suspendedChunk",
         "exportLocation",
         "playout",
+        "keptChunks",
     }
     observation = PoolObservation(
         replicas=3,
@@ -760,6 +799,57 @@ def test_family_is_an_enum_defaulted_to_lingbot_and_immutable(
     assert error.errors == ['spec.family: Invalid value: "lingbot": family is immutable']
 
 
+def test_fork_from_is_immutable_and_history_mutable(admission: Admission, kube_namespace: str) -> None:
+    """Issue 26: a session's forkFrom can be neither changed, added nor removed; a fork needs no prompt and
+    gets no default seed (both default to its parent's); history.keepChunks defaults to 0."""
+    fork = example("sessions.yaml", "forest-walk")
+    del fork["spec"]["prompt"]
+    fork["spec"]["forkFrom"] = {"session": "forest-walk", "chunk": 12}
+    fork["spec"]["history"] = {}
+    spec = admission.create(fork).obj["spec"]
+    assert (spec["forkFrom"], spec["history"], "prompt" in spec, "seed" in spec) == (
+        {"session": "forest-walk", "chunk": 12},
+        {"keepChunks": 0},
+        False,
+        False,
+    )
+    plain = example("sessions.yaml", "forest-walk")
+    neither = "forkFrom is immutable: it can be neither added nor removed"
+    cases = [
+        (
+            fork,
+            {"session": "forest-walk", "chunk": 13},
+            'spec.forkFrom: Invalid value: "object": forkFrom is immutable',
+        ),
+        (
+            fork,
+            {"session": "other", "chunk": 12},
+            'spec.forkFrom: Invalid value: "object": forkFrom is immutable',
+        ),
+        (fork, _DELETE, f'spec.forkFrom: Invalid value: "object": {neither}'),
+        (plain, {"session": "other"}, f'spec.forkFrom: Invalid value: "object": {neither}'),
+    ]
+    for i, (old, value, expected) in enumerate(cases):
+        old = copy.deepcopy(old)
+        old["metadata"]["name"] = f"forest-walk-{i}"
+        changed = copy.deepcopy(old)
+        changed["spec"]["prompt"] = "p"  # removing forkFrom must not fail for the prompt instead
+        _set(changed, "spec.forkFrom", value)
+        error = refused(admission.update(old, changed, namespace=kube_namespace))
+        assert any(e.startswith(expected) for e in error.errors), (i, error.errors)
+    plain["metadata"]["name"] = "forest-walk-kept"
+    kept = copy.deepcopy(plain)
+    kept["spec"]["history"] = {"keepChunks": 8}
+    assert admission.update(plain, kept, namespace=kube_namespace).obj["spec"]["history"] == {"keepChunks": 8}
+
+
+def test_the_crd_bounds_kept_chunks_as_the_store_does() -> None:
+    """spec.history.keepChunks and status.keptChunks are bounded by kv/records.py's MAX_KEEP_CHUNKS."""
+    props = crd_manifest(SESSIONS)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    assert props["spec"]["properties"]["history"]["properties"]["keepChunks"]["maximum"] == MAX_KEEP_CHUNKS
+    assert props["status"]["properties"]["keptChunks"]["maxItems"] == MAX_KEEP_CHUNKS
+
+
 def _all_rules(schema: dict[str, Any]) -> list[dict[str, Any]]:
     rules = list(schema.get("x-kubernetes-validations") or [])
     for child in (schema.get("properties") or {}).values():
@@ -778,8 +868,9 @@ def test_every_cel_rule_compiles(admission: Admission) -> None:
         for name in (POOLS, SESSIONS)
         for rule in _all_rules(crd_manifest(name)["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
     ]
-    # 14 before the Pod template knobs (issue 11 item 3); + spec.family (issue 15); + hugepages (issue 22).
-    assert len(rules) == 27
+    # 14 before the Pod template knobs (issue 11 item 3); + spec.family (issue 15); + hugepages (issue 22);
+    # + prompt-or-forkFrom and forkFrom's two immutability rules (issue 26).
+    assert len(rules) == 30
     assert all(rule.get("message") for rule in rules), rules
     for doc in load_manifests(CRD_DIR):
         created = admission.create(regrouped(doc, "dry-run.ardiffusion.dev"))

@@ -310,10 +310,10 @@ local function check_bound(session_key, pod_key, pod, epoch, extra)
 end
 
 -- Issue 12: the fields of an export (suspension) and of a periodic snapshot, cleared when a session starts a new
--- world (first admission, reset).
+-- world (first admission, reset); with them the chunks its worker keeps (issue 26).
 local function forget_exports(session_key)
   redis.call('HSET', session_key, 'tier', '', 'location', '', 'bytes', 0, 'suspended_chunk', 0,
-    'resume_requested_ms', 0, 'resume_from', '', 'snapshot_location', '', 'snapshot_chunk', 0)
+    'resume_requested_ms', 0, 'resume_from', '', 'snapshot_location', '', 'snapshot_chunk', 0, 'kept_chunks', '')
 end
 
 -- Marks a placed session `suspending`: it keeps its pod, its slot and its resident entry, leaves the LRU index
@@ -329,14 +329,16 @@ local function begin_suspend(session_key, lru_key, suspending_key, stream_key, s
   post_event(stream_key, stream_maxlen, 'suspend', session, reason, epoch)
 end
 
--- Writes a session record's spec (from ARGV[2..11] = pool, token_sha256, seed, prompt, image, max_chunks,
--- priority, eviction_policy, playout_fps, playout_buffer_chunks: the layout place.lua and restore.lua share),
--- where it is, and how far it ticked.
+-- Writes a session record's spec (from ARGV[2..13] = pool, token_sha256, seed, prompt, image, max_chunks,
+-- priority, eviction_policy, playout_fps, playout_buffer_chunks, history_keep_chunks, fork_from: the layout
+-- place.lua and restore.lua share), where it is, and how far it ticked. A new binding keeps no chunks yet (issue 26:
+-- kept chunks live in one pod's memory; its worker reports them with note_history).
 local function write_record(session_key, state, pod, pod_epoch, chunk_index, reset_required, now)
   redis.call('HSET', session_key, 'pool', ARGV[2], 'pod', pod, 'pod_epoch', pod_epoch, 'state', state,
     'token_sha256', ARGV[3], 'seed', ARGV[4], 'prompt', ARGV[5], 'image', ARGV[6], 'reset_required', reset_required,
     'max_chunks', ARGV[7], 'priority', ARGV[8], 'eviction_policy', ARGV[9], 'chunk_index', chunk_index,
-    'last_tick_ms', int_text(now), 'playout_fps', ARGV[10], 'playout_buffer_chunks', ARGV[11])
+    'last_tick_ms', int_text(now), 'playout_fps', ARGV[10], 'playout_buffer_chunks', ARGV[11],
+    'history_keep_chunks', ARGV[12], 'fork_from', ARGV[13], 'kept_chunks', '')
   redis.call('PERSIST', session_key)
 end
 

@@ -9,7 +9,8 @@
 -- location: state=suspended, pod/pod_epoch cleared, tier/location/bytes/suspended_chunk set; a demand to resume set
 -- while it was suspending (migration, or a tick meanwhile) is kept, a placed session gets none. Without one (the
 -- export failed): state=evicted with reset_required=1 (today's eviction; the worker drops the KV itself). A repeated
--- report of the same location answers OK again.
+-- report of the same location answers OK again. Either way it keeps no chunks any more (issue 26: kept chunks are not
+-- in the export).
 -- Returns {OK, 'suspended'|'evicted'} | {UNKNOWN_SESSION} | {POD_FENCED, current epoch}
 --      | {SESSION_NOT_HERE, state, pod, pod_epoch}
 local session_key = KEYS[1]
@@ -34,6 +35,7 @@ if refused then
 end
 
 local was_placed = s[1] == 'placed'
+redis.call('HSET', session_key, 'kept_chunks', '')
 redis.call('ZREM', suspending_key, session)
 if redis.call('EXISTS', pod_key) == 1 then
   charge(pod_key, session_key, -1)

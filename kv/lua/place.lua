@@ -5,11 +5,13 @@
 -- KEYS[8] compute headroom (zset)   KEYS[9...] plan: chosen pod and victim (see _lib.lua)
 -- ARGV[1] session   ARGV[2] pool   ARGV[3] token_sha256   ARGV[4] seed   ARGV[5] prompt   ARGV[6] image
 -- ARGV[7] max_chunks   ARGV[8] priority   ARGV[9] eviction_policy (LRU|Never)   ARGV[10] playout_fps
--- ARGV[11] playout_buffer_chunks   ARGV[12] may_evict (1|0)   ARGV[13] min_idle_ms
--- ARGV[14] policy (least-loaded|pack)   ARGV[15] stream maxlen   ARGV[16...] plan
+-- ARGV[11] playout_buffer_chunks   ARGV[12] history_keep_chunks   ARGV[13] fork_from ('' | kept:<pod>/<s>/<chunk>)
+-- ARGV[14] may_evict (1|0)   ARGV[15] min_idle_ms   ARGV[16] policy (least-loaded|pack)   ARGV[17] stream maxlen
+-- ARGV[18] prefer_pod ('' = none)   ARGV[19...] plan
 --
--- A placed session is returned as is. Otherwise: the live, non-draining pod with a free slot that the policy
--- prefers (least-loaded: lowest used/capacity; pack: highest). With no such pod, a first admission (no record,
+-- A placed session is returned as is. Otherwise: prefer_pod when it takes the session by every rule below (live,
+-- open, compute), else the live, non-draining pod with a free slot that the policy prefers (least-loaded: lowest
+-- used/capacity; pack: highest). With no such pod, a first admission (no record,
 -- or `closed`) or a `lost` session (its pod died under it) called with may_evict=1 evicts the session with the
 -- lowest priority (<= its own), then the least recently ticked, idle >= min_idle_ms, never `Never`, on a live
 -- non-draining pod, and takes its slot; the victim's record becomes `evicted` (it keeps its pod) and an `evict`
@@ -23,6 +25,9 @@
 -- resume_from = its export's location and chunk_index = suspended_chunk; a `lost` one comes back from the export it
 -- had not imported yet (resume_from still set), else from its latest snapshot (snapshot_chunk), with
 -- reset_required=0 — reset_required=1 only when it has neither. A `suspending` session stays where it is (pending).
+-- Issue 26 (fork): a first admission with fork_from comes back with resume_from = fork_from and chunk_index = its
+-- chunk, reset_required=0 (its worker imports the kept chunk before the first tick); fork_from never becomes the
+-- record's location or tier.
 -- Preferences yield to progress: when the call repeats after STALE_PLAN and the preferred pod or victim changed
 -- again meanwhile (concurrent placers), the best declared pod, or the first declared victim among the
 -- VICTIM_CANDIDATES best, is taken; the rules (live, not draining, free slot; priority bound, idle time, never `Never`) always hold.
@@ -48,11 +53,13 @@ local headroom_key = KEYS[8]
 local session = ARGV[1]
 local fps = tonumber(ARGV[10])
 local priority = tonumber(ARGV[8])
-local may_evict = ARGV[12] == '1'
-local min_idle_ms = tonumber(ARGV[13])
-local pack = ARGV[14] == 'pack'
-local stream_maxlen = ARGV[15]
-local plan = read_plan(9, 16)
+local fork_from = ARGV[13]
+local may_evict = ARGV[14] == '1'
+local min_idle_ms = tonumber(ARGV[15])
+local pack = ARGV[16] == 'pack'
+local stream_maxlen = ARGV[17]
+local prefer_pod = ARGV[18]
+local plan = read_plan(9, 19)
 local missing = new_missing()
 
 local now = now_ms()
@@ -118,9 +125,12 @@ local function preferred_load(a, b)
   return a < b
 end
 
--- The preferred pod; or a declared one with the same load (saves a round trip on ties); or, on a retry, the
--- declared pod the policy prefers among those still open.
+-- prefer_pod if it takes this session; else the preferred pod; or a declared one with the same load (saves a round
+-- trip on ties); or, on a retry, the declared pod the policy prefers among those still open.
 local function choose_pod()
+  if prefer_pod ~= '' and redis.call('ZSCORE', open_key, prefer_pod) ~= false and takes(prefer_pod) then
+    return prefer_pod
+  end
   local best, load = preferred_pod()
   if best == nil or plan.pod_keys[best] ~= nil then
     return best
@@ -221,6 +231,9 @@ end
 local reset_required, chunk_index, resume_from = 0, 0, ''
 if first_admission then
   forget_exports(session_key)
+  if fork_from ~= '' then
+    resume_from, chunk_index = fork_from, tonumber(string.match(fork_from, '/(%d+)$'))
+  end
 elseif s[1] == 'suspended' then
   resume_from, chunk_index = s[5] or '', tonumber(s[6]) or 0
 elseif s[1] == 'lost' and (s[7] or '') ~= '' then  -- placed from an export it never imported: import it now

@@ -4,9 +4,9 @@
 -- KEYS[5] LRU index (zset)   KEYS[6] compute headroom (zset)
 -- ARGV[1] session   ARGV[2] pool   ARGV[3] token_sha256   ARGV[4] seed   ARGV[5] prompt   ARGV[6] image
 -- ARGV[7] max_chunks   ARGV[8] priority   ARGV[9] eviction_policy   ARGV[10] playout_fps
--- ARGV[11] playout_buffer_chunks   ARGV[12] pod ('' = suspended)   ARGV[13] pod_epoch
--- ARGV[14] chunk_index   ARGV[15] reset_required (1|0)
--- ARGV[16] tier   ARGV[17] location   ARGV[18] bytes (a suspended session's export)
+-- ARGV[11] playout_buffer_chunks   ARGV[12] history_keep_chunks   ARGV[13] fork_from
+-- ARGV[14] pod ('' = suspended)   ARGV[15] pod_epoch   ARGV[16] chunk_index   ARGV[17] reset_required (1|0)
+-- ARGV[18] tier   ARGV[19] location   ARGV[20] bytes (a suspended session's export)
 --
 -- Only if the session has no record. A placed session is bound again only if the pod record exists with that
 -- epoch (a heartbeat healed it) and has a free slot; a suspended one (issue 12) gets its record back with no pod
@@ -21,24 +21,24 @@ local residents_key = KEYS[4]
 local lru_key = KEYS[5]
 local headroom_key = KEYS[6]
 local session = ARGV[1]
-local pod = ARGV[12]
+local pod = ARGV[14]
 
 if redis.call('EXISTS', session_key) == 1 then
   return {OK, 0}
 end
 local now = now_ms()
 if pod == '' then
-  write_record(session_key, 'suspended', '', 0, ARGV[14], 0, now)
+  write_record(session_key, 'suspended', '', 0, ARGV[16], 0, now)
   forget_exports(session_key)
-  redis.call('HSET', session_key, 'tier', ARGV[16], 'location', ARGV[17], 'bytes', ARGV[18],
-    'suspended_chunk', ARGV[14])
+  redis.call('HSET', session_key, 'tier', ARGV[18], 'location', ARGV[19], 'bytes', ARGV[20],
+    'suspended_chunk', ARGV[16])
   return {OK, 1, ''}
 end
 local p = redis.call('HMGET', pod_key, 'epoch', 'used', 'capacity', 'endpoint')
-if p[1] ~= ARGV[13] or tonumber(p[2]) >= tonumber(p[3]) then
+if p[1] ~= ARGV[15] or tonumber(p[2]) >= tonumber(p[3]) then
   return {OK, 0}
 end
-bind(session_key, residents_key, lru_key, session, pod, ARGV[13], ARGV[14], ARGV[15], now)
+bind(session_key, residents_key, lru_key, session, pod, ARGV[15], ARGV[16], ARGV[17], now)
 charge(pod_key, session_key, 1)
 refresh_open(open_key, headroom_key, pod_key, pod)
 return {OK, 1, p[4]}

@@ -6,7 +6,7 @@
 --
 -- Only the pod incarnation the session is placed on may touch it. Sets chunk_index and last_tick_ms (server
 -- time) and moves the session in the LRU index. A reset starts a new world: the session's snapshot (issue 12) is
--- forgotten, so a later pod loss cannot bring back the world before the reset.
+-- forgotten, so a later pod loss cannot bring back the world before the reset; so are its kept chunks (issue 26).
 -- Returns {OK, last_tick_ms} | {UNKNOWN_SESSION} | {POD_FENCED, current epoch}
 --      | {SESSION_NOT_HERE, state, pod, pod_epoch}
 local session_key = KEYS[1]
@@ -22,7 +22,8 @@ end
 local now = now_ms()
 redis.call('HSET', session_key, 'chunk_index', ARGV[4], 'last_tick_ms', int_text(now))
 if ARGV[5] == '1' then
-  redis.call('HSET', session_key, 'reset_required', 0, 'snapshot_location', '', 'snapshot_chunk', 0, 'resume_from', '')
+  redis.call('HSET', session_key, 'reset_required', 0, 'snapshot_location', '', 'snapshot_chunk', 0, 'resume_from', '',
+    'kept_chunks', '')
 end
 if s[5] == 'LRU' then
   redis.call('ZADD', lru_key, 'XX', lru_score(s[4], now), resident(pod, session))

@@ -15,6 +15,7 @@ import yaml
 
 from ardiff.devcluster.cluster import DevCluster
 from ardiff.kv.records import token_sha256
+from ardiff.operator.admission import build_placement_spec
 from ardiff.operator.pods import (
     SECRET_HASH_ANNOTATION,
     TEMPLATE_HASH_ANNOTATION,
@@ -30,7 +31,14 @@ from ardiff.operator.pods import (
     worker_pod_name,
     worker_template_hash,
 )
-from ardiff.operator.specs import ImageRef, InvalidSpec, SessionResourceSpec, WorkerPoolSpec
+from ardiff.operator.specs import (
+    ForkFrom,
+    ImageRef,
+    InvalidSpec,
+    Playout,
+    SessionResourceSpec,
+    WorkerPoolSpec,
+)
 from ardiff.operator.tokens import build_token_secret, read_token
 from tests.conftest import Admission
 
@@ -478,10 +486,45 @@ def test_session_spec_parsing() -> None:
     assert spec.image == ImageRef(source="configMap", name="pics", key="forest.png")
 
 
+def test_a_fork_spec_leaves_what_it_inherits_unset() -> None:
+    """Issue 26: forkFrom and history.keepChunks parsed; seed and prompt None when unset (a fork takes its
+    parent's; anyone else 0 and "")."""
+    fork = SessionResourceSpec.from_resource(
+        {"poolRef": "tiny", "forkFrom": {"session": "walk", "chunk": 12}, "history": {"keepChunks": 8}}
+    )
+    assert (fork.fork_from, fork.history_keep_chunks, fork.seed, fork.prompt) == (
+        ForkFrom("walk", 12),
+        8,
+        None,
+        None,
+    )
+    latest = SessionResourceSpec.from_resource({"poolRef": "tiny", "forkFrom": {"session": "walk"}})
+    assert (latest.fork_from, latest.history_keep_chunks) == (ForkFrom("walk", None), 0)
+    plain = SessionResourceSpec.from_resource({"poolRef": "tiny"})
+    placement = build_placement_spec("s", plain, token_sha256="0" * 64, image=b"", playout=Playout())
+    assert (plain.fork_from, placement.seed, placement.prompt, placement.history_keep_chunks) == (
+        None,
+        0,
+        "",
+        0,
+    )
+    kept = build_placement_spec("s", fork, token_sha256="0" * 64, image=b"", playout=Playout())
+    assert (kept.history_keep_chunks, kept.fork_from) == (8, "")  # the fork itself is resolved at placement
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
         ({"prompt": "x"}, "spec.poolRef must be a non-empty string"),
+        ({"poolRef": "p", "forkFrom": {"chunk": 2}}, "spec.forkFrom.session must be a non-empty string"),
+        ({"poolRef": "p", "forkFrom": {"session": "Walk"}}, "spec.forkFrom.session must be a DNS-1123 label"),
+        (
+            {"poolRef": "p", "forkFrom": {"session": "w", "chunk": 0}},
+            "spec.forkFrom.chunk must be an integer >= 1",
+        ),
+        ({"poolRef": "p", "forkFrom": "walk"}, "spec.forkFrom must be an object"),
+        ({"poolRef": "p", "history": {"keepChunks": 65}}, "spec.history.keepChunks must be <= 64"),
+        ({"poolRef": "p", "history": {"keepChunks": -1}}, "spec.history.keepChunks must be an integer >= 0"),
         ({"poolRef": "Not_A_Label"}, "spec.poolRef must be a DNS-1123 label"),
         ({"poolRef": "p", "priority": 1001}, "spec.priority must be <= 1000"),
         ({"poolRef": "p", "evictionPolicy": "FIFO"}, "spec.evictionPolicy must be 'LRU' or 'Never'"),

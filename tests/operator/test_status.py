@@ -185,6 +185,41 @@ def test_tick_data_is_written_only_when_due_or_with_another_change() -> None:
     assert status_patch(previous, {**previous, "pod": None}, mirror_due=True) is None
 
 
+def test_kept_chunks_are_listed_while_placed_and_mirrored_on_the_throttle() -> None:
+    """Issue 26: status.keptChunks is the record's kept_chunks while it holds its pod; gone once it does not;
+    a change of it alone waits for the mirror like chunkIndex."""
+    keeping = build_session_status(
+        {},
+        SessionObservation(record(kept_chunks=(5, 6, 7)), POD, True, NOW_MS),
+        session="forest",
+        generation=1,
+        now="T",
+    )
+    assert keeping["keptChunks"] == [5, 6, 7]
+    more = build_session_status(
+        keeping,
+        SessionObservation(record(kept_chunks=(6, 7, 8)), POD, True, NOW_MS),
+        session="forest",
+        generation=1,
+        now="T",
+    )
+    assert status_patch(keeping, more, mirror_due=False) is None
+    assert status_patch(keeping, more, mirror_due=True) == {"keptChunks": [6, 7, 8]}
+    for gone in (record(kept_chunks=()), record(SessionState.SUSPENDED, pod="", kept_chunks=(6,))):
+        status = build_session_status(
+            keeping, SessionObservation(gone, POD, True, NOW_MS), session="forest", generation=1, now="T"
+        )
+        assert status["keptChunks"] is None  # removed by the merge patch
+
+
+def test_fork_refusals_are_reasons() -> None:
+    assert (Reason.FORK_SOURCE_NOT_FOUND, Reason.CHUNK_NOT_KEPT, Reason.FORK_POOL_MISMATCH) == (
+        "ForkSourceNotFound",
+        "ChunkNotKept",
+        "ForkPoolMismatch",
+    )
+
+
 def test_failed_status() -> None:
     status = build_failed_status(
         {}, session="s", reason=Reason.UNKNOWN_POOL, message="no pool 'x'", generation=2, now="T"
