@@ -37,6 +37,7 @@ class ErrorCode(Enum):
     INVALID_TICK = ("invalid_tick", 400)
     UNAUTHORIZED = ("unauthorized", 401)
     UNKNOWN_SESSION = ("unknown_session", 404)
+    CHUNK_NOT_KEPT = ("chunk_not_kept", 404)
     CHUNK_OUT_OF_ORDER = ("chunk_out_of_order", 409)
     RESET_REQUIRED = ("reset_required", 409)
     TICK_IN_PROGRESS = ("tick_in_progress", 409)

@@ -23,9 +23,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ardiff import __version__
 from ardiff.worker.encoding import MP4, RAW
 from ardiff.worker.errors import BodyTooLarge, InvalidTick, WorkerError
+from ardiff.worker.messages import RewindBody
 from ardiff.worker.service import WorkerService
 from ardiff.worker.stream import SessionStream, SessionStreams
-from ardiff.worker.transfer import PREFETCH_PATH, TRANSFER_PATH
+from ardiff.worker.transfer import KEPT_PATH, PREFETCH_PATH, TRANSFER_PATH
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,12 @@ class SessionView(BaseModel):
     resident: bool
     in_flight: bool = False
     playout: PlayoutView
+
+
+class RewindView(BaseModel):
+    session: str
+    chunk_index: int
+    kept_chunks: list[int]
 
 
 class KVBlocksView(BaseModel):
@@ -206,10 +213,10 @@ def _error_response(error: WorkerError) -> JSONResponse:
 
 
 class AuthenticatedTickRoute(APIRoute):
-    """The tick route: the checks that need no body (`WorkerService.admitted`: placement and token among
-    them) run before FastAPI reads and parses the body (issue 23 item 10). A caller who may not tick the
-    session gets 401 whatever the body, and its bytes are never read, buffered or parsed; a tick that passes
-    finds what it was admitted with in `request.state.admitted`."""
+    """The tick route (and the rewind's): the checks that need no body (`WorkerService.admitted`: placement
+    and token among them) run before FastAPI reads and parses the body (issue 23 item 10). A caller who may
+    not tick the session gets 401 whatever the body, and its bytes are never read, buffered or parsed; a
+    tick that passes finds what it was admitted with in `request.state.admitted`."""
 
     def get_route_handler(self) -> Any:
         parse_and_tick = super().get_route_handler()
@@ -345,6 +352,34 @@ def create_app(service: WorkerService) -> FastAPI:
     @app.get("/v1/sessions/{session_id}", response_model=SessionView, responses=_SESSION_ERRORS)
     async def get_session(session_id: SessionId, credentials: Credentials = None) -> dict[str, Any]:
         return await service.describe(session_id, authorization(credentials))
+
+    async def rewind_session(
+        request: Request,
+        session_id: SessionId,
+        body: RewindBody,
+        credentials: Credentials = None,  # checked before the body is read (AuthenticatedTickRoute)
+    ) -> dict[str, Any]:
+        """Put the session back at one of its kept chunk boundaries (issue 26)."""
+        return await service.rewind_admitted(request.state.admitted, body.chunk)
+
+    app.router.add_api_route(
+        "/v1/sessions/{session_id}/rewind",
+        rewind_session,
+        methods=["POST"],
+        response_model=RewindView,
+        responses=_errors(400, 401, 404, 409, 410, 421, 429, 503),
+        summary="Put the session back at a kept chunk boundary",
+        route_class_override=AuthenticatedTickRoute,
+    )
+
+    @app.get(KEPT_PATH, include_in_schema=False)  # pod to pod: a fork placed on another pod pulls it
+    async def kept_for_fork(
+        session_id: str, chunk: int, credentials: Credentials = None
+    ) -> StreamingResponse:
+        """A session's kept chunk boundary, streamed to the pod a fork of it was placed on (the pool's
+        transfer token)."""
+        body = service.transfer.send_kept(session_id, chunk, authorization(credentials))
+        return StreamingResponse(body, media_type="application/octet-stream")
 
     @app.get(TRANSFER_PATH, include_in_schema=False)  # pod to pod, not for clients: contracts §4 "Transfer"
     async def export_for_transfer(session_id: str, credentials: Credentials = None) -> StreamingResponse:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ardiff.kv import errors as placement
-from ardiff.kv.records import SessionRecord, SessionState
+from ardiff.kv.records import SessionRecord, SessionState, parse_kept_location
 from ardiff.worker.errors import (
     AtCapacity,
     ExportCorrupt,
@@ -42,16 +42,18 @@ from ardiff.worker.pod_state import ForwardThread, SessionBooks
 from ardiff.worker.session_book import SessionBook, SessionStatus
 from ardiff.worker.settings import WorkerSettings
 from ardiff.worker.shared_tier import direct_source
-from ardiff.worker.transfer import Transfer, TransferResult
+from ardiff.worker.transfer import Transfer, TransferResult, kept_url, transfer_url
 
 log = logging.getLogger(__name__)
 
 
 def export_kind(location: str) -> str:
-    """What an export location holds: `host` (a pod's host-tier copy), a `snapshot` or a `suspend` export in
-    the shared tier."""
+    """What an export location holds: `host` (a pod's host-tier copy), `fork` (another session's kept chunk:
+    worker/history.py), a `snapshot` or a `suspend` export in the shared tier."""
     if host_holder(location) is not None:
         return "host"
+    if parse_kept_location(location) is not None:
+        return "fork"
     return "snapshot" if Path(location).name.startswith("snapshot-") else "suspend"
 
 
@@ -66,19 +68,22 @@ def resume_note(
 ) -> dict[str, Any]:
     """How a resume went, for the operator's Event (contracts §2 `resumed_note`): where the export came from
     (`direct` from the pod that held it, else this pod's own `host` tier or the shared tier's `suspend` or
-    `snapshot` copy), its bytes and the seconds until it was installed, and whether a direct pull failed
-    first."""
+    `snapshot` copy; a `fork` from its parent's kept chunk, here or pulled), its bytes and the seconds until
+    it was installed, and whether a direct pull failed first."""
     direct = pulled.get(location)
-    if direct is not None:
+    if kind == "fork":
+        source, size, took = kind, direct.bytes if direct is not None else None, seconds
+    elif direct is not None:
         source, size, took = "direct", direct.bytes, direct.seconds
     else:
         source, took = kind, seconds
         size = record.bytes if location == record.location and record.bytes else None
+    kept = parse_kept_location(location)
     return {
         "source": source,
         "bytes": size,
         "seconds": round(took, 4),
-        "from": host_holder(location) or direct_source(location) or "",
+        "from": host_holder(location) or direct_source(location) or (kept[0] if kept else ""),
         "to": pod,
         "direct_failed": location in pulled and direct is None,
     }
@@ -160,7 +165,7 @@ class Continuity:
         seconds = time.perf_counter() - started
         note = resume_note(record, location, kind, pulled, seconds, pod=self.link.pod)
         await self.link.resumed(session_id, note=json.dumps(note, sort_keys=True))
-        if kind != "snapshot":
+        if kind not in ("snapshot", "fork"):  # a fork never consumes its parent's kept chunk
             self.exports.forget(location)
         # The snapshot the session continues with, written here or by the pod it came from: this pod's next
         # snapshot replaces it (and removes it), as it replaces its own.
@@ -230,11 +235,18 @@ class Continuity:
         A migration's export names the pod that still holds the session: it is pulled from there first
         (`Transfer.pull`), and the shared tier's copy is read only when that fails. A host-tier export is read
         from this pod's memory, or pulled from the pod that keeps it (it has no other copy)."""
+        kept = parse_kept_location(location)
+        if kept is not None:
+            return await self._import_fork(session_id, location, *kept, pulled)
         runtime = self.forward.runtime
         assert runtime is not None
         source = await self.transfer.source_of(location)
         holder = host_holder(location)
-        direct = None if source is None else await self.transfer.pull(session_id, *source, size=size)
+        if source is None:
+            direct = None
+        else:
+            pod, endpoint = source
+            direct = await self.transfer.pull(session_id, pod, transfer_url(endpoint, session_id), size=size)
         if source is not None:
             pulled[location] = None if direct is None else direct[1]
         async with self.forward.lock.hold():
@@ -254,6 +266,37 @@ class Continuity:
                 await self.forward.run(runtime.close, book.session_id)
                 raise ExportCorrupt(f"{location} holds session {book.session_id!r}, not {session_id!r}")
         return book
+
+    async def _import_fork(
+        self, session_id: str, location: str, pod: str, parent: str, chunk: int, pulled: dict[str, Any]
+    ) -> SessionBook:
+        """Install the parent's kept chunk `chunk` (issue 26) as the fork `session_id`: read from this pod's
+        history, or pulled from the pod that keeps it (`GET /internal/v1/kept/...`, at most the bytes a pod
+        keeps in history). The parent's copy stays. `ExportCorrupt` when it is kept nowhere any more (the
+        parent rewound, reset or closed, its pod gone): the fork then needs a reset."""
+        runtime = self.forward.runtime
+        assert runtime is not None
+        if pod != self.link.pod:
+            endpoint = await self.transfer.endpoint_of(pod)
+            if endpoint is None:
+                raise ExportCorrupt(
+                    f"the kept chunk {location} cannot be pulled: pod {pod} cannot be reached"
+                )
+            url = kept_url(endpoint, parent, chunk)
+            direct = await self.transfer.pull(
+                session_id, pod, url, size=self.settings.history_bytes, as_session=session_id
+            )
+            pulled[location] = None if direct is None else direct[1]
+            if direct is None:
+                raise ExportCorrupt(f"the kept chunk {location} could not be pulled from pod {pod}")
+            return direct[0]
+        async with self.forward.lock.hold():
+            copy = self.exports.history.get(parent, chunk)
+            if copy is None:
+                raise ExportCorrupt(
+                    f"this pod no longer keeps chunk {chunk} of session {parent!r} (rewound, reset or closed)"
+                )
+            return await self.forward.run(runtime.import_session, copy.reader(), as_session=session_id)
 
     # ---------------------------------------------------------------- snapshot and suspend
 
@@ -355,6 +398,7 @@ class Continuity:
             # Its slot is free (the store freed it); its state stays in the runner for its new pod to pull.
             self.books.pop(session_id, None)
             self.exports.snapshots.pop(session_id, None)
+            self.exports.history.drop(session_id)  # kept chunks never travel: they stay with the pod
             self.metrics.evictions.labels("suspend").inc()
             self.transfer.hold(session_id, book, location)
         else:

@@ -55,6 +55,14 @@ class UnknownSession(WorkerError, wire=ErrorCode.UNKNOWN_SESSION):
     """No such session on this worker (standalone, and the pool-token export route, only)."""
 
 
+class ChunkNotKept(WorkerError, wire=ErrorCode.CHUNK_NOT_KEPT):
+    """A rewind (or a fork's pull) names a chunk boundary this pod does not keep: `kept_chunks` are the
+    ones it does."""
+
+    def __init__(self, message: str, *, kept_chunks: list[int]) -> None:
+        super().__init__(message, param="chunk", kept_chunks=kept_chunks)
+
+
 class ChunkOutOfOrder(WorkerError, wire=ErrorCode.CHUNK_OUT_OF_ORDER):
     """The tick's `chunk_index` is not the next one: `expected_chunk_index` is."""
 

@@ -6,9 +6,10 @@ shared tier (worker/shared_tier.py: a volume every pod mounts); `Exports` writes
 runtime (its methods that do run on the forward thread: worker/pod_state.py), and removes what is no longer
 needed. It keeps two books the worker's collaborators share: each session's latest snapshot (the next
 replaces it, a close removes it) and each suspension written but not yet reported to the placement store
-(`UnreportedExport`, for the suspend's retry). It touches nothing else: when to export, import or forget is
-its callers' (worker/continuity.py; the placement guard's release; the transfer's claims and spill, which
-read the tiers).
+(`UnreportedExport`, for the suspend's retry), and the sessions' kept history (worker/history.py: their
+last chunk boundaries in this pod's memory, for a rewind and for forks). It touches nothing else: when to
+export, import or forget is its callers' (worker/continuity.py; the placement guard's release; the
+transfer's claims and spill, which read the tiers).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import logging
 from dataclasses import dataclass
 
 from ardiff.worker.errors import ExportCorrupt
+from ardiff.worker.history import KeptChunks
 from ardiff.worker.host_tier import HostTier, HostTierFull, host_holder
 from ardiff.worker.pod_state import ForwardThread
 from ardiff.worker.session_book import SessionBook
@@ -56,6 +58,8 @@ class Exports:
         self.host_tier = (
             HostTier(settings.host_tier_bytes, settings.pod_name) if settings.host_tier_bytes else None
         )
+        # Kept history (issue 26): sessions' last chunk boundaries, for a rewind and for forks.
+        self.history = KeptChunks(settings.history_bytes, settings.pod_name)
         self.snapshots: dict[str, str] = {}  # session -> the location of its latest snapshot
         self.unreported: dict[str, UnreportedExport] = {}  # suspensions whose report failed, for the retry
         self._forward = forward
@@ -97,6 +101,18 @@ class Exports:
         location, size = self.write_shared(session_id, book, "suspend", holder)
         return "shared", location, size
 
+    def keep_boundary(self, session_id: str, book: SessionBook, keep_chunks: int) -> None:
+        """On the forward thread: keep the session's state at its boundary `book.next_chunk_index` in the
+        history (`KeptChunks.keep`; `HistoryFull` when it does not fit)."""
+        runtime = self._forward.runtime
+        assert runtime is not None
+        self.history.keep(
+            session_id,
+            book.next_chunk_index,
+            keep_chunks,
+            lambda out: runtime.export_session(session_id, out, book=book),
+        )
+
     def read_host(self, location: str) -> SessionBook:
         """On the forward thread: install the export this pod keeps in its host memory at `location`."""
         runtime = self._forward.runtime
@@ -125,7 +141,8 @@ class Exports:
 
     def release(self, session_id: str, *, keep_snapshot: bool) -> None:
         """A session released here: its snapshot removed (unless `keep_snapshot`: a suspended session resumes
-        from it), and a suspension it never reported."""
+        from it), its kept history, and a suspension it never reported."""
+        self.history.drop(session_id)
         snapshot = self.snapshots.pop(session_id, None)
         if snapshot and not keep_snapshot and self.tier is not None:  # closed: its snapshot is of no use
             self.tier.remove(snapshot)

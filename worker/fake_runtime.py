@@ -223,10 +223,10 @@ class FakeRuntime:
             out, session_id=session_id, identity=self.identity, book=book, state=state, tensors=()
         )
 
-    def import_session(self, source: Readable) -> SessionBook:
+    def import_session(self, source: Readable, *, as_session: str | None = None) -> SessionBook:
         reader = ExportReader(source)
         check_identity(reader.identity, self.identity)
-        session_id = reader.session_id
+        session_id = as_session or reader.session_id
 
         def check(name: str, dtype: str, shape: tuple[int, ...]) -> None:  # the book's frames, nothing else
             if name != BOOK_FRAMES:
@@ -235,7 +235,7 @@ class FakeRuntime:
 
         for _ in reader.tensors(check):  # none of its own; this reads the book's frames and checks the digest
             pass
-        book = reader.book()
+        book = reader.book() if as_session is None else reader.book().forked(as_session)
         next_chunk = reader.state.get("next_chunk")
         if not isinstance(next_chunk, int) or next_chunk < 0:
             raise ExportCorrupt(f"fake session export has next_chunk {next_chunk!r}")

@@ -118,3 +118,16 @@ class RobotTickBody(BaseModel):
     return_frames: bool = Field(default=False, description="also answer the chunk's predicted frames")
     reset: bool = False
     close_session: bool = False
+
+
+class RewindBody(BaseModel):
+    """`POST /v1/sessions/{id}/rewind` (issue 26): the kept chunk boundary to go back to."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    chunk: int = Field(ge=1, description="a kept chunk boundary: the next chunk generated is this one")
+
+
+class StreamRewind(RewindBody):
+    """A rewind on the stream: the HTTP rewind's body and `type: "rewind"`."""
+
+    type: Literal["rewind"]

@@ -63,6 +63,19 @@ class WorkerMetrics:
             buckets=_TICK_BUCKETS,
             registry=r,
         )
+        # Kept history (issue 26): chunk boundaries kept for rewinds and forks, and the memory they use.
+        self.history_kept = Counter(
+            "ardiff_worker_history_kept", "Chunk boundaries kept in the history", registry=r
+        )
+        self.history_dropped = Counter(
+            "ardiff_worker_history_dropped",
+            "Chunk boundaries not kept (over the history budget, or the export failed)",
+            registry=r,
+        )
+        self.history_bytes = Gauge(
+            "ardiff_worker_history_bytes", "Bytes of host memory the kept history uses", registry=r
+        )
+        self.rewinds = Counter("ardiff_session_rewinds", "Sessions rewound to a kept chunk", registry=r)
         # Pod-to-pod transfers of migrating sessions (issue 12): `out` on the pod that held it, `in` on the
         # pod that pulled it; a failed pull falls back to the shared tier (counted with result="failed").
         self.transfer_bytes = Counter(

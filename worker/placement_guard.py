@@ -20,7 +20,7 @@ import contextlib
 import hmac
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, NoReturn
 
 from ardiff.kv import errors as placement
@@ -307,22 +307,38 @@ class PlacementGuard:
     async def touch(self, session_id: str, *, chunk_index: int, reset_done: bool) -> None:
         if self.link is None:
             return
-        try:
+        async with self._recording(session_id, "tick"):
             await self.link.touch(session_id, chunk_index=chunk_index, reset_done=reset_done)
+
+    async def note_history(self, session_id: str, kept: list[int], *, chunk_index: int | None = None) -> None:
+        """The chunk boundaries this pod keeps of the session (issue 26), and a rewind's `chunk_index`."""
+        if self.link is None:
+            return
+        async with self._recording(session_id, "kept chunks"):
+            await self.link.note_history(session_id, kept=kept, chunk_index=chunk_index)
+
+    @contextlib.asynccontextmanager
+    async def _recording(self, session_id: str, what: str) -> AsyncIterator[None]:
+        """A write of the session's progress (`what`) to the placement store, after the work it records: its
+        refusals as answers."""
+        try:
+            yield
         except placement.UnknownSession:
-            # Redis lost the record during the forward: the chunk stands (the KV and the book are here), the
-            # operator rebuilds the binding and the next tick's touch records the progress.
-            log.warning("no record of session %s to touch (the store lost its data)", session_id)
+            # Redis lost the record during the work: it stands (the KV and the book are here), the operator
+            # rebuilds the binding and the next tick's write records the progress.
+            log.warning(
+                "no record of session %s to note its %s in (the store lost its data)", session_id, what
+            )
         except placement.SessionNotHere:
             await self.release(session_id, reason="evict")
-            raise SessionEvicted(f"session {session_id!r} was moved off this pod during its tick") from None
+            raise SessionEvicted(f"session {session_id!r} was moved off this pod during its {what}") from None
         except placement.PodFenced:
             self._fence()
             raise NotReady("this pod was fenced by a newer incarnation") from None
         except Exception as exc:  # Redis away or not answering: the chunk stands, a retry of it replays it
-            log.warning("could not record session %s's tick in the placement store: %s", session_id, exc)
+            log.warning("could not record session %s's %s in the placement store: %s", session_id, what, exc)
             raise NotReady(
-                f"placement store unavailable ({type(exc).__name__}); the chunk is kept: retry the same "
+                f"placement store unavailable ({type(exc).__name__}); the {what} stands: retry the same "
                 "request"
             ) from exc
 

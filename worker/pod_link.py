@@ -199,6 +199,11 @@ class PodLink:
             self.pool, session, pod=self.pod, epoch=self.epoch, location=location, chunk_index=chunk_index
         )
 
+    async def note_history(self, session: str, *, kept: list[int], chunk_index: int | None = None) -> None:
+        await self.store.note_history(
+            self.pool, session, pod=self.pod, epoch=self.epoch, kept=kept, chunk_index=chunk_index
+        )
+
     async def set_draining(self) -> None:
         await self.store.set_draining(self.pool, self.pod, draining=True)
 

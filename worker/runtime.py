@@ -118,9 +118,10 @@ class SessionRuntime(Protocol):
         """
         ...
 
-    def import_session(self, source: Readable) -> SessionBook:
+    def import_session(self, source: Readable, *, as_session: str | None = None) -> SessionBook:
         """Install a session read from `source` as a resident one whose next tick continues it; returns the
-        worker's book that travelled with it.
+        worker's book that travelled with it. `as_session` (a fork, issue 26) installs it under that id
+        instead of the export's, with the book `SessionBook.forked` gives.
 
         Refuses with `ExportCorrupt` (not an export, unknown version, truncated, checksum or header wrong),
         `ExportIdentityMismatch`, `ExportDuplicateSession` or `ExportNoCapacity` (resident capacity, free KV

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -32,6 +33,7 @@ from ardiff.worker.conditioning import Conditioning
 from ardiff.worker.continuity import Continuity
 from ardiff.worker.encoding import RAW, MediaType
 from ardiff.worker.errors import (
+    ChunkNotKept,
     ChunkOutOfOrder,
     ForwardFailed,
     InvalidTick,
@@ -41,6 +43,7 @@ from ardiff.worker.errors import (
     Rewound,
     SessionClosed,
     SessionEvicted,
+    SessionExportError,
     UnknownSession,
 )
 from ardiff.worker.exports import Exports
@@ -383,6 +386,8 @@ class WorkerService:
                 if book is None:
                     raise SessionEvicted(f"session {session_id!r} was released while its tick was queued")
                 self._check_order(tick, book, None)
+                if tick.reset:  # the session starts over: its kept history is of another world
+                    self.exports.history.drop(session_id)
                 try:
                     output = await self.forward.run(runtime.forward, prepared, inject_fault=inject_fault)
                 except Exception as exc:
@@ -390,14 +395,17 @@ class WorkerService:
                         "forward of session %s chunk %d failed: %r", session_id, tick.chunk_index, exc
                     )
                     self.books[session_id] = book.failed()
+                    self.exports.history.drop(session_id)
                     failure: Exception | None = exc
                 else:
                     failure = None
                     chunk = CachedChunk(
                         tick.request_id, tick.chunk_index, output.frames, output.metadata, output.actions
                     )
-                    self.books[session_id] = book.advanced(chunk, closed=tick.close_session)
+                    advanced = self.books[session_id] = book.advanced(chunk, closed=tick.close_session)
                     busy = time.perf_counter() - started
+                    keep = record.history_keep_chunks if record is not None and not tick.close_session else 0
+                    kept = await self._keep_boundary(session_id, advanced, keep) if keep else None
             if failure is not None:
                 await self.guard.mark_reset_required(session_id)
                 raise ForwardFailed(
@@ -405,6 +413,9 @@ class WorkerService:
                     "was closed and needs reset=true, chunk_index=0"
                 )
             await self.guard.touch(session_id, chunk_index=tick.chunk_index + 1, reset_done=tick.reset)
+            if kept is not None:
+                with contextlib.suppress(NotReady):  # logged; the next tick's note lists them again
+                    await self.guard.note_history(session_id, kept)
             every = self.settings.snapshot_every_chunks
             if every and (tick.chunk_index + 1) % every == 0 and not tick.close_session:
                 await self.continuity.snapshot(session_id)
@@ -418,6 +429,20 @@ class WorkerService:
                 self.tick_estimate.add(busy, len(output.frames))
                 self._report_compute()
             return TickOutcome(chunk, queue=queued, forward=output.forward_s, decode=output.decode_s)
+
+    async def _keep_boundary(self, session_id: str, book: SessionBook, keep_chunks: int) -> list[int]:
+        """In the tick's forward lock hold: keep the session's state at its new boundary (worker/history.py);
+        the boundaries kept now. One that does not fit the budget, or fails to export, is not kept (logged,
+        counted): the tick goes on."""
+        try:
+            await self.forward.run(self.exports.keep_boundary, session_id, book, keep_chunks)
+        except Exception as exc:
+            log.warning("chunk %d of session %s not kept: %s", book.next_chunk_index, session_id, exc)
+            self.metrics.history_dropped.inc()
+        else:
+            self.metrics.history_kept.inc()
+        self.metrics.history_bytes.set(self.exports.history.used_bytes)
+        return self.exports.history.chunks(session_id)
 
     @staticmethod
     def _check_order(tick: Any, book: SessionBook | None, record: SessionRecord | None) -> None:
@@ -497,6 +522,7 @@ class WorkerService:
         self.transfer.discard_held(session_id)  # deleted while held for a transfer: nothing to pull
         async with self.forward.lock.hold():
             await self.forward.run(runtime.close, session_id)
+            self.exports.history.drop(session_id)
             book = self.books.get(session_id) or SessionBook(session_id)
             ours = session_id in self.books or (record is not None and self.link.is_here(record))
             if self.link is not None and ours:
@@ -513,6 +539,59 @@ class WorkerService:
             self.playouts.pop(session_id, None)
         return view
 
+    async def rewind(self, session_id: str, chunk: int, authorization: str | None) -> dict[str, Any]:
+        """Put the session back at its kept chunk boundary `chunk` (issue 26): the next chunk is `chunk`, and
+        with the same controls the same frames as the first time. Its state is replaced by the kept export
+        under the forward lock (the book too: its cached chunk is the one before the boundary, so a retried
+        request id replays consistently), the boundaries after it are dropped (history is linear), and the
+        store's `chunk_index` and `kept_chunks` follow. `ChunkNotKept` lists the boundaries kept."""
+        async with self.admitted(session_id, authorization) as admitted:
+            return await self.rewind_admitted(admitted, chunk)
+
+    async def rewind_admitted(self, admitted: AdmittedTick, chunk: int) -> dict[str, Any]:
+        """`rewind` once `admitted` (the checks of a tick that need no body)."""
+        session_id, record = admitted.session_id, admitted.record
+        runtime = self._require_loaded()
+        history = self.exports.history
+        with self.books.exclusive(session_id):
+            book = self.books.get(session_id)
+            if book is None and record is None:
+                raise UnknownSession(f"no session {session_id!r} on this worker")
+            if book is not None and book.status is SessionStatus.CLOSED:
+                raise SessionClosed(f"session {session_id!r} was closed on this worker")
+            copy = history.get(session_id, chunk)
+            if copy is None or book is None:
+                kept = history.chunks(session_id)
+                raise ChunkNotKept(
+                    f"session {session_id!r} keeps no chunk {chunk} here (it keeps {kept}; a session keeps "
+                    "spec.history.keepChunks boundaries, never its start: reset for chunk 0)",
+                    kept_chunks=kept,
+                )
+            async with self.forward.lock.hold():
+                await self.forward.run(runtime.close, session_id)
+                try:
+                    installed = await self.forward.run(runtime.import_session, copy.reader())
+                except SessionExportError as exc:
+                    log.warning("rewind of session %s to chunk %d failed: %s", session_id, chunk, exc)
+                    self.books[session_id] = book.failed()
+                    history.drop(session_id)
+                    failure: SessionExportError | None = exc
+                else:
+                    failure = None
+                    self.books[session_id] = dataclasses.replace(installed, token_sha256=book.token_sha256)
+                    kept = history.drop_after(session_id, chunk)
+            self.metrics.history_bytes.set(history.used_bytes)
+            if failure is not None:
+                await self.guard.mark_reset_required(session_id)
+                raise ResetRequired(
+                    f"session {session_id!r} could not be rewound ({failure.code}); send reset=true with "
+                    "chunk_index=0"
+                )
+            await self.guard.note_history(session_id, kept, chunk_index=chunk)
+        self.metrics.rewinds.inc()
+        log.info("rewound session %s to chunk %d (kept %s)", session_id, chunk, kept)
+        return {"session": session_id, "chunk_index": chunk, "kept_chunks": kept}
+
     async def reset(self, session_id: str, authorization: str | None) -> dict[str, Any]:
         runtime = self.require_ready()
         with self.guard.counted(session_id, authorization):
@@ -525,6 +604,7 @@ class WorkerService:
                 raise SessionClosed(f"session {session_id!r} was closed on this worker")
             async with self.forward.lock.hold():
                 await self.forward.run(runtime.reset, session_id)
+                self.exports.history.drop(session_id)
                 if book is not None:
                     book = self.books[session_id] = book.after_reset()
             await self.guard.touch(session_id, chunk_index=0, reset_done=True)

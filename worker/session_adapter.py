@@ -205,11 +205,11 @@ class ARDiffusionSessionAdapter:
             out, session_id=session_id, identity=self.identity, book=book, state=state, tensors=parts
         )
 
-    def import_session(self, source: Readable) -> SessionBook:
+    def import_session(self, source: Readable, *, as_session: str | None = None) -> SessionBook:
         exporter = self._exporter
         reader = ExportReader(source)
         check_identity(reader.identity, self.identity)
-        session_id, state = reader.session_id, reader.state
+        session_id, state = as_session or reader.session_id, reader.state
         if session_id in self._runner._sessions or exporter.holds(self._pipeline, session_id):
             raise ExportDuplicateSession(f"session {session_id!r} is already resident on this worker")
         if len(self._runner._sessions) >= self.capacity:
@@ -221,7 +221,7 @@ class ARDiffusionSessionAdapter:
         if needed > free:
             raise ExportNoCapacity(f"the session needs {needed} KV blocks, this worker has {free} free")
         try:
-            book = self._install(reader, check)
+            book = self._install(reader, check, session_id)
         except BaseException as exc:
             self._runner._release_session(
                 session_id, reset_model=False, reason="import_failed", suppress_errors=True
@@ -231,7 +231,7 @@ class ARDiffusionSessionAdapter:
                 raise
             raise ExportCorrupt(f"session {session_id!r} could not be installed: {exc}") from exc
         self._refresh()
-        return book
+        return book if as_session is None else book.forked(as_session)
 
     @functools.cached_property
     def identity(self) -> dict[str, Any]:
@@ -369,12 +369,11 @@ class ARDiffusionSessionAdapter:
 
         return check
 
-    def _install(self, reader: ExportReader, check: TensorCheck) -> SessionBook:
-        """Build the session from `reader`: its KV blocks allocated first; the tensors read (each declared one
-        checked against `check` before anything is read); the KV pages written only once every part is in and
-        the checksum held, then the rest. The caller releases it on any failure."""
+    def _install(self, reader: ExportReader, check: TensorCheck, session_id: str) -> SessionBook:
+        """Build the session `session_id` from `reader`: its KV blocks allocated first; the tensors read (each
+        declared one checked against `check` before anything is read); the KV pages written only once every
+        part is in and the checksum held, then the rest. The caller releases it on any failure."""
         kv, pipe, state = self._runner.kv_cache, self._pipeline, reader.state
-        session_id = reader.session_id
         session = self._runner._get_or_create_session(session_id)
         block_ids = {}
         for name, branch in state["kv_branches"].items():

@@ -97,6 +97,12 @@ class SessionBook:
     def after_reset(self) -> SessionBook:
         return dataclasses.replace(self, status=SessionStatus.ACTIVE, next_chunk_index=0, last_chunk=None)
 
+    def forked(self, session_id: str) -> SessionBook:
+        """The book of a fork (issue 26) installed from this one's kept state as `session_id`: the same chunk
+        index, no token hash (the fork's own is set by its resume) and no cached chunk (the fork never sent
+        that request)."""
+        return dataclasses.replace(self, session_id=session_id, token_sha256="", last_chunk=None)
+
     def closed(self) -> SessionBook:
         return dataclasses.replace(self, status=SessionStatus.CLOSED, last_chunk=None)
 

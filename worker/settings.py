@@ -72,6 +72,8 @@ class WorkerSettings:
     snapshot_every_chunks: int = 0  # a snapshot to the shared tier every N chunks (0 = none)
     # The host tier (issue 12): bytes of this pod's memory for suspended sessions' exports (0 = none).
     host_tier_bytes: int = 0
+    # Kept history (issue 26): bytes of this pod's memory for sessions' kept chunk boundaries (rewind, fork).
+    history_bytes: int = 1 << 30
     # Pod-to-pod transfer of migrating sessions (issue 12): the pool's shared secret (never a flag, so never
     # in a process listing; never in a repr), and how long a migrated session waits here for its new pod.
     transfer_token: str | None = field(default=None, repr=False)
@@ -120,8 +122,10 @@ class WorkerSettings:
             raise ValueError(f"worker kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction!r}")
         if isinstance(self.snapshot_every_chunks, bool) or self.snapshot_every_chunks < 0:
             raise ValueError(f"worker snapshot_every_chunks must be >= 0, got {self.snapshot_every_chunks!r}")
-        if isinstance(self.host_tier_bytes, bool) or self.host_tier_bytes < 0:
-            raise ValueError(f"worker host_tier_bytes must be >= 0, got {self.host_tier_bytes!r}")
+        for name in ("host_tier_bytes", "history_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or value < 0:
+                raise ValueError(f"worker {name} must be >= 0, got {value!r}")
         if self.snapshot_every_chunks and not self.suspend_dir:
             raise ValueError(
                 "worker snapshot_every_chunks needs suspend_dir (the shared tier snapshots go to)"
@@ -222,6 +226,7 @@ _HELP = {
     "suspend_dir": "the shared tier: a directory all pods of the pool mount (suspended sessions, snapshots)",
     "snapshot_every_chunks": "a snapshot of each session to the shared tier every N chunks (0: none)",
     "host_tier_bytes": "bytes of host memory for suspended sessions' exports (0: none; the shared tier then)",
+    "history_bytes": "bytes of host memory for sessions' kept chunks (history.keepChunks: rewind, fork)",
     "transfer_hold_seconds": "how long a migrated session waits here for its new pod to pull it directly",
     "tier_sweep_seconds": "how often the shared tier's files of deleted sessions are removed",
     "runtime": "vllm (vllm-omni's paged-KV runner) or fake (no torch; control-plane tests)",

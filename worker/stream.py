@@ -28,8 +28,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from ardiff.wire import CLOSE_ERROR_BASE, CLOSE_NORMAL, CLOSE_SUPERSEDED
 from ardiff.worker.encoding import FRAME_FORMATS, FrameFormat, encode_images
-from ardiff.worker.errors import BodyTooLarge, InvalidTick, Unauthorized, WorkerError
-from ardiff.worker.messages import StreamAuth, StreamTick
+from ardiff.worker.errors import BodyTooLarge, ChunkNotKept, InvalidTick, Unauthorized, WorkerError
+from ardiff.worker.messages import StreamAuth, StreamRewind, StreamTick
 from ardiff.worker.service import WorkerService
 
 log = logging.getLogger(__name__)
@@ -190,6 +190,11 @@ class SessionStream(SessionSocket):
             message = await self.websocket.receive()
             if message["type"] == "websocket.disconnect":
                 return
+            rewind = self._rewind_message(message)
+            if rewind is not None:
+                if not await self._rewind(rewind, authorization):
+                    return
+                continue
             tick = await self._tick_message(message)
             if tick is None:
                 continue
@@ -217,6 +222,39 @@ class SessionStream(SessionSocket):
             )
             return None
         return f"Bearer {auth.token}"
+
+    @staticmethod
+    def _rewind_message(message: dict[str, Any]) -> dict[str, Any] | None:
+        """The JSON of a message whose `type` is `rewind` (None: any other, a tick's or a malformed one, which
+        `_tick_message` answers)."""
+        raw = message.get("text")
+        if raw is None or len(raw.encode()) > MAX_MESSAGE_BYTES:
+            return None
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) and value.get("type") == "rewind" else None
+
+    async def _rewind(self, value: dict[str, Any], authorization: str | None) -> bool:
+        """Answer a rewind (issue 26) with a `rewound` message or an error; False once the connection is
+        over (a chunk not kept is an answer, not the end of the stream)."""
+        try:
+            try:
+                rewind = StreamRewind.model_validate(value)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                param = ".".join(str(part) for part in first.get("loc", ())) or "body"
+                raise InvalidTick(f"{param}: {first.get('msg', 'invalid')}", param=param) from None
+            answer = await self.service.rewind(self.session_id, rewind.chunk, authorization)
+        except WorkerError as error:
+            if error.status in _FINAL_STATUSES and not isinstance(error, ChunkNotKept):
+                await self.fail(error)
+                return False
+            await self.send_error(error)
+            return True
+        await self.send_json({"type": "rewound", **answer})
+        return True
 
     async def _tick_message(self, message: dict[str, Any]) -> dict[str, Any] | None:
         """The tick a message carries, validated like the HTTP body; None after answering an error."""

@@ -40,6 +40,7 @@ import httpx
 from ardiff.kv.records import SessionState
 from ardiff.worker.background import Background
 from ardiff.worker.errors import (
+    ChunkNotKept,
     ExportCorrupt,
     ExportIdentityMismatch,
     ExportNoCapacity,
@@ -60,6 +61,8 @@ from ardiff.worker.shared_tier import direct_source
 log = logging.getLogger(__name__)
 
 TRANSFER_PATH = "/internal/v1/sessions/{session_id}/export"
+# A session's kept chunk boundary (issue 26, worker/history.py), pulled by the pod a fork of it was placed on.
+KEPT_PATH = "/internal/v1/kept/{session_id}/{chunk}"
 # The holder offers a session to the pod it was placed on, which pulls it at once (not at its first tick).
 PREFETCH_PATH = "/internal/v1/sessions/{session_id}/prefetch"
 CONNECT_TIMEOUT_SECONDS = 2.0
@@ -102,6 +105,10 @@ def transfer_url(endpoint: str, session_id: str) -> str:
     return endpoint.rstrip("/") + TRANSFER_PATH.format(session_id=session_id)
 
 
+def kept_url(endpoint: str, session_id: str, chunk: int) -> str:
+    return endpoint.rstrip("/") + KEPT_PATH.format(session_id=session_id, chunk=chunk)
+
+
 def peer_verify(ca_file: str | None) -> ssl.SSLContext | bool:
     """How this worker verifies the pool's other pods over https: against the pool's CA (`tls_ca_file`; the
     Secret of a pool's TLS may carry none, when a public CA signed its certificate), else the system's CAs."""
@@ -111,13 +118,12 @@ def peer_verify(ca_file: str | None) -> ssl.SSLContext | bool:
 
 
 async def download(
-    client: httpx.AsyncClient, endpoint: str, session_id: str, token: str, *, size: int
+    client: httpx.AsyncClient, url: str, token: str, *, size: int
 ) -> tuple[tuple[bytes, ...], TransferResult]:
-    """GET the session's export from the pod at `endpoint` into memory: at most `size` bytes (what the store
-    recorded for it), within `transfer_deadline_seconds(size)`. `TransferFailed` when the holder cannot be
-    reached, refuses, sends more, or is not done in time; a body cut off short is `export_corrupt` at the
-    import (the digest does not hold)."""
-    url = transfer_url(endpoint, session_id)
+    """GET an export (`transfer_url`, `kept_url`) from the pod holding it into memory: at most `size` bytes
+    (what the store recorded for it), within `transfer_deadline_seconds(size)`. `TransferFailed` when the
+    holder cannot be reached, refuses, sends more, or is not done in time; a body cut off short is
+    `export_corrupt` at the import (the digest does not hold)."""
     deadline = transfer_deadline_seconds(size)
     started = time.perf_counter()
     pieces: list[bytes] = []
@@ -145,6 +151,11 @@ async def download(
             f"the direct transfer was cut off after {received} bytes ({type(exc).__name__}: {exc})"
         ) from None
     return tuple(pieces), TransferResult(received, time.perf_counter() - started)
+
+
+async def iter_pieces(pieces: tuple[bytes, ...]) -> AsyncIterator[bytes]:
+    for piece in pieces:
+        yield piece
 
 
 def _error_text(response: httpx.Response) -> str:
@@ -349,6 +360,20 @@ class Transfer:
         async for piece in self._send_pieces(session_id, collector.finish()):
             yield piece
 
+    def send_kept(self, session_id: str, chunk: int, authorization: str | None) -> AsyncIterator[bytes]:
+        """The body of a pull of the session's kept chunk `chunk` (a fork placed on another pod, issue 26),
+        for the pool's transfer token: its pieces as they lie in memory, kept (a fork consumes nothing)."""
+        check_pool_token(self.settings.transfer_token, authorization)
+        copy = self.exports.history.get(session_id, chunk)
+        if copy is None:
+            kept = self.exports.history.chunks(session_id)
+            raise ChunkNotKept(
+                f"this pod keeps no chunk {chunk} of session {session_id!r} (it keeps {kept})",
+                kept_chunks=kept,
+            )
+        log.info("sending kept chunk %d of session %s: %d bytes", chunk, session_id, copy.size)
+        return iter_pieces(copy.pieces)
+
     async def _send_pieces(self, session_id: str, pieces: tuple[bytes, ...]) -> AsyncIterator[bytes]:
         """Send an export's pieces, counted. The test fault (`ARDIFF_TEST_TRANSFER_STALL_SECONDS`) stops after
         the first `STALL_AFTER_BYTES` for that long: a holder that dies, or stalls, mid-transfer."""
@@ -478,25 +503,35 @@ class Transfer:
         """(pod, endpoint) of the pod a migration's export names as holding the session, when this worker may
         pull from it; None to read the shared tier instead (no token, no holder, the holder gone)."""
         pod = host_holder(location) or direct_source(location)
-        if self.link is None or not self.settings.transfer_token or pod is None or pod == self.link.pod:
+        if self.link is None or pod is None or pod == self.link.pod:
             return None
-        try:
-            endpoint = await self.link.endpoint_of(pod)
-        except Exception as exc:
-            log.warning("could not look up pod %s for a direct transfer: %s", pod, exc)
-            return None
+        endpoint = await self.endpoint_of(pod)
         if endpoint is None:
-            log.info("pod %s that held %s is gone: trying the session's other copies", pod, location)
+            log.info(
+                "pod %s that held %s cannot be pulled from: trying the session's other copies", pod, location
+            )
             return None
         return pod, endpoint
 
+    async def endpoint_of(self, pod: str) -> str | None:
+        """The endpoint of another pod of the pool this worker may pull from; None without a transfer token,
+        or when the pod is gone or cannot be looked up."""
+        if self.link is None or not self.settings.transfer_token:
+            return None
+        try:
+            return await self.link.endpoint_of(pod)
+        except Exception as exc:
+            log.warning("could not look up pod %s for a direct transfer: %s", pod, exc)
+            return None
+
     async def pull(
-        self, session_id: str, pod: str, endpoint: str, *, size: int
+        self, session_id: str, pod: str, url: str, *, size: int, as_session: str | None = None
     ) -> tuple[SessionBook, TransferResult] | None:
-        """Download the session's export from the pod that holds it (without the forward lock: a holder that
-        stalls holds up nobody else's tick; at most `size` bytes, within the transfer deadline), then import
-        it under the lock. None (logged, counted) when that fails, so the caller reads the shared tier's
-        copy instead; this worker's refusals (no room, another identity) are raised: no copy would do."""
+        """Download the session's export at `url` from the pod that holds it (without the forward lock: a
+        holder that stalls holds up nobody else's tick; at most `size` bytes, within the transfer deadline),
+        then import it under the lock (`as_session`: a fork's kept chunk, as the fork). None (logged,
+        counted) when that fails, so the caller reads the shared tier's copy instead; this worker's refusals
+        (no room, another identity) are raised: no copy would do."""
         runtime = self.forward.runtime
         assert runtime is not None
         token = self.settings.transfer_token
@@ -507,9 +542,11 @@ class Transfer:
                 raise TransferFailed("the store records no size for the export: nothing bounds the pull")
             if self._pull_client is None:
                 self._pull_client = self._peer_client(PULL_TIMEOUT)
-            pieces, result = await download(self._pull_client, endpoint, session_id, token, size=size)
+            pieces, result = await download(self._pull_client, url, token, size=size)
             async with self.forward.lock.hold():
-                book = await self.forward.run(runtime.import_session, BodyReader(iter(pieces)))
+                book = await self.forward.run(
+                    runtime.import_session, BodyReader(iter(pieces)), as_session=as_session
+                )
         except (ExportNoCapacity, ExportIdentityMismatch):
             raise  # this worker refuses the session: no other copy would do, and the holder's stays
         except Exception as exc:
