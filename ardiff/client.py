@@ -173,6 +173,10 @@ class ChunkNotKept(WorkerAPIError, wire=ErrorCode.CHUNK_NOT_KEPT):
     """A rewind named a chunk the session does not keep (its message lists the kept ones; a session keeps
     chunks only with `spec.history.keepChunks`, and never chunk 0: that is a `reset()`)."""
 
+    @property
+    def kept_chunks(self) -> tuple[int, ...]:
+        return tuple(int(n) for n in self.extra["kept_chunks"])
+
 
 class ForwardFailed(WorkerAPIError, wire=ErrorCode.FORWARD_FAILED):
     """The forward failed; the worker closed the session, which now needs a reset."""

@@ -79,7 +79,7 @@ def test_rewind_posts_the_chunk_and_the_next_tick_is_that_chunk() -> None:
 
 
 def test_a_chunk_the_session_does_not_keep_is_a_typed_error_and_changes_nothing() -> None:
-    refusal = worker_errors.ChunkNotKept("session walk keeps chunks [5, 6, 7]; chunk 2 is not kept")
+    refusal = worker_errors.ChunkNotKept("chunk 2 is not kept; kept: [5, 6, 7]", kept_chunks=[5, 6, 7])
     assert (refusal.status, refusal.code) == (404, "chunk_not_kept")
     with (
         worker([(refusal.status, refusal.envelope())]) as server,
@@ -89,7 +89,8 @@ def test_a_chunk_the_session_does_not_keep_is_a_typed_error_and_changes_nothing(
             walk.rewind(2)
         assert walk.next_chunk_index == 8
     assert (raised.value.status, raised.value.code) == (404, "chunk_not_kept")
-    assert "[5, 6, 7]" in raised.value.message
+    assert raised.value.message == "chunk 2 is not kept; kept: [5, 6, 7]"
+    assert (raised.value.kept_chunks, raised.value.param) == ((5, 6, 7), "chunk")
     assert not raised.value.retryable
     assert len(server.requests) == 1  # final: not retried
 
