@@ -257,9 +257,11 @@ def build_session_status(
         "chunkIndex": record.chunk_index if record is not None else previous.get("chunkIndex", 0),
         "lastTickTime": rfc3339(record.last_tick_ms) if record and record.last_tick_ms else None,
         "playout": playout_status(obs),
-        # Issue 26: the chunks its worker keeps (what a fork or a rewind may name); removed when none.
-        "keptChunks": list(record.kept_chunks) if placed and record.kept_chunks else None,
     }
+    # Issue 26: the chunks its worker keeps (what a fork or a rewind may name); removed (null) once none.
+    kept = list(record.kept_chunks) if placed and record.kept_chunks else None
+    if kept is not None or "keptChunks" in previous:
+        status["keptChunks"] = kept
     # Where a Suspended session's export lies; removed (null) once it is not suspended any more.
     export = {"tier": None, "bytes": None, "suspendedChunk": None, "exportLocation": None}
     if suspended:

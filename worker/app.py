@@ -367,7 +367,7 @@ def create_app(service: WorkerService) -> FastAPI:
         rewind_session,
         methods=["POST"],
         response_model=RewindView,
-        responses=_errors(400, 401, 404, 409, 410, 421, 429, 503),
+        responses=_errors(400, 401, 404, 409, 410, 413, 421, 429, 503),
         summary="Put the session back at a kept chunk boundary",
         route_class_override=AuthenticatedTickRoute,
     )

@@ -217,7 +217,7 @@ async def test_a_fork_on_the_parents_pod_and_on_another_continues_bit_identicall
     byte for byte, under its own id; the parent keeps its chunk and ticks on. A fork of a chunk kept nowhere
     needs a reset. The kept endpoint refuses a wrong token and a chunk not kept."""
     a, b = workers
-    parent = await place(POD_A, keep=2)
+    parent = await place(POD_A, keep=3)
     expected = walk(a, parent, range(3))
     here = await place(POD_A, fork_from=kept_location(POD_A, parent, 3))
     there = await place(POD_B, fork_from=kept_location(POD_A, parent, 3))
@@ -229,16 +229,16 @@ async def test_a_fork_on_the_parents_pod_and_on_another_continues_bit_identicall
         assert (await store.get_session(POOL, fork)).chunk_index == 5
     assert metric(a, 'ardiff_session_resumes_total{source="fork"}') >= 1
     assert metric(b, 'ardiff_session_resumes_total{source="fork"}') >= 1
-    assert (await store.get_session(POOL, parent)).kept_chunks == (4, 5)
+    assert (await store.get_session(POOL, parent)).kept_chunks == (3, 4, 5)
 
     url = a.url + KEPT_PATH.format(session_id=parent, chunk=4)
     assert a.client.get(url, headers=a.headers("wrong")).status_code == 401
     gone = a.client.get(
-        a.url + KEPT_PATH.format(session_id=parent, chunk=3), headers=a.headers(TRANSFER_TOKEN)
+        a.url + KEPT_PATH.format(session_id=parent, chunk=2), headers=a.headers(TRANSFER_TOKEN)
     )
     assert (gone.status_code, gone.json()["error"]["code"]) == (404, "chunk_not_kept")
     assert len(a.client.get(url, headers=a.headers(TRANSFER_TOKEN)).content) > 1_000_000
 
-    orphan = await place(POD_B, fork_from=kept_location(POD_A, parent, 3))  # dropped since (K=2)
-    answer = b.tick(orphan, 3, token=TOKEN, controls=[WALK[0]])
+    orphan = await place(POD_B, fork_from=kept_location(POD_A, parent, 2))  # dropped since (K=3)
+    answer = b.tick(orphan, 2, token=TOKEN, controls=[WALK[2]])
     assert (answer.status_code, answer.json()["error"]["code"]) == (409, "reset_required"), answer.text

@@ -76,6 +76,7 @@ EXPECTED_OPERATIONS = {
     "POST /v1/sessions/{session_id}/ticks",
     "DELETE /v1/sessions/{session_id}",
     "POST /v1/sessions/{session_id}/reset",
+    "POST /v1/sessions/{session_id}/rewind",
     "GET /v1/sessions/{session_id}",
     "GET /v1/sessions",
     "GET /healthz",

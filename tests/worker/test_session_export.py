@@ -72,6 +72,17 @@ def test_a_fake_session_moves_to_another_runtime_with_its_book() -> None:
     np.testing.assert_array_equal(continued.frames, fake_frames(CONDITIONING, image, parsed))
 
 
+def test_an_export_imported_as_another_session_is_a_fork_of_it() -> None:
+    """Issue 26: `as_session` installs the export under the fork's id (the source stays), at the same chunk,
+    with no token hash and no cached chunk of the parent's; the fork's next chunk is the parent's next one."""
+    runtime = FakeRuntime(height=8, width=8, capacity=2)
+    book = ticked(runtime, "parent", 2)
+    forked = runtime.import_session(io.BytesIO(export(runtime, "parent", book)), as_session="child")
+    assert forked == SessionBook("child", next_chunk_index=2, ticks=2)
+    assert set(runtime.resident_sessions()) == {"parent", "child"}
+    np.testing.assert_array_equal(tick(runtime, "child", 2).frames, tick(runtime, "parent", 2).frames)
+
+
 def test_the_tensor_section_is_a_safetensors_document_written_part_by_part() -> None:
     calls: list[str] = []
 

@@ -280,6 +280,33 @@ async def error_after(ws: ClientConnection, message: str, code: str) -> dict[str
     return await error(ws, code)
 
 
+async def test_a_rewind_message_is_answered_rewound_and_a_chunk_not_kept_keeps_the_stream(
+    worker, store, place
+):
+    """Issue 26: `{"type": "rewind", "chunk": N}` puts a session that keeps 2 boundaries back at N (`rewound`,
+    the store's chunk index too), and the chunk generated again is the first one's; a chunk not kept and a bad
+    body are error messages on a stream that goes on."""
+    session = await place(history_keep_chunks=2)
+    async with open_stream(worker, session) as ws:
+        await ready(ws)
+        first = []
+        for index in range(3):
+            await ws.send(tick_message(index))
+            first.append(await chunk(ws))
+        await ws.send(json.dumps({"type": "rewind", "chunk": 1}))
+        assert (await error(ws, "chunk_not_kept"))["kept_chunks"] == [2, 3]
+        await ws.send(json.dumps({"type": "rewind", "chunk": "2"}))
+        assert (await error(ws, "invalid_tick"))["param"] == "chunk"
+        await ws.send(json.dumps({"type": "rewind", "chunk": 2}))
+        rewound = {"type": "rewound", "session": session, "chunk_index": 2, "kept_chunks": [2]}
+        assert await receive_json(ws) == rewound
+        assert (await store.get_session(POOL, session)).chunk_index == 2
+        await ws.send(tick_message(2))
+        message, images = await chunk(ws)
+        assert message["metadata"]["chunk_index"] == 2
+        assert images == first[2][1]
+
+
 async def test_a_tick_in_flight_over_http_makes_the_streams_tick_409(worker, place):
     session = await place()
     async with open_stream(worker, session) as ws:
