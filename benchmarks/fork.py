@@ -107,13 +107,14 @@ def measure_forks(size: int, redis_url: str, args: argparse.Namespace, model_cac
                 name=name, token_sha256=token_sha256(token), prompt=PROMPT, seed=SEED, **fields
             )
 
-        def first_chunk(name: str, prefer_pod: str, **fields: Any) -> tuple[float, str, Any]:
-            """(seconds from the placement to the first chunk, the pod, the chunk) of a new session."""
+        def first_chunk(name: str, prefer_pod: str, at: int, **fields: Any) -> tuple[float, str, Any]:
+            """(seconds from the placement to the first chunk, the pod, the chunk) of a new session whose
+            first chunk is `at`."""
             token = secrets.token_urlsafe(16)
             started = time.perf_counter()
             pod = place(spec(name, token, **fields), prefer_pod)
             with ardiff_client.SessionClient(name, urls[pod], token, retry_seconds=60) as session:
-                session.sync()
+                session.next_chunk_index = at
                 chunk = session.tick([CAMERA])
             latency = time.perf_counter() - started
             release(name, pod)
@@ -141,11 +142,11 @@ def measure_forks(size: int, redis_url: str, args: argparse.Namespace, model_cac
                         "fork-other-pod": ("b", {"fork_from": location}),
                     }
                     for arm, (prefer, fields) in arms.items():
-                        latency, pod, chunk = first_chunk(f"{arm}-{repeat}", prefer, **fields)
+                        first = 0 if arm == "fresh" else at
+                        latency, pod, chunk = first_chunk(f"{arm}-{repeat}", prefer, first, **fields)
                         latencies[arm].append(latency)
                         pods[arm].add(pod)
-                        expected = 0 if arm == "fresh" else at
-                        assert chunk.metadata.chunk_index == expected, (arm, chunk.metadata)
+                        assert chunk.metadata.chunk_index == first, (arm, chunk.metadata)
                         if arm != "fresh":
                             fork_frames.append(chunk.frames)
                 pulled = (
