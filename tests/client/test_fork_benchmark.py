@@ -18,12 +18,12 @@ ARMS = ("fresh", "fork-same-pod", "fork-other-pod")
 
 
 def table(lines: list[str], first: str) -> list[dict[str, str]]:
-    """The rows under the header line starting with `first` (up to the next blank line)."""
+    """The rows under the header line starting with `first` (up to the first line that is not one)."""
     start = next(i for i, line in enumerate(lines) if line.split()[:1] == [first])
     header = lines[start].split()
     rows = []
     for line in lines[start + 2 :]:
-        if not line.strip():
+        if len(line.split()) != len(header):
             break
         rows.append(dict(zip(header, line.split(), strict=True)))
     return rows
