@@ -221,7 +221,8 @@ def test_z_steps_back_a_kept_chunk_and_b_opens_a_fork_in_a_new_tab(
     """Issue 26: Z rewinds the session to the kept chunk before the one on screen (the page then plays on
     from there), Backspace too, and B forks it at the end of the chunk on screen, opening the child's page
     in a new tab that plays the child from that chunk."""
-    name = stack.session("branched", seed=14, keep_chunks=8)
+    # Kept as long as a pod start for the child takes: the parent ticks on meanwhile.
+    name = stack.session("branched", seed=14, keep_chunks=64)
     stack.sessions.wait_ready(name, timeout=60)
     viewer = Viewer(stack, name)
     tabs = set(browser.window_handles)
