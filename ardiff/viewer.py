@@ -119,6 +119,7 @@ class SessionViewer:
         self.secret = secret or secrets.token_urlsafe(SECRET_BYTES)
         self.origin: str | None = None
         self.forks: list[str] = []  # the sessions this run forked, oldest first (each served under s/{name}/)
+        self._forking = 0  # forks asked of the API and not answered yet (they count toward MAX_FORKS)
         self._pages: dict[web.WebSocketResponse, web.Request] = {}  # the pages' sockets, with their requests
 
     def app(self) -> web.Application:
@@ -182,15 +183,18 @@ class SessionViewer:
             chunk = None
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             return _refusal(400, "invalid_fork", 'the body must be {"chunk": N} with an integer N >= 1')
-        if len(self.forks) >= MAX_FORKS:
+        if len(self.forks) + self._forking >= MAX_FORKS:
             return _refusal(429, "too_many_forks", f"this viewer made its {MAX_FORKS} forks already")
         child = fork_name(parent, chunk)
+        self._forking += 1
         try:
             await asyncio.to_thread(self.sessions.fork, parent, child, chunk)
         except KubernetesError as exc:
             # The API's refusal (404 no parent, 422 invalid, 409 name taken) as it is; no answer: 502.
             status = exc.status if exc.status is not None and 400 <= exc.status < 500 else 502
             return _refusal(status, exc.code, exc.message)
+        finally:
+            self._forking -= 1
         self.forks.append(child)
         url = self.session_url(child)
         print(f"forked {parent} at chunk {chunk} as {child}: {self.origin}{url}", flush=True)

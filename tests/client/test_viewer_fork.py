@@ -5,7 +5,9 @@ aiohttp app on a local port, with a stand-in for the cluster that records the fo
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -140,6 +142,26 @@ async def test_forks_are_bounded_per_run(viewer: SessionViewer) -> None:
     status, answer = await post_fork(viewer, f"/{viewer.secret}/", {"chunk": 2})
     assert (status, answer["error"]["code"]) == (429, "too_many_forks")
     assert viewer.sessions.forks == []  # type: ignore[attr-defined]
+
+
+class SlowSessions(ForkingSessions):
+    def fork(self, parent: str, child: str, at: int | None = None) -> dict[str, Any]:
+        time.sleep(0.5)  # the API's answer under way while the next request comes
+        return super().fork(parent, child, at)
+
+
+async def test_forks_under_way_count_toward_the_bound() -> None:
+    served, runner = await running(SlowSessions())
+    served.forks.extend(f"f{n}" for n in range(MAX_FORKS - 1))
+    try:
+        answers = await asyncio.gather(
+            *(post_fork(served, f"/{served.secret}/", {"chunk": 2}) for _ in range(2))
+        )
+    finally:
+        await runner.cleanup()
+    assert sorted(status for status, _ in answers) == [200, 429]
+    assert len(served.forks) == MAX_FORKS
+    assert len(served.sessions.forks) == 1  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
