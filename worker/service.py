@@ -441,7 +441,6 @@ class WorkerService:
             self.metrics.history_dropped.inc()
         else:
             self.metrics.history_kept.inc()
-        self.metrics.history_bytes.set(self.exports.history.used_bytes)
         return self.exports.history.chunks(session_id)
 
     @staticmethod
@@ -580,7 +579,6 @@ class WorkerService:
                     failure = None
                     self.books[session_id] = dataclasses.replace(installed, token_sha256=book.token_sha256)
                     kept = history.drop_after(session_id, chunk)
-            self.metrics.history_bytes.set(history.used_bytes)
             if failure is not None:
                 await self.guard.mark_reset_required(session_id)
                 raise ResetRequired(
@@ -677,6 +675,7 @@ class WorkerService:
     def render_metrics(self) -> bytes:
         self._forget_released_playouts()
         playing = {session_id for session_id, book in self.books.items() if book.holds_slot}
+        self.metrics.history_bytes.set(self.exports.history.used_bytes)
         return self.metrics.render(
             self.runtime,
             admitted=self.books.admitted(),

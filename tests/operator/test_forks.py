@@ -18,12 +18,15 @@ from tests.operator.conftest import SIMULATED_PLACEMENT, Cluster
 pytestmark = pytest.mark.slow
 
 
-def simulated_pool(cluster: Cluster, name: str = "pool", replicas: int = 2) -> set[str]:
+def simulated_pool(cluster: Cluster, name: str = "pool", replicas: int = 2, capacity: int = 3) -> set[str]:
     cluster.create_pool(
         name,
         replicas={"min": replicas, "max": replicas},
         **SIMULATED_PLACEMENT,
-        env=[{"name": "ARDIFF_RUNTIME", "value": "fake"}, {"name": "ARDIFF_FAKE_CAPACITY", "value": "3"}],
+        env=[
+            {"name": "ARDIFF_RUNTIME", "value": "fake"},
+            {"name": "ARDIFF_FAKE_CAPACITY", "value": str(capacity)},
+        ],
     )
     return cluster.wait_pods(replicas, pool=name)
 
@@ -157,3 +160,30 @@ async def test_forks_that_cannot_start_fail_with_the_reason_and_a_warning(
         assert warnings[name]["type"] == "Warning"
         assert warnings[name]["message"].startswith(f"{reason}: "), warnings[name]["message"]
         assert words in warnings[name]["message"]
+
+
+async def test_a_fork_that_waited_for_a_slot_is_resolved_when_the_round_places_it(
+    cluster: Cluster, operator_process: OperatorProcess, store: PlacementStore
+) -> None:
+    """Admission found no slot (nothing evictable): the pool round that places the fork later resolves it
+    then, against the parent's kept chunks at that moment."""
+    pool = PoolId(cluster.namespace, "pool")
+    simulated_pool(cluster, replicas=1, capacity=2)
+    cluster.create_session("walk", evictionPolicy="Never", history={"keepChunks": 2})
+    cluster.create_session("filler", evictionPolicy="Never")
+    cluster.wait_phase("walk", "Ready")
+    cluster.wait_phase("filler", "Ready")
+    await keeping(store, pool, "walk", [2, 3])
+    cluster.create_session("walk-b", forkFrom={"session": "walk"})
+    cluster.wait_phase("walk-b", "Pending", reason="WaitingForCapacity")
+    assert await store.get_session(pool, "walk-b") is None
+    parent = await keeping(store, pool, "walk", [3, 4])  # the parent ticked on meanwhile
+    cluster.delete("ardiffusionsessions", "filler")
+    status = cluster.wait_phase("walk-b", "Ready")
+    child = await record_of(store, pool, "walk-b")
+    assert (status["pod"], child.fork_from, child.chunk_index, child.reset_required) == (
+        parent.pod,
+        kept_location(parent.pod, "walk", 4),
+        4,
+        False,
+    )
