@@ -3,20 +3,23 @@
 Two parts, so that a caller that already has an endpoint and a token needs no Kubernetes client:
 
 - `SessionClient` (httpx only) ticks one session on its worker: `POST /v1/sessions/{id}/ticks` with the
-  session's bearer token (docs/contracts.md §4). It keeps the next chunk index, follows a 421 `misdirected` to
-  the endpoint the worker names, decodes the raw frames (`FxHxWx3` uint8, shape in `ardiff-frame-shape`) and
-  turns every error envelope into a typed exception (`WorkerAPIError` subclasses, one per code, carrying the
-  HTTP status and the envelope's extras such as `expected_chunk_index`). A session whose KV is gone answers
+  session's bearer token (docs/contracts.md §4), and rewinds it to a kept chunk (`rewind(n)`, issue 26). It
+  keeps the next chunk index, follows a 421 `misdirected` to the endpoint the worker names, decodes the raw
+  frames (`FxHxWx3` uint8, shape in `ardiff-frame-shape`) and turns every error envelope into a typed
+  exception (`WorkerAPIError` subclasses, one per code, carrying the HTTP status and the envelope's extras
+  such as `expected_chunk_index`). A session whose KV is gone answers
   `ResetRequired`; only an explicit `reset()` starts it over — the client never resets on its own.
 - `KubeSessions` (the `kubernetes` package) handles the `ARDiffusionSession` resources: create, wait for
   `Ready`, read `status.endpoint` and the token Secret (`status.tokenSecretRef`), and `connect()` a
-  `SessionClient`; deleting the resource closes the session and frees its KV.
+  `SessionClient`; deleting the resource closes the session and frees its KV. `fork(parent, child, at=n)`
+  creates a session that starts at a kept chunk of another (`spec.forkFrom`, issue 26).
 
     sessions = KubeSessions("default")
-    sessions.create("walk", pool="tiny-world", prompt="a misty forest")
+    sessions.create("walk", pool="tiny-world", prompt="a misty forest", keep_chunks=16)
     with sessions.connect("walk") as walk:        # waits for Ready
         chunk = walk.tick([camera("w", "w", "wj")])
         chunk.frames.shape                         # (F, H, W, 3), uint8
+    sessions.fork("walk", "walk-b", at=12)        # walk's state before its chunk 12, as a new session
     sessions.delete("walk")
 
 `camera(...)` builds LingBot-World camera controls; `write_mp4()` writes frames as an H.264 MP4.
@@ -33,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypedDict, Unpack
 
 import httpx
 import numpy as np
@@ -164,6 +167,15 @@ class Rewound(WorkerAPIError, wire=ErrorCode.REWOUND):
     @property
     def expected_chunk_index(self) -> int:
         return int(self.extra["expected_chunk_index"])
+
+
+class ChunkNotKept(WorkerAPIError, wire=ErrorCode.CHUNK_NOT_KEPT):
+    """A rewind named a chunk the session does not keep (its message lists the kept ones; a session keeps
+    chunks only with `spec.history.keepChunks`, and never chunk 0: that is a `reset()`)."""
+
+    @property
+    def kept_chunks(self) -> tuple[int, ...]:
+        return tuple(int(n) for n in self.extra["kept_chunks"])
 
 
 class ForwardFailed(WorkerAPIError, wire=ErrorCode.FORWARD_FAILED):
@@ -385,6 +397,23 @@ class RobotChunk:
     latency_s: float
 
 
+@dataclass(frozen=True)
+class Rewind:
+    """A rewind's answer: the session, the chunk it generates next, and the chunks it keeps now."""
+
+    session: str
+    chunk_index: int
+    kept_chunks: tuple[int, ...]
+
+    @classmethod
+    def of_answer(cls, answer: Mapping[str, Any]) -> Rewind:
+        return cls(
+            session=str(answer["session"]),
+            chunk_index=int(answer["chunk_index"]),
+            kept_chunks=tuple(int(n) for n in answer["kept_chunks"]),
+        )
+
+
 @dataclass
 class SessionClient:
     """Ticks one session on its worker; needs only the endpoint and the session's token. An `https://`
@@ -532,6 +561,16 @@ class SessionClient:
         self.next_chunk_index = 0
         return view
 
+    def rewind(self, chunk: int) -> Rewind:
+        """Put the session back at its kept chunk `chunk` (its state after chunks 0..chunk-1): the next
+        tick is chunk `chunk`, and with the same controls it is the chunk generated before. Kept chunks after
+        it are dropped. `ChunkNotKept` when the session does not keep it."""
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"rewind chunk must be an integer >= 1 (0 is a reset()), got {chunk!r}")
+        rewind = Rewind.of_answer(self._request("POST", "/rewind", json_body={"chunk": chunk}).json())
+        self.next_chunk_index = rewind.chunk_index
+        return rewind
+
     def describe(self) -> dict[str, Any]:
         """The worker's view of the session: state, next chunk index, ticks, residency."""
         return self._request("GET", "").json()
@@ -559,6 +598,31 @@ class SessionEvent:
     message: str
     count: int
     time: datetime | None
+
+
+class SessionOptions(TypedDict, total=False):
+    """The optional fields of a session's spec (`KubeSessions.create` and `fork`); unset ones are the
+    defaults (a fork's: its parent's seed and image)."""
+
+    seed: int
+    priority: int
+    eviction_policy: str
+    idle_timeout_seconds: int
+    max_chunks: int
+    image: Mapping[str, Any]
+    keep_chunks: int  # the chunk boundaries its worker keeps (the last ones), to rewind to or fork from
+
+
+# Each option's place in the spec.
+OPTION_FIELDS: dict[str, tuple[str, ...]] = {
+    "seed": ("seed",),
+    "priority": ("priority",),
+    "eviction_policy": ("evictionPolicy",),
+    "idle_timeout_seconds": ("idleTimeoutSeconds",),
+    "max_chunks": ("maxChunks",),
+    "image": ("image",),
+    "keep_chunks": ("history", "keepChunks"),
+}
 
 
 class KubeSessions:
@@ -618,36 +682,55 @@ class KubeSessions:
             raise KubernetesError(f"{what}: cannot reach the Kubernetes API: {exc}") from None
 
     def create(
-        self,
-        name: str,
-        *,
-        pool: str,
-        prompt: str,
-        seed: int | None = None,
-        priority: int | None = None,
-        eviction_policy: str | None = None,
-        idle_timeout_seconds: int | None = None,
-        max_chunks: int | None = None,
-        image: Mapping[str, Any] | None = None,
+        self, name: str, *, pool: str, prompt: str, **options: Unpack[SessionOptions]
     ) -> dict[str, Any]:
-        """Create the session resource (the API server validates it: `InvalidSession` on a bad spec)."""
-        optional = {
-            "seed": seed,
-            "priority": priority,
-            "evictionPolicy": eviction_policy,
-            "idleTimeoutSeconds": idle_timeout_seconds,
-            "maxChunks": max_chunks,
-            "image": None if image is None else dict(image),
+        """Create the session resource with the `SessionOptions` given (the API server validates it:
+        `InvalidSession` on a bad spec)."""
+        return self._create(name, {"poolRef": pool, "prompt": prompt}, options)
+
+    def fork(
+        self,
+        parent: str,
+        child: str,
+        at: int | None = None,
+        *,
+        prompt: str | None = None,
+        **options: Unpack[SessionOptions],
+    ) -> dict[str, Any]:
+        """Create `child` at `parent`'s kept chunk `at` (its state after chunks 0..at-1; None: the parent's
+        latest kept chunk when the child is placed): its next chunk with the same controls is the parent's.
+        The child is in the parent's pool and family; the prompt, seed and image it is not given are the
+        parent's. The parent must keep the chunk (its `keep_chunks`), else the child ends `Failed`
+        (`ChunkNotKept`, `ForkSourceNotFound`, `ForkPoolMismatch`: `wait_ready` raises `SessionFailed`)."""
+        source = self.get(parent).get("spec") or {}
+        spec: dict[str, Any] = {
+            "poolRef": source["poolRef"],
+            "forkFrom": {"session": parent, **({} if at is None else {"chunk": at})},
         }
+        if source.get("family") is not None:
+            spec["family"] = source["family"]
+        if prompt is not None:
+            spec["prompt"] = prompt
+        return self._create(child, spec, options)
+
+    def _create(self, name: str, spec: Mapping[str, Any], options: SessionOptions) -> dict[str, Any]:
+        """Create the resource with `spec` and the `options` given, as their spec fields."""
+        unknown = set(options) - set(OPTION_FIELDS)
+        if unknown:
+            raise TypeError(f"unknown session options {sorted(unknown)}; known: {sorted(OPTION_FIELDS)}")
+        fields: dict[str, Any] = {}
+        for option, value in options.items():
+            if value is not None:
+                path = OPTION_FIELDS[option]
+                leaf = fields
+                for part in path[:-1]:
+                    leaf = leaf.setdefault(part, {})
+                leaf[path[-1]] = dict(value) if isinstance(value, Mapping) else value
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "ARDiffusionSession",
             "metadata": {"name": name},
-            "spec": {
-                "poolRef": pool,
-                "prompt": prompt,
-                **{k: v for k, v in optional.items() if v is not None},
-            },
+            "spec": {**spec, **fields},
         }
         return self._call(
             f"create session {name}",

@@ -14,8 +14,13 @@ run (another local user, or a web page probing `localhost`, cannot guess it), an
 request is addressed to the viewer's own origin (its `Host` and, on the socket, the `Origin` a browser always
 sends: a page of another origin, a DNS-rebound name among them, cannot open the stream and steer the session).
 
-Messages from the page are forwarded as they are (the worker validates them); a superseded stream (the session
-opened elsewhere) or a closed session ends the proxying.
+Messages from the page are forwarded as they are (the worker validates them: ticks, and `rewind` for the
+page's step back); a superseded stream (the session opened elsewhere) or a closed session ends the proxying.
+
+Branching (issue 26): the page's `POST fork {"chunk": N}` creates a fork of its session at kept chunk N
+(`KubeSessions.fork`, a new name made here) and answers the child's page, `/{secret}/s/{child}/`, which the
+page opens in a new tab; it is served like the first (a fork's page can fork again). Only the session named
+on the command line and the forks this run made are served (at most `MAX_FORKS` of them).
 """
 
 from __future__ import annotations
@@ -34,9 +39,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from ardiff.client import KubeSessions, SessionNotFound, is_ready
+from ardiff.client import KubernetesError, KubeSessions, SessionNotFound, is_ready
 from ardiff.player import PlayoutTarget
-from ardiff.wire import CLOSE_MISDIRECTED, CLOSE_NORMAL, CLOSE_SUPERSEDED
+from ardiff.wire import CLOSE_MISDIRECTED, CLOSE_NORMAL, CLOSE_SUPERSEDED, JSON
 from ardiff.worker.net import url_host
 
 log = logging.getLogger(__name__)
@@ -49,6 +54,10 @@ SECRET_BYTES = 16  # the per-run path's randomness: 128 bits, not guessable by a
 # reading, waits at most CLOSE_SECONDS before the connection is dropped; handlers get SHUTDOWN_SECONDS to end.
 CLOSE_SECONDS = 1.0
 SHUTDOWN_SECONDS = 3.0
+MAX_FORKS = 64  # sessions one run of the viewer may create (each takes a runner slot of the pool)
+MAX_FORK_BODY_BYTES = 1024
+FORK_SUFFIX_BYTES = 2  # a fork's name: `{parent}-b{chunk}-{4 hex digits}`, cut to a DNS label's 63
+MAX_NAME_LENGTH = 63
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,12 @@ def page(session: str) -> str:
     """The page; it opens its stream relative to its own URL (`stream`, under the same secret path)."""
     html = importlib.resources.files("ardiff").joinpath("viewer.html").read_text()
     return html.replace("__SESSION__", session)
+
+
+def fork_name(parent: str, chunk: int) -> str:
+    """A new session name for a fork of `parent` at `chunk`: a DNS label of at most 63 characters."""
+    suffix = f"-b{chunk}-{secrets.token_hex(FORK_SUFFIX_BYTES)}"
+    return parent[: MAX_NAME_LENGTH - len(suffix)].rstrip("-") + suffix
 
 
 def origin_of(host: str, port: int) -> str:
@@ -103,14 +118,22 @@ class SessionViewer:
         self.sessions = sessions
         self.secret = secret or secrets.token_urlsafe(SECRET_BYTES)
         self.origin: str | None = None
+        self.forks: list[str] = []  # the sessions this run forked, oldest first (each served under s/{name}/)
+        self._forking = 0  # forks asked of the API and not answered yet (they count toward MAX_FORKS)
         self._pages: dict[web.WebSocketResponse, web.Request] = {}  # the pages' sockets, with their requests
 
     def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get(f"/{self.secret}/", self._page)
-        app.router.add_get(f"/{self.secret}/stream", self._stream)
+        app = web.Application(client_max_size=MAX_FORK_BODY_BYTES)
+        for base in (f"/{self.secret}/", f"/{self.secret}/s/{{session}}/"):
+            app.router.add_get(base, self._page)
+            app.router.add_get(f"{base}stream", self._stream)
+            app.router.add_post(f"{base}fork", self._fork)
         app.on_shutdown.append(self._close_pages)
         return app
+
+    def session_url(self, session: str) -> str:
+        """The path of a session's page: the first one's, or a fork's."""
+        return f"/{self.secret}/" if session == self.settings.session else f"/{self.secret}/s/{session}/"
 
     def runner(self) -> web.AppRunner:
         """The app's runner, with the shutdown bound (`SHUTDOWN_SECONDS`) that `serve` uses."""
@@ -138,22 +161,58 @@ class SessionViewer:
         that does not read (its send buffer full) or answer the close is dropped after `CLOSE_SECONDS`."""
         await asyncio.gather(*(_close_page(page, request) for page, request in list(self._pages.items())))
 
+    def _session(self, request: web.Request) -> str:
+        """The session a request is for: the first one, or a fork this run made (else 404)."""
+        session = request.match_info.get("session", self.settings.session)
+        if session != self.settings.session and session not in self.forks:
+            message = f"the viewer serves {self.settings.session} and its forks only"
+            raise web.HTTPNotFound(text=_error_json("unknown_session", message), content_type=JSON)
+        return session
+
     async def _page(self, request: web.Request) -> web.Response:
         self._refuse_foreign(request, origin_required=False)  # a navigation sends no Origin
-        return web.Response(text=page(self.settings.session), content_type="text/html")
+        return web.Response(text=page(self._session(request)), content_type="text/html")
 
-    async def _status(self) -> dict[str, Any]:
-        return await asyncio.to_thread(self.sessions.status, self.settings.session)
+    async def _fork(self, request: web.Request) -> web.Response:
+        """`POST fork {"chunk": N}`: a fork of the page's session at its kept chunk N; the child's page."""
+        self._refuse_foreign(request, origin_required=True)  # a browser's POST always sends Origin
+        parent = self._session(request)
+        try:
+            chunk = json.loads(await request.text())["chunk"]
+        except (ValueError, KeyError, TypeError):
+            chunk = None
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            return _refusal(400, "invalid_fork", 'the body must be {"chunk": N} with an integer N >= 1')
+        if len(self.forks) + self._forking >= MAX_FORKS:
+            return _refusal(429, "too_many_forks", f"this viewer made its {MAX_FORKS} forks already")
+        child = fork_name(parent, chunk)
+        self._forking += 1
+        try:
+            await asyncio.to_thread(self.sessions.fork, parent, child, chunk)
+        except KubernetesError as exc:
+            # The API's refusal (404 no parent, 422 invalid, 409 name taken) as it is; no answer: 502.
+            status = exc.status if exc.status is not None and 400 <= exc.status < 500 else 502
+            return _refusal(status, exc.code, exc.message)
+        finally:
+            self._forking -= 1
+        self.forks.append(child)
+        url = self.session_url(child)
+        print(f"forked {parent} at chunk {chunk} as {child}: {self.origin}{url}", flush=True)
+        return web.json_response({"session": child, "chunk": chunk, "url": url})
+
+    async def _status(self, session: str) -> dict[str, Any]:
+        return await asyncio.to_thread(self.sessions.status, session)
 
     async def _stream(self, request: web.Request) -> web.WebSocketResponse:
         self._refuse_foreign(request, origin_required=True)
+        session = self._session(request)
         browser = web.WebSocketResponse(max_msg_size=MAX_PAGE_MESSAGE_BYTES, timeout=CLOSE_SECONDS)
         await browser.prepare(request)
         self._pages[browser] = request
-        phases = asyncio.create_task(self._report_phase(browser))
+        phases = asyncio.create_task(self._report_phase(browser, session))
         try:
             async with aiohttp.ClientSession() as http:
-                await self._proxy(browser, http)
+                await self._proxy(browser, http, session)
         except SessionNotFound as exc:
             await _send(browser, {"type": "error", "error": {"code": exc.code, "message": exc.message}})
         finally:
@@ -164,12 +223,12 @@ class SessionViewer:
             await browser.close()
         return browser
 
-    async def _report_phase(self, browser: web.WebSocketResponse) -> None:
+    async def _report_phase(self, browser: web.WebSocketResponse, session: str) -> None:
         """The session's phase (and why) whenever it changes, polled from its status."""
         last: tuple[Any, ...] | None = None
         while not browser.closed:
             try:
-                status = await self._status()
+                status = await self._status(session)
             except Exception as exc:  # the API away for a moment: say so, keep polling
                 status = {"phase": "Unknown", "reason": type(exc).__name__}
             now = (status.get("phase"), status.get("reason"), status.get("pod"))
@@ -178,18 +237,18 @@ class SessionViewer:
                 await _send(browser, {"type": "phase", "phase": now[0], "reason": now[1], "pod": now[2]})
             await asyncio.sleep(PHASE_POLL_SECONDS)
 
-    async def _proxy(self, browser: web.WebSocketResponse, http: aiohttp.ClientSession) -> None:
+    async def _proxy(self, browser: web.WebSocketResponse, http: aiohttp.ClientSession, session: str) -> None:
         endpoint: str | None = None
         while not browser.closed:
-            status = await self._wait_ready(browser)
+            status = await self._wait_ready(browser, session)
             if status is None:
                 return
-            token = await asyncio.to_thread(self.sessions.token, self.settings.session, status)
+            token = await asyncio.to_thread(self.sessions.token, session, status)
             base = (endpoint or status["endpoint"]).rstrip("/")
-            url = stream_url(base, self.settings.session, self.settings.frame_format)
+            url = stream_url(base, session, self.settings.frame_format)
             auth = {"Authorization": f"Bearer {token}"}
             try:
-                await self._send_playout(browser, http, f"{base}/v1/sessions/{self.settings.session}", auth)
+                await self._send_playout(browser, http, f"{base}/v1/sessions/{session}", auth)
                 async with http.ws_connect(url, headers=auth, max_msg_size=0) as worker:
                     closed = await self._pump(browser, worker)
             except aiohttp.ClientError as exc:
@@ -213,9 +272,9 @@ class SessionViewer:
         target = PlayoutTarget.of_view(view)
         await _send(browser, {"type": "playout", "fps": target.fps, "buffer_chunks": target.buffer_chunks})
 
-    async def _wait_ready(self, browser: web.WebSocketResponse) -> dict[str, Any] | None:
+    async def _wait_ready(self, browser: web.WebSocketResponse, session: str) -> dict[str, Any] | None:
         while not browser.closed:
-            status = await self._status()
+            status = await self._status(session)
             if is_ready(status):
                 return status
             if status.get("phase") in ("Failed", "Expired"):
@@ -279,6 +338,14 @@ async def _close_page(browser: web.WebSocketResponse, request: web.Request) -> N
         # Aborted, not closed: a transport's close waits until a page that stopped reading took its buffer.
         if request.transport is not None:
             request.transport.abort()
+
+
+def _error_json(code: str, message: str) -> str:
+    return json.dumps({"error": {"code": code, "message": message}})
+
+
+def _refusal(status: int, code: str, message: str) -> web.Response:
+    return web.Response(status=status, text=_error_json(code, message), content_type=JSON)
 
 
 async def _send(browser: web.WebSocketResponse, message: dict[str, Any]) -> None:

@@ -46,6 +46,7 @@ def worker_error_instances() -> list[worker_errors.WorkerError]:
         "MaxChunksReached": {"max_chunks": 100},
         "Misdirected": {"endpoint": "http://10.0.0.7:8000"},
         "Rewound": {"expected_chunk_index": 4},
+        "ChunkNotKept": {"kept_chunks": [3, 4]},
     }
     found = []
     for cls in worker_errors.WorkerError.__subclasses__():
@@ -61,7 +62,7 @@ def answer(error: worker_errors.WorkerError) -> httpx.Response:
 
 def test_the_client_knows_every_code_of_the_contract_with_its_status() -> None:
     codes = contract_codes()
-    assert len(codes) == 18
+    assert len(codes) == 19
     assert {code: cls.status for code, cls in client.ERRORS_BY_CODE.items()} == codes
 
 

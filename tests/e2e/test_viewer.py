@@ -213,3 +213,57 @@ def test_an_unknown_session_is_a_clear_cli_error(stack: Stack) -> None:
     assert result.returncode == 1
     assert "error: session_not_found" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_z_steps_back_a_kept_chunk_and_b_opens_a_fork_in_a_new_tab(
+    stack: Stack, browser: webdriver.Chrome
+) -> None:
+    """Issue 26: Z rewinds the session to the kept chunk before the one on screen (the page then plays on
+    from there), Backspace too, and B forks it at the end of the chunk on screen, opening the child's page
+    in a new tab that plays the child from that chunk."""
+    # Kept as long as a pod start for the child takes: the parent ticks on meanwhile.
+    name = stack.session("branched", seed=14, keep_chunks=64)
+    stack.sessions.wait_ready(name, timeout=60)
+    viewer = Viewer(stack, name)
+    tabs = set(browser.window_handles)
+    try:
+        browser.get(viewer.url)
+        wait_until(lambda: page_log(browser)["shown"] >= 4 * 12, timeout=60, what="four chunks shown")
+        ActionChains(browser).send_keys("z").perform()
+        rewind = wait_until(lambda: page_log(browser)["rewinds"][:1], timeout=20, what="a rewind")[0]
+        target = rewind["chunk_index"]
+        assert target >= 2
+        assert target in rewind["kept_chunks"]
+        assert max(rewind["kept_chunks"]) == target  # the later ones dropped
+        count = len(page_log(browser)["chunks"])
+        wait_until(lambda: len(page_log(browser)["chunks"]) > count + 1, timeout=30, what="chunks after it")
+        assert [c["chunk_index"] for c in page_log(browser)["chunks"][count:][:2]] == [target, target + 1]
+        ActionChains(browser).send_keys(Keys.BACKSPACE).perform()
+        wait_until(lambda: len(page_log(browser)["rewinds"]) == 2, timeout=20, what="a second rewind")
+        assert 1 <= page_log(browser)["rewinds"][1]["chunk_index"] <= target + 1
+        assert browser.current_url == viewer.url  # Backspace did not navigate away
+
+        ActionChains(browser).send_keys("b").perform()
+        fork = wait_until(lambda: page_log(browser)["forks"][:1], timeout=20, what="a fork")[0]
+        child, at = fork["session"], fork["chunk"]
+        stack.created.append(child)
+        assert child.startswith(f"{name}-b{at}-")
+        assert stack.sessions.get(child)["spec"]["forkFrom"] == {"session": name, "chunk": at}
+        new_tabs = wait_until(
+            lambda: set(browser.window_handles) - tabs - {browser.current_window_handle},
+            timeout=10,
+            what="the child's tab",
+        )
+        parent_tab = browser.current_window_handle
+        browser.switch_to.window(new_tabs.pop())
+        try:
+            wait_until(lambda: browser.current_url == fork["url"], timeout=10, what="the child's page")
+            assert f"session {child}" in browser.find_element(By.TAG_NAME, "h1").text
+            wait_until(lambda: page_log(browser)["chunks"][:1], timeout=90, what="the child's first chunk")
+            assert page_log(browser)["chunks"][0]["chunk_index"] == at  # it starts at the fork's chunk
+            assert page_log(browser)["chunks"][0]["frames"] == 12
+        finally:
+            browser.close()
+            browser.switch_to.window(parent_tab)
+    finally:
+        viewer.stop()
