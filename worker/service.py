@@ -628,6 +628,8 @@ class WorkerService:
         view = self._describe(session_id, book, record)
         if record is not None and record.reset_required and book is None:
             view["state"] = SessionStatus.RESET_REQUIRED.value
+        elif record is not None and record.resume_from and book is None:
+            view["next_chunk_index"] = record.chunk_index  # imported on its first tick, continued there
         return view
 
     def _describe(
