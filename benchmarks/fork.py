@@ -16,8 +16,10 @@ Each arm's session is released after its tick (its slot freed before the next ar
 are checked bit-identical to each other and to the parent's own next chunk with the same controls (the
 parent, untouched, ticks it last). Bytes: A's history memory per kept chunk (`ardiff_worker_history_bytes` /
 chunks kept), and what B pulled per other-pod fork (`ardiff_session_transfer_bytes_total{direction="in"}`);
-a fork's runner state is a full copy of its parent's (no shared blocks), so each fork on a pod costs a
-session's KV like any session. `--smoke`: one 64x64 run, one repeat, 2 chunks (the test's).
+a fork on the parent's pod holds the parent's KV blocks (worker/block_share.py): the blocks each arm took on
+its pod by its first chunk (`ardiff_kv_free_blocks` before and after) and those shared then
+(`ardiff_kv_shared_blocks`) are reported beside the full copy the other-pod fork made. `--smoke`: one 64x64
+run, one repeat, 2 chunks (the test's).
 
     .venv/bin/python benchmarks/fork.py [--resolutions 64 128] [--repeats 5] [--chunks 4] [--keep 4]
 """
@@ -37,7 +39,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from continuity import CAMERA, launch_worker, metric, wait_ready
+from continuity import CAMERA, metric
+from worker_process import WorkerProcess
 
 ARMS = ("fresh", "fork-same-pod", "fork-other-pod")
 PROMPT, SEED = "a walk through a quiet village", 7
@@ -77,9 +80,8 @@ def measure_forks(size: int, redis_url: str, args: argparse.Namespace, model_cac
             "ARDIFF_WIDTH": str(size),
             "ARDIFF_TRANSFER_TOKEN": transfer_token,
         }
-        logs = {pod: Path(workdir) / f"{pod}.log" for pod in ("a", "b")}
-        workers = {pod: launch_worker({**env, "ARDIFF_POD_NAME": pod}, logs[pod]) for pod in ("a", "b")}
-        urls = {pod: url for pod, (_, url) in workers.items()}
+        workers = [WorkerProcess.start(pod, env, Path(workdir)) for pod in ("a", "b")]
+        urls = {worker.pod: worker.url for worker in workers}
 
         def place(spec: SessionSpec, prefer_pod: str) -> str:
             async def call() -> str:
@@ -107,22 +109,28 @@ def measure_forks(size: int, redis_url: str, args: argparse.Namespace, model_cac
                 name=name, token_sha256=token_sha256(token), prompt=PROMPT, seed=SEED, **fields
             )
 
-        def first_chunk(name: str, prefer_pod: str, at: int, **fields: Any) -> tuple[float, str, Any]:
-            """(seconds from the placement to the first chunk, the pod, the chunk) of a new session whose
+        def first_chunk(
+            name: str, prefer_pod: str, at: int, **fields: Any
+        ) -> tuple[float, str, Any, int, int]:
+            """(seconds from the placement to the first chunk, the pod, the chunk, the KV blocks the session
+            took on its pod by then, the pod's blocks held by more than one session) of a new session whose
             first chunk is `at`."""
             token = secrets.token_urlsafe(16)
+            free_before = metric(urls[prefer_pod], "ardiff_kv_free_blocks")
             started = time.perf_counter()
             pod = place(spec(name, token, **fields), prefer_pod)
             with ardiff_client.SessionClient(name, urls[pod], token, retry_seconds=60) as session:
                 session.next_chunk_index = at
                 chunk = session.tick([CAMERA])
             latency = time.perf_counter() - started
+            taken = int(free_before - metric(urls[pod], "ardiff_kv_free_blocks"))
+            shared = int(metric(urls[pod], "ardiff_kv_shared_blocks"))
             release(name, pod)
-            return latency, pod, chunk
+            return latency, pod, chunk, taken, shared
 
         try:
-            for pod, (process, url) in workers.items():
-                wait_ready(url, process, logs[pod])
+            for worker in workers:
+                worker.wait_ready(600)
             parent_token = secrets.token_urlsafe(16)
             assert place(spec("parent", parent_token, history_keep_chunks=args.keep), "a") == "a"
             with ardiff_client.SessionClient("parent", urls["a"], parent_token) as parent:
@@ -133,6 +141,8 @@ def measure_forks(size: int, redis_url: str, args: argparse.Namespace, model_cac
                 history_bytes = metric(urls["a"], "ardiff_worker_history_bytes")
                 pulled_before = metric(urls["b"], 'ardiff_session_transfer_bytes_total{direction="in"}')
                 latencies: dict[str, list[float]] = {arm: [] for arm in ARMS}
+                blocks: dict[str, list[int]] = {arm: [] for arm in ARMS}
+                shared: dict[str, list[int]] = {arm: [] for arm in ARMS}
                 pods: dict[str, set[str]] = {arm: set() for arm in ARMS}
                 fork_frames = []
                 for repeat in range(args.repeats):
@@ -143,8 +153,12 @@ def measure_forks(size: int, redis_url: str, args: argparse.Namespace, model_cac
                     }
                     for arm, (prefer, fields) in arms.items():
                         first = 0 if arm == "fresh" else at
-                        latency, pod, chunk = first_chunk(f"{arm}-{repeat}", prefer, first, **fields)
+                        latency, pod, chunk, taken, held = first_chunk(
+                            f"{arm}-{repeat}", prefer, first, **fields
+                        )
                         latencies[arm].append(latency)
+                        blocks[arm].append(taken)
+                        shared[arm].append(held)
                         pods[arm].add(pod)
                         assert chunk.metadata.chunk_index == first, (arm, chunk.metadata)
                         if arm != "fresh":
@@ -161,33 +175,43 @@ def measure_forks(size: int, redis_url: str, args: argparse.Namespace, model_cac
                 "at": at,
                 "kept": kept,
                 "first_chunk_s": {arm: statistics.median(values) for arm, values in latencies.items()},
+                "kv_blocks_after_first_chunk": {arm: statistics.median(v) for arm, v in blocks.items()},
+                "kv_blocks_shared": {arm: statistics.median(v) for arm, v in shared.items()},
                 "bytes_per_kept_chunk": history_bytes / kept,
                 "bytes_per_other_pod_fork": pulled / args.repeats,
                 "parent_tick_s": statistics.median(ticks[1:] or ticks),
                 "identical": identical,
             }
         finally:
-            for process, _ in workers.values():
-                process.terminate()
-            for process, _ in workers.values():
-                process.wait(timeout=60)
+            for worker in workers:
+                worker.stop()
 
 
 def print_tables(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(
         f"\nfirst chunk from the placement (median of {args.repeats}; the parent ticked {args.chunks} "
-        f"chunks, keeping {args.keep}; one torch thread per worker)"
+        f"chunks, keeping {args.keep}; one torch thread per worker); kv_blocks: the paged KV blocks the "
+        "session took on its pod by its first chunk, shared_blocks: the pod's blocks two sessions held then, "
+        "vs_copy: kv_blocks against the fork pulled to the other pod (a full copy)"
     )
-    header = f"{'arm':<15} {'size':>5} {'chunk':>6} {'first_chunk_ms':>15} {'vs_fresh':>9}"
+    header = (
+        f"{'arm':<15} {'size':>5} {'chunk':>6} {'first_chunk_ms':>15} {'vs_fresh':>9} {'kv_blocks':>10} "
+        f"{'shared_blocks':>14} {'vs_copy':>8}"
+    )
     print(header)
     print("-" * len(header))
     for r in results:
         fresh = r["first_chunk_s"]["fresh"]
+        copy = r["kv_blocks_after_first_chunk"]["fork-other-pod"] or 1
         for arm in ARMS:
             seconds = r["first_chunk_s"][arm]
             chunk = 0 if arm == "fresh" else r["at"]
-            print(f"{arm:<15} {r['size']:>5} {chunk:>6} {seconds * 1000:>15.1f} {seconds / fresh:>9.2f}")
-    print("\nbytes (a fork's runner state is a full copy: no shared blocks)")
+            taken = r["kv_blocks_after_first_chunk"][arm]
+            print(
+                f"{arm:<15} {r['size']:>5} {chunk:>6} {seconds * 1000:>15.1f} {seconds / fresh:>9.2f} "
+                f"{taken:>10.0f} {r['kv_blocks_shared'][arm]:>14.0f} {taken / copy:>8.2f}"
+            )
+    print("\nbytes (kept chunks: full exports in the pod's memory; a fork pulled to another pod moves one)")
     header = (
         f"{'size':>5} {'kept':>5} {'bytes_per_kept_chunk':>21} {'bytes_per_other_pod_fork':>25} "
         f"{'parent_tick_ms':>15} {'forks_identical':>16}"

@@ -46,6 +46,11 @@ def test_the_fork_benchmark_smoke_run_reports_its_three_arms_and_the_bytes() -> 
     assert [int(arms[arm]["chunk"]) for arm in ARMS] == [0, 2, 2]  # the forks start at the kept chunk 2
     assert all(float(row["first_chunk_ms"]) > 0 for row in arms.values())
     assert float(arms["fresh"]["vs_fresh"]) == 1.0
+    # the fork on the parent's pod holds the parent's blocks: it took fewer than the full copy on the other
+    # pod, which shares none
+    assert int(arms["fork-same-pod"]["shared_blocks"]) > 0
+    assert int(arms["fork-other-pod"]["shared_blocks"]) == 0
+    assert int(arms["fork-same-pod"]["kv_blocks"]) < int(arms["fork-other-pod"]["kv_blocks"])
     (sizes,) = table(lines, "size")
     assert (sizes["size"], sizes["kept"], sizes["forks_identical"]) == ("64", "2", "yes")
     # A kept 64x64 chunk is a whole export (~4 MB: KV, decoder, book); the other pod pulls one per fork.
