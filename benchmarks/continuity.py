@@ -313,26 +313,20 @@ def measure_migration(
     from ardiff.kv.records import PoolId, SessionSpec, SessionState, token_sha256
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from worker_process import WorkerProcess
+    from worker_process import WorkerProcess, pool_worker_env
 
     pool = PoolId("bench", f"mig-{size}")
     token, session = "bench-token", f"walk-{size}"
     with tempfile.TemporaryDirectory(prefix="ardiff-bench-mig-") as workdir:
-        env = {
-            **os.environ,
-            "OMP_NUM_THREADS": str(args.threads),
-            "HF_HUB_OFFLINE": "1",
-            "ARDIFF_HOST": "127.0.0.1",
-            "ARDIFF_POD_IP": "127.0.0.1",
-            "ARDIFF_REDIS_URL": redis_url,
-            "ARDIFF_NAMESPACE": pool.namespace,
-            "ARDIFF_POOL": pool.name,
-            "ARDIFF_MODEL_CACHE": model_cache,
-            "ARDIFF_HEIGHT": str(size),
-            "ARDIFF_WIDTH": str(size),
-            "ARDIFF_SUSPEND_DIR": str(Path(workdir) / "tier"),
-            "ARDIFF_TRANSFER_TOKEN": secrets.token_urlsafe(32),
-        }
+        env = pool_worker_env(
+            redis_url,
+            pool,
+            size=size,
+            threads=args.threads,
+            ARDIFF_MODEL_CACHE=model_cache,
+            ARDIFF_SUSPEND_DIR=str(Path(workdir) / "tier"),
+            ARDIFF_TRANSFER_TOKEN=secrets.token_urlsafe(32),
+        )
         workers = [WorkerProcess.start(pod, env, Path(workdir)) for pod in ("a", "b")]
         try:
             for worker in workers:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import secrets
 import statistics
 import sys
@@ -40,7 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from continuity import CAMERA, metric
-from worker_process import WorkerProcess
+from worker_process import WorkerProcess, pool_worker_env
 
 ARMS = ("fresh", "fork-same-pod", "fork-other-pod")
 PROMPT, SEED = "a walk through a quiet village", 7
@@ -66,20 +65,14 @@ def measure_forks(size: int, redis_url: str, args: argparse.Namespace, model_cac
     pool = PoolId("bench", f"fork-{size}")
     transfer_token = secrets.token_urlsafe(32)
     with tempfile.TemporaryDirectory(prefix="ardiff-bench-fork-") as workdir:
-        env = {
-            **os.environ,
-            "OMP_NUM_THREADS": str(args.threads),
-            "HF_HUB_OFFLINE": "1",
-            "ARDIFF_HOST": "127.0.0.1",
-            "ARDIFF_POD_IP": "127.0.0.1",
-            "ARDIFF_REDIS_URL": redis_url,
-            "ARDIFF_NAMESPACE": pool.namespace,
-            "ARDIFF_POOL": pool.name,
-            "ARDIFF_MODEL_CACHE": model_cache,
-            "ARDIFF_HEIGHT": str(size),
-            "ARDIFF_WIDTH": str(size),
-            "ARDIFF_TRANSFER_TOKEN": transfer_token,
-        }
+        env = pool_worker_env(
+            redis_url,
+            pool,
+            size=size,
+            threads=args.threads,
+            ARDIFF_MODEL_CACHE=model_cache,
+            ARDIFF_TRANSFER_TOKEN=transfer_token,
+        )
         workers = [WorkerProcess.start(pod, env, Path(workdir)) for pod in ("a", "b")]
         urls = {worker.pod: worker.url for worker in workers}
 

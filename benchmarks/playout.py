@@ -42,7 +42,6 @@ import argparse
 import asyncio
 import hashlib
 import math
-import os
 import statistics
 import sys
 import tempfile
@@ -62,7 +61,7 @@ from ardiff.kv.records import PoolId, SessionSpec
 from ardiff.player import Player, PlayoutFigures
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from worker_process import WorkerProcess
+from worker_process import WorkerProcess, pool_worker_env
 
 FRAMES_PER_CHUNK = 12  # LingBot-World's chunks after the first (9 frames)
 GOOD_CPR = 0.95
@@ -100,34 +99,23 @@ def trace(load: float, args: argparse.Namespace, tick_s: float, seed: int) -> li
 def worker_env(
     arm: Arm, pool: PoolId, redis_url: str, args: argparse.Namespace, real: bool
 ) -> dict[str, str]:
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "ARDIFF_HOST": "127.0.0.1",
-        "ARDIFF_POD_IP": "127.0.0.1",
-        "ARDIFF_REDIS_URL": redis_url,
-        "ARDIFF_NAMESPACE": pool.namespace,
-        "ARDIFF_POOL": pool.name,
+    arm_settings = {
         "ARDIFF_TICK_ORDER": arm.tick_order,
         "ARDIFF_COMPUTE_UTILISATION": str(arm.utilisation),
         "ARDIFF_PLAYOUT_FPS": str(args.fps),
     }
-    if real:
-        return {
-            **env,
-            "ARDIFF_HEIGHT": "64",
-            "ARDIFF_WIDTH": "64",
-        }  # the runner's KV slots: the tiny model's 2
-    return {
-        **env,
-        "ARDIFF_RUNTIME": "fake",
-        "ARDIFF_HEIGHT": str(args.size),
-        "ARDIFF_WIDTH": str(args.size),
-        "ARDIFF_FAKE_CAPACITY": str(args.capacity),
-        "ARDIFF_FAKE_TICK_SECONDS": str(args.tick_ms / 1000),
-        "ARDIFF_FAKE_TICK_SPREAD": str(args.tick_sigma),
-    }
+    if real:  # the runner's KV slots: the tiny model's 2
+        return pool_worker_env(redis_url, pool, size=64, **arm_settings)
+    return pool_worker_env(
+        redis_url,
+        pool,
+        size=args.size,
+        **arm_settings,
+        ARDIFF_RUNTIME="fake",
+        ARDIFF_FAKE_CAPACITY=str(args.capacity),
+        ARDIFF_FAKE_TICK_SECONDS=str(args.tick_ms / 1000),
+        ARDIFF_FAKE_TICK_SPREAD=str(args.tick_sigma),
+    )
 
 
 # ------------------------------------------------------------------------------------------- one arm

@@ -1,9 +1,10 @@
-"""A real worker process for the benchmarks (`ardiff worker serve` on a free loopback port): started with
-the environment a benchmark gives it, waited for until `/readyz` answers, stopped. A worker that exits or is
-not ready in time ends the benchmark with its log's tail."""
+"""A real worker process for the benchmarks (`ardiff worker serve` on a free loopback port): the environment
+of a pool's worker on loopback, started, waited for until `/readyz` answers, stopped. A worker that exits or
+is not ready in time ends the benchmark with its log's tail."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -13,6 +14,27 @@ from pathlib import Path
 import httpx
 
 from ardiff.devcluster.redis_server import free_port
+from ardiff.kv.records import PoolId
+
+
+def pool_worker_env(
+    redis_url: str, pool: PoolId, *, size: int, threads: int = 1, **settings: str
+) -> dict[str, str]:
+    """This process's environment plus a pool's worker settings on loopback (offline, `size`x`size` frames,
+    `threads` torch threads), and `settings` (`ARDIFF_*` names) on top."""
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "HF_HUB_OFFLINE": "1",
+        "ARDIFF_HOST": "127.0.0.1",
+        "ARDIFF_POD_IP": "127.0.0.1",
+        "ARDIFF_REDIS_URL": redis_url,
+        "ARDIFF_NAMESPACE": pool.namespace,
+        "ARDIFF_POOL": pool.name,
+        "ARDIFF_HEIGHT": str(size),
+        "ARDIFF_WIDTH": str(size),
+        **settings,
+    }
 
 
 @dataclass
