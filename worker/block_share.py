@@ -59,5 +59,13 @@ def share_blocks(kv: Any, parent: Any, child: Any) -> int:
 
 
 def shared_blocks(kv: Any) -> int:
-    """Blocks of the pool more than one session holds now (`KVBlocks.shared`)."""
-    return sum(1 for block in kv.manager.block_pool.blocks if block.ref_cnt > 1 and not block.is_null)
+    """Blocks of the pool more than one session holds now (`KVBlocks.shared`). Reads only the block tables
+    (the sessions' windows), not the pool (the tiny LingBot's CPU pool has 466,796 blocks: 0.1 s a pass); each
+    `list` copy is one step under the GIL, so the forward thread may change the tables meanwhile."""
+    held = {
+        block.block_id: block
+        for blocks in list(_window_manager(kv).req_to_blocks.values())
+        for block in list(blocks)
+        if not block.is_null
+    }
+    return sum(1 for block in held.values() if block.ref_cnt > 1)
