@@ -30,7 +30,7 @@ from starlette.websockets import WebSocket
 
 from ardiff.worker.errors import InvalidTick, WorkerError
 from ardiff.worker.service import WorkerService
-from ardiff.worker.stream import _FINAL_STATUSES, SessionSocket, SessionStreams
+from ardiff.worker.stream import SessionSocket, SessionStreams, ends_stream
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ class OpenPIConnection(SessionSocket):
                 body = tick_of(request, request_id=request_id, chunk_index=next_index, reset=reset)
                 outcome = await self.service.tick(self.session_id, body, authorization=authorization)
             except WorkerError as error:
-                if error.status in _FINAL_STATUSES:
+                if ends_stream(error):
                     await self.fail(error)
                     return
                 if error.code == "reset_required":

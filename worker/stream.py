@@ -44,6 +44,12 @@ MAX_FRAME_BYTES = 4 * MAX_MESSAGE_BYTES
 _FINAL_STATUSES = frozenset({401, 404, 410, 421})
 
 
+def ends_stream(error: WorkerError) -> bool:
+    """Whether an error ends the connection: what it can no longer do, never a chunk not kept (the stream
+    goes on from where it is)."""
+    return error.status in _FINAL_STATUSES and not isinstance(error, ChunkNotKept)
+
+
 class Superseded(WorkerError):
     status = 409
     code = "superseded"
@@ -248,7 +254,7 @@ class SessionStream(SessionSocket):
                 raise InvalidTick(f"{param}: {first.get('msg', 'invalid')}", param=param) from None
             answer = await self.service.rewind(self.session_id, rewind.chunk, authorization)
         except WorkerError as error:
-            if error.status in _FINAL_STATUSES and not isinstance(error, ChunkNotKept):
+            if ends_stream(error):
                 await self.fail(error)
                 return False
             await self.send_error(error)
@@ -283,7 +289,7 @@ class SessionStream(SessionSocket):
                 self.session_id, body, authorization=authorization, inject_fault=self.inject_fault
             )
         except WorkerError as error:
-            if error.status in _FINAL_STATUSES:
+            if ends_stream(error):
                 await self.fail(error)
                 return False
             await self.send_error(error)
