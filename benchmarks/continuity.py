@@ -40,13 +40,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from worker_process import CAMERA, WorkerProcess, metric, pool_worker_env
+
 RESULT_MARKER = "ARDIFF-CONTINUITY-RESULT "
 CHUNKS = 9  # sink (3) + window (6) latent frames: the largest a session's KV gets
-CAMERA = {
-    "track": "camera",
-    "schema": "lingbot.camera_actions.v1",
-    "data": {"mode": "frames", "frames": [["w"], ["w"], ["w", "j"]]},
-}
 GROUPS = {"kv/": "self KV", "cross/": "cross KV", "pipe/": "pipeline", "dec/": "decoder", "book/": "book"}
 
 
@@ -287,15 +286,6 @@ def measure_wire(total_bytes: int) -> dict[str, Any]:
     return {"bytes": size, "bytes_per_second": statistics.median(rates), "runs": len(rates)}
 
 
-def metric(url: str, sample: str) -> float:
-    import httpx
-
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith(sample + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 def measure_migration(
     size: int, redis_url: str, args: argparse.Namespace, model_cache: str
 ) -> dict[str, Any]:
@@ -313,7 +303,6 @@ def measure_migration(
     from ardiff.kv.records import PoolId, SessionSpec, SessionState, token_sha256
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from worker_process import WorkerProcess, pool_worker_env
 
     pool = PoolId("bench", f"mig-{size}")
     token, session = "bench-token", f"walk-{size}"

@@ -38,8 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from continuity import CAMERA, metric
-from worker_process import WorkerProcess, pool_worker_env
+from worker_process import CAMERA, WorkerProcess, metric, pool_worker_env
 
 ARMS = ("fresh", "fork-same-pod", "fork-other-pod")
 PROMPT, SEED = "a walk through a quiet village", 7

@@ -1,6 +1,7 @@
 """A real worker process for the benchmarks (`ardiff worker serve` on a free loopback port): the environment
 of a pool's worker on loopback, started, waited for until `/readyz` answers, stopped. A worker that exits or
-is not ready in time ends the benchmark with its log's tail."""
+is not ready in time ends the benchmark with its log's tail. Also what the benchmarks ask of one: a camera
+control to tick with, and a sample of its `/metrics`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,21 @@ import httpx
 
 from ardiff.devcluster.redis_server import free_port
 from ardiff.kv.records import PoolId
+
+# A tick's camera control for the tiny LingBot: walk forward, then walk and turn.
+CAMERA = {
+    "track": "camera",
+    "schema": "lingbot.camera_actions.v1",
+    "data": {"mode": "frames", "frames": [["w"], ["w"], ["w", "j"]]},
+}
+
+
+def metric(url: str, sample: str) -> float:
+    """The value of one sample (name and labels, as exposed) of a worker's `/metrics`; 0 when absent."""
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def pool_worker_env(
