@@ -8,7 +8,10 @@ so the real `DiffusionWorker` -> `ARDiffusionModelRunner` -> LingBot-World path 
    "free device memory" (it sizes the KV pool);
 2. SDPA on CPU (the backend dispatches on platform and has no CPU branch, though its body is plain torch);
 3. RoPE broadcast: `RotaryEmbeddingWan.forward_native` needs cos/sin with a head axis that LingBot omits
-   (only the CUDA/HIP/NPU kernels accept it without).
+   (only the CUDA/HIP/NPU kernels accept it without);
+4. float32 modules (`run_in_float32`, those a family names in `cpu_float32_modules`): a bfloat16 Conv3d on
+   a CPU without AVX-512 BF16 takes minutes, under autocast too (one 96-channel 3x90x160 convolution: 239 s
+   with oneDNN, 101 s without, 0.32 s in float32 on this project's 2-core machine).
 
 torchvision, torchaudio and torchcodec are PyPI's builds, as vllm pins them: they load beside PyPI's CUDA
 torch on CPU too (tests/test_environment.py), so nothing stands in for them any more.
@@ -128,3 +131,28 @@ def _patch_wan_rope() -> None:
 
     forward_native.ardiff_cpu_shim = True  # type: ignore[attr-defined]
     RotaryEmbeddingWan.forward_native = forward_native
+
+
+def run_in_float32(module: Any) -> int:
+    """Make `module` float32, its convolutions outside autocast (whose CPU policy casts them to bfloat16) with
+    their input cast to float32 and their output in the input's dtype; returns how many convolutions."""
+    import torch
+
+    module.float()  # exact from bfloat16
+    count = 0
+    for conv in module.modules():
+        if isinstance(conv, torch.nn.modules.conv._ConvNd):
+            conv._conv_forward = _float32_conv_forward(conv, type(conv)._conv_forward)
+            count += 1
+    return count
+
+
+def _float32_conv_forward(conv: Any, conv_forward: Any) -> Any:
+    import torch
+
+    def forward(input: Any, weight: Any, bias: Any) -> Any:
+        with torch.autocast(device_type=input.device.type, enabled=False):
+            out = conv_forward(conv, input.float(), weight, bias)
+        return out.to(input.dtype)
+
+    return forward

@@ -123,4 +123,7 @@ def load_vllm_runtime(settings: WorkerSettings):
             worker = DiffusionWorker(local_rank=0, rank=0, od_config=od_config)
     except (OSError, ValueError, TypeError) as exc:
         raise ModelUnavailable(f"could not load {model_dir}: {exc}") from exc
+    if not accelerator and worker.model_runner is not None:
+        for name in family.cpu_float32_modules:
+            cpu_platform.run_in_float32(getattr(worker.model_runner.pipeline, name))
     return ARDiffusionSessionAdapter(worker, od_config, family)

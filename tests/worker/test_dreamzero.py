@@ -109,6 +109,14 @@ def test_capacity_is_the_planners(adapter):
     )
 
 
+def test_on_cpu_the_vae_runs_in_float32_and_the_rest_in_bfloat16(adapter):
+    import torch
+
+    pipeline = adapter.pipeline
+    assert {p.dtype for p in pipeline.vae.parameters()} == {torch.float32}
+    assert {p.dtype for p in pipeline.transformer.parameters()} == {torch.bfloat16}
+
+
 def test_two_branches_per_session_freed_on_reset_and_close(adapter):
     total = adapter.kv_blocks().total
     free_before = adapter.kv_blocks().free

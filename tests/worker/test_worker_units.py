@@ -277,3 +277,30 @@ async def test_cancel_and_wait_gives_up_on_a_task_that_never_ends(caplog):
     released.set()
     task.cancel()
     await task
+
+
+def test_a_module_run_in_float32_convolves_in_float32_under_autocast_in_the_inputs_dtype() -> None:
+    import torch
+
+    from ardiff.worker.cpu_platform import run_in_float32
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv3d(4, 6, 3, padding=1), torch.nn.Conv2d(6, 2, 1))
+    model.append(torch.nn.GroupNorm(1, 2)).to(torch.bfloat16)
+    weights = [layer.weight.float().clone() for layer in model]
+    video = torch.randn(1, 4, 2, 6, 6).to(torch.bfloat16)
+
+    assert run_in_float32(model) == 2
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert all(torch.equal(layer.weight, weight) for layer, weight in zip(model, weights, strict=True))
+    with torch.no_grad(), torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        bfloat16_out = model[0](video)
+        float32_out = model[0](video.float())
+    expected = torch.nn.functional.conv3d(video.float(), weights[0], model[0].bias, padding=1)
+    assert bfloat16_out.dtype == torch.bfloat16
+    assert torch.equal(bfloat16_out, expected.to(torch.bfloat16))
+    assert float32_out.dtype == torch.float32
+    assert torch.equal(float32_out, expected)
+    image = torch.randn(1, 6, 4, 4)
+    with torch.no_grad(), torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        assert model[1](image).dtype == torch.float32  # autocast would have made it bfloat16

@@ -83,6 +83,9 @@ class ModelFamily(Protocol):
     tick_body: type[BaseModel]  # the HTTP tick's body
     max_body_bytes: int  # the largest tick body the worker reads
     default_dtype: str | None  # None: bfloat16 on an accelerator, float32 on CPU
+    cpu_float32_modules: tuple[
+        str, ...
+    ]  # the pipeline's modules run in float32 on CPU (worker/cpu_platform.py)
     frame_size: tuple[int, int] | None  # the frames' (height, width); None: the pipeline's configured size
 
     def checkpoint_ok(self, model_dir: Path) -> bool: ...

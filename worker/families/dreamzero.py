@@ -43,6 +43,7 @@ embedded_model = "tiny-dreamzero"
 tick_body = RobotTickBody
 max_body_bytes = 4 << 20  # three raw 180x320 cameras in base64 are ~0.7 MB
 default_dtype = "bfloat16"  # the pipeline casts to bfloat16 throughout; CPU runs it in bfloat16 too
+cpu_float32_modules = ("vae",)  # but its VAE: a bfloat16 Conv3d takes minutes on a CPU
 EMBODIMENT = "roboarena"
 # What an openpi client is told on connect (vllm-omni's deploy config for DreamZero-DROID).
 POLICY_SERVER_CONFIG: dict[str, Any] = {

@@ -35,6 +35,7 @@ embedded_model = "tiny-lingbot-world"
 tick_body = TickBody
 max_body_bytes = 1 << 20  # a tick is a few hundred bytes (a camera trajectory a few KB)
 default_dtype = None
+cpu_float32_modules = ()  # float32 throughout on CPU already
 frame_size = None  # the pipeline's configured height and width
 
 
