@@ -302,8 +302,6 @@ def measure_migration(
     from ardiff.kv.placement import PlacementStore
     from ardiff.kv.records import PoolId, SessionSpec, SessionState, token_sha256
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-
     pool = PoolId("bench", f"mig-{size}")
     token, session = "bench-token", f"walk-{size}"
     with tempfile.TemporaryDirectory(prefix="ardiff-bench-mig-") as workdir:

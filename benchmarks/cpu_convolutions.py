@@ -24,15 +24,17 @@ from ardiff.worker.cpu_platform import run_in_float32
 SHAPES = ((8, 1, 180, 320), (16, 1, 90, 160), (32, 1, 45, 80), (96, 1, 45, 80))
 
 
-def seconds(conv: torch.nn.Module, x: torch.Tensor, repeats: int) -> float:
+def timed(conv: torch.nn.Module, x: torch.Tensor, repeats: int) -> tuple[float, torch.Tensor]:
+    """The median seconds of `conv(x)` under autocast, as the pipeline calls it, after a warm-up whose output
+    is returned."""
     times = []
     with torch.no_grad(), torch.autocast(device_type="cpu", dtype=torch.bfloat16):
-        conv(x)  # warm-up
+        out = conv(x)
         for _ in range(repeats):
             started = time.perf_counter()
             conv(x)
             times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    return statistics.median(times), out
 
 
 def main() -> None:
@@ -48,13 +50,9 @@ def main() -> None:
     for channels, frames, height, width in SHAPES:
         conv = torch.nn.Conv3d(channels, channels, 3, padding=1).to(torch.bfloat16)
         x = torch.randn(1, channels, frames, height, width).to(torch.bfloat16)
-        slow = seconds(conv, x, args.repeats)
-        with torch.no_grad(), torch.autocast(device_type="cpu", dtype=torch.bfloat16):
-            before = conv(x)
+        slow, before = timed(conv, x, args.repeats)
         run_in_float32(conv)
-        fast = seconds(conv, x, args.repeats)
-        with torch.no_grad(), torch.autocast(device_type="cpu", dtype=torch.bfloat16):
-            after = conv(x)
+        fast, after = timed(conv, x, args.repeats)
         diff = (before.float() - after.float()).abs().max().item()
         shape = f"{channels}x{frames}x{height}x{width}"
         print(f"{shape:>18} {1000 * slow:>12.1f} {1000 * fast:>11.1f} {slow / fast:>7.0f}x {diff:>11.4f}")

@@ -83,9 +83,8 @@ class ModelFamily(Protocol):
     tick_body: type[BaseModel]  # the HTTP tick's body
     max_body_bytes: int  # the largest tick body the worker reads
     default_dtype: str | None  # None: bfloat16 on an accelerator, float32 on CPU
-    cpu_float32_modules: tuple[
-        str, ...
-    ]  # the pipeline's modules run in float32 on CPU (worker/cpu_platform.py)
+    # The pipeline's modules that run in float32 on CPU whatever the dtype (worker/cpu_platform.py).
+    cpu_float32_modules: tuple[str, ...]
     frame_size: tuple[int, int] | None  # the frames' (height, width); None: the pipeline's configured size
 
     def checkpoint_ok(self, model_dir: Path) -> bool: ...
