@@ -151,7 +151,7 @@ class SessionExportError(ArdiffError):
 
 
 class ExportUnsupported(SessionExportError):
-    """This runtime's model family cannot export its sessions: they keep reset-on-evict."""
+    """This runtime's pipeline holds session state no family module knows: they keep reset-on-evict."""
 
     code = "export_unsupported"
 

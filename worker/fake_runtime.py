@@ -12,7 +12,7 @@ happen, and a loud failure shows it if it does.
 Its DreamZero mode (`family="dreamzero"`: a pool whose `model.pipeline` is `DreamZeroPipeline`) answers robot
 ticks like DreamZero where the control plane sees it: an action chunk (`ACTION_HORIZON x ACTION_DIMS` float32,
 a pure function of the seed, prompt, chunk index and observation) and frames only on `return_frames`, two KV
-branches per session (twice the blocks), and no export (reset-on-evict, contracts §9).
+branches per session (twice the blocks); its sessions export like LingBot's, the cached actions in the book.
 """
 
 from __future__ import annotations
@@ -34,16 +34,14 @@ from ardiff.worker.errors import (
     ExportDuplicateSession,
     ExportNoCapacity,
     ExportNotIdle,
-    ExportUnsupported,
 )
 from ardiff.worker.runtime import ChunkOutput, KVBlocks, PreparedTick
 from ardiff.worker.session_book import SessionBook
 from ardiff.worker.session_export import (
-    BOOK_FRAMES,
     ExportReader,
     Readable,
     Writable,
-    check_book_frames,
+    check_book_tensor,
     check_identity,
     refuse_tensor,
     write_export,
@@ -209,11 +207,9 @@ class FakeRuntime:
 
     @property
     def supports_export(self) -> bool:
-        return self._family == "lingbot"  # DreamZero keeps reset-on-evict
+        return True
 
     def export_session(self, session_id: str, out: Writable, *, book: SessionBook) -> int:
-        if not self.supports_export:
-            raise ExportUnsupported(f"the fake runtime's {self._family} sessions cannot be exported")
         with self._lock:
             next_chunk = self._next_chunk.get(session_id)
         if next_chunk is None:
@@ -231,10 +227,9 @@ class FakeRuntime:
         check_identity(reader.identity, self.identity)
         session_id = as_session or reader.session_id
 
-        def check(name: str, dtype: str, shape: tuple[int, ...]) -> None:  # the book's frames, nothing else
-            if name != BOOK_FRAMES:
-                refuse_tensor(name, dtype, shape, "no tensor but the book's frames")
-            check_book_frames(name, dtype, shape, self.frame_size)
+        def check(name: str, dtype: str, shape: tuple[int, ...]) -> None:  # the book's tensors, nothing else
+            if not check_book_tensor(name, dtype, shape, self.frame_size):
+                refuse_tensor(name, dtype, shape, "no tensor but the book's frames and actions")
 
         for _ in reader.tensors(check):  # none of its own; this reads the book's frames and checks the digest
             pass

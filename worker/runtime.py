@@ -109,8 +109,8 @@ class SessionRuntime(Protocol):
 
     @property
     def supports_export(self) -> bool:
-        """Whether this runtime's sessions can be exported (LingBot-World, the fake runtime); others keep
-        reset-on-evict."""
+        """Whether this runtime's sessions can be exported (LingBot-World, DreamZero, the fake runtime); a
+        pipeline whose session state no family module knows keeps reset-on-evict."""
         ...
 
     def export_session(self, session_id: str, out: Writable, *, book: SessionBook) -> int:

@@ -7,15 +7,16 @@ worker needs (run a tick, decode its frames, reset, close, list residents, count
 `ARDiffusionSessionAdapter`, so suspend/resume/migrate (DESIGN §10) has one place to export and import from.
 What differs per model family is the family module's (`ardiff.worker.families`, the `ModelFamily` seam): the
 request a tick becomes, what a chunk gives back (it reads the pipeline's own decoders through `pipeline`),
-and the pipeline's own session state in an export (`SessionState`: `families/lingbot_state.py`).
+and the pipeline's own session state in an export (`SessionState`: `families/lingbot_state.py`,
+`families/dreamzero_state.py`).
 
 It implements `ardiff.worker.runtime.SessionRuntime`. Private vllm-omni members used here, on purpose:
 `runner._sessions`, `runner._session_capacity`, `runner._ar_diffusion_kv_cache_spec`; for export and import
-(LingBot-World only, docs/contracts.md §9) also `runner._get_or_create_session`, `runner._release_session`,
-the KV state's `_closed`, `_paged_pending` and `_committed`, the adapters' `_prefill` and the pipeline's
-`_ar_diffusion_kv_state`. Export reads one idle session (between ticks) part by part; import installs the KV
-straight into the pool as each part arrives and the rest once the checksum held. What a session is made of
-and why each piece is needed: `shared/reference/session-migration/README.md`.
+(docs/contracts.md §9) also `runner._get_or_create_session`, `runner._release_session`, the KV state's
+`_closed`, `_paged_pending` (its contexts' `commit_current` and `_committed`) and `_committed`, the adapters'
+`_prefill` and the pipeline's `_ar_diffusion_kv_state`. Export reads one idle session (between ticks) part by
+part; import installs the KV straight into the pool as each part arrives and the rest once the checksum held.
+What a session is made of and why each piece is needed: `shared/reference/session-migration/README.md`.
 """
 
 from __future__ import annotations
@@ -50,13 +51,12 @@ from ardiff.worker.families import ModelFamily, SessionState, family_for
 from ardiff.worker.runtime import ChunkOutput, KVBlocks, PreparedTick
 from ardiff.worker.session_book import SessionBook
 from ardiff.worker.session_export import (
-    BOOK_FRAMES,
     ExportReader,
     Readable,
     TensorCheck,
     TensorPart,
     Writable,
-    check_book_frames,
+    check_book_tensor,
     check_identity,
     refuse_tensor,
     write_export,
@@ -77,6 +77,13 @@ def model_fingerprint(root: Path) -> str:
         digest.update(f"{path.relative_to(root).as_posix()}\0{path.stat().st_size}\0".encode())
         digest.update(content.digest())
     return digest.hexdigest()
+
+
+def _uncommitted(context: Any) -> bool:
+    """Whether a branch's pending paged context holds a chunk not yet committed (a tick in flight). A
+    context that never commits (DreamZero's denoising steps write scratch blocks only) stays pending after
+    the tick."""
+    return context is not None and context.commit_current and not context._committed
 
 
 class ARDiffusionSessionAdapter:
@@ -288,8 +295,8 @@ class ARDiffusionSessionAdapter:
         """The family's session state of this pipeline; `ExportUnsupported` when it has none."""
         if self._state is None or not self._state.serves(self._pipeline):
             raise ExportUnsupported(
-                f"{type(self._pipeline).__name__} sessions cannot be exported (LingBot-World only): "
-                "they keep reset-on-evict"
+                f"{type(self._pipeline).__name__} sessions cannot be exported (no model family knows its "
+                "session state): they keep reset-on-evict"
             )
         return self._state
 
@@ -299,9 +306,7 @@ class ARDiffusionSessionAdapter:
         session = runner._sessions.get(session_id)
         if session is None or session._closed:
             raise ExportNotIdle(f"session {session_id!r} is not resident on this worker")
-        if pipe._ar_diffusion_kv_state is not None or any(
-            c is not None for c in session._paged_pending.values()
-        ):
+        if pipe._ar_diffusion_kv_state is not None or any(map(_uncommitted, session._paged_pending.values())):
             raise ExportNotIdle(f"session {session_id!r} is inside a tick; export only between ticks")
         parts: list[TensorPart] = []
         branches = {}
@@ -366,9 +371,7 @@ class ARDiffusionSessionAdapter:
         }
 
         def check(name: str, dtype: str, shape: tuple[int, ...]) -> None:
-            if name == BOOK_FRAMES:
-                check_book_frames(name, dtype, shape, self.frame_size)
-            elif name not in named:
+            if not check_book_tensor(name, dtype, shape, self.frame_size) and name not in named:
                 expected = spec.get(name)
                 if expected is None:
                     refuse_tensor(name, dtype, shape, "the tensors of its KV branches, caches and pipeline")
@@ -388,7 +391,7 @@ class ARDiffusionSessionAdapter:
             name: parent.adapters[name]
             for name, branch in state["kv_branches"].items()
             if name in parent.adapters
-            and parent._paged_pending.get(name) is None
+            and not _uncommitted(parent._paged_pending.get(name))
             and block_share.branch_matches(kv, parent.adapters[name], branch)
         }
 

@@ -9,8 +9,9 @@ reader yields each part as it arrives and checks the digest after the last one. 
 untrusted until its iteration has ended without `ExportCorrupt`. No pickle; torch-free (the runtimes convert
 their own tensors), so the fake runtime shares it.
 
-The worker's `SessionBook` travels in the header (its cached chunk's frames as the tensor
-`book/last_chunk/frames`, written first), so a retried tick stays idempotent after a move.
+The worker's `SessionBook` travels in the header (its cached chunk's frames and a robot policy's actions as
+the tensors `book/last_chunk/frames` and `book/last_chunk/actions`, written first), so a retried tick stays
+idempotent after a move.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ MAX_HEADER_BYTES = 64 << 20
 # A tensor is read in pieces of at most this size into a buffer that grows as they arrive: what a reader holds
 # is what the stream carried, whatever the index declared.
 READ_BYTES = 1 << 20
-# The most frames a cached chunk may hold (a LingBot chunk has 9 or 12): the book's one tensor is bounded.
+# The most frames a cached chunk may hold (a LingBot chunk has 9 or 12; a DreamZero one none unless asked for)
+# and the most action values (DreamZero's chunk is 24 x 8): the book's tensors are bounded.
 MAX_BOOK_FRAMES = 64
+MAX_BOOK_ACTION_VALUES = 1 << 14
 # safetensors dtype codes and their item sizes (the subset the runtimes use).
 ITEM_SIZES = {
     "F64": 8,
@@ -51,6 +54,7 @@ ITEM_SIZES = {
     "BOOL": 1,
 }
 BOOK_FRAMES = "book/last_chunk/frames"
+BOOK_ACTIONS = "book/last_chunk/actions"
 
 _PREAMBLE = struct.Struct("<8sIQ")  # magic, version, header length
 _U64 = struct.Struct("<Q")
@@ -105,16 +109,27 @@ def refuse_tensor(name: str, dtype: str, shape: tuple[int, ...], expected: str) 
     )
 
 
-def check_book_frames(name: str, dtype: str, shape: tuple[int, ...], frame_size: tuple[int, int]) -> None:
-    """The cached chunk's frames: uint8 `(F, H, W, 3)` at this worker's frame size, 1 to `MAX_BOOK_FRAMES`."""
-    height, width = frame_size
-    if (
-        dtype != "U8"
-        or len(shape) != 4
-        or shape[1:] != (height, width, 3)
-        or not 1 <= shape[0] <= MAX_BOOK_FRAMES
-    ):
-        refuse_tensor(name, dtype, shape, f"U8 [1..{MAX_BOOK_FRAMES}, {height}, {width}, 3] frames")
+def check_book_tensor(name: str, dtype: str, shape: tuple[int, ...], frame_size: tuple[int, int]) -> bool:
+    """Whether `name` is one of the book's tensors, refused unless it fits: the cached chunk's frames, uint8
+    `(F, H, W, 3)` at this worker's frame size with 0 to `MAX_BOOK_FRAMES` frames; its actions, float32
+    `(horizon, dims)` of at most `MAX_BOOK_ACTION_VALUES` values."""
+    if name == BOOK_FRAMES:
+        height, width = frame_size
+        if (
+            dtype != "U8"
+            or len(shape) != 4
+            or shape[1:] != (height, width, 3)
+            or not 0 <= shape[0] <= MAX_BOOK_FRAMES
+        ):
+            refuse_tensor(name, dtype, shape, f"U8 [0..{MAX_BOOK_FRAMES}, {height}, {width}, 3] frames")
+        return True
+    if name == BOOK_ACTIONS:
+        if dtype != "F32" or len(shape) != 2 or not 0 < math.prod(shape) <= MAX_BOOK_ACTION_VALUES:
+            refuse_tensor(
+                name, dtype, shape, f"F32 [horizon, dims] actions of 1..{MAX_BOOK_ACTION_VALUES} values"
+            )
+        return True
+    return False
 
 
 def check_identity(export: Mapping[str, Any], worker: Mapping[str, Any]) -> None:
@@ -155,10 +170,15 @@ def write_export(
         raise ValueError(f"export book is for {book.session_id!r}, not {session_id!r}")
     parts = list(tensors)
     book_dict = book.to_dict()
-    if book.last_chunk is not None:
-        frames = book.last_chunk.frames
-        parts.insert(0, TensorPart(BOOK_FRAMES, "U8", tuple(frames.shape), frames.tobytes))
-        del book_dict["last_chunk"]["frames"], book_dict["last_chunk"]["frame_shape"]
+    last = book.last_chunk
+    if last is not None:
+        chunk = book_dict["last_chunk"]
+        if last.actions is not None:
+            actions = last.actions.astype("<f4")
+            parts.insert(0, TensorPart(BOOK_ACTIONS, "F32", tuple(actions.shape), actions.tobytes))
+            del chunk["actions"], chunk["action_shape"]
+        parts.insert(0, TensorPart(BOOK_FRAMES, "U8", tuple(last.frames.shape), last.frames.tobytes))
+        del chunk["frames"], chunk["frame_shape"]
     names = [p.name for p in parts]
     if len(set(names)) != len(names):
         raise ValueError(f"export tensor names must be unique, got {names}")
@@ -225,21 +245,21 @@ class ExportReader:
             raise ExportCorrupt(f"session export header lacks {exc}") from None
         (st_len,) = _U64.unpack(self._read(_U64.size, "the tensor index"))
         self._layout = self._tensor_layout(self._json(st_len, "tensor index"))
-        self._frames: bytearray | None = None
+        self._book_tensors: dict[str, bytearray] = {}
         self._verified = False
 
     def tensor_shapes(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         return {t.name: (t.dtype, t.shape) for t in self._layout}
 
     def tensors(self, check: TensorCheck) -> Iterator[ReadTensor]:
-        """Each tensor in order (the book's frames are kept, not yielded), once `check` accepted every one the
-        index declares; then the digest is checked. Until the iteration has ended, nothing read is trusted."""
+        """Each tensor in order (the book's are kept, not yielded), once `check` accepted every one the index
+        declares; then the digest is checked. Until the iteration has ended, nothing read is trusted."""
         for entry in self._layout:
             check(entry.name, entry.dtype, entry.shape)
         for entry in self._layout:
             data = self._read_into(math.prod(entry.shape) * ITEM_SIZES[entry.dtype], entry.name)
-            if entry.name == BOOK_FRAMES:
-                self._frames = data
+            if entry.name in (BOOK_FRAMES, BOOK_ACTIONS):
+                self._book_tensors[entry.name] = data
                 continue
             yield ReadTensor(entry.name, entry.dtype, entry.shape, data)
         digest = self._read_up_to(DIGEST_BYTES)
@@ -258,10 +278,16 @@ class ExportReader:
         value = dict(self._book)
         last = value.get("last_chunk")
         if last is not None:
-            if self._frames is None:
+            frames, actions = self._book_tensors.get(BOOK_FRAMES), self._book_tensors.get(BOOK_ACTIONS)
+            if frames is None:
                 raise ExportCorrupt("session export book has a cached chunk without its frames")
-            _, shape = self.tensor_shapes()[BOOK_FRAMES]
-            value["last_chunk"] = {**last, "frames": bytes(self._frames), "frame_shape": list(shape)}
+            shapes = self.tensor_shapes()
+            last = {**last, "frames": bytes(frames), "frame_shape": list(shapes[BOOK_FRAMES][1])}
+            if actions is not None:
+                last |= {"actions": bytes(actions), "action_shape": list(shapes[BOOK_ACTIONS][1])}
+            value["last_chunk"] = last
+        elif self._book_tensors:
+            raise ExportCorrupt(f"session export carries {sorted(self._book_tensors)} but no cached chunk")
         try:
             book = SessionBook.from_dict(value)  # a cached chunk's bytes must fill its shape
         except (KeyError, TypeError, ValueError) as exc:

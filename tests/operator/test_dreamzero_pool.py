@@ -1,8 +1,9 @@
 """A DreamZero pool through the real operator (issue 15 item 5): worker Pods running the real worker app over
 the fake runtime's DreamZero mode (the pool's `model.pipeline` is DreamZeroPipeline). A robot session is
 placed through Redis, ticked with its token (HTTP `Authorization: Bearer`, the OpenPI WebSocket's `Api-Key`),
-evicted by a newcomer (its two branches' blocks released; DreamZero does not export, so it starts over:
-reset-on-evict), and a session whose family is not its pool's fails with `FamilyMismatch` and an Event."""
+evicted by a newcomer (its two branches' blocks released; without a tier to suspend to it starts over:
+reset-on-evict), or with one suspended and resumed without a reset, its cached actions travelling with it
+(issue 26); and a session whose family is not its pool's fails with `FamilyMismatch` and an Event."""
 
 from __future__ import annotations
 
@@ -141,7 +142,7 @@ def test_a_robot_session_is_placed_ticked_with_its_token_and_evicted_to_start_ov
     assert view["next_chunk_index"] == 2
 
     # A newcomer on the full pool (max 1, one slot) evicts it: its blocks are released on the worker, and
-    # DreamZero cannot export, so it is Evicted (not Suspended) and starts over when placed again.
+    # the pool has no tier to suspend to, so it is Evicted (not Suspended) and starts over when placed again.
     cluster.create_session("gripper", family="dreamzero", priority=5)
     evicted = cluster.wait_phase("arm", "Evicted")
     assert "gripper" in evicted.get("message", "")
@@ -161,6 +162,34 @@ def test_a_robot_session_is_placed_ticked_with_its_token_and_evicted_to_start_ov
     assert restart.status_code == 200, restart.text
     assert restart.json() == first.json()  # chunk 0 of the same observation and seed: the same actions
     assert again["pod"] == status["pod"]
+
+
+def test_with_a_shared_tier_a_robot_session_is_suspended_and_resumes_without_reset(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    """Before: DreamZero pods registered `exports=0` whatever their tier, so this session was Evicted."""
+    tier = cluster.shared_tier()
+    cluster.create_pool(model=DREAMZERO_MODEL, env=[*ONE_SLOT_ENV, tier.env], **tier.pool_spec)
+    cluster.create_session("arm", family="dreamzero")
+    endpoint = cluster.wait_phase("arm", "Ready")["endpoint"]
+    ticked = [robot_tick(cluster, "arm", chunk) for chunk in (0, 1)]
+    assert [r.status_code for r in ticked] == [200, 200], ticked[-1].text
+    cluster.create_session("gripper", family="dreamzero", priority=5)
+    suspended = cluster.wait_phase("arm", "Suspended", reason="SuspendedForCapacity")
+    assert (suspended["tier"], suspended["resetRequired"]) == ("shared", False)
+    assert suspended["bytes"] > 0
+    assert len(list(tier.host_path.rglob("*.ardsess"))) == 1
+    cluster.wait_phase("gripper", "Ready")
+    cluster.delete("ardiffusionsessions", "gripper")
+    demand = robot_tick(cluster, "arm", 2, endpoint=endpoint)  # a tick for it is a demand to resume it
+    assert (demand.status_code, demand.json()["error"]["code"]) == (503, "resuming"), demand.text
+    cluster.wait_phase("arm", "Ready", timeout=60, resetRequired=False)
+    retried = robot_tick(cluster, "arm", 1)  # the book moved with it: the cached actions, not a new chunk
+    assert (retried.status_code, retried.json()) == (200, ticked[1].json())
+    after = robot_tick(cluster, "arm", 2)
+    assert after.status_code == 200, after.text
+    assert after.json()["action_shape"] == [24, 8]
+    assert cluster.worker_session("arm", cluster.status("arm")["endpoint"]).json()["next_chunk_index"] == 3
 
 
 def test_a_session_of_another_family_fails_with_family_mismatch(

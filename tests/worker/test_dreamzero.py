@@ -4,9 +4,10 @@ worker's HTTP tick (`create_app` over a `WorkerService` whose runtime is this mo
 for the module).
 
 Capacity equals the planner's; both KV branches are allocated per session and freed; two interleaved sessions
-give bit-identical actions and latents to one alone; the robot tick validates every observation field with a
-400 naming it, answers actions as JSON or raw float32 (+ predicted frames), replays a retried request id and
-keeps the chunk order.
+give bit-identical actions and latents to one alone; a session exported and imported (or forked beside its
+parent, sharing both branches' blocks) continues bit-identically; the robot tick validates every observation
+field with a 400 naming it, answers actions as JSON or raw float32 (+ predicted frames), replays a retried
+request id and keeps the chunk order.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ardiff.worker.conditioning import Conditioning
+from ardiff.worker.session_book import CachedChunk, SessionBook
 from ardiff.worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.slow
@@ -140,7 +142,6 @@ def test_two_branches_per_session_freed_on_reset_and_close(adapter):
     adapter.close("branches")
     assert adapter.kv_blocks() == type(adapter.kv_blocks())(free=free_before, total=total)
     assert "branches" not in adapter.resident_sessions()
-    assert not adapter.supports_export
 
 
 def test_two_branch_isolation_is_bit_exact(adapter):
@@ -157,6 +158,94 @@ def test_two_branch_isolation_is_bit_exact(adapter):
     assert not np.array_equal(mixed[1].actions, run_tick(adapter, "b", 2, seed=29).actions)
     adapter.close("a")
     adapter.close("b")
+
+
+# ------------------------------------------------------------------------------------------ export / import
+
+
+def book_after(session: str, chunk: int, output) -> SessionBook:
+    cached = CachedChunk(f"{session}-{chunk}", chunk, output.frames, output.metadata, output.actions)
+    return SessionBook(session, token_sha256="ab" * 32).advanced(cached)
+
+
+def assert_same(got, want) -> None:
+    assert np.array_equal(got.actions, want.actions)
+    assert got.latents.dtype == want.latents.dtype
+    assert np.array_equal(got.latents.float().numpy(), want.latents.float().numpy())
+
+
+@pytest.fixture(scope="module")
+def exported(adapter):
+    """Chunk 2 of an uninterrupted session (`twin`); `a` after 2 chunks (resident), its book and export."""
+    reference = [run_tick(adapter, "twin", k, seed=13, reset=k == 0) for k in range(3)][2]
+    adapter.close("twin")
+    for k in range(2):
+        last = run_tick(adapter, "a", k, seed=13, reset=k == 0)
+    book = book_after("a", 1, last)
+    out = io.BytesIO()
+    assert adapter.export_session("a", out, book=book) == out.tell()
+    return reference, book, out.getvalue()
+
+
+def self_kv_blocks(adapter, session: str) -> int:
+    kv = adapter._runner.kv_cache
+    return sum(len(kv.block_table(a)) for a in adapter._runner._sessions[session].adapters.values())
+
+
+def test_a_fork_on_the_parents_pod_shares_both_branches_and_continues_bit_identically(adapter, exported):
+    """The export of `a` imported as `fork` beside it: both KV branches' blocks shared (none taken), the
+    cross-attention and the pipeline's `DreamZeroState` copied; child and parent each give chunk 2 exactly as
+    the twin did. Before: DreamZero sessions could not export (reset-on-evict)."""
+    from ardiff.worker.block_share import shared_blocks
+
+    reference, _, blob = exported
+    held, before = self_kv_blocks(adapter, "a"), adapter.kv_blocks().free
+    assert set(adapter.branch_blocks("a")) == {"positive", "negative"}
+    forked = adapter.import_session(io.BytesIO(blob), as_session="fork", share_with="a")
+    assert (forked.session_id, forked.next_chunk_index) == ("fork", 2)
+    assert before - adapter.kv_blocks().free == 0
+    assert shared_blocks(adapter._runner.kv_cache) == held > 0
+    assert_same(run_tick(adapter, "fork", 2, seed=13), reference)
+    assert_same(run_tick(adapter, "a", 2, seed=13), reference)
+    for session in ("a", "fork"):
+        adapter.close(session)
+    assert shared_blocks(adapter._runner.kv_cache) == 0
+
+
+def test_an_export_closed_and_imported_continues_bit_identically(adapter, exported):
+    reference, book, blob = exported
+    empty = adapter.kv_blocks()
+    imported = adapter.import_session(io.BytesIO(blob))
+    assert imported.to_dict() == book.to_dict()  # the cached actions travel: a retried tick stays a retry
+    assert np.array_equal(imported.retry_of("a-1", 1).actions, book.last_chunk.actions)
+    assert adapter.branch_blocks("a")["positive"] == adapter.branch_blocks("a")["negative"] > 0
+    assert_same(run_tick(adapter, "a", 2, seed=13), reference)
+    adapter.close("a")
+    assert adapter.kv_blocks() == empty
+    assert "a" not in adapter.pipeline._states
+
+
+def test_a_corrupt_export_is_refused_and_leaves_nothing(adapter, exported):
+    from ardiff.worker.errors import ExportCorrupt
+
+    _, _, blob = exported
+    empty = adapter.kv_blocks()
+    with pytest.raises(ExportCorrupt, match="checksum mismatch"):
+        adapter.import_session(io.BytesIO(blob[:-1] + bytes([blob[-1] ^ 1])))
+    assert adapter.resident_sessions() == ()
+    assert adapter.kv_blocks() == empty
+    assert "a" not in adapter.pipeline._states
+
+
+def test_with_vllm_omnis_state_manager_its_sessions_do_not_export(adapter, exported, monkeypatch):
+    """The opt-in `SessionStateManager` holds the sessions' state where this exporter does not look."""
+    from ardiff.worker.errors import ExportUnsupported
+
+    _, _, blob = exported
+    monkeypatch.setattr(adapter.pipeline, "_memory_manager", object())
+    assert not adapter.supports_export
+    with pytest.raises(ExportUnsupported, match="reset-on-evict"):
+        adapter.import_session(io.BytesIO(blob))
 
 
 # ------------------------------------------------------------------------------------------ HTTP
@@ -178,10 +267,6 @@ class SharedRuntime:
     @property
     def frame_size(self) -> tuple[int, int]:
         return self._adapter.frame_size
-
-    @property
-    def supports_export(self) -> bool:
-        return False
 
     def shutdown(self) -> None:
         pass

@@ -1,5 +1,5 @@
 """The fake runtime's DreamZero mode (control-plane tests of DreamZero pools): actions out, deterministic, two
-KV branches per session, no export (reset-on-evict)."""
+KV branches per session, exported and imported with the cached actions in the book."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 
 from ardiff.worker.conditioning import Conditioning
-from ardiff.worker.errors import ExportUnsupported
 from ardiff.worker.fake_runtime import FakeRuntime
 from ardiff.worker.families import dreamzero
 from ardiff.worker.server import load_runtime
-from ardiff.worker.session_book import SessionBook
+from ardiff.worker.session_book import CachedChunk, SessionBook
 from ardiff.worker.settings import WorkerSettings
 
 
@@ -47,9 +46,9 @@ def forward(runtime: FakeRuntime, tick, seed: int = 1):
 def test_a_dreamzero_pool_gets_the_robot_mode() -> None:
     settings = WorkerSettings(pipeline="DreamZeroPipeline", model="tiny-dreamzero", runtime="fake")
     runtime = load_runtime(settings)
-    assert runtime.supports_export is False
+    assert runtime.supports_export is True
     assert runtime.identity["family"] == "dreamzero"
-    assert load_runtime(WorkerSettings(runtime="fake")).supports_export is True
+    assert "family" not in load_runtime(WorkerSettings(runtime="fake")).identity
     with pytest.raises(ValueError, match="fake runtime family must be one of"):
         FakeRuntime(height=64, width=64, capacity=1, family="sora")
 
@@ -68,8 +67,23 @@ def test_actions_are_deterministic_and_two_branches_hold_blocks() -> None:
     assert other.frames.shape == (12, 64, 64, 3)
     blocks = runtime.kv_blocks()
     assert blocks.total - blocks.free == 2 * (3 + 6)  # two branches of a's 3 and b's 6 blocks
-    with pytest.raises(ExportUnsupported):
-        runtime.export_session("a", io.BytesIO(), book=SessionBook("a"))
     runtime.close("a")
     runtime.close("b")
     assert runtime.kv_blocks().free == runtime.kv_blocks().total
+
+
+def test_a_session_moves_with_its_cached_actions_and_continues_as_its_twin() -> None:
+    """Before: the fake's DreamZero sessions refused to export (reset-on-evict), and a book's cached actions
+    had no place in the export (bytes in its JSON header)."""
+    source = FakeRuntime(height=64, width=64, capacity=2, family="dreamzero")
+    target = FakeRuntime(height=64, width=64, capacity=2, family="dreamzero")
+    first = forward(source, robot_tick("a", 0, seed=3))
+    book = SessionBook("a").advanced(CachedChunk("a-0", 0, first.frames, first.metadata, first.actions))
+    out = io.BytesIO()
+    source.export_session("a", out, book=book)
+    moved = target.import_session(io.BytesIO(out.getvalue()))
+    assert moved.to_dict() == book.to_dict()
+    assert np.array_equal(moved.retry_of("a-0", 0).actions, first.actions)
+    assert moved.last_chunk.frames.shape == (0, 64, 64, 3)
+    twin = [forward(source, robot_tick("b", chunk, seed=3)).actions for chunk in range(2)]
+    assert np.array_equal(forward(target, robot_tick("a", 1, seed=3)).actions, twin[1])

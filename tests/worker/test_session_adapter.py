@@ -348,7 +348,7 @@ def test_import_refuses_a_mismatch_a_duplicate_and_a_full_worker(adapter, export
 def test_a_pipeline_without_export_support_says_so(adapter, exported, monkeypatch):
     _, book, blob = exported
     monkeypatch.setattr(adapter, "_pipeline", object())
-    with pytest.raises(ExportUnsupported, match="LingBot-World only"):
+    with pytest.raises(ExportUnsupported, match="no model family knows its session state"):
         export(adapter, "a", book)
     with pytest.raises(ExportUnsupported, match="reset-on-evict"):
         adapter.import_session(io.BytesIO(blob))

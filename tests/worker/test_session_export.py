@@ -201,6 +201,18 @@ def with_index(blob: bytes, change) -> bytes:
         (lambda index: index["book/last_chunk/frames"].update(shape=[100_000, 8, 8, 3]), "frames"),
         (lambda index: index["book/last_chunk/frames"].update(dtype="F32"), "frames"),
         (lambda index: index["book/last_chunk/frames"].update(shape=[12, 8, 8]), "frames"),
+        (
+            lambda index: index.update({"book/last_chunk/actions": {"dtype": "F32", "shape": [1 << 26, 8]}}),
+            "actions",
+        ),
+        (
+            lambda index: index.update({"book/last_chunk/actions": {"dtype": "F64", "shape": [24, 8]}}),
+            "actions",
+        ),
+        (
+            lambda index: index.update({"book/last_chunk/actions": {"dtype": "F32", "shape": [192]}}),
+            "actions",
+        ),
     ],
 )
 def test_a_declared_tensor_outside_the_spec_is_refused_before_it_is_read(change, message: str) -> None:

@@ -7,7 +7,8 @@ and the joint (7), cartesian (6) and gripper (1) vectors; each is checked before
 bad one is a 400 naming the field. The pipeline reads `session_id` and `robot_obs` from the request's extra
 args; its roboarena transform stitches the cameras. The answer is the action chunk (`action_horizon x 8`
 float32: 7 joints and the gripper) as JSON or raw float32, and on request the chunk's predicted frames,
-decoded from its latents. Its sessions do not export: an evicted session starts over (reset-on-evict).
+decoded from its latents. Its sessions export like LingBot's: both KV branches, their cross-attention and the
+pipeline's own state (`dreamzero_state`), so they suspend, migrate and fork.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ardiff.worker.runtime import ChunkOutput, PreparedTick
 from ardiff.worker.session_book import CachedChunk
 
 if TYPE_CHECKING:
-    from ardiff.worker.families import FamilyAdapter
+    from ardiff.worker.families import FamilyAdapter, SessionState
 
 name = "dreamzero"
 pipelines = pipelines_of(name)  # ardiff/model_families.py: the operator reads it too
@@ -112,9 +113,11 @@ def check_pipeline(pipeline: Any) -> None:
     """Nothing to check: DreamZero's pipeline decodes a chunk's predicted frames with its own VAE."""
 
 
-def session_state() -> None:
-    """DreamZero's sessions do not export: an evicted session starts over (reset-on-evict)."""
-    return None
+def session_state() -> SessionState:
+    """The pipeline's `DreamZeroState` of a session in an export (its own heavy module)."""
+    from ardiff.worker.families import dreamzero_state
+
+    return dreamzero_state
 
 
 # ------------------------------------------------------------------------------------------ ticks
