@@ -21,7 +21,6 @@ HTTP overhead includes the cameras' base64 decoding and validation as well as ev
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import resource
@@ -33,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from worker_process import robot_observation
+
 TARGET_OVERHEAD = 0.05
 RESULT_MARKER = "ARDIFF-TICK-RESULT "
 CAMERA = [
@@ -41,8 +42,6 @@ CAMERA = [
 ]
 PROMPT = "camera moving forward through a forest"
 ROBOT_PROMPT = "pick up the red cup and put it in the bowl"
-ROBOT_CAMERAS = ("exterior_image_0_left", "exterior_image_1_left", "wrist_image_left")
-ROBOT_CAMERA_SHAPE = (180, 320, 3)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -137,27 +136,6 @@ def measure(size: int, ticks: int, warmup: int, model_cache: str) -> dict[str, A
         "rows": rows,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "capacity": runtime.capacity,
-    }
-
-
-def robot_observation(chunk: int) -> dict[str, Any]:
-    import numpy as np
-
-    rng = np.random.default_rng(chunk)
-    return {
-        "images": {
-            camera: {
-                "encoding": "raw",
-                "shape": list(ROBOT_CAMERA_SHAPE),
-                "data": base64.b64encode(
-                    rng.integers(0, 256, ROBOT_CAMERA_SHAPE, dtype=np.uint8).tobytes()
-                ).decode(),
-            }
-            for camera in ROBOT_CAMERAS
-        },
-        "joint_position": rng.uniform(-1, 1, 7).tolist(),
-        "cartesian_position": rng.uniform(-1, 1, 6).tolist(),
-        "gripper_position": [0.5],
     }
 
 

@@ -5,12 +5,14 @@ control to tick with, and a sample of its `/metrics`."""
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -23,6 +25,33 @@ CAMERA = {
     "schema": "lingbot.camera_actions.v1",
     "data": {"mode": "frames", "frames": [["w"], ["w"], ["w", "j"]]},
 }
+
+
+# A robot tick's cameras for the tiny DreamZero: DROID's size, what an openpi client sends.
+ROBOT_CAMERAS = ("exterior_image_0_left", "exterior_image_1_left", "wrist_image_left")
+ROBOT_CAMERA_SHAPE = (180, 320, 3)
+
+
+def robot_observation(chunk: int) -> dict[str, Any]:
+    """A robot tick's observation: three raw cameras and the arm's vectors, a pure function of `chunk`."""
+    import numpy as np
+
+    rng = np.random.default_rng(chunk)
+    return {
+        "images": {
+            camera: {
+                "encoding": "raw",
+                "shape": list(ROBOT_CAMERA_SHAPE),
+                "data": base64.b64encode(
+                    rng.integers(0, 256, ROBOT_CAMERA_SHAPE, dtype=np.uint8).tobytes()
+                ).decode(),
+            }
+            for camera in ROBOT_CAMERAS
+        },
+        "joint_position": rng.uniform(-1, 1, 7).tolist(),
+        "cartesian_position": rng.uniform(-1, 1, 6).tolist(),
+        "gripper_position": [0.5],
+    }
 
 
 def metric(url: str, sample: str) -> float:
