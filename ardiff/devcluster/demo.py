@@ -112,7 +112,7 @@ def session_names(examples: Path) -> list[str]:
     return names
 
 
-ROBOT_CHUNKS = 2  # a robot session's chunks (a tiny DreamZero tick: ~17 s on CPU, docs/benchmarks.md)
+ROBOT_CHUNKS = 2  # a robot session's chunks (a tiny DreamZero tick on CPU: first ~15 s, then 1-3 s)
 ROBOT_CAMERAS = ("exterior_image_0_left", "exterior_image_1_left", "wrist_image_left")
 ROBOT_CAMERA_SIZE = (64, 64)
 
