@@ -19,7 +19,8 @@ With `--cost` it measures what one operation costs the client (issue 27 item 3):
 `PlacementStore.place` and `touch` against a bare redis-py EVALSHA of the same script with the argv the
 store sends, and a bare PING, interleaved over rounds on one connection each (the median round); then
 Redis' own time per script, each alone after `CONFIG RESETSTAT` (`INFO commandstats` lumps every script
-into `evalsha`), and the one-pool ceiling that follows from it (one hash slot: one node, one thread).
+into `evalsha`), and the one-pool ceiling that follows from it (one hash slot: one node, one thread); last,
+the place script's Redis time part by part (a copy of it marking Redis' clock after each part).
 
     .venv/bin/python benchmarks/placement.py --cost [--calls 2000] [--rounds 5]
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import itertools
 import multiprocessing
 import os
 import random
@@ -460,14 +462,75 @@ def numbered(argv: list[str], i: int) -> list[str]:
     return [a.replace("__rand_int__", f"c{i}") for a in argv]
 
 
-async def script_usec(bare: aioredis.Redis, argv: list[str], calls: int) -> float:
-    """Redis' own µs per call of `argv`, alone: counters reset before."""
+async def script_usec(bare: aioredis.Redis, argv: list[str], calls: int, first: int = 10_000_000) -> float:
+    """Redis' own µs per call of `argv` (numbered from `first`: new sessions), alone, counters reset."""
     await bare.config_resetstat()
-    for i in range(calls):
-        await bare.execute_command(*numbered(argv, 10_000_000 + i))
+    for i in range(first, first + calls):
+        await bare.execute_command(*numbered(argv, i))
     stats = await bare.info("commandstats")
     command = "cmdstat_" + argv[0].lower()
     return float(stats[command]["usec_per_call"])
+
+
+# The place script's free-slot path, part by part (issue 27 item 3): a copy of the script marks Redis' clock
+# (`TIME`, µs) where the operation's own code starts and after each of these top-level lines, and returns the
+# marks instead of its reply; a part is what runs between two marks.
+PLACE_MARKS = (
+    ("plan and arguments read", "\nlocal missing = new_missing()"),
+    ("session record read", "\n  'suspended_chunk', 'resume_from', 'snapshot_location', 'snapshot_chunk'"),
+    ("pod choice (open index, lease, compute)", "\nlocal pod = choose_pod()"),
+    ("record, residents and LRU written (bind)", "\nbind(session_key, residents_key, lru_key, session"),
+    ("resume_from written, slot charged", "\ncharge(pod_key, session_key, 1)"),
+    ("open index refreshed", "\nrefresh_open(open_key, headroom_key, pod_key, pod)"),
+    ("hints for the next call", "\nlocal hint_pod, hint_victim_pod, hint_victim = hints()"),
+)
+CLOCK = (
+    "\nlocal __marks = {}\nlocal function __mark()\n  local t = redis.call('TIME')\n"
+    "  table.insert(__marks, tonumber(t[1]) * 1000000 + tonumber(t[2]))\nend"
+)
+
+
+def marked_place_source() -> str:
+    """The place script, a clock mark after each line of `PLACE_MARKS`, returning the marks once placed."""
+    from ardiff.kv.scripts import load_script
+
+    head, body = load_script("place").split("-- Operation script follows.", 1)
+    for _, line in reversed(PLACE_MARKS):  # from the last: earlier offsets stay valid
+        end = body.index("\n", body.index(line) + 1) + 1
+        body = body[:end] + "__mark()\n" + body[end:]
+    body = CLOCK + "\n__mark()" + body  # the clock starts where the operation's own code does
+    placed = body.index("\nreturn {OK, 'placed'") + 1
+    return head + "-- Operation script follows." + body[:placed] + "do return __marks end\n" + body[placed:]
+
+
+async def place_parts(bare: aioredis.Redis, argv: list[str], calls: int) -> dict[str, float]:
+    """Redis' own µs of each part of the place script's free-slot path, means over `calls` new sessions: an
+    empty script given the same keys and arguments (what any script call costs); the marked parts, each less
+    one mark's own cost (a `redis.call('TIME')` from Lua and a table insert: a script of marks alone, less the
+    empty one); what runs before the first mark (the shared helpers defined): the marked script's time per
+    call (`INFO commandstats`, over the same calls) less its marks, the parts and the empty call."""
+    marks_count = len(PLACE_MARKS) + 1
+    empty = await bare.script_load("return 0")
+    empty_us = await script_usec(bare, [argv[0], empty, *argv[2:]], calls)
+    clock_only = await bare.script_load(CLOCK + "\n__mark()" * marks_count + "\nreturn __marks")
+    mark_us = (await script_usec(bare, [argv[0], clock_only, *argv[2:]], calls) - empty_us) / marks_count
+    sha = await bare.script_load(marked_place_source())
+    sums = [0.0] * len(PLACE_MARKS)
+    await bare.config_resetstat()
+    for i in range(calls):
+        marks = await bare.execute_command(*numbered([argv[0], sha, *argv[2:]], 20_000_000 + i))
+        assert len(marks) == marks_count, marks  # the free-slot path: every mark passed
+        for part, (start, end) in enumerate(itertools.pairwise(marks)):
+            sums[part] += int(end) - int(start)
+    stats = await bare.info("commandstats")
+    whole_us = float(stats["cmdstat_evalsha"]["usec_per_call"]) - marks_count * mark_us
+    parts = {name: total / calls - mark_us for (name, _), total in zip(PLACE_MARKS, sums, strict=True)}
+    return {
+        "any script call with these keys and arguments": empty_us,
+        "the shared helpers defined (kv/lua/_lib.lua)": whole_us - empty_us - sum(parts.values()),
+        **parts,
+        "whole script, its marks' cost taken off": whole_us,
+    }
 
 
 async def client_cost(url: str, calls: int, rounds: int) -> bool:
@@ -496,6 +559,7 @@ async def client_cost(url: str, calls: int, rounds: int) -> bool:
             "place": await script_usec(bare, argv["place"], calls),
             "touch": await script_usec(bare, argv["touch"], calls),
         }
+        parts = await place_parts(bare, argv["place"], calls)
     cost = {
         name: Cost(statistics.median(c.cpu_us for c in costs), statistics.median(c.wall_us for c in costs))
         for name, costs in runs.items()
@@ -524,6 +588,10 @@ async def client_cost(url: str, calls: int, rounds: int) -> bool:
         f"one pool's ceiling (one hash slot: one node, one thread): ~{1e6 / redis_us['place']:,.0f} places/s "
         f"or ~{1e6 / redis_us['touch']:,.0f} touches/s of script time alone"
     )
+    print("\nRedis' own µs of one place (a new session, a free slot), part by part (means):")
+    whole = parts["whole script, its marks' cost taken off"]
+    for name, value in parts.items():
+        print(f"  {name:<52} {value:>7.1f} µs {value / whole:>6.0%}")
     verdict = "met" if met else "MISSED"
     print(f"target: the store's client CPU within {TARGET_CPU_RATIO:g}x the bare EVALSHA: {verdict}")
     return met
