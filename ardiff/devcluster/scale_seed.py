@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -102,9 +103,13 @@ def seed_objects(
                 created = await client.post(plural_path, json=body)
                 created.raise_for_status()
                 if item.get("status"):
-                    obj = created.json()
-                    obj["status"] = item["status"]
-                    reply = await client.put(f"{plural_path}/{obj['metadata']['name']}/status", json=obj)
+                    # A merge patch, not a PUT at the create's resourceVersion: the operator may have admitted
+                    # the object meanwhile (a CR without status is new to it) and written its own status.
+                    reply = await client.patch(
+                        f"{plural_path}/{created.json()['metadata']['name']}/status",
+                        content=json.dumps({"status": item["status"]}),
+                        headers={"content-type": "application/merge-patch+json"},
+                    )
                     reply.raise_for_status()
 
             await bounded([lambda item=item: one(item) for item in items], concurrency)
