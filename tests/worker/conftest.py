@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -227,6 +227,38 @@ class Placer:
             if self.close_on is not None:
                 url = f"{self.close_on.url}/v1/sessions/{name}"
                 self.close_on.client.delete(url, headers=self.close_on.headers(self.token))
+
+
+@dataclass
+class PodPlacer:
+    """Places sessions on a chosen pod of a pool (`prefer_pod`) through the real `PlacementStore`, each with
+    the same `defaults` (one seed and prompt: twins) and its own kept history or fork source; `release_all`
+    releases them and closes them on every worker (their KV freed at once)."""
+
+    store: PlacementStore
+    session_spec: Callable[..., SessionSpec]
+    pool: PoolId
+    token: str
+    workers: Sequence[WorkerProcess]
+    defaults: dict[str, Any]
+    placed: list[str] = field(default_factory=list)
+
+    async def __call__(self, pod: str, *, keep: int = 0, fork_from: str = "") -> str:
+        name = f"s-{uuid.uuid4().hex[:8]}"
+        spec = self.session_spec(
+            name, self.token, **self.defaults, history_keep_chunks=keep, fork_from=fork_from
+        )
+        result = await self.store.place(self.pool, spec, prefer_pod=pod)
+        assert result.placement is not None
+        assert result.placement.pod == pod
+        self.placed.append(name)
+        return name
+
+    async def release_all(self) -> None:
+        for name in self.placed:
+            await self.store.release(self.pool, name, reason="test done")
+            for worker in self.workers:
+                worker.client.delete(f"{worker.url}/v1/sessions/{name}", headers=worker.headers(self.token))
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from ardiff.kv.records import PoolId, kept_location
-from tests.worker.conftest import suspend_and_wait
+from tests.worker.conftest import PodPlacer, suspend_and_wait
 from tests.worker.test_dreamzero import observation
 
 pytestmark = pytest.mark.slow
@@ -64,24 +64,9 @@ def workers(launch_worker, redis_url, tiny_model_cache, tmp_path_factory):
 @pytest.fixture
 async def place(store, session_spec, workers):
     """`place(pod, keep=K, fork_from="")`: a robot session on `pod`; released and closed after the test."""
-    placed: list[str] = []
-
-    async def make(pod: str, *, keep: int = 0, fork_from: str = "") -> str:
-        name = f"dz-{uuid.uuid4().hex[:8]}"
-        spec = session_spec(
-            name, TOKEN, prompt="pick up the red cup", history_keep_chunks=keep, fork_from=fork_from
-        )
-        result = await store.place(POOL, spec, prefer_pod=pod)
-        assert result.placement is not None
-        assert result.placement.pod == pod
-        placed.append(name)
-        return name
-
-    yield make
-    for name in placed:
-        await store.release(POOL, name, reason="test done")
-        for worker in workers:
-            worker.client.delete(f"{worker.url}/v1/sessions/{name}", headers=worker.headers(TOKEN))
+    placer = PodPlacer(store, session_spec, POOL, TOKEN, workers, {"prompt": "pick up the red cup"})
+    yield placer
+    await placer.release_all()
 
 
 def robot_tick(worker, session: str, chunk: int) -> np.ndarray:

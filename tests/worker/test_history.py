@@ -15,6 +15,7 @@ import pytest
 from ardiff.kv.records import PoolId, kept_location
 from ardiff.worker.history import HistoryFull, KeptChunks
 from ardiff.worker.transfer import KEPT_PATH
+from tests.worker.conftest import PodPlacer
 
 pytestmark = pytest.mark.slow
 
@@ -105,24 +106,9 @@ def workers(launch_worker, redis_url, tiny_model_cache):
 @pytest.fixture
 async def place(store, session_spec, workers):
     """`place(pod, keep=K, fork_from="")`: a session on `pod` (seed 41, one prompt: twins); released after."""
-    placed: list[str] = []
-
-    async def make(pod: str, *, keep: int = 0, fork_from: str = "") -> str:
-        name = f"h-{uuid.uuid4().hex[:8]}"
-        spec = session_spec(
-            name, TOKEN, seed=41, prompt="a walk by the sea", history_keep_chunks=keep, fork_from=fork_from
-        )
-        result = await store.place(POOL, spec, prefer_pod=pod)
-        assert result.placement is not None
-        assert result.placement.pod == pod
-        placed.append(name)
-        return name
-
-    yield make
-    for name in placed:
-        await store.release(POOL, name, reason="test done")
-        for worker in workers:
-            worker.client.delete(f"{worker.url}/v1/sessions/{name}", headers=worker.headers(TOKEN))
+    placer = PodPlacer(store, session_spec, POOL, TOKEN, workers, {"seed": 41, "prompt": "a walk by the sea"})
+    yield placer
+    await placer.release_all()
 
 
 def frames_of(response: httpx.Response) -> np.ndarray:
