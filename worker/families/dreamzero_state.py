@@ -12,7 +12,7 @@ export). A state field this module does not know refuses the export.
 
 vllm-omni's default state keeps the VAE encoder's output and the predicted latents of every chunk until the
 session resets (its window resets keep the latents); an export carries them as they are, so it grows by a
-chunk's latents (about 56 KiB at DROID's size) per chunk.
+chunk's latents per chunk (~236 KiB at DROID's size: `benchmarks/dreamzero_export.py`, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -60,10 +60,8 @@ def capture(pipeline: Any, session_id: str, parts: list[TensorPart]) -> dict[str
         raise ExportUnsupported(
             f"DreamZero's session state has fields this exporter does not know: {sorted(unknown)}"
         )
-    for name in _TENSORS:
-        value = getattr(state, name)
-        if value is not None:
-            parts.append(part(f"dz/{name}", value))
+    present = [name for name in _TENSORS if getattr(state, name) is not None]
+    parts.extend(part(f"dz/{name}", getattr(state, name)) for name in present)
     stitched = [torch.from_numpy(frame) for frame in state.stitched_buffer]
     return {
         "pipeline": {
@@ -71,7 +69,7 @@ def capture(pipeline: Any, session_id: str, parts: list[TensorPart]) -> dict[str
             "current_start_frame": int(state.current_start_frame),
             "vae_stream_initialized": bool(state.vae_stream_initialized),
             "vae_encoder_window": state.vae_encoder_window,
-            "tensors": sorted(name for name in _TENSORS if getattr(state, name) is not None),
+            "tensors": sorted(present),
             "stitched_buffer": pack_list(stitched, "dz/stitched_buffer", parts),
             "vae_enc_feat_map": pack_list(state.vae_enc_feat_map, "dz/vae_enc_feat_map", parts),
             "video_latents_across_time": pack_list(
