@@ -499,7 +499,7 @@ def marked_place_source() -> str:
         end = body.index("\n", body.index(line) + 1) + 1
         body = body[:end] + "__mark()\n" + body[end:]
     body = CLOCK + "\n__mark()" + body  # the clock starts where the operation's own code does
-    placed = body.index("\nreturn {OK, 'placed'") + 1
+    placed = body.index("\nreturn answer({OK, 'placed'") + 1
     return head + "-- Operation script follows." + body[:placed] + "do return __marks end\n" + body[placed:]
 
 

@@ -22,8 +22,10 @@ from ardiff.kv.records import (
     MAX_PRIORITY,
     Placement,
     PlacementPolicy,
+    PlaceObservation,
     PlaceResult,
     PoolId,
+    SessionBinding,
     SessionSpec,
     SessionState,
     check_name,
@@ -136,6 +138,8 @@ class OperatorPlacement(PlacementShared):
                 policy,
                 self.stream_maxlen,
                 prefer_pod,
+                len(SessionBinding.FIELDS),
+                *SessionBinding.FIELDS,
             ],
             pool_keys=keys,
             plan=plan,
@@ -147,11 +151,12 @@ class OperatorPlacement(PlacementShared):
                 [as_text(p) for p in (hint_pod, hint_victim_pod) if p],
                 [as_text(hint_victim)] if hint_victim else [],
             )
+        after = PlaceObservation.from_reply(spec.name, reply[11:14])
         if as_text(outcome) == "pending":
             reason = "compute" if as_text(reply[10]) == "compute" else "capacity"
-            return PlaceResult(placement=None, pending_reason=reason)
+            return PlaceResult(placement=None, pending_reason=reason, observed=after)
         if as_text(outcome) == "suspending":
-            return PlaceResult(placement=None, victim=as_text(victim), suspending=True)
+            return PlaceResult(placement=None, victim=as_text(victim), suspending=True, observed=after)
         placement = Placement(
             session=spec.name,
             pod=as_text(pod),
@@ -161,7 +166,10 @@ class OperatorPlacement(PlacementShared):
             resume_from=as_text(reply[9]),
         )
         return PlaceResult(
-            placement=placement, victim=as_text(victim) or None, already_placed=as_text(outcome) == "already"
+            placement=placement,
+            victim=as_text(victim) or None,
+            already_placed=as_text(outcome) == "already",
+            observed=after,
         )
 
     async def restore(

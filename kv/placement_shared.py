@@ -115,7 +115,6 @@ class PlacementShared(ScriptRunner):
         per `BINDINGS_BATCH` sessions)."""
         keys = PoolKeys(check_pool(pool))
         names = [check_name("session", name) for name in names]
-        fields = [field.encode() for field in SessionBinding.FIELDS]
         bindings: dict[str, SessionBinding] = {}
         for start in range(0, len(names), BINDINGS_BATCH):
             batch = names[start : start + BINDINGS_BATCH]
@@ -123,9 +122,9 @@ class PlacementShared(ScriptRunner):
                 "read_bindings", [keys.session(name) for name in batch], list(SessionBinding.FIELDS)
             )
             for name, values in zip(batch, json.loads(reply[0]), strict=True):
-                if values:  # false: no record
-                    raw = {f: v.encode() for f, v in zip(fields, values, strict=True) if v is not False}
-                    bindings[name] = SessionBinding.from_hash(name, raw)
+                binding = SessionBinding.from_values(name, values or ())  # false: no record
+                if binding is not None:
+                    bindings[name] = binding
         return bindings
 
     async def get_pod(self, pool: PoolId, pod: str) -> PodRecord | None:

@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from enum import StrEnum
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 from ardiff.kv.errors import InvalidPlacementArgument
@@ -454,6 +454,19 @@ class SessionBinding:
     )
 
     @classmethod
+    def from_values(cls, name: str, values: Sequence[bytes | str | bool | None]) -> SessionBinding | None:
+        """From the values of `FIELDS` in order (None or false where the record lacks one); None when it has
+        no record (no `state`)."""
+        if not values or values[0] in (None, False):
+            return None
+        raw = {
+            f.encode(): v.encode() if isinstance(v, str) else v
+            for f, v in zip(cls.FIELDS, values, strict=True)
+            if isinstance(v, bytes | str)
+        }
+        return cls.from_hash(name, raw)
+
+    @classmethod
     def from_hash(cls, name: str, raw: dict[bytes, bytes]) -> SessionBinding:
         return cls(
             name=name,
@@ -483,6 +496,26 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class PlaceObservation:
+    """What `place` read in the same script, after its change: the session's binding (None: no record), the
+    record of the pod it holds a slot on (None unless placed or suspending) and the Redis server time. A
+    session's status needs nothing more, so admission reads nothing after placing."""
+
+    binding: SessionBinding | None
+    pod: PodRecord | None
+    now_ms: int
+
+    @classmethod
+    def from_reply(cls, session: str, reply: Sequence[Any]) -> PlaceObservation:
+        """From the script's last three reply elements: binding values, the flat pod hash, the time."""
+        values, flat_pod, now_ms = reply
+        binding = SessionBinding.from_values(session, values)
+        pod_raw = dict(zip(flat_pod[::2], flat_pod[1::2], strict=True))
+        pod = PodRecord.from_hash(binding.pod, pod_raw) if binding is not None and pod_raw else None
+        return cls(binding=binding, pod=pod, now_ms=int(now_ms))
+
+
+@dataclass(frozen=True)
 class PlaceResult:
     """`placement` is None while no slot exists (the session stays Pending).
 
@@ -494,9 +527,11 @@ class PlaceResult:
     `pending_reason` (issue 25) says why a session is pending: 'compute' when some live, non-draining pod
     had a free slot but no compute headroom for its playout_fps, else 'capacity' ('' when placed or
     suspending).
+    `observed`: the session's binding, its pod's record and the time, read by the same script after it.
     """
 
     placement: Placement | None
+    observed: PlaceObservation
     victim: str | None = None
     already_placed: bool = False
     suspending: bool = False

@@ -132,6 +132,9 @@ class KubeApi:
         self._ca_file = _write_ca(info.ca_data) if info.ca_data and not info.insecure else None
         self._configuration = _configuration(info, self._ca_file)
         self._client = ApiClient(self._configuration)
+        # Like kopf's own client: no proxy from the environment and no ~/.netrc. kubernetes_asyncio's session
+        # trusts both (it has no setting for it) and looks them up on an executor thread for every request.
+        self._client.rest_client.pool_manager._trust_env = False
 
     async def close(self) -> None:
         await self._client.close()

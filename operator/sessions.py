@@ -76,7 +76,6 @@ async def admit(
                 f"session {session.name}: {exc}; admission retried in {NOT_REPLICATED_RETRY_SECONDS} s"
             )
             raise kopf.TemporaryError(str(exc), delay=NOT_REPLICATED_RETRY_SECONDS) from None
-        now_ms = await ctx.store.server_time_ms()
     if placed.placement is None:
         ctx.kick(pid)  # the pool may need another pod
     if placed.victim is not None:
@@ -86,14 +85,14 @@ async def admit(
         ctx.notes[(session.namespace, placed.victim)] = f"{verb} to make room for session {session.name}"
         ctx.kick(pid)  # the victim's status changes in the pool's next round
         logger.info(f"session {session.name} {verb} session {placed.victim}")
-    record = (await ctx.store.get_bindings(pid, [session.name])).get(session.name)
-    where = record.pod if record is not None else ""
-    ready = any(p.name == where and p.ready for p in pods)
+    # `place` read the binding, its pod's record and the time after its change: nothing more to read.
+    observed = placed.observed
+    where = observed.binding.pod if observed.binding is not None else ""
     observation = SessionObservation(
-        record=record,
-        pod=await ctx.store.get_pod(pid, where) if where else None,
-        pod_ready=ready,
-        now_ms=now_ms,
+        record=observed.binding,
+        pod=observed.pod,
+        pod_ready=any(p.name == where and p.ready for p in pods),
+        now_ms=observed.now_ms,
         playout=resolve_playout(session, pool),
         compute_utilisation=pool.spec.compute_utilisation
         if placed.pending_reason == "compute" and pool.spec is not None

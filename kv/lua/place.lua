@@ -7,7 +7,8 @@
 -- ARGV[7] max_chunks   ARGV[8] priority   ARGV[9] eviction_policy (LRU|Never)   ARGV[10] playout_fps
 -- ARGV[11] playout_buffer_chunks   ARGV[12] history_keep_chunks   ARGV[13] fork_from ('' | kept:<pod>/<s>/<chunk>)
 -- ARGV[14] may_evict (1|0)   ARGV[15] min_idle_ms   ARGV[16] policy (least-loaded|pack)   ARGV[17] stream maxlen
--- ARGV[18] prefer_pod ('' = none)   ARGV[19...] plan
+-- ARGV[18] prefer_pod ('' = none)   ARGV[19] n, the number of binding fields   ARGV[20...19+n] the binding fields
+-- (SessionBinding.FIELDS, `state` first)   ARGV[20+n...] plan
 --
 -- A placed session is returned as is. Otherwise: prefer_pod when it takes the session by every rule below (live,
 -- open, compute), else the live, non-draining pod with a free slot that the policy prefers (least-loaded: lowest
@@ -40,7 +41,10 @@
 -- Returns {OK, outcome ('placed'|'already'|'pending'|'suspending'), pod, pod_epoch, endpoint, reset_required,
 --          victim, hint pod, hint victim pod, hint victim session, resume_from, pending_reason} (hints: the
 --          pods/sessions the next call will likely need; pending_reason: '' unless pending, 'compute' when some
---          live non-draining pod had a free slot but no compute for this session, else 'capacity')
+--          live non-draining pod had a free slot but no compute for this session, else 'capacity'),
+--          then what the caller's status needs, so that it reads nothing after the call: the session's binding
+--          fields after it (false each where the record lacks it), the flat record of the pod it holds a slot
+--          on ({} unless placed or suspending) and the server time in ms
 --       or {STALE_PLAN, {pods}, {sessions}}
 local session_key = KEYS[1]
 local open_key = KEYS[2]
@@ -59,7 +63,9 @@ local min_idle_ms = tonumber(ARGV[15])
 local pack = ARGV[16] == 'pack'
 local stream_maxlen = ARGV[17]
 local prefer_pod = ARGV[18]
-local plan = read_plan(9, 19)
+local n_binding_fields = tonumber(ARGV[19])
+local binding_fields = {unpack(ARGV, 20, 19 + n_binding_fields)}
+local plan = read_plan(9, 20 + n_binding_fields)
 local missing = new_missing()
 
 local now = now_ms()
@@ -165,6 +171,22 @@ local function fits_instead_of(pod_key, victim_key)
   return compute == 0 or left <= FPS_EPSILON or left + fps <= compute + FPS_EPSILON
 end
 
+-- An OK reply with the session's binding, the record of the pod it holds a slot on, and the time appended.
+local function answer(reply)
+  local binding = redis.call('HMGET', session_key, unpack(binding_fields))
+  local holder = redis.call('HMGET', session_key, 'state', 'pod')
+  local held_pod = holder[2]
+  local pod_record = {}
+  if (holder[1] == 'placed' or holder[1] == 'suspending') and plan.pod_keys[held_pod] then
+    local held_pod_key = plan.pod_keys[held_pod]
+    pod_record = redis.call('HGETALL', held_pod_key)
+  end
+  table.insert(reply, binding)
+  table.insert(reply, pod_record)
+  table.insert(reply, now)
+  return reply
+end
+
 local function hints()
   local pod = preferred_pod()
   if pod ~= nil then
@@ -176,7 +198,7 @@ end
 
 local function pending(reason)
   local hint_pod, hint_victim_pod, hint_victim = hints()
-  return {OK, 'pending', false, false, false, 0, false, hint_pod, hint_victim_pod, hint_victim, '', reason}
+  return answer({OK, 'pending', false, false, false, 0, false, hint_pod, hint_victim_pod, hint_victim, '', reason})
 end
 
 local s = redis.call('HMGET', session_key, 'state', 'pod', 'pod_epoch', 'reset_required', 'location',
@@ -187,10 +209,15 @@ if s[1] == 'placed' then
     return stale_reply(missing)
   end
   local endpoint = redis.call('HGET', plan.pod_keys[s[2]], 'endpoint')
-  return {OK, 'already', s[2], s[3], endpoint or '', tonumber(s[4]) or 0, false, false, false, false, s[7] or '', ''}
+  return answer({OK, 'already', s[2], s[3], endpoint or '', tonumber(s[4]) or 0, false, false, false, false,
+    s[7] or '', ''})
 end
 if s[1] == 'suspending' then  -- it still holds its slot on its pod until the export is written
-  return {OK, 'pending', false, false, false, 0, false, false, false, false, '', 'capacity'}
+  need_pod(plan, missing, s[2])
+  if missing.any then
+    return stale_reply(missing)
+  end
+  return answer({OK, 'pending', false, false, false, 0, false, false, false, false, '', 'capacity'})
 end
 local first_admission = s[1] == false or s[1] == 'closed'
 local may_take_slot = (first_admission or s[1] == 'lost' or s[1] == 'suspended')
@@ -222,7 +249,7 @@ local p = redis.call('HMGET', pod_key, 'epoch', 'endpoint')
 if victim and redis.call('HGET', pod_key, 'exports') == '1' then
   begin_suspend(plan.session_keys[victim], lru_key, suspending_key, plan.stream_keys[pod], stream_maxlen, pod, victim,
     'evicted', 0, now)
-  return {OK, 'suspending', false, false, false, 0, victim, false, false, false, '', ''}
+  return answer({OK, 'suspending', false, false, false, 0, victim, false, false, false, '', ''})
 end
 if victim then
   evict(plan, residents_key, lru_key, pod, victim, stream_maxlen, 'evicted for ' .. session)
@@ -249,5 +276,5 @@ redis.call('HSET', session_key, 'resume_from', resume_from, 'resume_requested_ms
 charge(pod_key, session_key, 1)
 refresh_open(open_key, headroom_key, pod_key, pod)
 local hint_pod, hint_victim_pod, hint_victim = hints()
-return {OK, 'placed', pod, p[1], p[2], reset_required, victim, hint_pod, hint_victim_pod, hint_victim, resume_from,
-  ''}
+return answer({OK, 'placed', pod, p[1], p[2], reset_required, victim, hint_pod, hint_victim_pod, hint_victim,
+  resume_from, ''})

@@ -9,7 +9,7 @@ import pytest
 
 from ardiff.kv.errors import InvalidPlacementArgument, PodFenced, SessionNotHere
 from ardiff.kv.placement import PlacementStore
-from ardiff.kv.records import PodRegistration, PoolId, SessionRecord, SessionState
+from ardiff.kv.records import PlaceObservation, PodRegistration, PoolId, SessionRecord, SessionState
 from tests.kv.test_placement import pool_state, spec
 
 LEASE_MS = 60_000
@@ -570,4 +570,46 @@ async def test_a_suspended_record_redis_lost_is_restored_from_the_status_and_res
     assert back.placement is not None
     assert (back.placement.reset_required, back.placement.resume_from) == (False, "/tier/idle-9")
     assert (await record(store, pool, "idle")).chunk_index == 5
+    assert await store.check_invariants(pool) == []
+
+
+async def test_place_answers_with_what_a_status_needs_read_in_the_same_script(
+    store: PlacementStore, pool: PoolId
+) -> None:
+    """Issue 27: `place` returns the session's binding, the record of the pod it holds a slot on and the
+    server time, as `get_bindings`, `get_pod` and `TIME` read them after it: admission reads nothing more."""
+
+    async def check(observed: PlaceObservation, name: str, *, pod: str | None) -> None:
+        assert observed.binding == (await store.get_bindings(pool, [name])).get(name)
+        assert observed.pod == (await store.get_pod(pool, pod) if pod else None)
+        assert 0 <= await store.server_time_ms() - observed.now_ms < 5_000
+
+    await register(store, pool, "w-a", capacity=1)
+    placed = await store.place(pool, spec("idle"))
+    await check(placed.observed, "idle", pod="w-a")
+    assert placed.observed.binding is not None
+    assert placed.observed.binding.state is SessionState.PLACED
+    assert placed.observed.pod is not None
+    assert placed.observed.pod.used == 1
+    again = await store.place(pool, spec("idle"))  # idempotent: the same binding, read again
+    assert again.already_placed
+    await check(again.observed, "idle", pod="w-a")
+
+    waiting = await store.place(pool, spec("new"))  # no record, no pod
+    assert waiting.placement is None
+    assert (waiting.observed.binding, waiting.observed.pod) == (None, None)
+    await check(waiting.observed, "new", pod=None)
+
+    await asyncio.sleep(IDLE_MS / 1000 + 0.01)
+    suspending = await store.place(pool, spec("new"), may_evict=True, min_idle_ms=IDLE_MS)
+    assert (suspending.placement, suspending.victim, suspending.suspending) == (None, "idle", True)
+    await check(suspending.observed, "new", pod=None)
+    # The victim still holds its slot while it exports: its pod's record comes with it.
+    victim = await store.place(pool, spec("idle"))
+    assert victim.placement is None
+    assert victim.observed.binding is not None
+    assert victim.observed.binding.state is SessionState.SUSPENDING
+    await check(victim.observed, "idle", pod="w-a")
+    await export(store, pool, "idle")
+    assert (await store.place(pool, spec("new"))).observed.pod == await store.get_pod(pool, "w-a")
     assert await store.check_invariants(pool) == []

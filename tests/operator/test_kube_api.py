@@ -109,6 +109,31 @@ async def test_create_get_patch_delete_are_idempotent(server: tuple[FakeApiServe
     assert body == {"status": {"phase": "Ready", "pod": None}}  # null removes a field in a merge patch
 
 
+async def test_the_proxy_environment_and_netrc_are_not_used(
+    server: tuple[FakeApiServer, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """As with kopf's own client, the API server is reached directly: a proxy in the environment (here one
+    that refuses every connection) and a ~/.netrc are not used (the client once looked both up per call)."""
+    fake, url = server
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # discard: nothing listens there
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login u password p\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    fake.token = "unknown"  # were the netrc's basic auth sent instead of no token, it would be accepted
+    api = KubeApi(lambda: kopf.ConnectionInfo(server=url, insecure=True))
+    try:
+        with pytest.raises(KubeApiError) as failure:
+            await api.get(PODS, "ns", "x")
+    finally:
+        await api.close()
+    assert failure.value.status == 401  # it reached the server, and without the netrc's credentials
+    assert [(r[0], r[1]) for r in fake.requests] == [("GET", "/api/v1/namespaces/ns/pods/x")] * 2
+
+
 async def test_a_rotated_token_is_fetched_again_once(server: tuple[FakeApiServer, str]) -> None:
     fake, url = server
     tokens = iter(["old", "new", "newer"])
