@@ -457,14 +457,15 @@ class SessionBinding:
     def from_values(cls, name: str, values: Sequence[bytes | str | bool | None]) -> SessionBinding | None:
         """From the values of `FIELDS` in order (None or false where the record lacks one); None when it has
         no record (no `state`)."""
-        if not values or values[0] in (None, False):
+        if not values or not values[0]:
             return None
+        # Empty values are left out with missing ones: every field reads either as its default.
         raw = {
-            f.encode(): v.encode() if isinstance(v, str) else v
-            for f, v in zip(cls.FIELDS, values, strict=True)
-            if isinstance(v, bytes | str)
+            key: value.encode() if isinstance(value, str) else value
+            for key, value in zip(_BINDING_KEYS, values, strict=True)
+            if value
         }
-        return cls.from_hash(name, raw)
+        return cls.from_hash(name, raw)  # type: ignore[arg-type]
 
     @classmethod
     def from_hash(cls, name: str, raw: dict[bytes, bytes]) -> SessionBinding:
@@ -481,6 +482,9 @@ class SessionBinding:
             **_continuity(raw),
             **_history(raw),
         )
+
+
+_BINDING_KEYS = tuple(field.encode() for field in SessionBinding.FIELDS)
 
 
 @dataclass(frozen=True)
