@@ -25,14 +25,18 @@ admin) serving its Prometheus metrics:
    round (kopf gates handlers on its indexes being filled, one toggle per listed object; upstream kopf 1.45.2
    wakes every waiting worker at each toggle, quadratic in the objects listed; operator/kopf_patch.py makes it
    linear); with `--kopf-unpatched`, then restarted once more without that patch (ARDIFF_KOPF_UNPATCHED=1),
-   its first round awaited for at most `--unpatched-timeout` seconds.
+   its first round awaited for at most `--unpatched-timeout` seconds;
+7. up to `--takeover-up-to` sessions: an active operator (priority 10) and a standby (priority 0) in a
+   namespaced KopfPeering with the operator's default peering lifetime, both serving; the active one killed
+   (SIGKILL, a crash): seconds until the standby's first round of the pool (it notices the active peer gone,
+   resumes, lists and indexes every object as at a start).
 Also Redis `used_memory` per session (before and after 3), the operator's peak RSS (VmHWM), kube-apiserver's
 and etcd's RSS and etcd's database size (`apiserver_storage_size_bytes`). The baseline is the first (smallest)
 size of the same run; every figure is also printed as a ratio of it.
 
     nice -n 10 .venv/bin/python benchmarks/scale_operator.py [--sizes 10x1000,100x10000,1000x100000]
         [--burst 1000] [--rounds 5] [--restart-up-to 10000] [--kopf-unpatched] [--unpatched-timeout 300]
-        [--seed-chunk 10000] [--profile DIR]
+        [--takeover-up-to 10000] [--seed-chunk 10000] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import argparse
 import asyncio
 import os
 import re
+import signal
 import sys
 import tempfile
 import threading
@@ -86,6 +91,7 @@ OPERATOR_ENV = {
 SEED_PLACERS = 32
 BURST_CLIENTS = 8
 TIMEOUT = 1800.0
+PEERING = "ardiff"  # the KopfPeering of the takeover (7)
 ROUND_METRIC = "ardiff_pool_reconcile_seconds"
 # Simulated nodes advertise 1,000 pods each (SIMULATED_NODE_CAPACITY) on a /22 pod CIDR: one node per this
 # many of the pool's pods, so that no node is near full.
@@ -220,6 +226,7 @@ class SizeResult:
     restart_round_s: float | None  # a restart at this size: start -> its first round of the pool done
     unpatched_ready_s: float | None  # the same without operator/kopf_patch.py (None: not measured)
     unpatched_round_s: float | None  # (inf: no first round within --unpatched-timeout)
+    takeover_round_s: float | None  # the active peer killed -> the standby's first round (None: not measured)
     rounds: list[float]  # idle rounds, seconds
     writes_per_round: float  # API writes during the idle rounds, per round
     operator_rss: int  # after the idle rounds
@@ -361,6 +368,67 @@ def restart_unpatched(operator: OperatorProcess, metrics_url: str, timeout: floa
         operator.env = env
 
 
+def takeover(cluster: DevCluster, http: httpx.Client, env: dict[str, str], timeout: float = TIMEOUT) -> float:
+    """An active and a standby operator in a KopfPeering; the active one killed: seconds until the standby's
+    first round of the pool (inf: none within `timeout`)."""
+    peering = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}
+    created = http.post(f"/apis/kopf.dev/v1/namespaces/{NAMESPACE}/kopfpeerings", json=peering)
+    # (a peer that starts without one waits for it)
+    assert created.status_code in (201, 409), created.text
+
+    def peer(name: str, priority: int) -> tuple[OperatorProcess, str]:
+        metrics_url = f"http://127.0.0.1:{free_port()}/metrics"
+        command = (
+            *OPERATOR_COMMAND[:3],
+            "--peering",
+            PEERING,
+            "--priority",
+            str(priority),
+            "--metrics",
+            metrics_url,
+        )
+        process = OperatorProcess(
+            command,
+            kubeconfig=cluster.kubeconfig,
+            redis_url=cluster.redis_url,
+            namespace=NAMESPACE,
+            log_path=cluster.logs_dir / f"operator-{name}.log",
+            env=env,
+        )
+        return process, metrics_url
+
+    (active, active_url), (standby, standby_url) = peer("active", 10), peer("standby", 0)
+    try:
+        active.start().wait_ready(timeout=TIMEOUT)
+        sampler = RoundSampler(active_url).start()
+        try:
+            sampler.wait_rounds(1, after=0, timeout=timeout)  # active: it has listed and indexed everything
+        finally:
+            sampler.stop()
+        standby.start().wait_ready(timeout=TIMEOUT)
+        # Both peers in the peering: the standby stays paused (it starts so, silently) behind the active one.
+        peering_path = f"/apis/kopf.dev/v1/namespaces/{NAMESPACE}/kopfpeerings/{PEERING}"
+
+        def peers() -> set[int]:
+            status = http.get(peering_path).json().get("status") or {}
+            return {peer["priority"] for peer in status.values()}
+
+        wait_for(lambda: peers() == {10, 0}, "both peers in the peering", timeout=60)
+        sampler = RoundSampler(standby_url).start()
+        try:
+            killed = time.monotonic()
+            active.stop(signal.SIGKILL)
+            sampler.wait_rounds(1, after=killed, timeout=timeout)
+        except TimeoutError:
+            return float("inf")
+        finally:
+            sampler.stop()
+        return next(seen for seen, _ in sampler.rounds if seen >= killed) - killed
+    finally:
+        active.stop()
+        standby.stop()
+
+
 def measure(workdir: Path, pods: int, sessions: int, args: argparse.Namespace) -> SizeResult:
     capacity = -(-(sessions + 2 * args.burst) // pods)
     metrics_url = f"http://127.0.0.1:{free_port()}/metrics"
@@ -421,6 +489,7 @@ def measure(workdir: Path, pods: int, sessions: int, args: argparse.Namespace) -
             else (None, None)
         )
         operator.stop()
+        takeover_s = takeover(cluster, http, operator.env) if sessions <= args.takeover_up_to else None
     return SizeResult(
         pods=pods,
         sessions=sessions,
@@ -432,6 +501,7 @@ def measure(workdir: Path, pods: int, sessions: int, args: argparse.Namespace) -
         restart_round_s=restarted[1],
         unpatched_ready_s=unpatched[0],
         unpatched_round_s=unpatched[1],
+        takeover_round_s=takeover_s,
         rounds=rounds,
         writes_per_round=writes / len(rounds),
         operator_rss=operator_rss,
@@ -454,6 +524,7 @@ def row(r: SizeResult) -> dict[str, float | None]:
         "burst p50 s": r.burst.quantile(0.5),
         "burst p99 s": r.burst.quantile(0.99),
         "restart s": r.restart_round_s,
+        "takeover s": r.takeover_round_s,
     }
 
 
@@ -473,7 +544,8 @@ def print_table(results: list[SizeResult], burst: int) -> None:
         f"{'round p50/p99 s':>15} {'writes/round':>12} {'op RSS/peak MiB':>15} {'API/etcd MiB':>12} "
         f"{'etcd DB MiB':>11} "
         f"{'burst p50/p99 s':>15} {'all Ready s':>11} {'rounds in burst (max s)':>23} "
-        f"{'restart: serving/1st round s':>28} {'kopf unpatched: serving/1st round s':>35}"
+        f"{'restart: serving/1st round s':>28} {'kopf unpatched: serving/1st round s':>35} "
+        f"{'takeover: 1st round s':>21}"
     )
     print(header)
     print("-" * len(header))
@@ -488,7 +560,8 @@ def print_table(results: list[SizeResult], burst: int) -> None:
             f"{pair(r.api_rss / 2**20, r.etcd_rss / 2**20, 0):>12} {r.etcd_bytes / 2**20:>11.0f} "
             f"{pair(f['burst p50 s'], f['burst p99 s'], 2):>15} {r.burst.all_ready_s:>11.1f} {in_burst:>23} "
             f"{pair(r.restart_ready_s, r.restart_round_s, 1):>28} "
-            f"{pair(r.unpatched_ready_s, r.unpatched_round_s, 1):>35}"
+            f"{pair(r.unpatched_ready_s, r.unpatched_round_s, 1):>35} "
+            f"{'-' if r.takeover_round_s is None else f'{r.takeover_round_s:.1f}':>21}"
         )
     base = row(results[0])
     print(f"\nratio to the baseline ({results[0].pods} pods x {results[0].sessions} sessions, same run):")
@@ -523,6 +596,12 @@ def main() -> None:
         type=float,
         default=300.0,
         help="seconds to wait for the unpatched operator's first round (upstream kopf is quadratic)",
+    )
+    parser.add_argument(
+        "--takeover-up-to",
+        type=int,
+        default=10_000,
+        help="kill an active operator before a standby at sizes up to this many sessions",
     )
     parser.add_argument("--seed-chunk", type=int, default=10_000, help="sessions seeded per step")
     parser.add_argument("--profile", help="run the operator under cProfile; its stats go to this directory")
