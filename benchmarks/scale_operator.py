@@ -50,6 +50,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -339,22 +340,40 @@ def burst_of(cluster: DevCluster, count: int) -> Phase:
     return Phase.of(*asyncio.run(applied))
 
 
+def seconds_to_first_round(metrics_url: str, since: float, timeout: float) -> float:
+    """Seconds from `since` (monotonic) until the operator serving `metrics_url` is seen to finish a round of
+    the pool (inf: none within `timeout`). Sampling starts now: call it before that round can end."""
+    sampler = RoundSampler(metrics_url).start()
+    try:
+        sampler.wait_rounds(1, after=since, timeout=timeout)
+    except TimeoutError:
+        return float("inf")
+    finally:
+        sampler.stop()
+    return next(seen for seen, _ in sampler.rounds if seen >= since) - since
+
+
+def operator_process(
+    cluster: DevCluster, command: tuple[str, ...], log_name: str, env: Mapping[str, str]
+) -> OperatorProcess:
+    """An operator on `cluster`, watching the benchmark's namespace, its output in `log_name`."""
+    return OperatorProcess(
+        command,
+        kubeconfig=cluster.kubeconfig,
+        redis_url=cluster.redis_url,
+        namespace=NAMESPACE,
+        log_path=cluster.logs_dir / log_name,
+        env=env,
+    )
+
+
 def restart(operator: OperatorProcess, metrics_url: str, timeout: float = TIMEOUT) -> tuple[float, float]:
     """Stop and start the operator: seconds until it serves, and until its first round of the pool (inf: none
     within `timeout`)."""
     operator.stop()
     started = time.monotonic()
     operator.start().wait_ready(timeout=TIMEOUT)
-    ready_s = time.monotonic() - started
-    sampler = RoundSampler(metrics_url).start()
-    try:
-        sampler.wait_rounds(1, after=0, timeout=timeout)
-    except TimeoutError:
-        return ready_s, float("inf")
-    finally:
-        sampler.stop()
-    first_round_seen, _ = sampler.rounds[0]
-    return ready_s, first_round_seen - started
+    return time.monotonic() - started, seconds_to_first_round(metrics_url, started, timeout)
 
 
 def restart_unpatched(operator: OperatorProcess, metrics_url: str, timeout: float) -> tuple[float, float]:
@@ -368,12 +387,14 @@ def restart_unpatched(operator: OperatorProcess, metrics_url: str, timeout: floa
         operator.env = env
 
 
-def takeover(cluster: DevCluster, http: httpx.Client, env: dict[str, str], timeout: float = TIMEOUT) -> float:
+def takeover(
+    cluster: DevCluster, http: httpx.Client, env: Mapping[str, str], timeout: float = TIMEOUT
+) -> float:
     """An active and a standby operator in a KopfPeering; the active one killed: seconds until the standby's
     first round of the pool (inf: none within `timeout`)."""
+    # Made first: a peer that starts before its peering exists waits for it.
     peering = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}
     created = http.post(f"/apis/kopf.dev/v1/namespaces/{NAMESPACE}/kopfpeerings", json=peering)
-    # (a peer that starts without one waits for it)
     assert created.status_code in (201, 409), created.text
 
     def peer(name: str, priority: int) -> tuple[OperatorProcess, str]:
@@ -387,24 +408,15 @@ def takeover(cluster: DevCluster, http: httpx.Client, env: dict[str, str], timeo
             "--metrics",
             metrics_url,
         )
-        process = OperatorProcess(
-            command,
-            kubeconfig=cluster.kubeconfig,
-            redis_url=cluster.redis_url,
-            namespace=NAMESPACE,
-            log_path=cluster.logs_dir / f"operator-{name}.log",
-            env=env,
-        )
-        return process, metrics_url
+        return operator_process(cluster, command, f"operator-{name}.log", env), metrics_url
 
     (active, active_url), (standby, standby_url) = peer("active", 10), peer("standby", 0)
     try:
+        started = time.monotonic()
         active.start().wait_ready(timeout=TIMEOUT)
-        sampler = RoundSampler(active_url).start()
-        try:
-            sampler.wait_rounds(1, after=0, timeout=timeout)  # active: it has listed and indexed everything
-        finally:
-            sampler.stop()
+        # Active once it has listed and indexed everything.
+        if seconds_to_first_round(active_url, started, timeout) == float("inf"):
+            raise TimeoutError(f"the active operator made no round within {timeout} s")
         standby.start().wait_ready(timeout=TIMEOUT)
         # Both peers in the peering: the standby stays paused (it starts so, silently) behind the active one.
         peering_path = f"/apis/kopf.dev/v1/namespaces/{NAMESPACE}/kopfpeerings/{PEERING}"
@@ -414,16 +426,9 @@ def takeover(cluster: DevCluster, http: httpx.Client, env: dict[str, str], timeo
             return {peer["priority"] for peer in status.values()}
 
         wait_for(lambda: peers() == {10, 0}, "both peers in the peering", timeout=60)
-        sampler = RoundSampler(standby_url).start()
-        try:
-            killed = time.monotonic()
-            active.stop(signal.SIGKILL)
-            sampler.wait_rounds(1, after=killed, timeout=timeout)
-        except TimeoutError:
-            return float("inf")
-        finally:
-            sampler.stop()
-        return next(seen for seen, _ in sampler.rounds if seen >= killed) - killed
+        killed = time.monotonic()
+        active.stop(signal.SIGKILL)
+        return seconds_to_first_round(standby_url, killed, timeout)
     finally:
         active.stop()
         standby.stop()
@@ -440,13 +445,11 @@ def measure(workdir: Path, pods: int, sessions: int, args: argparse.Namespace) -
         DevCluster(workdir, namespace=NAMESPACE, nodes=simulated_nodes(pods)) as cluster,
         cluster.admin.client(timeout=120) as http,
     ):
-        operator = OperatorProcess(
+        operator = operator_process(
+            cluster,
             command,
-            kubeconfig=cluster.kubeconfig,
-            redis_url=cluster.redis_url,
-            namespace=NAMESPACE,
-            log_path=cluster.logs_dir / "operator.log",
-            env={**OPERATOR_ENV, "ARDIFF_WORKER_REDIS_URL": cluster.cluster_redis_url},
+            "operator.log",
+            {**OPERATOR_ENV, "ARDIFF_WORKER_REDIS_URL": cluster.cluster_redis_url},
         )
         operator.start().wait_ready()
         sampler = RoundSampler(metrics_url).start()

@@ -431,6 +431,7 @@ class SessionBinding:
     history_keep_chunks: int = 0  # issue 26: how many chunk boundaries it keeps, and those kept now
     kept_chunks: tuple[int, ...] = ()
 
+    # `state`, then `pod`, first: the placement scripts read them by position (kv/lua/place.lua).
     FIELDS: ClassVar[tuple[str, ...]] = (
         "state",
         "pod",

@@ -8,7 +8,7 @@
 -- ARGV[11] playout_buffer_chunks   ARGV[12] history_keep_chunks   ARGV[13] fork_from ('' | kept:<pod>/<s>/<chunk>)
 -- ARGV[14] may_evict (1|0)   ARGV[15] min_idle_ms   ARGV[16] policy (least-loaded|pack)   ARGV[17] stream maxlen
 -- ARGV[18] prefer_pod ('' = none)   ARGV[19] n, the number of binding fields   ARGV[20...19+n] the binding fields
--- (SessionBinding.FIELDS, `state` first)   ARGV[20+n...] plan
+-- (SessionBinding.FIELDS: `state`, then `pod`, first)   ARGV[20+n...] plan
 --
 -- A placed session is returned as is. Otherwise: prefer_pod when it takes the session by every rule below (live,
 -- open, compute), else the live, non-draining pod with a free slot that the policy prefers (least-loaded: lowest
@@ -174,10 +174,9 @@ end
 -- An OK reply with the session's binding, the record of the pod it holds a slot on, and the time appended.
 local function answer(reply)
   local binding = redis.call('HMGET', session_key, unpack(binding_fields))
-  local holder = redis.call('HMGET', session_key, 'state', 'pod')
-  local held_pod = holder[2]
+  local held_pod = binding[2]
   local pod_record = {}
-  if (holder[1] == 'placed' or holder[1] == 'suspending') and plan.pod_keys[held_pod] then
+  if (binding[1] == 'placed' or binding[1] == 'suspending') and plan.pod_keys[held_pod] then
     local held_pod_key = plan.pod_keys[held_pod]
     pod_record = redis.call('HGETALL', held_pod_key)
   end
