@@ -150,6 +150,12 @@ async def test_a_refused_service_is_retried_the_next_round_not_after_a_minute(
     }
     response = cluster.http.post(f"/api/v1/namespaces/{cluster.namespace}/resourcequotas", json=quota)
     assert response.status_code == 201, response.text
+    # Quota admission enforces what the quota controller has written to status.hard, not the spec: until the
+    # controller-manager syncs a new quota, a Service goes through (CI's run 32 lost this race).
+    wait_until(
+        lambda: (cluster.get("resourcequotas", "no-services", core=True) or {}).get("status", {}).get("hard"),
+        what="the quota synced by the controller-manager",
+    )
     cluster.create_pool()
     cluster.create_session("s")
     refused = f"POST /api/v1/namespaces/{cluster.namespace}/services -> HTTP 403"

@@ -23,10 +23,22 @@ from tests.operator.conftest import Cluster
 pytestmark = pytest.mark.slow
 
 # In a Pod of the worker image: the session's client with the pool's CA ticks; one without it is refused.
+# It first waits for the worker's DNS name: the record comes from the EndpointSlice the controller-manager
+# writes, which a loaded control plane may publish after the session is Ready.
 CLIENT = """
-import json, os
+import json, os, socket, time
+from urllib.parse import urlsplit
 from ardiff.client import SessionClient, WorkerUnreachable
 endpoint, session, token = os.environ["ENDPOINT"], os.environ["SESSION"], os.environ["TOKEN"]
+give_up_at = time.monotonic() + 30
+while True:
+    try:
+        socket.getaddrinfo(urlsplit(endpoint).hostname, None)
+        break
+    except socket.gaierror:
+        if time.monotonic() > give_up_at:
+            raise
+        time.sleep(0.2)
 with SessionClient(session, endpoint, token, ca_file="/etc/pool-ca/ca.crt") as client:
     chunk = client.tick([])
 verified = [chunk.metadata.chunk_index, list(chunk.frames.shape)]
@@ -138,7 +150,9 @@ def test_a_tls_pool_on_tls_redis_is_ticked_over_https_at_its_pods_dns_name(
                 what="the client Pod done",
             )
             log = cluster.pod_log("client")
-            result = json.loads(log.strip().splitlines()[-1])
+            results = [line for line in log.splitlines() if line.startswith('{"verified"')]
+            assert results, f"the client printed no result:\n{log}"
+            result = json.loads(results[-1])
             (chunk_index, shape), refused = result["verified"], result["unverified"]
             assert (chunk_index, shape[1:]) == (0, [64, 64, 3]), log
             assert "CERTIFICATE_VERIFY_FAILED" in refused, log
