@@ -555,6 +555,36 @@ def test_status_the_operator_writes_is_kept_and_validated(admission: Admission, 
     assert admitted.obj["status"] == pool_status
 
 
+def test_a_status_is_one_field_to_the_api_server_and_merge_patches_still_merge_it(
+    dev_cluster: DevCluster, admission: Admission, kube_namespace: str
+) -> None:
+    """`x-kubernetes-map-type: atomic` on both kinds' status: the API server tracks a status write as the one
+    field `f:status` in managedFields (not each field and condition: cheaper for it on every write), and the
+    operator's merge patches still merge field by field (a mirror patch of `chunkIndex` keeps the phase)."""
+    session = admission.store(example("sessions.yaml", "forest-walk"), namespace=kube_namespace)
+    pool = admission.store(example("pool.yaml", "tiny-world"), namespace=kube_namespace)
+    admitted = _session_statuses()[-2]  # placed on a Ready pod, with its condition and playout
+    pool_status = {"replicas": 2, "readyReplicas": 1, "conditions": [{"type": "Ready", "status": "False"}]}
+    with dev_cluster.admin.client() as client:
+        for obj, status, later in (
+            (session, admitted, {"chunkIndex": 7, "lastTickTime": "2026-01-02T03:04:09.000Z"}),
+            (pool, pool_status, {"pending": 3}),
+        ):
+            url = f"{admission.collection(obj, kube_namespace)}/{obj['metadata']['name']}"
+            for patch in (status, later):
+                response = client.patch(
+                    f"{url}/status",
+                    content=json.dumps({"status": patch}),
+                    headers={"Content-Type": "application/merge-patch+json"},
+                )
+                assert response.status_code == 200, response.text
+            stored = response.json()
+            expected = {k: v for k, v in {**status, **later}.items() if v is not None}
+            assert stored["status"] == expected
+            [entry] = [e for e in stored["metadata"]["managedFields"] if e.get("subresource") == "status"]
+            assert entry["fieldsV1"] == {"f:status": {}}, obj["kind"]
+
+
 STRICT_STATUS_GROUP = "strict-status.ardiffusion.dev"
 
 
