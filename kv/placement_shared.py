@@ -118,9 +118,7 @@ class PlacementShared(ScriptRunner):
         bindings: dict[str, SessionBinding] = {}
         for start in range(0, len(names), BINDINGS_BATCH):
             batch = names[start : start + BINDINGS_BATCH]
-            _, reply = await self._run(
-                "read_bindings", [keys.session(name) for name in batch], list(SessionBinding.FIELDS)
-            )
+            _, reply = await self._run("read_bindings", [keys.session(name) for name in batch], [])
             for name, values in zip(batch, json.loads(reply[0]), strict=True):
                 binding = SessionBinding.from_values(name, values or ())  # false: no record
                 if binding is not None:

@@ -9,7 +9,7 @@ import hashlib
 import itertools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any, ClassVar, Literal
@@ -360,49 +360,69 @@ class SessionRecord:
         return cls(
             name=name,
             pool=_text(raw, "pool"),
-            pod=_text(raw, "pod"),
-            pod_epoch=_int(raw, "pod_epoch"),
-            state=SessionState(_text(raw, "state")),
             token_sha256=_text(raw, "token_sha256"),
             seed=_int(raw, "seed"),
             prompt=_text(raw, "prompt"),
             image=raw.get(b"image", b""),
-            reset_required=_int(raw, "reset_required") == 1,
             max_chunks=_int(raw, "max_chunks"),
             priority=_int(raw, "priority"),
             eviction_policy="Never" if policy == "Never" else "LRU",
-            chunk_index=_int(raw, "chunk_index"),
-            last_tick_ms=_int(raw, "last_tick_ms"),
-            playout_fps=_float(raw, "playout_fps"),
-            playout_buffer_chunks=_int(raw, "playout_buffer_chunks"),
             fork_from=_text(raw, "fork_from"),
-            **_continuity(raw),
-            **_history(raw),
+            **_read_binding(raw.get(key) for key in _BINDING_KEYS),
         )
 
 
-def _history(raw: dict[bytes, bytes]) -> dict[str, int | tuple[int, ...]]:
-    """The issue-26 fields SessionRecord and SessionBinding share."""
-    kept = _text(raw, "kept_chunks")
-    return {
-        "history_keep_chunks": _int(raw, "history_keep_chunks"),
-        "kept_chunks": tuple(int(chunk) for chunk in kept.split(",")) if kept else (),
-    }
+def _as_str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
-def _continuity(raw: dict[bytes, bytes]) -> dict[str, str | int]:
-    """The issue-12 fields SessionRecord and SessionBinding share."""
-    return {
-        "tier": _text(raw, "tier"),
-        "location": _text(raw, "location"),
-        "bytes": _int(raw, "bytes"),
-        "suspended_chunk": _int(raw, "suspended_chunk"),
-        "resume_requested_ms": _int(raw, "resume_requested_ms"),
-        "resume_from": _text(raw, "resume_from"),
-        "snapshot_location": _text(raw, "snapshot_location"),
-        "snapshot_chunk": _int(raw, "snapshot_chunk"),
-        "resumed_note": _text(raw, "resumed_note"),
+def _kept_chunks(value: bytes | str) -> tuple[int, ...]:
+    return tuple(int(chunk) for chunk in _as_str(value).split(","))
+
+
+# The fields of a session's binding (`SessionBinding.FIELDS`) in the order the scripts answer them (`state`,
+# then `pod`, first: kv/lua/place.lua reads them by position), and how each reads from a non-empty value
+# (int() and float() take bytes and str); what a record lacks is its default (`_BINDING_DEFAULTS` where none).
+_BINDING_READERS: dict[str, Callable[[Any], Any]] = {
+    "state": lambda value: SessionState(_as_str(value)),
+    "pod": _as_str,
+    "pod_epoch": int,
+    "reset_required": lambda value: int(value) == 1,
+    "chunk_index": int,
+    "last_tick_ms": int,
+    "tier": _as_str,
+    "location": _as_str,
+    "bytes": int,
+    "suspended_chunk": int,
+    "resume_requested_ms": int,
+    "resume_from": _as_str,
+    "snapshot_location": _as_str,
+    "snapshot_chunk": int,
+    "resumed_note": _as_str,
+    "playout_fps": float,
+    "playout_buffer_chunks": int,
+    "history_keep_chunks": int,
+    "kept_chunks": _kept_chunks,
+}
+_BINDING_DEFAULTS: dict[str, Any] = {
+    "pod": "",
+    "pod_epoch": 0,
+    "reset_required": False,
+    "chunk_index": 0,
+    "last_tick_ms": 0,
+}
+_BINDING_KEYS = tuple(field.encode() for field in _BINDING_READERS)
+
+
+def _read_binding(values: Iterable[bytes | str | bool | None]) -> dict[str, Any]:
+    """The binding fields of a record from their values in `_BINDING_READERS`' order (empty or missing: the
+    default): what SessionBinding and SessionRecord read alike."""
+    read = {
+        field: reader(value)
+        for (field, reader), value in zip(_BINDING_READERS.items(), values, strict=True)
+        if value
     }
+    return {**_BINDING_DEFAULTS, **read}
 
 
 @dataclass(frozen=True)
@@ -431,61 +451,16 @@ class SessionBinding:
     history_keep_chunks: int = 0  # issue 26: how many chunk boundaries it keeps, and those kept now
     kept_chunks: tuple[int, ...] = ()
 
-    # `state`, then `pod`, first: the placement scripts read them by position (kv/lua/place.lua).
-    FIELDS: ClassVar[tuple[str, ...]] = (
-        "state",
-        "pod",
-        "pod_epoch",
-        "reset_required",
-        "chunk_index",
-        "last_tick_ms",
-        "tier",
-        "location",
-        "bytes",
-        "suspended_chunk",
-        "resume_requested_ms",
-        "resume_from",
-        "snapshot_location",
-        "snapshot_chunk",
-        "resumed_note",
-        "playout_fps",
-        "playout_buffer_chunks",
-        "history_keep_chunks",
-        "kept_chunks",
-    )
+    FIELDS: ClassVar[tuple[str, ...]] = tuple(_BINDING_READERS)
 
     @classmethod
     def from_values(cls, name: str, values: Sequence[bytes | str | bool | None]) -> SessionBinding | None:
-        """From the values of `FIELDS` in order (None or false where the record lacks one); None when it has
-        no record (no `state`)."""
+        """From the values of `FIELDS` in order: bytes (a script's reply) or str (read_bindings' JSON), None
+        or false where the record lacks one; None when it has no record (no `state`). Read straight from the
+        values (every operator round reads a binding for each session of the pool)."""
         if not values or not values[0]:
             return None
-        # Empty values are left out with missing ones: every field reads either as its default.
-        raw = {
-            key: value.encode() if isinstance(value, str) else value
-            for key, value in zip(_BINDING_KEYS, values, strict=True)
-            if value
-        }
-        return cls.from_hash(name, raw)  # type: ignore[arg-type]
-
-    @classmethod
-    def from_hash(cls, name: str, raw: dict[bytes, bytes]) -> SessionBinding:
-        return cls(
-            name=name,
-            state=SessionState(_text(raw, "state")),
-            pod=_text(raw, "pod"),
-            pod_epoch=_int(raw, "pod_epoch"),
-            reset_required=_int(raw, "reset_required") == 1,
-            chunk_index=_int(raw, "chunk_index"),
-            last_tick_ms=_int(raw, "last_tick_ms"),
-            playout_fps=_float(raw, "playout_fps"),
-            playout_buffer_chunks=_int(raw, "playout_buffer_chunks"),
-            **_continuity(raw),
-            **_history(raw),
-        )
-
-
-_BINDING_KEYS = tuple(field.encode() for field in SessionBinding.FIELDS)
+        return cls(name=name, **_read_binding(values))
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,7 @@
 -- ARGV[7] max_chunks   ARGV[8] priority   ARGV[9] eviction_policy (LRU|Never)   ARGV[10] playout_fps
 -- ARGV[11] playout_buffer_chunks   ARGV[12] history_keep_chunks   ARGV[13] fork_from ('' | kept:<pod>/<s>/<chunk>)
 -- ARGV[14] may_evict (1|0)   ARGV[15] min_idle_ms   ARGV[16] policy (least-loaded|pack)   ARGV[17] stream maxlen
--- ARGV[18] prefer_pod ('' = none)   ARGV[19] n, the number of binding fields   ARGV[20...19+n] the binding fields
--- (SessionBinding.FIELDS: `state`, then `pod`, first)   ARGV[20+n...] plan
+-- ARGV[18] prefer_pod ('' = none)   ARGV[19...] plan
 --
 -- A placed session is returned as is. Otherwise: prefer_pod when it takes the session by every rule below (live,
 -- open, compute), else the live, non-draining pod with a free slot that the policy prefers (least-loaded: lowest
@@ -63,9 +62,7 @@ local min_idle_ms = tonumber(ARGV[15])
 local pack = ARGV[16] == 'pack'
 local stream_maxlen = ARGV[17]
 local prefer_pod = ARGV[18]
-local n_binding_fields = tonumber(ARGV[19])
-local binding_fields = {unpack(ARGV, 20, 19 + n_binding_fields)}
-local plan = read_plan(9, 20 + n_binding_fields)
+local plan = read_plan(9, 19)
 local missing = new_missing()
 
 local now = now_ms()
@@ -173,7 +170,7 @@ end
 
 -- An OK reply with the session's binding, the record of the pod it holds a slot on, and the time appended.
 local function answer(reply)
-  local binding = redis.call('HMGET', session_key, unpack(binding_fields))
+  local binding = redis.call('HMGET', session_key, unpack(BINDING_FIELDS))
   local held_pod = binding[2]
   local pod_record = {}
   if (binding[1] == 'placed' or binding[1] == 'suspending') and plan.pod_keys[held_pod] then

@@ -4,6 +4,8 @@ redis-server, one pool per test."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from ardiff.kv.errors import InvalidPlacementArgument, PodFenced, SessionNotHere, UnknownSession
@@ -322,6 +324,7 @@ async def test_prefer_pod_yields_to_every_rule(store: PlacementStore, pool: Pool
     await register(store, pool, "w-drain", capacity=2)
     await register(store, pool, "w-ok", capacity=2)
     await register(store, pool, "w-dead", capacity=2, lease_ms=1)
+    await asyncio.sleep(0.01)  # its 1 ms lease has expired (a fast run could place the next ones within it)
     await store.place(pool, spec("holder"), prefer_pod="w-full")
     await store.set_draining(pool, "w-drain")
     for prefer in ("w-full", "w-drain", "w-dead", "w-unknown"):

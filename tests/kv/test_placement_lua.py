@@ -12,6 +12,7 @@ import re
 
 import pytest
 
+from ardiff.kv.records import SessionBinding
 from ardiff.kv.scripts import SCRIPTS, load_script
 
 LUA = importlib.resources.files("ardiff.kv") / "lua"
@@ -109,8 +110,9 @@ def test_status_codes_match_the_python_enum() -> None:
         assert re.search(rf"^local {status.name} = {status.value}$", lib, re.MULTILINE), status
 
 
-def test_scripts_load_with_the_shared_helpers() -> None:
+def test_scripts_load_with_the_binding_fields_and_the_shared_helpers() -> None:
+    fields = "local BINDING_FIELDS = {" + ", ".join(f"'{f}'" for f in SessionBinding.FIELDS) + "}"
     for name in SCRIPTS:
         source = load_script(name)
-        assert source.startswith((LUA / "_lib.lua").read_text())
-        assert source.endswith((LUA / f"{name}.lua").read_text())
+        lib, script = (LUA / "_lib.lua").read_text(), (LUA / f"{name}.lua").read_text()
+        assert source == f"{fields}\n{lib}\n{script}"
