@@ -141,8 +141,9 @@ def run_operator(args: argparse.Namespace) -> int:
     import ardiff.operator.handlers  # noqa: F401  (registers the handlers with kopf's default registry)
     from ardiff.operator import kopf_patch
 
-    # kopf's start is quadratic in the objects it lists (operator/kopf_patch.py); the environment variable is
-    # for benchmarks/scale_operator.py's before/after only.
+    # kopf's start is quadratic in the objects it lists, and its indexing of each event costs more than its
+    # indexes need (operator/kopf_patch.py); the environment variable is for benchmarks/scale_operator.py's
+    # before/after only.
     if os.environ.get(kopf_patch.UNPATCHED_ENV) != "1":
         kopf_patch.apply()
 

@@ -1,5 +1,6 @@
-"""A patch to kopf 1.45.2, applied once by `ardiff operator run` before `kopf.run`: kopf's start is quadratic
-in the objects it lists, and this makes it linear.
+"""The patches to kopf 1.45.2, applied once by `ardiff operator run` before `kopf.run`: kopf's start is
+quadratic in the objects it lists, and this makes it linear (below); and kopf's indexing of an event runs
+without its handler machinery for the indexes that need none (operator/kopf_indexing.py, issue 27).
 
 Why. kopf gates every handler and daemon on its indexes being filled. `operator_indexed` is an
 `aiotoggles.ToggleSet(all)` (`kopf/_core/reactor/orchestration.py`); the watcher makes one toggle in it per
@@ -59,8 +60,10 @@ from collections.abc import Iterable
 
 from kopf._cogs.aiokits.aiotoggles import Toggle, ToggleSet
 
+from ardiff.operator import kopf_indexing
+
 KOPF_VERSION = "1.45.2"
-# The environment variable that skips the patch (benchmarks/scale_operator.py --kopf-unpatched only).
+# The environment variable that skips the patches (benchmarks/scale_operator.py --kopf-unpatched only).
 UNPATCHED_ENV = "ARDIFF_KOPF_UNPATCHED"
 
 
@@ -100,18 +103,21 @@ def installed_kopf_version() -> str:
 
 
 def is_applied() -> bool:
-    return all(getattr(ToggleSet, name) is fn for name, fn in PATCHED.items())
+    toggles = all(getattr(ToggleSet, name) is fn for name, fn in PATCHED.items())
+    return toggles and kopf_indexing.is_installed()
 
 
 def apply() -> None:
-    """Patch kopf's `ToggleSet` (idempotent); RuntimeError if the installed kopf is not KOPF_VERSION."""
+    """Patch kopf's `ToggleSet` and install the indexing fast path (idempotent); RuntimeError if the installed
+    kopf is not KOPF_VERSION."""
     version = installed_kopf_version()
     if version != KOPF_VERSION:
         raise RuntimeError(
             f"operator/kopf_patch.py is written against kopf {KOPF_VERSION}, but kopf {version} is "
             "installed: "
             "re-read kopf/_cogs/aiokits/aiotoggles.py (ToggleSet.make_toggle/drop_toggle/drop_toggles) and "
-            "update or drop the patch"
+            "kopf/_core/engines/indexing.py (index_resource), and update or drop the patches"
         )
     for name, fn in PATCHED.items():
         setattr(ToggleSet, name, fn)
+    kopf_indexing.install()

@@ -18,6 +18,7 @@ import pytest
 from kopf._cogs.aiokits.aiotoggles import ToggleSet
 from kopf._cogs.clients import watching
 from kopf._cogs.structs import references
+from kopf._core.engines import indexing
 
 from ardiff.devcluster.cluster import OPERATOR_COMMAND
 from ardiff.devcluster.redis_server import free_port
@@ -38,6 +39,7 @@ def patched(monkeypatch: pytest.MonkeyPatch) -> None:
     """kopf patched as `ardiff operator run` patches it, for this test only."""
     for name in kopf_patch.PATCHED:
         monkeypatch.setattr(ToggleSet, name, getattr(ToggleSet, name))  # restored on teardown
+    monkeypatch.setattr(indexing, "index_resource", indexing.index_resource)
     kopf_patch.apply()
     assert kopf_patch.is_applied()
 
