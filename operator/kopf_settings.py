@@ -15,7 +15,8 @@ on the object.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, cast
 
 import kopf
 
@@ -29,10 +30,22 @@ ANNOTATIONS_PREFIX = "ardiffusion.dev"
 
 class StatusMarksHandled(kopf.DiffBaseStorage):
     """A diff base read from the object itself: none while it has no status, else its current essence; nothing
-    is ever written (the annotation an earlier operator version wrote is ignored and left as it is)."""
+    is ever written (the annotation an earlier operator version wrote is ignored and left as it is).
+
+    The essence is kopf's, built from the fields it keeps: kopf's `build` deep-copies the whole body and then
+    drops its metadata and status, which for a Ready session are most of its bytes (managedFields, the
+    status), on every event, twice here (`fetch` and kopf's own `build`)."""
 
     def fetch(self, *, body: kopf.Body) -> Any:
         return self.build(body=body) if body.get("status") else None
+
+    def build(self, *, body: kopf.Body, extra_fields: Iterable[kopf.FieldSpec] | None = None) -> Any:
+        if extra_fields:  # fields of the status or the metadata that a handler follows: kopf's way
+            return super().build(body=body, extra_fields=extra_fields)
+        metadata = body.get("metadata") or {}
+        kept = {key: value for key, value in body.items() if key not in ("metadata", "status")}
+        kept["metadata"] = {key: metadata[key] for key in ("labels", "annotations") if key in metadata}
+        return super().build(body=cast(kopf.Body, kept))  # a Mapping is all that `build` reads
 
     def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
         return None

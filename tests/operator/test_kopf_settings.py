@@ -37,6 +37,54 @@ def test_a_session_without_a_status_is_new_and_one_with_a_status_is_handled_as_i
     assert dict(patch) == {}
 
 
+class NotCopyable:
+    """A value that refuses to be deep-copied: where it sits, building the essence must not copy."""
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise AssertionError("deep-copied")
+
+
+def full_body(status: Any, managed_fields: Any) -> kopf.Body:
+    annotations = {
+        "team": "a",
+        "kubectl.kubernetes.io/last-applied-configuration": "{}",
+        f"{ANNOTATIONS_PREFIX}/admit_session": "{}",
+        f"{ANNOTATIONS_PREFIX}/kopf-managed": "yes",
+    }
+    return body(
+        status=status,
+        metadata={
+            "name": "s",
+            "namespace": "ns",
+            "uid": "u1",
+            "resourceVersion": "42",
+            "labels": {"app": "x"},
+            "annotations": annotations,
+            "managedFields": managed_fields,
+        },
+    )
+
+
+def test_the_essence_is_kopfs_and_is_built_without_copying_the_status_or_the_managed_fields() -> None:
+    """kopf's `DiffBaseStorage.build` deep-copies the whole body, then drops its metadata and status: for a
+    session that is its status and managedFields (most of a Ready session's bytes), copied twice per event
+    (`fetch` and `build`), only to be dropped. The essence is kopf's own, from the fields it keeps."""
+    storage = StatusMarksHandled()
+    plain = full_body({"phase": "Ready", "conditions": [{"type": "Ready"}]}, [{"manager": "kopf"}])
+    assert storage.build(body=plain) == kopf.DiffBaseStorage.build(storage, body=plain)
+    assert storage.build(body=plain) == {
+        "spec": {"poolRef": "pool", "seed": 7},
+        "metadata": {"labels": {"app": "x"}, "annotations": {"team": "a"}},
+    }
+    essence = storage.build(body=plain)
+    plain["spec"]["seed"] = 8  # the essence is a copy: a later change of the body does not reach it
+    plain["metadata"]["labels"]["app"] = "y"
+    assert essence["spec"]["seed"] == 7
+    assert essence["metadata"]["labels"] == {"app": "x"}
+    heavy = full_body({"phase": "Ready", "big": NotCopyable()}, [NotCopyable()])
+    assert storage.fetch(body=heavy) == storage.build(body=heavy) == essence
+
+
 def test_progress_purged_in_the_same_patch_leaves_nothing_to_write() -> None:
     storage = ProgressOnRetry(prefix=ANNOTATIONS_PREFIX)
     new, patch = body(), kopf.Patch()
