@@ -1,6 +1,8 @@
 """`ardiff operator smoke-test`: create a session on a pool, wait until it is Ready, tick it once, delete it
 (the chart's `helm test`). Exit 0 when the tick answered 200; the session is deleted in every case. A pool
-with `spec.tls` is ticked over https, verified against its TLS Secret's `ca.crt`."""
+with `spec.tls` is ticked over https, verified against its TLS Secret's `ca.crt`. The tick is sent again (the
+same request: ticks are idempotent) while it gets no answer or a 503 (a worker Ready a moment before its
+address resolves or answers), until the test's deadline."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import httpx
 from ardiff.wire import API_VERSION, GROUP, POOL_PLURAL, SESSION_PLURAL, VERSION
 
 POLL_SECONDS = 1.0
+# Answers that say "not yet" (docs/contracts.md: retry the same tick); any other answer is the test's result.
+RETRIED_STATUSES = frozenset({503})
 
 
 def smoke_test(
@@ -56,13 +60,10 @@ def smoke_test(
         ref = status["tokenSecretRef"]  # {name, key}
         reply = core.read_namespaced_secret(ref["name"], namespace, _preload_content=False)  # type: ignore[attr-defined]
         token = base64.b64decode(json.loads(reply.data)["data"][ref["key"]]).decode()
-        tick = httpx.post(
-            f"{status['endpoint']}/v1/sessions/{name}/ticks",
-            json={"request_id": f"{name}-0", "chunk_index": 0},
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=max(60.0, deadline - time.monotonic()),
-            verify=verify,
-        )
+        url = f"{status['endpoint']}/v1/sessions/{name}/ticks"
+        tick = post_first_tick(url, name, token, deadline=deadline, verify=verify, say=say)
+        if tick is None:
+            return False
         say(f"tick 0 of {name} on {status['pod']}: HTTP {tick.status_code}, {len(tick.content)} bytes")
         return tick.status_code == 200
     finally:
@@ -72,6 +73,38 @@ def smoke_test(
             if exc.status != 404:
                 raise
         say(f"deleted session {name}")
+
+
+def post_first_tick(
+    url: str,
+    name: str,
+    token: str,
+    *,
+    deadline: float,
+    verify: ssl.SSLContext | bool,
+    say: Callable[[str], None],
+) -> httpx.Response | None:
+    """Session `name`'s tick 0, sent again while it gets no answer or a 503 and `deadline` (monotonic) has not
+    passed; the answer, or None when none came."""
+    while True:
+        try:
+            reply = httpx.post(
+                url,
+                json={"request_id": f"{name}-0", "chunk_index": 0},
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=max(60.0, deadline - time.monotonic()),
+                verify=verify,
+            )
+        except httpx.TransportError as exc:
+            if time.monotonic() >= deadline:
+                say(f"tick 0 of {name} got no answer from {url}: {type(exc).__name__}: {exc}")
+                return None
+            say(f"tick 0 of {name}: {type(exc).__name__}: {exc}; sending it again")
+        else:
+            if reply.status_code not in RETRIED_STATUSES or time.monotonic() >= deadline:
+                return reply
+            say(f"tick 0 of {name}: HTTP {reply.status_code}; sending it again")
+        time.sleep(POLL_SECONDS)
 
 
 def _pool_verify(custom: object, core: object, namespace: str, pool: str) -> ssl.SSLContext | bool:
