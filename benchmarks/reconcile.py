@@ -12,10 +12,13 @@ every other round the ardiff operator goes first; a round's pool and its Pods ar
 
 Sessions are created by `--clients` concurrent HTTP clients as the cluster's admin (TLS, client certificate);
 Ready is observed on a watch. Printed: p50/p99/max apply → Ready, the time until all are Ready, sessions/s,
-the operator's peak RSS and its CPU while idle with every session Ready (its level-triggered rounds), the CPU
-the operator and kube-apiserver + etcd spent per session, the API writes per session each operator caused
-(from the API server's `apiserver_request_total`), and ardiff's figures as ratios of the baseline's in the
-same round, with their median over the rounds (one machine's noise moves a single pair by +-0.2x).
+the operator's peak RSS, its CPU and kube-apiserver + etcd's while idle with every session Ready (the
+operator's level-triggered rounds, the kubelets' beats), the CPU
+the operator, kube-apiserver + etcd, Redis + the pool's worker processes and this process (the creating
+clients, the watch) spent per session, and their sum (the two cores are shared: the burst's rate follows it),
+the API writes per session each operator caused (from the API server's `apiserver_request_total`), and
+ardiff's figures as ratios of the baseline's in the same round, with their median over the rounds (one
+machine's noise moves a single pair by +-0.2x).
 
     .venv/bin/python benchmarks/reconcile.py [--sessions 1000] [--pods 4] [--clients 8] [--rounds 3]
 """
@@ -42,7 +45,7 @@ from typing import Any
 import httpx
 import psutil
 
-from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster
+from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster, pod_pid
 from ardiff.devcluster.kubeconfig import Credentials
 from ardiff.devcluster.operator_process import OperatorProcess
 
@@ -103,10 +106,25 @@ def component_pids(cluster: DevCluster, names: Sequence[str] = ("kube-apiserver"
     ]
 
 
+def worker_pids(cluster: DevCluster, namespace: str) -> list[int]:
+    """The processes of the namespace's Pods' containers, with their children (none in the baseline's)."""
+    with cluster.admin.client() as client:
+        pods = client.get(f"/api/v1/namespaces/{namespace}/pods").json()["items"]
+    pids = []
+    for pod in pods:
+        pid = pod_pid(pod)
+        if pid is not None:
+            pids += [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
+    return pids
+
+
 def cpu_seconds(pids: Sequence[int]) -> float:
     total = 0.0
     for pid in pids:
-        times = psutil.Process(pid).cpu_times()
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:  # a worker's child that has exited: its CPU is not known any more
+            continue
         total += times.user + times.system
     return total
 
@@ -137,28 +155,37 @@ class PeakRss:
 
 @dataclass
 class Cost:
-    """What a phase cost beyond the latencies: CPU of the operator, of kube-apiserver + etcd and of this
-    process (the clients and the watch), and the API writes made meanwhile (the benchmark's own creates taken
-    out)."""
+    """What a phase cost beyond the latencies: CPU of the operator, of kube-apiserver + etcd, of Redis + the
+    pool's worker processes and of this process (the clients and the watch), and the API writes made meanwhile
+    (the benchmark's own creates taken out)."""
 
     operator_cpu_s: float = 0.0
     api_cpu_s: float = 0.0
+    store_cpu_s: float = 0.0
     client_cpu_s: float = 0.0
     writes: Counter[str] = field(default_factory=Counter)
 
+    @property
+    def total_cpu_s(self) -> float:
+        return self.operator_cpu_s + self.api_cpu_s + self.store_cpu_s + self.client_cpu_s
+
 
 @contextmanager
-def costed(cluster: DevCluster, operator_pid: int, created: int) -> Iterator[Cost]:
+def costed(cluster: DevCluster, operator_pid: int, namespace: str, created: int) -> Iterator[Cost]:
     """Measure the CPU and the API writes of the block; `created` sessions are the block's own POSTs."""
     cost = Cost()
     api = component_pids(cluster)
+    assert cluster.redis is not None
+    assert cluster.redis.process is not None
+    store = [cluster.redis.process.pid, *worker_pids(cluster, namespace)]
     with cluster.admin.client() as client:
         writes_before = api_writes(client)
         operator_before, api_before = cpu_seconds([operator_pid]), cpu_seconds(api)
-        client_before = cpu_seconds([os.getpid()])
+        store_before, client_before = cpu_seconds(store), cpu_seconds([os.getpid()])
         yield cost
         cost.operator_cpu_s = cpu_seconds([operator_pid]) - operator_before
         cost.api_cpu_s = cpu_seconds(api) - api_before
+        cost.store_cpu_s = cpu_seconds(store) - store_before
         cost.client_cpu_s = cpu_seconds([os.getpid()]) - client_before
         writes = api_writes(client)
     writes.subtract(writes_before)
@@ -201,6 +228,7 @@ class Result:
     peak_rss: int
     idle_rss: int  # after the idle CPU sample, every session Ready
     idle_cpu_percent: float
+    idle_api_cpu_percent: float  # kube-apiserver + etcd's in the same sample (kubelets' beats, rounds' reads)
 
 
 async def watch_ready(
@@ -277,12 +305,11 @@ async def apply_sessions(
     return applied_at, ready_at
 
 
-def idle_cpu_percent(pid: int, seconds: float) -> float:
-    process = psutil.Process(pid)
-    before = process.cpu_times()
+def idle_cpu_percent(groups: Sequence[Sequence[int]], seconds: float) -> list[float]:
+    """Each group of processes' CPU over the same `seconds`, in % of one core."""
+    before = [cpu_seconds(pids) for pids in groups]
     time.sleep(seconds)
-    after = process.cpu_times()
-    return 100 * ((after.user - before.user) + (after.system - before.system)) / seconds
+    return [100 * (cpu_seconds(pids) - b) / seconds for pids, b in zip(groups, before, strict=True)]
 
 
 def measure(
@@ -300,7 +327,7 @@ def measure(
     burst_names = [f"burst-{i:04d}" for i in range(args.sessions)]
     paced_names = [f"paced-{i:04d}" for i in range(args.paced)]
     with PeakRss(operator.pid) as rss:
-        with costed(cluster, operator.pid, len(burst_names)) as burst_cost:
+        with costed(cluster, operator.pid, namespace, len(burst_names)) as burst_cost:
             burst = asyncio.run(
                 apply_sessions(
                     cluster.admin,
@@ -313,7 +340,7 @@ def measure(
                 )
             )
         # Paced arrivals on top of the resident burst: what one user waits for in a busy pool.
-        with costed(cluster, operator.pid, len(paced_names)) as paced_cost:
+        with costed(cluster, operator.pid, namespace, len(paced_names)) as paced_cost:
             paced = asyncio.run(
                 apply_sessions(
                     cluster.admin,
@@ -329,11 +356,20 @@ def measure(
             f"{name}: {len(burst_names) + len(paced_names)} sessions Ready; sampling idle CPU",
             file=sys.stderr,
         )
-        idle = idle_cpu_percent(operator.pid, args.idle_seconds)
+        idle, idle_api = idle_cpu_percent([[operator.pid], component_pids(cluster)], args.idle_seconds)
         idle_rss = psutil.Process(operator.pid).memory_info().rss
     operator.stop()
     return Result(
-        name, Phase.of(*burst), Phase.of(*paced), burst_cost, paced_cost, start_rss, rss.peak, idle_rss, idle
+        name,
+        Phase.of(*burst),
+        Phase.of(*paced),
+        burst_cost,
+        paced_cost,
+        start_rss,
+        rss.peak,
+        idle_rss,
+        idle,
+        idle_api,
     )
 
 
@@ -433,11 +469,13 @@ def run(args: argparse.Namespace) -> None:
     print_table(rounds, args)
 
 
-def per_session(cost: Cost, sessions: int) -> tuple[float, float, float]:
-    """(operator CPU ms, kube-apiserver + etcd CPU ms, API writes) per session."""
+def per_session(cost: Cost, sessions: int) -> tuple[float, float, float, float, float]:
+    """(operator, kube-apiserver + etcd, Redis + workers, all CPU ms; API writes) per session."""
     return (
         1000 * cost.operator_cpu_s / sessions,
         1000 * cost.api_cpu_s / sessions,
+        1000 * cost.store_cpu_s / sessions,
+        1000 * cost.total_cpu_s / sessions,
         sum(cost.writes.values()) / sessions,
     )
 
@@ -450,22 +488,24 @@ def print_table(rounds: list[tuple[Result, Result]], args: argparse.Namespace) -
     )
     header = (
         f"{'operator':<22} {'round':>5} {'phase':<6} {'p50 (s)':>8} {'p99 (s)':>8} {'max (s)':>8} "
-        f"{'all Ready (s)':>14} {'sessions/s':>11} {'RSS start/peak/idle MiB':>24} {'idle CPU (%)':>13} "
-        f"{'op CPU ms/s.':>13} {'API+etcd CPU ms/s.':>19} {'writes/s.':>10}"
+        f"{'all Ready (s)':>14} {'sessions/s':>11} {'RSS start/peak/idle MiB':>24} "
+        f"{'idle CPU op/API (%)':>20} {'op CPU ms/s.':>13} {'API+etcd CPU ms/s.':>19} "
+        f"{'Redis+workers ms/s.':>20} {'all CPU ms/s.':>14} "
+        f"{'writes/s.':>10}"
     )
     print(header)
     print("-" * len(header))
     for i, pair in enumerate(rounds, 1):
         for r in pair:
             for label, phase, cost in (("burst", r.burst, r.burst_cost), ("paced", r.paced, r.paced_cost)):
-                op_ms, api_ms, writes = per_session(cost, len(phase.latencies))
+                op_ms, api_ms, store_ms, all_ms, writes = per_session(cost, len(phase.latencies))
                 p50, p99 = phase.quantile(0.5), phase.quantile(0.99)
                 print(
                     f"{r.name:<22} {i:>5} {label:<6} {p50:>8.3f} {p99:>8.3f} {max(phase.latencies):>8.3f} "
                     f"{phase.all_ready_s:>14.1f} {phase.rate:>11.1f} "
                     f"{' / '.join(f'{b / 2**20:.0f}' for b in (r.start_rss, r.peak_rss, r.idle_rss)):>24} "
-                    f"{r.idle_cpu_percent:>13.1f} "
-                    f"{op_ms:>13.1f} {api_ms:>19.1f} "
+                    f"{f'{r.idle_cpu_percent:.1f} / {r.idle_api_cpu_percent:.1f}':>20} "
+                    f"{op_ms:>13.1f} {api_ms:>19.1f} {store_ms:>20.1f} {all_ms:>14.1f} "
                     f"{writes:>10.2f}"
                 )
     last = rounds[-1]
@@ -499,8 +539,12 @@ def print_table(rounds: list[tuple[Result, Result]], args: argparse.Namespace) -
     print(
         f"burst per session, ardiff / baseline: operator CPU {summary(ratios(burst_cost(0)))}; "
         f"kube-apiserver + etcd CPU {summary(ratios(burst_cost(1)))}; "
-        f"API writes {summary(ratios(burst_cost(2)))}"
+        f"all CPU {summary(ratios(burst_cost(3)))}; API writes {summary(ratios(burst_cost(4)))}"
     )
+    # On cores that every process shares the rate follows the CPU a session costs in all: the baseline's all
+    # CPU over ardiff's is what the rate ratio would be if nothing else ran.
+    all_cpu = [1 / r for r in ratios(burst_cost(3))]
+    print(f"burst all CPU per session, baseline / ardiff (the rate ratio it predicts): {summary(all_cpu)}")
     paced_met = "met" if all(a.paced.quantile(0.5) <= 0.5 for _, a in rounds) else "MISSED"
     burst_met = "met" if all(a.burst.all_ready_s <= 60 for _, a in rounds) else "MISSED"
     rate_met = "met" if statistics.median(burst) >= 0.8 else "MISSED"
