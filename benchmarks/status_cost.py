@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reconcile import GROUP_PATH, component_pids, cpu_seconds, create_namespace, session_body
+from reconcile import component_pids, cpu_seconds, create_namespace, session_body
 
 from ardiff.devcluster.cluster import DevCluster, load_manifests
 from ardiff.devcluster.kubeconfig import Credentials
@@ -42,9 +42,9 @@ from ardiff.kv.records import PodRecord, SessionBinding, SessionState
 from ardiff.operator.specs import Playout
 from ardiff.operator.status import SessionObservation, build_session_status
 from ardiff.operator.status_writer import now_rfc3339
+from ardiff.wire import GROUP, SESSION_PLURAL, VERSION
 
 POD = "bench-workers-7c9f2"
-GROUP = "ardiffusion.dev"
 GRANULAR_GROUP = "granular-status.ardiffusion.dev"
 
 
@@ -95,10 +95,10 @@ ARMS = {
 def granular_session_crd() -> dict[str, Any]:
     """The session CRD under `GRANULAR_GROUP`, its status tracked field by field (not atomic)."""
     doc = copy.deepcopy(
-        next(d for d in load_manifests() if d["metadata"]["name"] == f"ardiffusionsessions.{GROUP}")
+        next(d for d in load_manifests() if d["metadata"]["name"] == f"{SESSION_PLURAL}.{GROUP}")
     )
     doc["spec"]["group"] = GRANULAR_GROUP
-    doc["metadata"]["name"] = f"ardiffusionsessions.{GRANULAR_GROUP}"
+    doc["metadata"]["name"] = f"{SESSION_PLURAL}.{GRANULAR_GROUP}"
     del doc["spec"]["names"]["shortNames"], doc["spec"]["names"]["categories"]  # kubectl finds only ours
     for version in doc["spec"]["versions"]:
         del version["schema"]["openAPIV3Schema"]["properties"]["status"]["x-kubernetes-map-type"]
@@ -113,7 +113,7 @@ async def patch_statuses(
     args: Any,
 ) -> float:
     """Create the sessions, then patch each one's status once; kube-apiserver + etcd CPU ms per patch."""
-    path = f"{GROUP_PATH.format(ns=namespace)}/ardiffusionsessions".replace(GROUP, arm.group)
+    path = f"/apis/{arm.group}/{VERSION}/namespaces/{namespace}/{SESSION_PLURAL}"
     names = [f"s-{i:04d}" for i in range(args.sessions)]
     async with credentials.async_client(timeout=60) as client:
 
@@ -123,7 +123,7 @@ async def patch_statuses(
 
         def create(name: str) -> Any:
             body = session_body(name, "bench")
-            body["apiVersion"] = body["apiVersion"].replace(GROUP, arm.group)
+            body["apiVersion"] = f"{arm.group}/{VERSION}"
             return client.post(path, json=body)
 
         def patch(name: str) -> Any:
@@ -154,7 +154,7 @@ def main() -> None:
         assert cluster.control_plane is not None
         cluster.control_plane.apply([granular_session_crd()])
         with cluster.admin.client() as client:
-            served = f"/apis/{GRANULAR_GROUP}/v1alpha1"
+            served = f"/apis/{GRANULAR_GROUP}/{VERSION}"
             wait_until(lambda: client.get(served).status_code == 200, timeout=30, what=f"{served} served")
         for r in range(args.rounds):
             order = list(ARMS) if r % 2 == 0 else list(ARMS)[::-1]
