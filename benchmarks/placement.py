@@ -450,10 +450,15 @@ class Cost:
     wall_us: float
 
 
-async def timed_calls(call: Callable[[int], Awaitable[object]], first: int, calls: int) -> Cost:
+async def timed_calls(
+    call: Callable[[Any], Awaitable[object]], make_input: Callable[[int], object], first: int, calls: int
+) -> Cost:
+    """`calls` sequential calls, each given its own input (`make_input(i)`, made before the clocks start: an
+    arm's cost is its call's, not the making of its arguments)."""
+    inputs = [make_input(i) for i in range(first, first + calls)]
     cpu, wall = time.process_time(), time.perf_counter()
-    for i in range(first, first + calls):
-        await call(i)
+    for value in inputs:
+        await call(value)
     return Cost((time.process_time() - cpu) / calls * 1e6, (time.perf_counter() - wall) / calls * 1e6)
 
 
@@ -537,23 +542,31 @@ async def client_cost(url: str, calls: int, rounds: int) -> bool:
     shape = await setup_pools(url, 1)
     argv = await captured_calls(url, shape.epochs[RB_POOL])
     epoch = shape.epochs[RB_POOL]
-    arms: dict[str, Callable[[int], Awaitable[object]]]
+    # name: (the call, its input for call i): every place a new session
+    arms: dict[str, tuple[Callable[[Any], Awaitable[object]], Callable[[int], object]]]
     async with PlacementStore.from_url(url) as store, aioredis.from_url(url) as bare:
         arms = {
-            "PING (bare redis-py)": lambda i: bare.ping(),
-            "place: EVALSHA (bare redis-py)": lambda i: bare.execute_command(*numbered(argv["place"], i)),
-            "place: PlacementStore.place": lambda i: store.place(RB_POOL, spec(f"rb-s{i}")),
-            "touch: EVALSHA (bare redis-py)": lambda i: bare.execute_command(*argv["touch"]),
-            "touch: PlacementStore.touch": lambda i: store.touch(
-                RB_POOL, "t-000", pod="w-0", epoch=epoch, chunk_index=1
+            "PING (bare redis-py)": (lambda _: bare.ping(), lambda i: None),
+            "place: EVALSHA (bare redis-py)": (
+                lambda argv_i: bare.execute_command(*argv_i),
+                lambda i: numbered(argv["place"], i),
+            ),
+            "place: PlacementStore.place": (lambda s: store.place(RB_POOL, s), lambda i: spec(f"rb-s{i}")),
+            "touch: EVALSHA (bare redis-py)": (
+                lambda _: bare.execute_command(*argv["touch"]),
+                lambda i: None,
+            ),
+            "touch: PlacementStore.touch": (
+                lambda _: store.touch(RB_POOL, "t-000", pod="w-0", epoch=epoch, chunk_index=1),
+                lambda i: None,
             ),
         }
-        for call in arms.values():  # warm: connections made, scripts loaded
-            await timed_calls(call, 0, 50)
+        for call, make_input in arms.values():  # warm: connections made, scripts loaded
+            await timed_calls(call, make_input, 0, 50)
         runs: dict[str, list[Cost]] = {name: [] for name in arms}
         for number in range(rounds):
-            for name, call in arms.items():
-                runs[name].append(await timed_calls(call, (number + 1) * calls, calls))
+            for name, (call, make_input) in arms.items():
+                runs[name].append(await timed_calls(call, make_input, (number + 1) * calls, calls))
         redis_us = {
             "PING": await script_usec(bare, ["PING"], calls),
             "place": await script_usec(bare, argv["place"], calls),

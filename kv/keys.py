@@ -6,7 +6,7 @@ may touch any of them. Scripts never build keys: callers pass these names throug
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ardiff.kv.records import PoolId
 
@@ -15,9 +15,10 @@ from ardiff.kv.records import PoolId
 class PoolKeys:
     pool: PoolId
 
-    @property
-    def prefix(self) -> str:
-        return self.pool.tag
+    prefix: str = field(init=False, repr=False, compare=False)  # the pool's tag: every key starts with it
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prefix", self.pool.tag)  # built once, not for each key of a call
 
     # Records (docs/contracts.md §2).
     def pod(self, pod: str) -> str:
@@ -75,11 +76,11 @@ class PoolKeys:
         return f"{self.prefix}:headroom"
 
     @property
-    def indexes(self) -> list[str]:
+    def indexes(self) -> tuple[str, ...]:
         """Every pool-wide index a placement change may touch (open, leases, draining, residents, lru,
         suspending, headroom), in the order the scripts that touch them all declare them: register_pod, place
         and remove_pods (kv/lua/<name>.lua KEYS)."""
-        return [
+        return (
             self.open,
             self.leases,
             self.draining,
@@ -87,7 +88,7 @@ class PoolKeys:
             self.lru,
             self.suspending,
             self.headroom,
-        ]
+        )
 
     @property
     def pattern(self) -> str:

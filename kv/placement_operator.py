@@ -41,6 +41,7 @@ from ardiff.kv.scripts import Plan, as_text, as_texts
 
 DEFAULT_CLOSED_TTL_MS = 3_600_000  # closed records linger so the worker can answer 410, not 404
 DEFAULT_STREAM_MAXLEN = 1_000
+PLACEMENT_POLICIES: tuple[PlacementPolicy, ...] = get_args(PlacementPolicy)
 
 
 def _spec_args(pool: PoolId, spec: SessionSpec) -> list[str | int | bytes]:
@@ -118,9 +119,9 @@ class OperatorPlacement(PlacementShared):
         keys = PoolKeys(check_pool(pool))
         check_spec(spec)
         check_non_negative_int("min_idle_ms", min_idle_ms)
-        if policy not in get_args(PlacementPolicy):
+        if policy not in PLACEMENT_POLICIES:
             raise InvalidPlacementArgument(
-                f"placement policy must be one of {get_args(PlacementPolicy)}, got {policy!r}"
+                f"placement policy must be one of {PLACEMENT_POLICIES}, got {policy!r}"
             )
         if prefer_pod:
             check_name("prefer_pod", prefer_pod)
@@ -142,18 +143,19 @@ class OperatorPlacement(PlacementShared):
             plan=plan,
         )
         outcome, pod, pod_epoch, endpoint, reset_required, victim = reply[:6]
+        outcome, victim = as_text(outcome), as_text(victim)
         hint_pod, hint_victim_pod, hint_victim = reply[6:9]
-        if as_text(outcome) != "already":  # an idempotent answer predicts nothing about the pool
+        if outcome != "already":  # an idempotent answer predicts nothing about the pool
             self._place_hints[pool] = Plan(
                 [as_text(p) for p in (hint_pod, hint_victim_pod) if p],
                 [as_text(hint_victim)] if hint_victim else [],
             )
         after = PlaceObservation.from_reply(spec.name, reply[11:14])
-        if as_text(outcome) == "pending":
+        if outcome == "pending":
             reason = "compute" if as_text(reply[10]) == "compute" else "capacity"
             return PlaceResult(placement=None, pending_reason=reason, observed=after)
-        if as_text(outcome) == "suspending":
-            return PlaceResult(placement=None, victim=as_text(victim), suspending=True, observed=after)
+        if outcome == "suspending":
+            return PlaceResult(placement=None, victim=victim, suspending=True, observed=after)
         placement = Placement(
             session=spec.name,
             pod=as_text(pod),
@@ -163,10 +165,7 @@ class OperatorPlacement(PlacementShared):
             resume_from=as_text(reply[9]),
         )
         return PlaceResult(
-            placement=placement,
-            victim=as_text(victim) or None,
-            already_placed=as_text(outcome) == "already",
-            observed=after,
+            placement=placement, victim=victim or None, already_placed=outcome == "already", observed=after
         )
 
     async def restore(

@@ -259,6 +259,44 @@ class SessionSpec:
             )
 
 
+def _as_str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _flag(value: bytes | str) -> bool:
+    return int(value) == 1
+
+
+# A record's fields in the order scripts answer them: (name, how it reads from a non-empty value, its value
+# where the record has none) each.
+FieldTable = tuple[tuple[str, Callable[[Any], Any], Any], ...]
+
+
+def _read_values(table: FieldTable, values: Iterable[Any]) -> list[Any]:
+    """A record's fields from their values in `table`'s order. By position: every placement and every
+    operator round reads records."""
+    return [
+        reader(value) if value else default for (_, reader, default), value in zip(table, values, strict=True)
+    ]
+
+
+# The fields of a pod's record (`PodRecord.FIELDS`, its dataclass fields after `name`) in the order place.lua
+# answers them (int() and float() take bytes and str).
+_POD_FIELDS: FieldTable = (
+    ("capacity", int, 0),
+    ("used", int, 0),
+    ("endpoint", _as_str, ""),
+    ("epoch", int, 0),
+    ("lease_expires_ms", int, 0),
+    ("draining", _flag, False),
+    ("exports", _flag, False),
+    ("compute_fps", float, 0.0),
+    ("demand_fps", float, 0.0),
+    ("tick_ms", float, 0.0),
+)
+_POD_KEYS = tuple(name.encode() for name, _, _ in _POD_FIELDS)
+
+
 def _text(raw: dict[bytes, bytes], field: str, default: str = "") -> str:
     value = raw.get(field.encode())
     return default if value is None else value.decode()
@@ -267,11 +305,6 @@ def _text(raw: dict[bytes, bytes], field: str, default: str = "") -> str:
 def _int(raw: dict[bytes, bytes], field: str, default: int = 0) -> int:
     value = raw.get(field.encode())
     return default if value in (None, b"") else int(value)
-
-
-def _float(raw: dict[bytes, bytes], field: str) -> float:
-    value = raw.get(field.encode())
-    return 0.0 if value in (None, b"") else float(value)
 
 
 @dataclass(frozen=True)
@@ -291,25 +324,20 @@ class PodRecord:
     demand_fps: float = 0.0
     tick_ms: float = 0.0
 
+    FIELDS: ClassVar[tuple[str, ...]] = tuple(name for name, _, _ in _POD_FIELDS)
+
     @property
     def free(self) -> int:
         return max(0, self.capacity - self.used)
 
     @classmethod
+    def from_values(cls, name: str, values: Sequence[bytes | None]) -> PodRecord:
+        """From the values of `FIELDS` in order (a script's HMGET)."""
+        return cls(name, *_read_values(_POD_FIELDS, values))
+
+    @classmethod
     def from_hash(cls, name: str, raw: dict[bytes, bytes]) -> PodRecord:
-        return cls(
-            name=name,
-            capacity=_int(raw, "capacity"),
-            used=_int(raw, "used"),
-            endpoint=_text(raw, "endpoint"),
-            epoch=_int(raw, "epoch"),
-            lease_expires_ms=_int(raw, "lease_expires_ms"),
-            draining=_int(raw, "draining") == 1,
-            exports=_int(raw, "exports") == 1,
-            compute_fps=_float(raw, "compute_fps"),
-            demand_fps=_float(raw, "demand_fps"),
-            tick_ms=_float(raw, "tick_ms"),
-        )
+        return cls.from_values(name, [raw.get(key) for key in _POD_KEYS])
 
 
 @dataclass(frozen=True)
@@ -348,6 +376,8 @@ class SessionRecord:
     kept_chunks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.state, SessionState):
+            raise InvalidPlacementArgument(f"placement record of {self.name} has no state")
         check_playout(self.playout_fps, self.playout_buffer_chunks)
 
     def spec(self) -> SessionSpec:
@@ -368,61 +398,55 @@ class SessionRecord:
             priority=_int(raw, "priority"),
             eviction_policy="Never" if policy == "Never" else "LRU",
             fork_from=_text(raw, "fork_from"),
-            **_read_binding(raw.get(key) for key in _BINDING_KEYS),
+            **dict(
+                zip(
+                    _BINDING_NAMES,
+                    _read_values(_BINDING_FIELDS, [raw.get(key) for key in _BINDING_KEYS]),
+                    strict=True,
+                )
+            ),
         )
-
-
-def _as_str(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _kept_chunks(value: bytes | str) -> tuple[int, ...]:
     return tuple(int(chunk) for chunk in _as_str(value).split(","))
 
 
-# The fields of a session's binding (`SessionBinding.FIELDS`) in the order the scripts answer them (`state`,
-# then `pod`, first: kv/lua/place.lua reads them by position), and how each reads from a non-empty value
-# (int() and float() take bytes and str); what a record lacks is its default (`_BINDING_DEFAULTS` where none).
-_BINDING_READERS: dict[str, Callable[[Any], Any]] = {
-    "state": lambda value: SessionState(_as_str(value)),
-    "pod": _as_str,
-    "pod_epoch": int,
-    "reset_required": lambda value: int(value) == 1,
-    "chunk_index": int,
-    "last_tick_ms": int,
-    "tier": _as_str,
-    "location": _as_str,
-    "bytes": int,
-    "suspended_chunk": int,
-    "resume_requested_ms": int,
-    "resume_from": _as_str,
-    "snapshot_location": _as_str,
-    "snapshot_chunk": int,
-    "resumed_note": _as_str,
-    "playout_fps": float,
-    "playout_buffer_chunks": int,
-    "history_keep_chunks": int,
-    "kept_chunks": _kept_chunks,
-}
-_BINDING_DEFAULTS: dict[str, Any] = {
-    "pod": "",
-    "pod_epoch": 0,
-    "reset_required": False,
-    "chunk_index": 0,
-    "last_tick_ms": 0,
-}
-_BINDING_KEYS = tuple(field.encode() for field in _BINDING_READERS)
+def _session_state(value: bytes | str) -> SessionState:
+    state = _STATE_OF.get(value)
+    return state if state is not None else SessionState(_as_str(value))  # unknown: ValueError
 
 
-def _read_binding(values: Iterable[bytes | str | bool | None]) -> dict[str, Any]:
-    """The binding fields of a record from their values in `_BINDING_READERS`' order (empty or missing: the
-    default): what SessionBinding and SessionRecord read alike."""
-    read = {
-        field: reader(value)
-        for (field, reader), value in zip(_BINDING_READERS.items(), values, strict=True)
-        if value
-    }
-    return {**_BINDING_DEFAULTS, **read}
+_STATE_OF: dict[bytes | str, SessionState] = {
+    **{state.value: state for state in SessionState},
+    **{state.value.encode(): state for state in SessionState},
+}
+# The fields of a session's binding (`SessionBinding.FIELDS`, and the order of its dataclass fields after
+# `name`) in the order the scripts answer them (`state`, then `pod`, first: kv/lua/place.lua reads them by
+# position), how each reads from a non-empty value and its value where the record has none.
+_BINDING_FIELDS: FieldTable = (
+    ("state", _session_state, None),
+    ("pod", _as_str, ""),
+    ("pod_epoch", int, 0),
+    ("reset_required", _flag, False),
+    ("chunk_index", int, 0),
+    ("last_tick_ms", int, 0),
+    ("tier", _as_str, ""),
+    ("location", _as_str, ""),
+    ("bytes", int, 0),
+    ("suspended_chunk", int, 0),
+    ("resume_requested_ms", int, 0),
+    ("resume_from", _as_str, ""),
+    ("snapshot_location", _as_str, ""),
+    ("snapshot_chunk", int, 0),
+    ("resumed_note", _as_str, ""),
+    ("playout_fps", float, 0.0),
+    ("playout_buffer_chunks", int, 0),
+    ("history_keep_chunks", int, 0),
+    ("kept_chunks", _kept_chunks, ()),
+)
+_BINDING_NAMES = tuple(name for name, _, _ in _BINDING_FIELDS)
+_BINDING_KEYS = tuple(name.encode() for name in _BINDING_NAMES)
 
 
 @dataclass(frozen=True)
@@ -451,7 +475,7 @@ class SessionBinding:
     history_keep_chunks: int = 0  # issue 26: how many chunk boundaries it keeps, and those kept now
     kept_chunks: tuple[int, ...] = ()
 
-    FIELDS: ClassVar[tuple[str, ...]] = tuple(_BINDING_READERS)
+    FIELDS: ClassVar[tuple[str, ...]] = _BINDING_NAMES
 
     @classmethod
     def from_values(cls, name: str, values: Sequence[bytes | str | bool | None]) -> SessionBinding | None:
@@ -460,7 +484,7 @@ class SessionBinding:
         values (every operator round reads a binding for each session of the pool)."""
         if not values or not values[0]:
             return None
-        return cls(name=name, **_read_binding(values))
+        return cls(name, *_read_values(_BINDING_FIELDS, values))
 
 
 @dataclass(frozen=True)
@@ -487,11 +511,15 @@ class PlaceObservation:
 
     @classmethod
     def from_reply(cls, session: str, reply: Sequence[Any]) -> PlaceObservation:
-        """From the script's last three reply elements: binding values, the flat pod hash, the time."""
-        values, flat_pod, now_ms = reply
+        """From the script's last three reply elements: the binding's values, the pod record's values (none
+        where it holds no slot), the time."""
+        values, pod_values, now_ms = reply
         binding = SessionBinding.from_values(session, values)
-        pod_raw = dict(zip(flat_pod[::2], flat_pod[1::2], strict=True))
-        pod = PodRecord.from_hash(binding.pod, pod_raw) if binding is not None and pod_raw else None
+        pod = (
+            PodRecord.from_values(binding.pod, pod_values)
+            if binding is not None and any(pod_values)
+            else None
+        )
         return cls(binding=binding, pod=pod, now_ms=int(now_ms))
 
 

@@ -13,6 +13,7 @@ operation classes (`placement_worker`, `placement_operator`, `placement_shared`)
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from ardiff.kv.errors import (
     ScriptStatus,
 )
 from ardiff.kv.keys import PoolKeys
-from ardiff.kv.records import SessionBinding, check_non_negative_int, check_positive_int
+from ardiff.kv.records import PodRecord, SessionBinding, check_non_negative_int, check_positive_int
 
 DEFAULT_WAIT_TIMEOUT_MS = 100
 MAX_PLAN_ATTEMPTS = 16
@@ -64,20 +65,36 @@ SCRIPTS = (
 UNREPLICATED_SCRIPTS = frozenset({"touch", "read_bindings"})
 
 
-def binding_fields_lua() -> str:
-    """`BINDING_FIELDS`, a Lua table of `SessionBinding.FIELDS` (declared there, once): the fields place.lua
-    answers with and read_bindings.lua reads. Part of every script's source rather than sent with each call:
-    19 names were a third of a place call's arguments for redis-py to encode and Redis to parse."""
-    return "local BINDING_FIELDS = {" + ", ".join(f"'{name}'" for name in SessionBinding.FIELDS) + "}"
+def record_fields_lua() -> str:
+    """`BINDING_FIELDS` and `POD_FIELDS`, Lua tables of `SessionBinding.FIELDS` and `PodRecord.FIELDS`
+    (declared there, once): the fields place.lua answers with and read_bindings.lua reads, in the order the
+    records read them. Part of every script's source rather than sent with each call: the binding's 19 names
+    were a third of a place call's arguments for redis-py to encode and Redis to parse."""
+    return "\n".join(
+        f"local {table} = {{" + ", ".join(f"'{name}'" for name in fields) + "}"
+        for table, fields in (("BINDING_FIELDS", SessionBinding.FIELDS), ("POD_FIELDS", PodRecord.FIELDS))
+    )
 
 
 def load_script(name: str) -> str:
-    """The source of one operation: `BINDING_FIELDS`, the shared helpers, then the operation (one atomic
-    script)."""
+    """The source of one operation: the record field tables, the shared helpers, then the operation (one
+    atomic script)."""
     lua = importlib.resources.files("ardiff.kv") / "lua"
-    return "\n".join(
-        (binding_fields_lua(), (lua / "_lib.lua").read_text(), (lua / f"{name}.lua").read_text())
-    )
+    return "\n".join((record_fields_lua(), (lua / "_lib.lua").read_text(), (lua / f"{name}.lua").read_text()))
+
+
+@dataclass(frozen=True)
+class Script:
+    """One operation's source and the SHA1 that EVALSHA names it by."""
+
+    name: str
+    source: str
+    sha: str
+
+    @classmethod
+    def named(cls, name: str) -> Script:
+        source = load_script(name)
+        return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
 
 
 def as_text(value: bytes | str | None) -> str:
@@ -127,7 +144,7 @@ class ScriptRunner:
         self.wait_timeout_ms = check_positive_int("wait_timeout_ms", wait_timeout_ms)
         if self.wait_replicas and isinstance(client, RedisCluster):
             raise InvalidPlacementArgument("placement wait_replicas is not supported on a Redis Cluster")
-        self._scripts = {name: client.register_script(load_script(name)) for name in SCRIPTS}
+        self._scripts = {name: Script.named(name) for name in SCRIPTS}
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -164,19 +181,21 @@ class ScriptRunner:
         )
 
     async def _call(self, name: str, keys: list[str], args: list[Any]) -> list[Any]:
-        """One script; with `wait_replicas`, pipelined with WAIT on the same connection (WAIT counts the
-        writes of its own connection)."""
+        """One script by its SHA1, loaded first where the server lacks it (a new, restarted or flushed
+        server); with `wait_replicas`, pipelined with WAIT on the same connection (WAIT counts the writes of
+        its own connection). EVALSHA straight from the client: redis-py's Script wrapper costs more."""
         script = self._scripts[name]
-        if not self.wait_replicas or name in UNREPLICATED_SCRIPTS:
-            return await script(keys=keys, args=args)
+        wait = self.wait_replicas > 0 and name not in UNREPLICATED_SCRIPTS
         for _ in range(2):
             try:
+                if not wait:
+                    return await self.client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
                 async with self.client.pipeline(transaction=False) as pipe:
                     pipe.evalsha(script.sha, len(keys), *keys, *args)
                     pipe.wait(self.wait_replicas, self.wait_timeout_ms)
                     reply, acked = await pipe.execute()
-            except NoScriptError:  # a new or restarted server: load it, then run it with its WAIT
-                script.sha = as_text(await self.client.script_load(script.script))
+            except NoScriptError:
+                await self.client.script_load(script.source)
                 continue
             if int(reply[0]) != ScriptStatus.STALE_PLAN and int(acked) < self.wait_replicas:
                 raise NotReplicated(name, int(acked), self.wait_replicas, self.wait_timeout_ms)

@@ -1,6 +1,6 @@
 -- _lib.lua: helpers shared by the placement scripts. The loader (kv/scripts.py) prepends this file, after the
--- table BINDING_FIELDS it generates from SessionBinding.FIELDS, to every operation script, so each operation
--- still runs as ONE atomic script.
+-- tables BINDING_FIELDS and POD_FIELDS it generates from SessionBinding.FIELDS and PodRecord.FIELDS, to every
+-- operation script, so each operation still runs as ONE atomic script.
 --
 -- No key is ever built here: every key name arrives through KEYS, either as a fixed pool key or in the call's
 -- *plan* (the per-pod and per-session keys the caller declared up front, as Redis Cluster requires).

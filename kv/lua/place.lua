@@ -42,7 +42,7 @@
 --          pods/sessions the next call will likely need; pending_reason: '' unless pending, 'compute' when some
 --          live non-draining pod had a free slot but no compute for this session, else 'capacity'),
 --          then what the caller's status needs, so that it reads nothing after the call: the session's binding
---          fields after it (false each where the record lacks it), the flat record of the pod it holds a slot
+--          fields after it (false each where the record lacks it), the POD_FIELDS of the pod it holds a slot
 --          on ({} unless placed or suspending) and the server time in ms
 --       or {STALE_PLAN, {pods}, {sessions}}
 local session_key = KEYS[1]
@@ -175,7 +175,7 @@ local function answer(reply)
   local pod_record = {}
   if (binding[1] == 'placed' or binding[1] == 'suspending') and plan.pod_keys[held_pod] then
     local held_pod_key = plan.pod_keys[held_pod]
-    pod_record = redis.call('HGETALL', held_pod_key)
+    pod_record = redis.call('HMGET', held_pod_key, unpack(POD_FIELDS))
   end
   table.insert(reply, binding)
   table.insert(reply, pod_record)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import random
 from collections import Counter
@@ -20,7 +21,7 @@ from ardiff.kv.errors import (
 )
 from ardiff.kv.keys import PoolKeys, pool_of_key
 from ardiff.kv.placement import PlacementStore
-from ardiff.kv.records import PodRegistration, PoolId, SessionBinding, SessionSpec, SessionState
+from ardiff.kv.records import PodRecord, PodRegistration, PoolId, SessionBinding, SessionSpec, SessionState
 
 TOKEN = hashlib.sha256(b"token").hexdigest()
 LEASE_MS = 60_000
@@ -552,6 +553,35 @@ async def test_get_bindings_reads_where_sessions_are_without_their_prompt_or_ima
             f: getattr(binding, f) for f in SessionBinding.FIELDS
         }
     assert await store.get_bindings(pool, []) == {}
+
+
+def test_a_binding_reads_its_values_by_position_from_a_reply_or_json() -> None:
+    """Scripts answer a binding's (and a pod record's) values in `FIELDS` order and it is built by position:
+    the dataclass' fields after `name` are FIELDS, every value reads from bytes (a reply) and str (JSON), an
+    empty one is the default, and a state nobody wrote is an error, not a guess."""
+    for record in (SessionBinding, PodRecord):
+        assert tuple(f.name for f in dataclasses.fields(record))[1:] == record.FIELDS
+    given = {"state": "suspended", "pod": "w-a", "pod_epoch": "7", "reset_required": "1", "chunk_index": "12"}
+    given |= {"tier": "local", "bytes": "4096", "playout_fps": "12.5", "kept_chunks": "4,8"}
+    expected = SessionBinding(
+        name="s",
+        state=SessionState.SUSPENDED,
+        pod="w-a",
+        pod_epoch=7,
+        reset_required=True,
+        chunk_index=12,
+        last_tick_ms=0,
+        tier="local",
+        bytes=4096,
+        playout_fps=12.5,
+        kept_chunks=(4, 8),
+    )
+    as_text = [given.get(f, "") for f in SessionBinding.FIELDS]
+    assert SessionBinding.from_values("s", as_text) == expected
+    assert SessionBinding.from_values("s", [v.encode() or None for v in as_text]) == expected
+    assert SessionBinding.from_values("s", [None] * len(SessionBinding.FIELDS)) is None  # no record
+    with pytest.raises(ValueError, match="'floating'"):
+        SessionBinding.from_values("s", [b"floating", *[None] * (len(SessionBinding.FIELDS) - 1)])
 
 
 async def test_ping_and_server_time(store: PlacementStore, pool: PoolId) -> None:

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from ardiff.kv.records import SessionBinding
+from ardiff.kv.records import PodRecord, SessionBinding
 from ardiff.kv.scripts import SCRIPTS, load_script
 
 LUA = importlib.resources.files("ardiff.kv") / "lua"
@@ -110,8 +110,11 @@ def test_status_codes_match_the_python_enum() -> None:
         assert re.search(rf"^local {status.name} = {status.value}$", lib, re.MULTILINE), status
 
 
-def test_scripts_load_with_the_binding_fields_and_the_shared_helpers() -> None:
-    fields = "local BINDING_FIELDS = {" + ", ".join(f"'{f}'" for f in SessionBinding.FIELDS) + "}"
+def test_scripts_load_with_the_record_fields_and_the_shared_helpers() -> None:
+    fields = "\n".join(
+        f"local {table} = {{" + ", ".join(f"'{f}'" for f in record.FIELDS) + "}"
+        for table, record in (("BINDING_FIELDS", SessionBinding), ("POD_FIELDS", PodRecord))
+    )
     for name in SCRIPTS:
         source = load_script(name)
         lib, script = (LUA / "_lib.lua").read_text(), (LUA / f"{name}.lua").read_text()
