@@ -20,7 +20,7 @@ the API writes per session each operator caused (from the API server's `apiserve
 ardiff's figures as ratios of the baseline's in the same round, with their median over the rounds (one
 machine's noise moves a single pair by +-0.2x).
 
-    .venv/bin/python benchmarks/reconcile.py [--sessions 1000] [--pods 4] [--clients 8] [--rounds 3]
+    .venv/bin/python benchmarks/reconcile.py [--sessions 1000] [--pods 4] [--clients 8] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -601,7 +601,10 @@ def main() -> None:
     parser.add_argument("--pool-timeout", type=float, default=300, help="seconds for the pool's Pods")
     parser.add_argument("--idle-seconds", type=float, default=10, help="how long idle CPU is sampled")
     parser.add_argument(
-        "--rounds", type=int, default=3, help="baseline and ardiff phases, alternating which goes first"
+        "--rounds",
+        type=int,
+        default=4,
+        help="baseline and ardiff phases, alternating which goes first (an even number: each first as often)",
     )
     parser.add_argument("--workdir", help="where the dev cluster keeps its logs (default: a temp dir)")
     parser.add_argument("--baseline-operator", action="store_true", help=argparse.SUPPRESS)
