@@ -576,9 +576,9 @@ def test_a_binding_reads_its_values_by_position_from_a_reply_or_json() -> None:
         playout_fps=12.5,
         kept_chunks=(4, 8),
     )
-    as_text = [given.get(f, "") for f in SessionBinding.FIELDS]
-    assert SessionBinding.from_values("s", as_text) == expected
-    assert SessionBinding.from_values("s", [v.encode() or None for v in as_text]) == expected
+    texts = [given.get(f, "") for f in SessionBinding.FIELDS]
+    assert SessionBinding.from_values("s", texts) == expected
+    assert SessionBinding.from_values("s", [v.encode() or None for v in texts]) == expected
     assert SessionBinding.from_values("s", [None] * len(SessionBinding.FIELDS)) is None  # no record
     with pytest.raises(ValueError, match="'floating'"):
         SessionBinding.from_values("s", [b"floating", *[None] * (len(SessionBinding.FIELDS) - 1)])
