@@ -36,8 +36,8 @@ from ardiff.kv.connection import (
     sentinel_for,
     split_url_options,
 )
-from ardiff.kv.keys import ANY_POOL_PATTERN, PoolKeys
-from ardiff.kv.records import PoolId
+from ardiff.kv.keys import ANY_POOL_PATTERN, PoolKeys, namespace_pattern
+from ardiff.kv.records import PoolId, check_name
 
 # The user the chart's bundled Redis gives the operator (charts/ardiff/templates/_helpers.tpl
 # `ardiff.redisOperatorUser`, with OPERATOR_RULES; tests/chart/test_chart.py checks they agree); an external
@@ -77,7 +77,30 @@ WORKER_CALLS = (
     "cluster|slots",
     "command",
 )
-# Never for a worker (issue 23 item 1): a test checks WORKER_COMMANDS holds none of them, nor a subcommand.
+# The front door's endpoint picker (issue 37): its read of a session's route, and the resume demand a request
+# for a suspended session records (as a tick at a worker does). Its commands are listed, not derived from the
+# scripts' sources as the worker's are (every _lib.lua helper would count, writes included): EVALSHA_RO
+# (route), EVALSHA (the demand), SCRIPT LOAD, what any client of the store sends (PING, SELECT, the cluster
+# client's questions) and what the two scripts call (tests/kv/test_acl.py runs both as the user).
+GATEWAY_SCRIPTS = ("route", "request_resume")
+GATEWAY_COMMANDS = (
+    "evalsha_ro",
+    "evalsha",
+    "script|load",
+    "ping",
+    "select",
+    "cluster|slots",
+    "command",
+    "time",
+    "hmget",
+    "exists",
+    "zscore",
+    "zrangebyscore",
+    "hset",
+)
+GATEWAY_USER_PREFIX = "ardiff-gateway."
+# Never for a worker or the picker (issue 23 item 1): a test checks WORKER_COMMANDS and GATEWAY_COMMANDS
+# hold none of them, nor a subcommand.
 FORBIDDEN_WORKER_COMMANDS = (
     "flushall",
     "flushdb",
@@ -186,6 +209,21 @@ def check_password(password: object) -> str:
     return password
 
 
+def user_rules(password_hashes: Sequence[str], grants: Sequence[str]) -> tuple[str, ...]:
+    """The `ACL SETUSER <username>` arguments of a user that accepts `password_hashes` (SHA-256 hex, the
+    current one first; more while its clients roll from an older password to it) and has `grants`: `reset`
+    first, so the user is exactly this whatever it was (one command: never half-made); a connection logged in
+    as it keeps working meanwhile."""
+    if not password_hashes or not all(isinstance(h, str) and _HEX64.match(h) for h in password_hashes):
+        raise InvalidPoolUser(
+            f"redis user password_hashes must be SHA-256 hex digests, at least one, got "
+            f"{len(password_hashes)} of which some are not"
+        )
+    if len(set(password_hashes)) != len(password_hashes):
+        raise InvalidPoolUser("redis user password_hashes must be distinct")
+    return ("reset", "on", *(f"#{h}" for h in password_hashes), *grants)
+
+
 @dataclass(frozen=True)
 class PoolUser:
     """The user of one pool's workers: the passwords it accepts, as SHA-256 hex (the current one first; more
@@ -197,24 +235,15 @@ class PoolUser:
     def __post_init__(self) -> None:
         if not isinstance(self.pool, PoolId):
             raise InvalidPoolUser(f"redis user pool must be a PoolId, got {self.pool!r}")
-        if not self.password_hashes or not all(
-            isinstance(h, str) and _HEX64.match(h) for h in self.password_hashes
-        ):
-            raise InvalidPoolUser(
-                f"redis user password_hashes must be SHA-256 hex digests, at least one, got "
-                f"{len(self.password_hashes)} of which some are not"
-            )
-        if len(set(self.password_hashes)) != len(self.password_hashes):
-            raise InvalidPoolUser("redis user password_hashes must be distinct")
+        self.rules()
 
     @property
     def username(self) -> str:
         return pool_username(self.pool)
 
     def rules(self) -> tuple[str, ...]:
-        """The `ACL SETUSER <username>` arguments: `reset` first, so the user is exactly this whatever it
-        was (one command: never half-made); a connection logged in as it keeps working meanwhile."""
-        return ("reset", "on", *(f"#{h}" for h in self.password_hashes), *pool_rules(self.pool))
+        """The `ACL SETUSER <username>` arguments (`user_rules`)."""
+        return user_rules(self.password_hashes, pool_rules(self.pool))
 
 
 def pool_rules(pool: PoolId) -> tuple[str, ...]:
@@ -225,6 +254,30 @@ def pool_rules(pool: PoolId) -> tuple[str, ...]:
         "resetchannels",
         "-@all",
         *(f"+{command}" for command in WORKER_COMMANDS),
+    )
+
+
+def gateway_username(namespace: str) -> str:
+    """`ardiff-gateway.<namespace>`: the picker of the release installed in `namespace` (one per release)."""
+    return f"{GATEWAY_USER_PREFIX}{check_name('namespace', namespace)}"
+
+
+def gateway_rules(namespaces: Sequence[str] | None) -> tuple[str, ...]:
+    """What the front door's user reaches and runs (the rules after its passwords): it reads the keys of
+    every pool of the served `namespaces` (None: of every namespace, a cluster-wide operator's) and writes
+    only their session records (the demand), no channel, GATEWAY_COMMANDS and nothing else."""
+    patterns = (
+        [ANY_POOL_PATTERN]
+        if namespaces is None
+        else [namespace_pattern(check_name("namespace", namespace)) for namespace in namespaces]
+    )
+    return (
+        *(f"%R~{pattern}" for pattern in patterns),
+        # Read and write (`~`): EVALSHA declares its keys read-write, and Redis wants one pattern granting both.
+        *(f"~{pattern.removesuffix('*')}session:*" for pattern in patterns),
+        "resetchannels",
+        "-@all",
+        *(f"+{command}" for command in GATEWAY_COMMANDS),
     )
 
 
@@ -368,15 +421,26 @@ class PoolUsers:
     async def ensure(self, pool: PoolId, password: str, *, keep_previous: bool = False) -> UserSync:
         """Make the pool's user accept `password` (and, with `keep_previous`, every password it accepted
         before on that node: the pool's older Pods still log in with one) on every node."""
+        return await self._ensure(pool_username(pool), pool_rules(pool), password, keep_previous)
+
+    async def ensure_gateway(
+        self, namespace: str, served: Sequence[str] | None, password: str, *, keep_previous: bool = False
+    ) -> UserSync:
+        """Make the front door's user of the release in `namespace` (`gateway_username`) accept `password`
+        (`keep_previous` as `ensure`), reaching the pools of the `served` namespaces (None: every one)."""
+        return await self._ensure(gateway_username(namespace), gateway_rules(served), password, keep_previous)
+
+    async def _ensure(
+        self, username: str, grants: Sequence[str], password: str, keep_previous: bool
+    ) -> UserSync:
         current = password_hash(check_password(password))
-        username = pool_username(pool)
         changed, unchanged, failures = [], [], []
         for node in await self.nodes.nodes():
             try:
                 before = _user_state(await node.call("ACL", "GETUSER", username))
                 hashes = tuple((before or {}).get("passwords") or ())
                 kept = [h for h in hashes if h != current] if keep_previous else []
-                rules = PoolUser(pool, (current, *kept)).rules()
+                rules = user_rules((current, *kept), grants)
                 if before is not None and self._set.get((node.address, username)) == (rules, before):
                     unchanged.append(node.address)
                     continue

@@ -98,6 +98,13 @@ class PoolKeys:
 
 # SCAN patterns matching every key of every pool, and every session record (the operator's sweeps).
 ANY_POOL_PATTERN = "{ardiff:*}:*"
+
+
+def namespace_pattern(namespace: str) -> str:
+    """The pattern of every key of every pool in `namespace` (the front door's user reaches these)."""
+    return f"{{ardiff:{namespace}/*}}:*"
+
+
 ANY_SESSION_PATTERN = "{ardiff:*}:session:*"
 
 

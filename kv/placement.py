@@ -1,9 +1,9 @@
 """The placement store: which pod holds which session, in Redis (DESIGN §3.2, docs/contracts.md §2).
 
-`PlacementStore` is the one store both callers hold: the worker's operations (`placement_worker`), the
-operator's (`placement_operator`) and the ones they share (`placement_shared`), over the script runner
-(`scripts`: plans, WAIT) and a client built from a URL (`connection`). This module only joins them and reads
-the store's options from a URL.
+`PlacementStore` is the one store every caller holds: the worker's operations (`placement_worker`), the
+operator's (`placement_operator`), the ones they share (`placement_shared`) and the front door's read
+(`placement_gateway`), over the script runner (`scripts`: plans, WAIT) and a client built from a URL
+(`connection`). This module only joins them and reads the store's options from a URL.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from ardiff.kv.connection import SENTINEL_WAIT_REPLICAS, build_redis_client, split_url_options
+from ardiff.kv.placement_gateway import GatewayPlacement
 from ardiff.kv.placement_operator import OperatorPlacement
 from ardiff.kv.placement_worker import WorkerPlacement
 
 
-class PlacementStore(WorkerPlacement, OperatorPlacement):
+class PlacementStore(WorkerPlacement, OperatorPlacement, GatewayPlacement):
     """Async placement store over one Redis (standalone, TLS, Sentinel-managed) or a Redis Cluster (every key
     of a pool shares the pool's hash tag, so each script runs on the one node that owns the pool's slot).
 

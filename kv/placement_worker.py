@@ -30,6 +30,7 @@ from ardiff.kv.records import (
     PodRegistration,
     PoolId,
     SessionState,
+    check_address,
     check_endpoint,
     check_name,
     check_non_negative_float,
@@ -68,6 +69,7 @@ class WorkerPlacement(PlacementShared):
         exports: bool = False,
         compute_fps: float = 0.0,
         tick_ms: float = 0.0,
+        address: str = "",
     ) -> PodRegistration:
         """Register a (re)started worker: a new epoch, max(now_ms, previous + 1); the sessions an earlier
         incarnation held become `lost` and are returned. After Redis lost the previous record only the server
@@ -75,9 +77,19 @@ class WorkerPlacement(PlacementShared):
         `exports`: the worker can export sessions (issue 12: its runtime supports it, a tier is configured),
         so eviction and migration suspend its sessions instead of dropping them. `compute_fps` (issue 25): the
         frames/s the pod may be asked for (its pool's utilisation bound x its measured throughput; 0 = not
-        limited: admission by KV slots only); `tick_ms`: its measured forward time per full chunk."""
+        limited: admission by KV slots only); `tick_ms`: its measured forward time per full chunk. `address`
+        (issue 37): `<ip>:<port>` where the front door reaches the pod."""
         return await self._upsert_pod(
-            pool, pod, 0, capacity, endpoint, lease_ms, exports, compute_fps=compute_fps, tick_ms=tick_ms
+            pool,
+            pod,
+            0,
+            capacity,
+            endpoint,
+            lease_ms,
+            exports,
+            compute_fps=compute_fps,
+            tick_ms=tick_ms,
+            address=address,
         )
 
     async def heartbeat(
@@ -92,8 +104,9 @@ class WorkerPlacement(PlacementShared):
         exports: bool = False,
         compute_fps: float = 0.0,
         tick_ms: float = 0.0,
+        address: str = "",
     ) -> PodRegistration:
-        """Renew the lease (and `exports`, `compute_fps`, `tick_ms`). Raises `PodFenced` if a newer
+        """Renew the lease (and `exports`, `compute_fps`, `tick_ms`, `address`). Raises `PodFenced` if a newer
         incarnation registered; re-creates the record if it is missing (Redis lost its data) or belongs to an
         older incarnation (`recreated=True`)."""
         return await self._upsert_pod(
@@ -106,6 +119,7 @@ class WorkerPlacement(PlacementShared):
             exports,
             compute_fps=compute_fps,
             tick_ms=tick_ms,
+            address=address,
         )
 
     async def _upsert_pod(
@@ -120,11 +134,13 @@ class WorkerPlacement(PlacementShared):
         *,
         compute_fps: float,
         tick_ms: float,
+        address: str,
     ) -> PodRegistration:
         keys = PoolKeys(check_pool(pool))
         check_name("pod", pod)
         check_non_negative_int("capacity", capacity)
         check_endpoint(endpoint)
+        check_address(address)
         check_positive_int("lease_ms", lease_ms)
         compute_fps = check_non_negative_float("compute_fps", compute_fps)
         tick_ms = check_non_negative_float("tick_ms", tick_ms)
@@ -140,6 +156,7 @@ class WorkerPlacement(PlacementShared):
                 int(bool(exports)),
                 decimal_text(compute_fps),
                 decimal_text(tick_ms),
+                address,
             ],
             pool_keys=keys,
             plan=Plan(),

@@ -6,6 +6,7 @@ Frozen dataclasses that validate themselves; `from_hash` decodes a Redis hash (b
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import itertools
 import math
 import re
@@ -175,6 +176,21 @@ def check_endpoint(endpoint: object) -> str:
     return endpoint  # type: ignore[return-value]
 
 
+def check_address(address: object) -> str:
+    """A pod's `address`: '' or `<IPv4>:<port>` / `[<IPv6>]:<port>` (what an original-destination cluster
+    connects to: an IP, never a name)."""
+    host, _, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
+    try:
+        ip = ipaddress.ip_address(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
+        literal = f"[{ip}]" if ip.version == 6 else str(ip)
+        valid = literal == host and port.isdigit() and 0 < int(port) < 65536
+    except ValueError:
+        valid = False
+    if address != "" and not valid:
+        raise InvalidPlacementArgument(f"placement address must be <ip>:<port> or '', got {address!r}")
+    return address  # type: ignore[return-value]
+
+
 def check_text(kind: str, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidPlacementArgument(f"placement {kind} must be a non-empty string, got {value!r}")
@@ -293,6 +309,7 @@ _POD_FIELDS: FieldTable = (
     ("compute_fps", float, 0.0),
     ("demand_fps", float, 0.0),
     ("tick_ms", float, 0.0),
+    ("address", _as_str, ""),
 )
 _POD_KEYS = tuple(name.encode() for name, _, _ in _POD_FIELDS)
 
@@ -323,6 +340,9 @@ class PodRecord:
     compute_fps: float = 0.0
     demand_fps: float = 0.0
     tick_ms: float = 0.0
+    # Issue 37: `<ip>:<port>` the front door connects to (its original-destination cluster needs an IP; a TLS
+    # pool's `endpoint` names a DNS name). "" for a worker from before it.
+    address: str = ""
 
     FIELDS: ClassVar[tuple[str, ...]] = tuple(name for name, _, _ in _POD_FIELDS)
 

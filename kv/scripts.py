@@ -58,11 +58,15 @@ SCRIPTS = (
     "relocate_export",
     # issue 26: kept chunks (fork, rewind)
     "note_history",
+    # issue 37: the front door's read
+    "route",
 )
 # Scripts that never wait for replicas: a read, and a touch (losing one at a failover costs a stale
 # last_tick_ms and chunk_index, which the next tick rewrites, docs/contracts.md §2 "Failover"; waiting would
 # add a replica round trip to every tick).
-UNREPLICATED_SCRIPTS = frozenset({"touch", "read_bindings"})
+UNREPLICATED_SCRIPTS = frozenset({"touch", "read_bindings", "route"})
+# Scripts run with EVALSHA_RO: reads that Redis itself keeps from writing (the front door's, issue 37).
+READ_ONLY_SCRIPTS = frozenset({"route"})
 
 
 def record_fields_lua() -> str:
@@ -186,10 +190,11 @@ class ScriptRunner:
         its own connection). EVALSHA straight from the client: redis-py's Script wrapper costs more."""
         script = self._scripts[name]
         wait = self.wait_replicas > 0 and name not in UNREPLICATED_SCRIPTS
+        command = "EVALSHA_RO" if name in READ_ONLY_SCRIPTS else "EVALSHA"
         for _ in range(2):
             try:
                 if not wait:
-                    return await self.client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                    return await self.client.execute_command(command, script.sha, len(keys), *keys, *args)
                 async with self.client.pipeline(transaction=False) as pipe:
                     pipe.evalsha(script.sha, len(keys), *keys, *args)
                     pipe.wait(self.wait_replicas, self.wait_timeout_ms)

@@ -30,6 +30,7 @@ class PodLink:
         self.pool = PoolId(settings.namespace, settings.pool)
         self.pod = settings.pod_name
         self.endpoint = settings.advertised_endpoint
+        self.address = settings.advertised_address
         self.lease_ms = int(settings.lease_seconds * 1000)
         self.heartbeat_seconds = settings.heartbeat_seconds
         self.capacity = 0
@@ -60,6 +61,7 @@ class PodLink:
             exports=self.exports,
             compute_fps=self.compute_fps,
             tick_ms=self.tick_ms,
+            address=self.address,
         )
         self.epoch = registration.epoch
         log.info(
@@ -88,6 +90,7 @@ class PodLink:
                     exports=self.exports,
                     compute_fps=self.compute_fps,
                     tick_ms=self.tick_ms,
+                    address=self.address,
                 )
             except PodFenced:
                 log.error("pod %s epoch %s was fenced by a newer incarnation; stopping", self.pod, self.epoch)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from ardiff.kv.records import check_name
-from ardiff.worker.net import ANY_HOST, http_url
+from ardiff.worker.net import ANY_HOST, http_url, url_host
 
 EMBEDDED_TINY_MODEL = "tiny-lingbot-world"
 # The trained tiny world (issue 16), shipped in the package; `--model` takes its name.
@@ -187,6 +187,12 @@ class WorkerSettings:
                 "set endpoint"
             )
         return http_url(name, self.port, tls=True)
+
+    @property
+    def advertised_address(self) -> str:
+        """`<pod ip>:<port>` (an IPv6 pod IP bracketed): where the front door's original-destination cluster
+        connects (the pod record's `address`, issue 37), whatever name `advertised_endpoint` gives."""
+        return f"{url_host(self.pod_ip)}:{self.port}"
 
     @property
     def standalone(self) -> bool:

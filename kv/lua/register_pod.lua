@@ -7,7 +7,8 @@
 -- ARGV[1] pod name   ARGV[2] epoch: 0 = register (mint a new epoch), else the heartbeat's epoch
 -- ARGV[3] capacity   ARGV[4] endpoint   ARGV[5] lease_ms   ARGV[6] exports (1|0: the worker can export sessions)
 -- ARGV[7] compute_fps (frames/s the pod may be asked for; 0 = not limited)   ARGV[8] tick_ms (its measured
--- forward time per full chunk)   ARGV[9...] plan
+-- forward time per full chunk)   ARGV[9] address (`<ip>:<port>` the front door connects to, issue 37; '' = none)
+-- ARGV[10...] plan
 --
 -- Register mints epoch = max(now_ms, previous + 1). A heartbeat with the record's epoch renews the lease; with an
 -- older epoch it is fenced; with a newer one, or when the record is missing (Redis lost its data), it re-creates
@@ -26,7 +27,8 @@ local lease_ms = tonumber(ARGV[5])
 local exports = ARGV[6]
 local compute_fps = ARGV[7]
 local tick_ms = ARGV[8]
-local plan = read_plan(11, 9)
+local address = ARGV[9]
+local plan = read_plan(11, 10)
 
 local now = now_ms()
 local rec = redis.call('HMGET', pod_key, 'epoch', 'used')
@@ -44,7 +46,7 @@ elseif previous == epoch then
   end
   local lease = now + lease_ms
   redis.call('HSET', pod_key, 'capacity', capacity, 'endpoint', endpoint, 'lease_expires_ms', int_text(lease),
-    'exports', exports, 'compute_fps', compute_fps, 'tick_ms', tick_ms)
+    'exports', exports, 'compute_fps', compute_fps, 'tick_ms', tick_ms, 'address', address)
   redis.call('ZADD', k.leases_key, int_text(lease), pod)
   refresh_open(k.open_key, k.headroom_key, pod_key, pod)
   return {OK, int_text(epoch), 'renewed', {}}
@@ -65,7 +67,7 @@ local lost = lose_sessions(k, plan, pod, residents)
 local lease = now + lease_ms
 redis.call('HSET', pod_key, 'capacity', capacity, 'used', 0, 'endpoint', endpoint, 'epoch', int_text(epoch),
   'lease_expires_ms', int_text(lease), 'draining', 0, 'exports', exports, 'compute_fps', compute_fps,
-  'tick_ms', tick_ms, 'demand_fps', 0)
+  'tick_ms', tick_ms, 'demand_fps', 0, 'address', address)
 redis.call('SADD', k.pods_key, pod)
 redis.call('ZADD', k.leases_key, int_text(lease), pod)
 redis.call('SREM', k.draining_key, pod)

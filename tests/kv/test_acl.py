@@ -15,11 +15,13 @@ from ardiff.cli import main
 from ardiff.devcluster.redis_server import RedisServer
 from ardiff.kv.acl import (
     FORBIDDEN_WORKER_COMMANDS,
+    GATEWAY_COMMANDS,
     OPERATOR_RULES,
     WORKER_COMMANDS,
     AclForbidden,
     PoolUsers,
     administrator_acl_line,
+    gateway_username,
     password_hash,
     pool_of_username,
     pool_username,
@@ -27,7 +29,7 @@ from ardiff.kv.acl import (
 from ardiff.kv.connection import with_user
 from ardiff.kv.keys import PoolKeys
 from ardiff.kv.placement import PlacementStore
-from ardiff.kv.records import PoolId
+from ardiff.kv.records import PoolId, SessionSpec, SessionState, token_sha256
 
 PASSWORD = "a-pool-password-of-forty-characters-ok"
 OTHER_PASSWORD = "another-pool-password-forty-characters"
@@ -54,8 +56,8 @@ async def refused(call) -> None:  # type: ignore[no-untyped-def]
     assert "no permissions" in str(caught.value) or "can't access" in str(caught.value), caught.value
 
 
-def test_no_worker_command_is_one_a_worker_must_never_run() -> None:
-    for command in WORKER_COMMANDS:
+def test_no_worker_or_gateway_command_is_one_they_must_never_run() -> None:
+    for command in (*WORKER_COMMANDS, *GATEWAY_COMMANDS):
         name = command.split("|")[0]
         assert command not in FORBIDDEN_WORKER_COMMANDS, command
         assert name not in FORBIDDEN_WORKER_COMMANDS, command
@@ -208,3 +210,53 @@ def test_ardiff_kv_redis_user_prints_the_administrators_command(capsys: pytest.C
     assert capsys.readouterr().out.strip() == expected
     assert main(["kv", "redis-user", "tenant-a", "worlds"]) == 0
     assert capsys.readouterr().out.startswith("ACL SETUSER ardiff-pool.tenant-a.worlds reset on >PASSWORD ~{")
+
+
+async def test_the_gateway_user_routes_and_records_demands_in_its_namespaces_and_writes_nothing_else(
+    redis_url: str, redis_server: RedisServer, users: PoolUsers, pools: tuple[PoolId, PoolId]
+) -> None:
+    """Issue 37: the front door's user runs `route` (EVALSHA_RO) and `request_resume` on the served
+    namespaces' pools, reads nothing elsewhere, writes no record but a session's, and runs nothing else."""
+    a, _ = pools
+    elsewhere = PoolId("acl-other", a.name)
+    username = gateway_username("release-ns")
+    await users.ensure_gateway("release-ns", ["acl"], PASSWORD)
+    try:
+        async with (
+            PlacementStore.from_url(with_user(redis_url, username, PASSWORD)) as gateway,
+            PlacementStore.from_url(redis_url) as operator,
+        ):
+            for pool in (a, elsewhere):
+                await operator.register_pod(
+                    pool,
+                    "p1",
+                    capacity=1,
+                    endpoint="http://p1:8000",
+                    lease_ms=LEASE_MS,
+                    address="10.0.0.1:80",
+                    exports=True,
+                )
+                await operator.place(pool, SessionSpec("s", token_sha256("t")))
+            route = await gateway.route(a, "s")
+            assert route.served_by_pod and route.pod is not None and route.pod.address == "10.0.0.1:80"
+            assert await operator.suspend(a, "s", reason="evicted")
+            assert await gateway.request_resume(a, "s") is SessionState.SUSPENDING
+            await refused(gateway.route(elsewhere, "s"))
+            await refused(gateway.request_resume(elsewhere, "s"))
+            await refused(gateway.release(a, "s", reason="deleted"))
+            assert (await operator.get_session(a, "s")).state is SessionState.SUSPENDING  # type: ignore[union-attr]
+        async with aioredis.from_url(with_user(redis_url, username, PASSWORD)) as client:
+            await refused(client.hgetall(PoolKeys(a).session("s")))
+            await refused(client.hset(PoolKeys(a).pod("p1"), "address", "10.6.6.6:80"))
+            await refused(client.zadd(PoolKeys(a).leases, {"evil": 1e15}))
+            await refused(client.hset(PoolKeys(elsewhere).session("s"), "state", "placed"))
+            for command in (
+                ("FLUSHALL",),
+                ("KEYS", "*"),
+                ("SCAN", "0"),
+                ("CONFIG", "GET", "*"),
+                ("XADD", "x", "*", "a", "b"),
+            ):
+                await refused(client.execute_command(*command))
+    finally:
+        redis_server.cli("ACL", "DELUSER", username)
