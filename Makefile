@@ -35,7 +35,7 @@ packages: $(STAMP)
 	@command -v redis-server >/dev/null && command -v chromium >/dev/null && command -v chromedriver >/dev/null && \
 		command -v iptables >/dev/null && command -v conntrack >/dev/null || \
 		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server chromium chromium-driver iptables conntrack; }
-	$(BIN)/python -m ardiff.devcluster.binaries --helm $(BIN)
+	$(BIN)/python -m ardiff.devcluster.binaries --helm $(BIN) --envoy
 
 # The dev cluster's Kubernetes (kube-apiserver, controller-manager, scheduler, kube-proxy, etcd, CoreDNS) built
 # from Go modules into ~/.cache/ardiff/kubernetes/: about 12 minutes the first time on 2 cores, then nothing.

@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "ardiff.worker.cli",
     "ardiff.operator.cli",
     "ardiff.devcluster.cli",
+    "ardiff.gateway.cli",
     "ardiff.client_cli",
 )
 

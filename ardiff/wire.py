@@ -1,6 +1,7 @@
-"""The wire vocabulary, declared once: the worker's error codes with their HTTP status and retryability, the
-session stream's close codes, the custom resources' API group, version, kinds and plurals, and the media types
-a tick answers in (with the `Accept` header's parsing).
+"""The wire vocabulary, declared once: the worker's error codes with their HTTP status and retryability (and
+the error envelope they travel in), the session stream's close codes, the custom resources' API group,
+version, kinds and plurals, the media types a tick answers in (with the `Accept` header's parsing), and the
+front door's URL layout and header (issue 37).
 
 The worker raises `WireError` subclasses (`ardiff.worker.errors`), the client raises its own
 (`ardiff.client`), each naming its `ErrorCode` (`class Rewound(WorkerError, wire=ErrorCode.REWOUND)`) instead
@@ -11,6 +12,7 @@ standard library and the shared error base are imported: every component can dep
 from __future__ import annotations
 
 from enum import Enum
+from http import HTTPStatus
 from typing import Any, ClassVar
 
 from ardiff.errors import ArdiffError
@@ -28,6 +30,18 @@ MP4 = "video/mp4"
 JSON = "application/json"
 
 RETRY_AFTER_SECONDS = 1  # the `Retry-After` of every retryable answer (docs/contracts.md §4)
+
+# The front door (issue 37, docs/contracts.md "Front door"): a session's `status.url` is
+# `<public URL>/pools/<namespace>/<pool>`, and every session route goes under it as under `status.endpoint`.
+FRONT_DOOR_POOLS = "pools"
+# Set by the front door on every request it forwards (a client's own copy is replaced): the worker then names
+# no Pod address in its answers (a `misdirected` error's `endpoint`).
+FRONT_DOOR_HEADER = "ardiff-front-door"
+
+
+def front_door_url(public_url: str, namespace: str, pool: str) -> str:
+    """The base URL of a pool's sessions at the front door whose public URL is `public_url`."""
+    return f"{public_url.rstrip('/')}/{FRONT_DOOR_POOLS}/{namespace}/{pool}"
 
 
 class ErrorCode(Enum):
@@ -79,6 +93,15 @@ class WireError(ArdiffError):
         super().__init_subclass__(**kwargs)
         if wire is not None:
             cls.code, cls.status, cls.retryable = wire.code, wire.status, wire.retryable
+
+
+def error_envelope(
+    code: str, status: int, message: str, *, param: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    """`{"error": {code, message, type, param, ...extra}}`: every error answer's body (docs/contracts.md §4),
+    the worker's and the front door's; `type` is the status's phrase in CamelCase."""
+    phrase = HTTPStatus(status).phrase.replace(" ", "").replace("-", "")
+    return {"error": {"code": code, "message": message, "type": phrase, "param": param, **extra}}
 
 
 def parse_accept(accept: str | None) -> list[tuple[float, str]]:

@@ -81,7 +81,8 @@ WORKER_CALLS = (
 # for a suspended session records (as a tick at a worker does). Its commands are listed, not derived from the
 # scripts' sources as the worker's are (every _lib.lua helper would count, writes included): EVALSHA_RO
 # (route), EVALSHA (the demand), SCRIPT LOAD, what any client of the store sends (PING, SELECT, the cluster
-# client's questions) and what the two scripts call (tests/kv/test_acl.py runs both as the user).
+# client's questions), what the two scripts call (tests/kv/test_acl.py runs both as the user) and HGET (a
+# pool's CA, `GatewayPlacement.pool_ca`).
 GATEWAY_SCRIPTS = ("route", "request_resume")
 GATEWAY_COMMANDS = (
     "evalsha_ro",
@@ -93,7 +94,7 @@ GATEWAY_COMMANDS = (
     "command",
     "time",
     "hmget",
-    "exists",
+    "hget",
     "zscore",
     "zrangebyscore",
     "hset",
@@ -273,7 +274,7 @@ def gateway_rules(namespaces: Sequence[str] | None) -> tuple[str, ...]:
     )
     return (
         *(f"%R~{pattern}" for pattern in patterns),
-        # Read and write (`~`): EVALSHA declares its keys read-write, and Redis wants one pattern granting both.
+        # Read and write (`~`): EVALSHA declares its keys read-write; Redis wants one pattern granting both.
         *(f"~{pattern.removesuffix('*')}session:*" for pattern in patterns),
         "resetchannels",
         "-@all",

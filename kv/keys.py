@@ -27,6 +27,13 @@ class PoolKeys:
     def session(self, session: str) -> str:
         return f"{self.prefix}:session:{session}"
 
+    @property
+    def pool_record(self) -> str:
+        """The pool's own record (issue 37): the operator writes it every round, after the round's
+        restores; the front door reads what it needs of the pool there (its pods' CA) and takes its absence
+        for a store that lost its data."""
+        return f"{self.prefix}:pool"
+
     def events(self, pod: str) -> str:
         """The pod's notification stream (consumer group `worker`)."""
         return f"{self.prefix}:events:{pod}"

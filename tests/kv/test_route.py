@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 
 import pytest
 import redis.asyncio as aioredis
@@ -15,6 +16,7 @@ from ardiff.kv.records import PodRecord, PoolId, SessionState
 from tests.kv.test_placement import TOKEN, spec
 
 LEASE_MS = 60_000
+CA = "-----BEGIN CERTIFICATE-----\nMIIB...\n-----END CERTIFICATE-----\n"
 
 
 @pytest.fixture
@@ -85,7 +87,8 @@ async def test_a_placed_session_routes_to_its_pod_in_one_round_trip_when_the_pod
     )
     assert isinstance(again.pod, PodRecord)
     assert (again.pod.name, again.pod.address, again.pod.epoch) == ("w-a", "10.1.2.3:8000", reg.epoch)
-    assert again.served_by_pod and again.pool_has_pods
+    assert again.served_by_pod
+    assert not again.pool_known  # no operator wrote the pool record here
     assert abs(again.now_ms - await store.server_time_ms()) < 5_000
 
 
@@ -96,17 +99,26 @@ async def test_a_wrong_expected_pod_costs_one_more_round_trip_and_reads_the_righ
     await register(store, pool, "w-b", address="10.1.2.4:8000")
     await store.place(pool, spec("s"), prefer_pod="w-b")
     route = await store.route(pool, "s", expected_pod="w-a")
-    assert route.pod is not None and (route.pod.name, route.pod.address) == ("w-b", "10.1.2.4:8000")
+    assert route.pod is not None
+    assert (route.pod.name, route.pod.address) == ("w-b", "10.1.2.4:8000")
 
 
-async def test_an_unknown_session_has_no_state_and_the_pool_tells_whether_it_has_pods(
+async def test_an_unknown_session_has_no_state_and_the_pool_record_tells_whether_the_store_knows_the_pool(
     store: PlacementStore, pool
 ) -> None:
-    empty = await store.route(pool, "nobody")
-    assert (empty.state, empty.pod, empty.pool_has_pods, empty.served_by_pod) == (None, None, False, False)
     await register(store, pool, "w-a", address="10.1.2.3:8000")
+    empty = await store.route(pool, "nobody")
+    assert (empty.state, empty.pod, empty.pool_known, empty.served_by_pod) == (None, None, False, False)
+    await store.write_pool(pool)
     known = await store.route(pool, "nobody")
-    assert (known.state, known.pod, known.pool_has_pods, known.token_sha256) == (None, None, True, "")
+    assert (known.state, known.pod, known.pool_ca_sha256, known.token_sha256) == (None, None, "", "")
+    await store.write_pool(pool, tls_ca=CA)
+    tls = await store.route(pool, "nobody")
+    assert tls.pool_ca_sha256 == hashlib.sha256(CA.encode()).hexdigest()
+    assert await store.pool_ca(pool) == CA
+    await store.write_pool(pool)
+    assert await store.pool_ca(pool) == ""
+    assert (await store.route(pool, "nobody")).pool_ca_sha256 == ""
 
 
 async def test_a_session_without_a_live_pod_is_not_served_and_any_live_reads_a_live_pod(
@@ -117,10 +129,12 @@ async def test_a_session_without_a_live_pod_is_not_served_and_any_live_reads_a_l
     await asyncio.sleep(0.1)  # w-old's lease lapses; nobody has reaped it yet
     await register(store, pool, "w-new", address="10.1.2.9:8000")
     lapsed = await store.route(pool, "s")
-    assert lapsed.state is SessionState.PLACED and lapsed.pod is not None
+    assert lapsed.state is SessionState.PLACED
+    assert lapsed.pod is not None
     assert (lapsed.pod.name, lapsed.pod_live, lapsed.served_by_pod) == ("w-old", False, False)
     other = await store.route(pool, "s", any_live=True)
-    assert other.pod is not None and (other.pod.name, other.pod_live, other.served_by_pod) == (
+    assert other.pod is not None
+    assert (other.pod.name, other.pod_live, other.served_by_pod) == (
         "w-new",
         True,
         False,
@@ -135,7 +149,9 @@ async def test_a_released_session_reads_no_pod_unless_any_live_is_asked(store: P
     closed = await store.route(pool, "s")
     assert (closed.state, closed.pod) == (SessionState.CLOSED, None)
     anywhere = await store.route(pool, "s", any_live=True)
-    assert anywhere.pod is not None and anywhere.pod.name == "w-a" and not anywhere.served_by_pod
+    assert anywhere.pod is not None
+    assert anywhere.pod.name == "w-a"
+    assert not anywhere.served_by_pod
 
 
 async def test_route_is_read_only(store: PlacementStore, pool, redis_url: str) -> None:

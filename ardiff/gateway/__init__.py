@@ -1,0 +1,1 @@
+"""The front door (issue 37): the endpoint picker Envoy asks where each session request goes."""
