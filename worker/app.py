@@ -24,6 +24,7 @@ from ardiff import __version__
 from ardiff.worker.encoding import MP4, RAW
 from ardiff.worker.errors import BodyTooLarge, InvalidTick, WorkerError
 from ardiff.worker.messages import RewindBody
+from ardiff.worker.realtime import RealtimeVideoStream
 from ardiff.worker.service import WorkerService
 from ardiff.worker.stream import SessionStream, SessionStreams
 from ardiff.worker.transfer import KEPT_PATH, PREFETCH_PATH, TRANSFER_PATH
@@ -331,6 +332,15 @@ def create_app(service: WorkerService) -> FastAPI:
             websocket, service, streams, session_id, frame_format=frame_format, inject_fault=fault
         )
         await stream.run()
+
+    if family.name == "lingbot":
+
+        @app.websocket("/v1/realtime/video")
+        async def realtime_video(websocket: WebSocket, session: str = "") -> None:
+            """vllm-omni's realtime video protocol on a session (`?session=<id>`): server-paced fragmented MP4
+            (docs/contracts.md §4 "Realtime video")."""
+            fault = service.settings.test_faults and websocket.headers.get(FAULT_HEADER) == "forward"
+            await RealtimeVideoStream(websocket, service, streams, session, inject_fault=fault).run()
 
     if family.name == "dreamzero":
 

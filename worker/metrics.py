@@ -120,6 +120,24 @@ class WorkerMetrics:
             registry=r,
         )
 
+        # vllm-omni's realtime video protocol (issue 38, worker/realtime.py): the chunks its server-paced
+        # streams generate, what encoding them costs and what they send.
+        self.realtime_chunks = Counter(
+            "ardiff_realtime_chunks", "Chunks generated for realtime video streams", registry=r
+        )
+        self.realtime_encode_seconds = Histogram(
+            "ardiff_realtime_encode_seconds",
+            "Time to encode one chunk into a fragmented MP4 segment",
+            buckets=_TICK_BUCKETS,
+            registry=r,
+        )
+        self.realtime_frames = Counter(
+            "ardiff_realtime_frames", "Frames of the chunks sent on realtime video streams", registry=r
+        )
+        self.realtime_bytes = Counter(
+            "ardiff_realtime_bytes", "Bytes of fragmented MP4 sent on realtime video streams", registry=r
+        )
+
         # Playout (issue 25, worker/playout.py): what the viewers of this pod's sessions see.
         self.time_to_first_chunk = Histogram(
             "ardiff_worker_time_to_first_chunk_seconds",

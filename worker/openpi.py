@@ -292,7 +292,7 @@ class OpenPIConnection(SessionSocket):
     async def _serve(self) -> None:
         authorization = authorization_of(self.websocket.headers.get("authorization"))
         try:
-            view = await self.service.open_stream(self.session_id, authorization)
+            view = (await self.service.open_stream(self.session_id, authorization)).view
         except WorkerError as error:
             await self.fail(error)
             return

@@ -96,6 +96,14 @@ class AdmittedTick:
 
 
 @dataclass(frozen=True)
+class OpenedStream:
+    """A stream's session as it opens: its view (`GET /v1/sessions/{id}`) and record (None standalone)."""
+
+    view: dict[str, Any]
+    record: SessionRecord | None
+
+
+@dataclass(frozen=True)
 class TickResponse:
     body: bytes
     media_type: MediaType
@@ -616,12 +624,12 @@ class WorkerService:
             raise UnknownSession(f"no session {session_id!r} on this worker")
         return self._view(session_id, record)
 
-    async def open_stream(self, session_id: str, authorization: str | None) -> dict[str, Any]:
-        """A stream may open for a session that may tick here (the checks of a tick); its view."""
+    async def open_stream(self, session_id: str, authorization: str | None) -> OpenedStream:
+        """A stream may open for a session that may tick here (the checks of a tick); its view and record."""
         self.require_ready()
         with self.guard.counted(session_id, authorization):
             record = await self.guard.placed_record(session_id, authorization)
-        return self._view(session_id, record)
+        return OpenedStream(self._view(session_id, record), record)
 
     def _view(self, session_id: str, record: SessionRecord | None) -> dict[str, Any]:
         book = self.books.get(session_id)

@@ -86,6 +86,10 @@ class WorkerSettings:
     compute_utilisation: float = 0.0
     playout_fps: float = 16.0
     playout_buffer_chunks: int = 2
+    # vllm-omni's realtime video protocol (issue 38, worker/realtime.py): its start and stall clocks, by
+    # default vllm-omni's own (a test pins them to its values); tests shorten them.
+    realtime_start_timeout_seconds: float = 10.0
+    realtime_stall_timeout_seconds: float = 60.0
     runtime: Runtime = "vllm"
     fake_capacity: int = 4
     fake_tick_seconds: float = 0.0
@@ -107,6 +111,8 @@ class WorkerSettings:
             "heartbeat_seconds": self.heartbeat_seconds,
             "transfer_hold_seconds": self.transfer_hold_seconds,
             "tier_sweep_seconds": self.tier_sweep_seconds,
+            "realtime_start_timeout_seconds": self.realtime_start_timeout_seconds,
+            "realtime_stall_timeout_seconds": self.realtime_stall_timeout_seconds,
         }
         if self.session_capacity is not None:
             positive["session_capacity"] = self.session_capacity
@@ -245,6 +251,8 @@ _HELP = {
     "memory only; the pool's spec.computeUtilisation)",
     "playout_fps": "a standalone session's playout rate (placement: the record's)",
     "playout_buffer_chunks": "a standalone session's buffer in chunks (placement: the record's)",
+    "realtime_start_timeout_seconds": "how long a realtime video socket may wait to send session.start",
+    "realtime_stall_timeout_seconds": "a realtime video stream without progress this long ends",
     "model_cache": "where the embedded tiny model is written",
 }
 

@@ -50,6 +50,11 @@ def ends_stream(error: WorkerError) -> bool:
     return error.status in _FINAL_STATUSES and not isinstance(error, ChunkNotKept)
 
 
+def as_json(message: dict[str, Any]) -> str:
+    """A message's text on the wire: compact, ASCII."""
+    return json.dumps(message, ensure_ascii=True, separators=(",", ":"))
+
+
 class Superseded(WorkerError):
     status = 409
     code = "superseded"
@@ -85,26 +90,35 @@ class SessionSocket(abc.ABC):
     stream here, OpenPI for robot sessions) serves its messages in `_serve`."""
 
     def __init__(
-        self, websocket: WebSocket, service: WorkerService, streams: SessionStreams, session_id: str
+        self,
+        websocket: WebSocket,
+        service: WorkerService,
+        streams: SessionStreams,
+        session_id: str,
+        *,
+        inject_fault: bool = False,
     ) -> None:
         self.websocket = websocket
         self.service = service
         self.streams = streams
         self.session_id = session_id
+        self.inject_fault = inject_fault  # test-only (ARDIFF_TEST_FAULTS): every forward of this stream fails
         self._send_lock = asyncio.Lock()
         self._closed = False
 
-    async def _send(self, message: str | bytes) -> None:
+    async def _send(self, *messages: str | bytes) -> None:
+        """The messages in order, none of another sender's between them."""
         async with self._send_lock:
-            if self._closed:
-                raise WebSocketDisconnect(CLOSE_NORMAL)
-            if isinstance(message, bytes):
-                await self.websocket.send_bytes(message)
-            else:
-                await self.websocket.send_text(message)
+            for message in messages:
+                if self._closed:
+                    raise WebSocketDisconnect(CLOSE_NORMAL)
+                if isinstance(message, bytes):
+                    await self.websocket.send_bytes(message)
+                else:
+                    await self.websocket.send_text(message)
 
     async def send_json(self, message: dict[str, Any]) -> None:
-        await self._send(json.dumps(message, ensure_ascii=True, separators=(",", ":")))
+        await self._send(as_json(message))
 
     async def send_error(self, error: WorkerError) -> None:
         self.service.metrics.errors.labels(error.code).inc()
@@ -159,9 +173,8 @@ class SessionStream(SessionSocket):
         frame_format: str | None = None,
         inject_fault: bool = False,
     ) -> None:
-        super().__init__(websocket, service, streams, session_id)
+        super().__init__(websocket, service, streams, session_id, inject_fault=inject_fault)
         self.frame_format = frame_format
-        self.inject_fault = inject_fault  # test-only (ARDIFF_TEST_FAULTS): every forward of this stream fails
 
     async def _serve(self) -> None:
         frame_format = cast(FrameFormat, self.frame_format or "jpeg")
@@ -177,7 +190,7 @@ class SessionStream(SessionSocket):
             if authorization is None:
                 return
         try:
-            view = await self.service.open_stream(self.session_id, authorization)
+            view = (await self.service.open_stream(self.session_id, authorization)).view
         except WorkerError as error:
             await self.fail(error)
             return

@@ -3,13 +3,15 @@
 `launch_worker` starts one with the env of docs/contracts.md §3 and waits until `/readyz` answers 200; every
 process it started is stopped at the end of the test session (modules stop theirs earlier). The returned
 `WorkerProcess` carries a small HTTP client for ticks. `placer` places sessions on a worker's pod through the
-real placement store (as the operator does) and releases them after the test.
+real placement store (as the operator does) and releases them after the test. `realtime_worker` is the fake
+worker the realtime video tests share (its first realtime stream imports vllm-omni's protocol pieces).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import signal
 import ssl
@@ -98,6 +100,13 @@ class WorkerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-20000:]
+
+    def metric(self, sample: str) -> float:
+        """The value of one sample (name and labels, as exposed) of its `/metrics`; 0 when absent."""
+        for line in self.client.get(f"{self.url}/metrics").text.splitlines():
+            if line.startswith(sample + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
 
     # -- HTTP helpers ------------------------------------------------------------------------------------
 
@@ -322,3 +331,42 @@ async def suspend_and_wait(
             return record
         await asyncio.sleep(0.05)
     raise AssertionError(f"session {session} was not suspended within {within} s")
+
+
+# The realtime video tests' worker (issue 38): the fake runtime in placement mode, shared by
+# test_realtime.py and test_realtime_viewer.py. A fake runtime imports vllm-omni's request model and encoder
+# for its first realtime stream (~20 s, torch and vllm with them), once for both modules.
+REALTIME_POOL = PoolId("default", f"wk-realtime-{uuid.uuid4().hex[:6]}")
+REALTIME_POD = "realtime-worker-0"
+REALTIME_TOKEN = "realtime-token"
+# The sessions' playout target there: a 12-frame chunk plays 0.25 s, so pacing shows within seconds.
+REALTIME_PLAYOUT = {"playout_fps": 48.0, "playout_buffer_chunks": 2}
+
+
+@pytest.fixture(scope="session")
+async def realtime_worker(launch_worker: LaunchWorker, redis_url: str, store: PlacementStore, session_spec):
+    process = launch_fake_pod(
+        launch_worker,
+        redis_url,
+        REALTIME_POOL,
+        REALTIME_POD,
+        fake_capacity=4,
+        fake_tick_seconds=0.02,
+        host_tier_bytes=64 << 20,  # a suspended session waits in the worker's memory
+        realtime_start_timeout_seconds=3,
+        realtime_stall_timeout_seconds=3,
+        test_faults=1,
+    )
+    from tests.worker.realtime_client import RealtimeClient
+
+    name = f"s-warm-{uuid.uuid4().hex[:6]}"
+    await store.place(REALTIME_POOL, session_spec(name, REALTIME_TOKEN, **REALTIME_PLAYOUT))
+    url = f"ws://127.0.0.1:{process.port}/v1/realtime/video?session={name}"
+    async with RealtimeClient.connect(url) as client:
+        client.ws.close_timeout = 1
+        await client.send({"type": "session.start", "prompt": "warm-up", "session_token": REALTIME_TOKEN})
+        first = await asyncio.wait_for(client.ws.recv(), 300)  # the import, on a loaded machine
+        assert json.loads(first)["type"] == "video.start", first
+    await store.release(REALTIME_POOL, name, reason="warm-up done")
+    yield process
+    process.stop()

@@ -300,13 +300,6 @@ async def test_mp4_decodes_to_the_chunk_frames(worker, place):
     assert np.abs(decoded.astype(int) - raw.astype(int)).mean() < 12  # lossy, but the same pictures
 
 
-def metric(worker, sample: str) -> float:
-    for line in worker.client.get(f"{worker.url}/metrics").text.splitlines():
-        if line.startswith(sample + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 async def test_an_eviction_waits_in_host_memory_and_resumes_bit_identically(worker, store, place):
     """The real runner's state exported into the worker's host tier on eviction (its KV blocks freed) and
     imported back from memory continues exactly as a twin that was never evicted."""
@@ -333,7 +326,7 @@ async def test_an_eviction_waits_in_host_memory_and_resumes_bit_identically(work
     for i in (3, 4):
         frames = frames_of(worker.tick(session, i, token=TOKEN, controls=[WALK[i % 3]]))
         np.testing.assert_array_equal(frames, expected[i])  # bit-identical to the twin
-    assert metric(worker, 'ardiff_session_resumes_total{source="host"}') == 1
+    assert worker.metric('ardiff_session_resumes_total{source="host"}') == 1
 
 
 async def test_a_migration_pulled_pod_to_pod_continues_bit_identically(
@@ -363,12 +356,12 @@ async def test_a_migration_pulled_pod_to_pod_continues_bit_identically(
         for i in (3, 4):
             frames = frames_of(target.tick(session, i, token=TOKEN, controls=[WALK[i % 3]]))
             np.testing.assert_array_equal(frames, expected[i])  # bit-identical to the twin
-        assert metric(target, 'ardiff_session_transfers_total{direction="in",result="ok"}') == 1
+        assert target.metric('ardiff_session_transfers_total{direction="in",result="ok"}') == 1
         assert (
-            metric(target, 'ardiff_session_transfer_bytes_total{direction="in"}') == record.bytes > 1_000_000
+            target.metric('ardiff_session_transfer_bytes_total{direction="in"}') == record.bytes > 1_000_000
         )
-        assert metric(worker, 'ardiff_session_transfer_bytes_total{direction="out"}') == record.bytes
-        assert metric(target, 'ardiff_session_resumes_total{source="direct"}') == 1
+        assert worker.metric('ardiff_session_transfer_bytes_total{direction="out"}') == record.bytes
+        assert target.metric('ardiff_session_resumes_total{source="direct"}') == 1
         assert not (tier / record.location).exists()
         blocks = kv_blocks(worker)  # the source released what it held: only the twin's blocks are taken
         assert 0 < blocks["total"] - blocks["free"] == kv_blocks(target)["total"] - kv_blocks(target)["free"]
