@@ -21,8 +21,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ardiff import __version__
+from ardiff.wire import FRONT_DOOR_HEADER
 from ardiff.worker.encoding import MP4, RAW
-from ardiff.worker.errors import BodyTooLarge, InvalidTick, WorkerError
+from ardiff.worker.errors import VIA_FRONT_DOOR, BodyTooLarge, InvalidTick, WorkerError
 from ardiff.worker.messages import RewindBody
 from ardiff.worker.realtime import RealtimeVideoStream
 from ardiff.worker.service import WorkerService
@@ -190,6 +191,29 @@ class BodyGuard:
         await self.app(scope, limited_receive, closing_send)
 
 
+class FrontDoorMark:
+    """Marks a request (or WebSocket) that came through the front door (`ardiff.wire.FRONT_DOOR_HEADER`,
+    set by its Envoy on every request it forwards, a client's own copy replaced): the errors made while it is
+    served name no Pod address (`worker.errors.VIA_FRONT_DOOR`)."""
+
+    _HEADER = FRONT_DOOR_HEADER.encode()
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or not any(
+            name == self._HEADER for name, _ in scope["headers"]
+        ):
+            await self.app(scope, receive, send)
+            return
+        token = VIA_FRONT_DOOR.set(True)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            VIA_FRONT_DOOR.reset(token)
+
+
 class BodyOverflow(StarletteHTTPException):
     """Raised from `receive`: an HTTPException, so FastAPI's body reading passes it on (it turns any other
     exception into a 400) and `create_app` answers it as `BodyTooLarge`."""
@@ -253,6 +277,7 @@ def create_app(service: WorkerService) -> FastAPI:
     app.state.service = service
     family = service.family
     app.add_middleware(BodyGuard, limit=max(MAX_BODY_BYTES, family.max_body_bytes))
+    app.add_middleware(FrontDoorMark)
 
     # -------------------------------------------------------------- the one exception -> status mapping
     def count(error: WorkerError) -> JSONResponse:

@@ -7,6 +7,7 @@ in one place; nothing else in the worker chooses a status code.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any
 
 from ardiff.errors import ArdiffError
@@ -87,11 +88,20 @@ class BodyTooLarge(WorkerError, wire=ErrorCode.BODY_TOO_LARGE):
     """The request body exceeds the worker's limit."""
 
 
+# Set while a request that came through the front door is served (issue 37: its `ardiff-front-door` header,
+# which Envoy sets and a client cannot; worker/app.py `FrontDoorMark`): its answers name no Pod address.
+VIA_FRONT_DOOR: ContextVar[bool] = ContextVar("ardiff_via_front_door", default=False)
+
+
 class Misdirected(WorkerError, wire=ErrorCode.MISDIRECTED):
-    """The session is placed on another pod: `endpoint` is the owning pod's."""
+    """The session is placed on another pod: `endpoint` is the owning pod's, left out for a request that came
+    through the front door (its client reconnects there, and no Pod address leaves the cluster)."""
 
     def __init__(self, message: str, *, endpoint: str) -> None:
-        super().__init__(message, endpoint=endpoint)
+        if VIA_FRONT_DOOR.get():
+            super().__init__(message)
+        else:
+            super().__init__(message, endpoint=endpoint)
 
 
 class AtCapacity(WorkerError, wire=ErrorCode.AT_CAPACITY):

@@ -477,6 +477,10 @@ async def test_session_on_another_pod_is_421_with_its_endpoint(worker, store, se
         assert result.placement.pod == other, "the empty foreign pod should take the session"
         error = error_of(worker.tick(name, 0, token=TOKEN), 421, "misdirected")
         assert error["endpoint"] == "http://10.9.8.7:8000"
+        # A request that came through the front door (issue 37: its Envoy's header) is told no Pod address.
+        via_front_door = worker.tick(name, 0, token=TOKEN, headers={"ardiff-front-door": "1"})
+        assert "endpoint" not in error_of(via_front_door, 421, "misdirected")
+        assert "10.9.8.7" not in via_front_door.text
         await store.release(POOL, name, reason="test done")
     finally:
         await store.remove_pod(POOL, other)

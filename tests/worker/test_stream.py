@@ -375,6 +375,15 @@ async def test_a_session_placed_elsewhere_is_421_naming_its_endpoint(worker, sto
         async with open_stream(worker, name) as ws:
             assert (await error(ws, "misdirected"))["endpoint"] == "http://10.1.2.3:8000"
             await closed_with(ws, 4421, "misdirected")
+        # Through the front door (its header: issue 37), the same close, and no Pod address in the error.
+        front_door = connect(
+            stream_url(worker, name),
+            additional_headers={"Authorization": f"Bearer {TOKEN}", "ardiff-front-door": "1"},
+            max_size=None,
+        )
+        async with front_door as ws:
+            assert "endpoint" not in await error(ws, "misdirected")
+            await closed_with(ws, 4421, "misdirected")
     finally:
         await store.release(other, name, reason="test done")
         await store.remove_pod(other, "elsewhere")
