@@ -57,6 +57,12 @@ def is_ready(status: Mapping[str, Any]) -> bool:
     return status.get("phase") == "Ready" and bool(status.get("endpoint"))
 
 
+def base_url(status: Mapping[str, Any]) -> str:
+    """Where a Ready session's routes go: `status.url`, its base at the front door (the same whichever Pod
+    holds it; issue 37), else `status.endpoint`, its Pod's own address (reachable inside the cluster)."""
+    return str(status.get("url") or status["endpoint"])
+
+
 # ----------------------------------------------------------------------------------------------- errors
 
 
@@ -133,11 +139,13 @@ class BodyTooLarge(WorkerAPIError, wire=ErrorCode.BODY_TOO_LARGE):
 
 
 class Misdirected(WorkerAPIError, wire=ErrorCode.MISDIRECTED):
-    """The session is on another pod: `endpoint` (`SessionClient` follows it)."""
+    """The session is on another pod: `endpoint` (`SessionClient` follows it); None when the answer came
+    through a front door, which names no Pod (the same base is asked again)."""
 
     @property
-    def endpoint(self) -> str:
-        return str(self.extra["endpoint"])
+    def endpoint(self) -> str | None:
+        endpoint = self.extra.get("endpoint")
+        return str(endpoint) if endpoint else None
 
 
 class AtCapacity(WorkerAPIError, wire=ErrorCode.AT_CAPACITY):
@@ -416,9 +424,11 @@ class Rewind:
 
 @dataclass
 class SessionClient:
-    """Ticks one session on its worker; needs only the endpoint and the session's token. An `https://`
-    endpoint (a pool with `spec.tls`) is verified against `ca_file` (the CA that signed the pool's
-    certificate, its Secret's `ca.crt`), else against the system's CAs or `SSL_CERT_FILE`."""
+    """Ticks one session; needs only its base URL (`endpoint`: the front door's `status.url`, or the pod's
+    `status.endpoint`) and the session's token. An `https://` base is verified against `ca_file` (a pool
+    with `spec.tls`: the CA that signed the pool's certificate, its Secret's `ca.crt`), else against the
+    system's CAs or `SSL_CERT_FILE`. Through the front door a session that moves is retried there at once
+    (its 503 `resuming` with `Retry-After: 0`); at a pod, a 421 is followed to the endpoint it names."""
 
     session_id: str
     endpoint: str
@@ -469,7 +479,7 @@ class SessionClient:
             error = error_from_response(response)
             if isinstance(error, Misdirected):
                 misdirections += 1
-                self.endpoint = error.endpoint.rstrip("/")
+                self.endpoint = (error.endpoint or self.endpoint).rstrip("/")
                 continue
             if isinstance(error, Rewound):
                 self.next_chunk_index = error.expected_chunk_index  # the caller ticks on from there
@@ -873,9 +883,10 @@ class KubeSessions:
         return base64.b64decode(encoded).decode()
 
     def connect(self, name: str, *, timeout: float = 300, **client_options: Any) -> SessionClient:
-        """Wait for `Ready`, then a `SessionClient` at `status.endpoint` that continues at the session's
-        next chunk (a session that needs a reset stays that way: its first tick raises `ResetRequired`)."""
+        """Wait for `Ready`, then a `SessionClient` at the session's `base_url` (the front door's `status.url`
+        when the operator writes one, else `status.endpoint`) that continues at the session's next chunk (a
+        session that needs a reset stays that way: its first tick raises `ResetRequired`)."""
         status = self.wait_ready(name, timeout=timeout)
-        client = SessionClient(name, status["endpoint"], self.token(name, status), **client_options)
+        client = SessionClient(name, base_url(status), self.token(name, status), **client_options)
         client.sync()
         return client

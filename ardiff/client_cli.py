@@ -89,8 +89,8 @@ def _ca_file_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ca-file",
         type=Path,
-        help="the CA that signed an https endpoint's certificate (a pool with spec.tls: its Secret's "
-        "ca.crt); default: the system's CAs or SSL_CERT_FILE",
+        help="the CA that signed the session's https base URL's certificate (the front door's, or a pool's "
+        "with spec.tls: its Secret's ca.crt); default: the system's CAs or SSL_CERT_FILE",
     )
 
 
@@ -133,7 +133,7 @@ def _tick(args: argparse.Namespace) -> int:
 
 
 def _fork(args: argparse.Namespace) -> int:
-    from ardiff.client import KubeSessions
+    from ardiff.client import KubeSessions, base_url
 
     sessions = KubeSessions(args.namespace, kubeconfig=args.kubeconfig)
     options = {} if args.keep_chunks is None else {"keep_chunks": args.keep_chunks}
@@ -141,7 +141,7 @@ def _fork(args: argparse.Namespace) -> int:
     status = sessions.wait_ready(args.child, timeout=args.timeout)
     print(
         f"{args.child}: forked from {args.parent}, Ready on {status.get('pod')} at chunk "
-        f"{status.get('chunkIndex')} ({status['endpoint']})"
+        f"{status.get('chunkIndex')} ({base_url(status)})"
     )
     return 0
 

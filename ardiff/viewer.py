@@ -39,7 +39,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from ardiff.client import KubernetesError, KubeSessions, SessionNotFound, is_ready
+from ardiff.client import KubernetesError, KubeSessions, SessionNotFound, base_url, is_ready
 from ardiff.player import PlayoutTarget
 from ardiff.wire import CLOSE_MISDIRECTED, CLOSE_NORMAL, CLOSE_SUPERSEDED, JSON
 from ardiff.worker.net import url_host
@@ -244,7 +244,7 @@ class SessionViewer:
             if status is None:
                 return
             token = await asyncio.to_thread(self.sessions.token, session, status)
-            base = (endpoint or status["endpoint"]).rstrip("/")
+            base = (endpoint or base_url(status)).rstrip("/")
             url = stream_url(base, session, self.settings.frame_format)
             auth = {"Authorization": f"Bearer {token}"}
             try:

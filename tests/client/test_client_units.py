@@ -338,3 +338,35 @@ def test_no_retry_when_the_bound_is_zero_or_the_code_is_final() -> None:
         with session, pytest.raises(client.UnknownSession):
             session.tick([client.hold("w")])
         assert len(server.bodies) == 1
+
+
+def test_a_session_is_ticked_at_its_front_door_url_when_its_status_has_one() -> None:
+    """Issue 37: `status.url` (the front door) wins over `status.endpoint` (the Pod)."""
+    ready = {
+        "phase": "Ready",
+        "endpoint": "http://10.1.2.3:8000",
+        "url": "https://worlds.example.com/pools/d/p",
+    }
+    assert client.base_url(ready) == "https://worlds.example.com/pools/d/p"
+    assert client.base_url({**ready, "url": None}) == "http://10.1.2.3:8000"
+    assert client.base_url({k: v for k, v in ready.items() if k != "url"}) == "http://10.1.2.3:8000"
+
+
+def test_a_moved_session_at_the_front_door_is_retried_there_at_once() -> None:
+    """The front door answers a session that moved in flight with 503 `resuming`, `Retry-After: 0`, and a
+    misdirected error without an endpoint (a front door names no Pod) is asked again at the same base."""
+    moved = worker_errors.Resuming("the session moved to another pod; retry now")
+    resuming: Answer = (503, moved.envelope(), {"retry-after": "0", "content-type": "application/json"})
+    nowhere = (
+        421,
+        {"error": {"code": "misdirected", "message": "moved"}},
+        {"content-type": "application/json"},
+    )
+    with scripted([resuming, nowhere, CHUNK_0]) as server:
+        with client.SessionClient("walk", server.url, "t0ken") as session:
+            started = time.monotonic()
+            chunk = session.tick([client.hold("w")], request_id="r0")
+            assert time.monotonic() - started < 1.0  # no pause: the retry goes out at once
+            assert session.endpoint == server.url
+        assert chunk.metadata.chunk_index == 0
+        assert len(server.bodies) == 3
