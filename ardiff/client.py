@@ -438,6 +438,7 @@ class SessionClient:
     retry_seconds: float = DEFAULT_RETRY_SECONDS  # 0: never retry
     ca_file: str | Path | None = None
     http: httpx.Client = field(init=False, repr=False)
+    transport_retries: int = field(default=0, init=False)  # requests sent again after a transport error
 
     def __post_init__(self) -> None:
         if not self.session_id or not self.endpoint or not self.token:
@@ -462,6 +463,7 @@ class SessionClient:
         (`Retry-After` apart) for up to `retry_seconds`; errors become exceptions."""
         misdirections = 0
         give_up_at: float | None = None
+        transport_failed = False
         while misdirections <= MAX_MISDIRECTIONS:
             url = f"{self.endpoint}/v1/sessions/{self.session_id}{path}"
             try:
@@ -473,6 +475,12 @@ class SessionClient:
                     timeout=self.timeout,
                 )
             except httpx.TransportError as exc:
+                # Once at once (the request is idempotent): a front door's replica that went away leaves
+                # another behind its address; a Pod that went away answers nothing the second time either.
+                if not transport_failed and not isinstance(exc, httpx.TimeoutException):
+                    transport_failed = True
+                    self.transport_retries += 1
+                    continue
                 raise WorkerUnreachable(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
             if response.status_code < 400:
                 return response
@@ -483,11 +491,14 @@ class SessionClient:
                 continue
             if isinstance(error, Rewound):
                 self.next_chunk_index = error.expected_chunk_index  # the caller ticks on from there
-            if not error.retryable:
+            # Sent again after a transport error: the first copy may still be under way (its answer was
+            # lost, not its work); once it is done, the same request replays its chunk.
+            in_flight_twice = transport_failed and isinstance(error, TickInProgress)
+            if not error.retryable and not in_flight_twice:
                 raise error
             now = time.monotonic()
             give_up_at = now + self.retry_seconds if give_up_at is None else give_up_at
-            pause = error.retry_after if error.retry_after is not None else 1.0
+            pause = error.retry_after if error.retry_after is not None else 0.1 if in_flight_twice else 1.0
             if self.retry_seconds <= 0 or now + pause > give_up_at:
                 raise type(error)(
                     f"{error.message} (still {error.code} after retrying for {self.retry_seconds:g} s, "

@@ -206,6 +206,7 @@ def test_an_unreachable_kubernetes_api_is_a_clear_error(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------ retries, against a loopback server
 
 Answer = tuple[int, dict[str, object], dict[str, str]]  # status, JSON body, headers
+DROP = 0  # an answer's status that drops the connection instead
 
 
 class ScriptedWorker(ThreadingHTTPServer):
@@ -237,6 +238,9 @@ class _ScriptedHandler(BaseHTTPRequestHandler):
         self.server.bodies.append(json.loads(self.rfile.read(length) or b"{}"))
         index = min(len(self.server.bodies), len(self.server.answers)) - 1
         status, body, headers = self.server.answers[index]
+        if status == DROP:  # the connection goes without an answer (a front door replica killed)
+            self.close_connection = True
+            return
         payload = json.dumps(body).encode() if status >= 400 else bytes(9 * 2 * 2 * 3)
         self.send_response(status)
         for name, value in headers.items():
@@ -370,3 +374,27 @@ def test_a_moved_session_at_the_front_door_is_retried_there_at_once() -> None:
             assert session.endpoint == server.url
         assert chunk.metadata.chunk_index == 0
         assert len(server.bodies) == 3
+
+
+def test_a_connection_lost_in_flight_is_sent_again_once_and_waits_for_the_first_copy() -> None:
+    """A front door replica killed mid-request (issue 37): the tick goes out again at once, the worker still
+    running the first copy answers `tick_in_progress`, and the client waits for it, then gets the chunk (the
+    same request id replays it). A second transport error is final."""
+    busy = worker_errors.TickInProgress("another tick of the session is under way")
+    in_progress: Answer = (409, busy.envelope(), {"content-type": "application/json"})
+    with scripted([(DROP, {}, {}), in_progress, in_progress, CHUNK_0]) as server:
+        with client.SessionClient("walk", server.url, "t0ken") as session:
+            chunk = session.tick([client.hold("w")], request_id="r0")
+        assert chunk.metadata.chunk_index == 0
+        assert session.transport_retries == 1
+        assert len(server.bodies) == 4
+        assert all(body == server.bodies[0] for body in server.bodies)
+    with scripted([(DROP, {}, {})]) as server:
+        session = client.SessionClient("walk", server.url, "t0ken")
+        with session, pytest.raises(client.WorkerUnreachable):
+            session.tick([client.hold("w")])
+        assert len(server.bodies) == 2
+    with scripted([in_progress, CHUNK_0]) as server:  # without a lost connection, tick_in_progress is final
+        session = client.SessionClient("walk", server.url, "t0ken")
+        with session, pytest.raises(client.TickInProgress):
+            session.tick([client.hold("w")])
