@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.websockets import WebSocketDisconnect
@@ -53,6 +53,7 @@ from ardiff.worker.errors import (
 from ardiff.worker.messages import MAX_BUFFER_MS
 from ardiff.worker.playout import PlayoutTarget, SessionPlayout, target_of
 from ardiff.worker.realtime_messages import (
+    IDLE_CAMERA,
     STREAM_FORMAT,
     VIDEO_CODEC_OPTIONS,
     Interaction,
@@ -79,76 +80,107 @@ _IN_PROGRESS_WAIT_SECONDS = 0.1
 CLOSE_SECONDS = 1.0
 
 
-@dataclass
-class EventBook:
-    """The prompt and controls the stream's next chunk is generated with, and the interactions that set
-    them (event ids as vllm-omni reports them per chunk)."""
+@dataclass(frozen=True)
+class ChunkEvents:
+    """What one chunk is made with, and the events as its metadata reports them; committed to the stream's
+    `EventBook` only once its tick succeeded (vllm-omni's transactional session model)."""
 
-    prompt: str | None  # None: the session's own
-    controls: tuple[dict[str, Any], ...] = ()
-    prompt_event: str | None = None
-    controls_event: str | None = None
-    queued: list[Interaction] = field(default_factory=list)
-    seen: set[str] = field(default_factory=set)  # every event id of this stream: an id names one event
+    prompt: str | None
+    controls: list[dict[str, Any]]  # the tick's, as the reducer prepared them
+    prepared: Any  # the reducer's ARDiffusionPreparedControls
+    prompt_event: str | None
+    controls_event: str | None
+    started: list[str]
+    active: list[str]
+    completed: list[str]
+
+
+class EventBook:
+    """The prompt and controls of the stream's next chunk, and the interactions that set them.
+
+    Interactions queue until the next chunk; LingBot's camera events (held keys as `state` transitions, or a
+    `script` of keys per latent frame) go through vllm-omni's own reducer, which samples them into each
+    chunk's `frames` control, keeps held keys from chunk to chunk and turns a press and release within one
+    chunk into a one-frame pulse. The camera starts held still (`IDLE_CAMERA`)."""
+
+    def __init__(self, protocol: Upstream, prompt: str | None) -> None:
+        self.protocol = protocol
+        self.prompt = prompt  # None: the session's own
+        self.prompt_event: str | None = None
+        self.controls_event: str | None = None
+        self.queued: list[Interaction] = []
+        self.seen: set[str] = set()  # every event id of this stream: an id names one event
+        self.reducer = protocol.control_reducer()
+        idle = self._event(0, None, (IDLE_CAMERA,))
+        prepared = self.reducer.prepare(current_controls={}, events=[idle], chunk_index=0)
+        self.reducer.commit(prepared)
+        self.controls = {control.track: control for control in prepared.controls}
+
+    def _event(self, number: int, prompt: str | None, controls: tuple[dict[str, Any], ...]) -> Any:
+        inputs = tuple(self.protocol.control_input.from_dict(control) for control in controls)
+        return self.protocol.session_event(event_id=number, prompt=prompt, controls=inputs)
 
     def queue(self, interaction: Interaction) -> None:
+        """Take an interaction for the next chunk; `InvalidTick` if its id was used or the reducer refuses
+        what it asks (checked on its own, changing nothing)."""
         if interaction.event_id in self.seen:
             raise InvalidTick(
                 f"event_id_conflict: event {interaction.event_id!r} was sent already on this stream",
                 param="interaction.event_id",
             )
+        if interaction.controls is not None:
+            try:
+                event = self._event(0, None, interaction.controls)
+                self.protocol.control_reducer().prepare(current_controls={}, events=[event], chunk_index=0)
+            except ValueError as exc:
+                message = f"session.interaction event.controls: {exc}"
+                raise InvalidTick(message, param="interaction.event.controls") from None
         self.seen.add(interaction.event_id)
         self.queued.append(interaction)
 
-    def active(self) -> list[str]:
-        return list(dict.fromkeys(e for e in (self.prompt_event, self.controls_event) if e is not None))
-
-    def next_chunk(self) -> ChunkEvents:
-        """The queued events applied: what the next chunk is generated with."""
-        before = ChunkEvents(self.prompt, self.controls, self.prompt_event, self.controls_event)
-        started = [interaction.event_id for interaction in self.queued]
+    def next_chunk(self, chunk_index: int) -> ChunkEvents:
+        """The queued events applied, not committed: what the next chunk is made with."""
+        events = [
+            self._event(number, interaction.prompt, interaction.controls or ())
+            for number, interaction in enumerate(self.queued, start=1)
+            if interaction.controls is not None
+        ]
+        prepared = self.reducer.prepare(
+            current_controls=self.controls, events=events, chunk_index=chunk_index
+        )
+        prompt, prompt_event, controls_event = self.prompt, self.prompt_event, self.controls_event
         for interaction in self.queued:
             if interaction.prompt is not None:
-                self.prompt, self.prompt_event = interaction.prompt, interaction.event_id
+                prompt, prompt_event = interaction.prompt, interaction.event_id
             if interaction.controls is not None:
-                self.controls, self.controls_event = interaction.controls, interaction.event_id
-        self.queued.clear()
-        active = self.active()
-        previous = before.active_ids()
-        completed = [e for e in dict.fromkeys(previous + started) if e not in active]
+                controls_event = interaction.event_id
+        started = [interaction.event_id for interaction in self.queued]
+        active = _ids(prompt_event, controls_event)
+        before = _ids(self.prompt_event, self.controls_event)
+        completed = [event for event in dict.fromkeys(before + started) if event not in active]
+        controls = [control.to_dict() for control in prepared.controls]
         return ChunkEvents(
-            self.prompt,
-            self.controls,
-            self.prompt_event,
-            self.controls_event,
-            started,
-            active,
-            completed,
-            before,
+            prompt, controls, prepared, prompt_event, controls_event, started, active, completed
         )
 
-    def revert(self, chunk: ChunkEvents) -> None:
-        """The chunk's tick was refused for what its new events asked: back to before them."""
-        assert chunk.before is not None
-        self.prompt, self.controls = chunk.before.prompt, chunk.before.controls
-        self.prompt_event, self.controls_event = chunk.before.prompt_event, chunk.before.controls_event
+    def commit(self, chunk: ChunkEvents) -> None:
+        """The chunk was made: what it was made with is the stream's now."""
+        self.reducer.commit(chunk.prepared)
+        self.controls = {control.track: control for control in chunk.prepared.controls}
+        self.prompt, self.prompt_event, self.controls_event = (
+            chunk.prompt,
+            chunk.prompt_event,
+            chunk.controls_event,
+        )
+        del self.queued[: len(chunk.started)]
+
+    def drop(self, chunk: ChunkEvents) -> None:
+        """The chunk's tick refused what its events asked: they are dropped, nothing of them kept."""
+        del self.queued[: len(chunk.started)]
 
 
-@dataclass(frozen=True)
-class ChunkEvents:
-    """What one chunk is generated with, and the events as its metadata reports them."""
-
-    prompt: str | None
-    controls: tuple[dict[str, Any], ...]
-    prompt_event: str | None
-    controls_event: str | None
-    started: list[str] = field(default_factory=list)
-    active: list[str] = field(default_factory=list)
-    completed: list[str] = field(default_factory=list)
-    before: ChunkEvents | None = None
-
-    def active_ids(self) -> list[str]:
-        return list(dict.fromkeys(e for e in (self.prompt_event, self.controls_event) if e is not None))
+def _ids(*events: str | None) -> list[str]:
+    return list(dict.fromkeys(event for event in events if event is not None))
 
 
 class RealtimeVideoStream(SessionSocket):
@@ -160,7 +192,7 @@ class RealtimeVideoStream(SessionSocket):
         self.request_id = f"video_stream-{uuid.uuid4().hex}"
         self.started = False  # video.start sent: errors carry the request id from then on
         self.chunks_sent = 0
-        self.events = EventBook(None)
+        self.events: EventBook  # made once vllm-omni's pieces are loaded (`_stream`)
         self._stopping = asyncio.Event()  # session.stop, or the client gone: no new chunk is started
         self._progressed = asyncio.Event()  # the stall clock's: set by every sign of progress
         self._tasks: tuple[asyncio.Task[Any], ...] = ()
@@ -263,7 +295,7 @@ class RealtimeVideoStream(SessionSocket):
         view = stream.view
         reset = view["state"] == "reset_required"  # the protocol has no reset: a new stream starts it over
         next_chunk = 0 if reset else view["next_chunk_index"]
-        self.events.prompt = bound.prompt
+        self.events = EventBook(protocol, bound.prompt)
         await self.send_json(
             {
                 "type": "video.start",
@@ -369,7 +401,7 @@ class RealtimeVideoStream(SessionSocket):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), held - wanted + 0.001)
                 continue
-            chunk = pending or self.events.next_chunk()
+            chunk = pending or self.events.next_chunk(chunk_index)
             body = {
                 "request_id": f"{self.request_id}-{chunk_index}",
                 "chunk_index": chunk_index,
@@ -395,12 +427,13 @@ class RealtimeVideoStream(SessionSocket):
                 if not chunk.started:
                     return error
                 # What the chunk's new events asked cannot be generated: they are dropped, the stream goes on.
-                self.events.revert(chunk)
+                self.events.drop(chunk)
                 pending = None
                 await self.send_error(error, event_id=chunk.started[-1])
                 continue
             except WorkerError as error:
                 return error
+            self.events.commit(chunk)
             self._last_retry, pending, reset = None, None, False
             frames = len(outcome.chunk.frames)
             await self._send_chunk(outcome.chunk, chunk, protocol, target)

@@ -19,6 +19,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -42,13 +43,28 @@ _TERM_FIELDS = frozenset({"model", "seed", "width", "height", "size", "fps", "vi
 _CONTROLS = TypeAdapter(list[ControlBody])
 
 
+# LingBot's camera before any input: held still, as a live `state` event (its ticks need exactly one camera
+# control; vllm-omni's reducer samples the held keys into each chunk's per-latent-frame `frames`).
+IDLE_CAMERA = {
+    "track": "camera",
+    "schema": "lingbot.camera_actions.v1",
+    "data": {"mode": "state", "transitions": [{"actions": []}]},
+}
+
+
 @dataclass(frozen=True)
 class Upstream:
-    """vllm-omni's pieces of the protocol."""
+    """vllm-omni's pieces of the protocol, and of its realtime session model that a stream's controls go
+    through (the route serves LingBot-World pools: its camera reducer)."""
 
     request_model: Any  # VideoGenerationRequest
     request_data: Callable[[dict[str, Any]], dict[str, Any]]  # session.start -> the request's fields
     create_encoder: Callable[..., Any]  # create_streaming_video_encoder
+    control_reducer: Callable[
+        [], Any
+    ]  # LingBotCameraControlReducer: live camera events -> a chunk's controls
+    session_event: Any  # ARDiffusionSessionEvent: one interaction, as the reducer reads it
+    control_input: Any  # ARDiffusionControlInput
 
 
 _upstream: Upstream | None = None
@@ -61,16 +77,22 @@ def upstream() -> Upstream:
     global _upstream
     with _upstream_lock:
         if _upstream is None:
+            from vllm_omni.diffusion.models.lingbot_world.actions import LingBotCameraControlReducer
             from vllm_omni.entrypoints.openai.protocol.videos import VideoGenerationRequest
             from vllm_omni.entrypoints.openai.serving_video_output_stream import (
                 OmniStreamingVideoOutputHandler,
             )
             from vllm_omni.entrypoints.openai.video_api_utils import create_streaming_video_encoder
+            from vllm_omni.experimental.ar_diffusion.session import ARDiffusionSessionEvent
+            from vllm_omni.experimental.ar_diffusion.tick_protocol import ARDiffusionControlInput
 
             _upstream = Upstream(
                 VideoGenerationRequest,
                 OmniStreamingVideoOutputHandler._coerce_request_data,
                 create_streaming_video_encoder,
+                LingBotCameraControlReducer,
+                ARDiffusionSessionEvent,
+                ARDiffusionControlInput,
             )
         return _upstream
 
@@ -79,7 +101,7 @@ def upstream() -> Upstream:
 class SessionTerms:
     """What the session fixes, that `session.start` may repeat but not change."""
 
-    model: str
+    model: str  # the pool's `model`: a directory (a shipped model's name resolves to one) or a name
     seed: int
     width: int
     height: int
@@ -101,7 +123,7 @@ class Interaction:
 
     event_id: str
     prompt: str | None
-    controls: tuple[dict[str, Any], ...] | None  # the session's control tracks; () clears them
+    controls: tuple[dict[str, Any], ...] | None  # the session's control events (LingBot: the camera's)
     transition_chunks: int | None
 
 
@@ -174,7 +196,7 @@ def bind_start(start: dict[str, Any], terms: SessionTerms, protocol: Upstream) -
         raise InvalidTick(
             f"Invalid session.start: {param}: {first.get('msg', 'invalid')}", param=param
         ) from None
-    if request.model is not None and request.model != terms.model:
+    if request.model is not None and request.model not in (terms.model, PurePath(terms.model).name):
         raise InvalidTick(
             f"Model mismatch: request specifies '{request.model}' but server is running '{terms.model}'.",
             param="model",
@@ -269,8 +291,9 @@ def _interaction(interaction: Any, session_id: str) -> Interaction:
 
 
 def _controls(controls: Any, session_id: str) -> tuple[dict[str, Any], ...]:
-    """The session's control tracks (a tick's `controls`), checked now by vllm-omni's tick rules so that a
-    bad one is refused at once instead of at the chunk it would apply to."""
+    """The session's control events (a tick's `controls` shape: track, schema, data), checked now by
+    vllm-omni's tick rules (their values by its reducer, `EventBook.queue`), so that a bad one is refused at
+    once instead of at the chunk it would shape."""
     try:
         tracks = [control.model_dump(by_alias=True) for control in _CONTROLS.validate_python(controls)]
     except ValidationError as exc:
@@ -279,6 +302,11 @@ def _controls(controls: Any, session_id: str) -> tuple[dict[str, Any], ...]:
             f"session.interaction event.controls: {first.get('msg', 'invalid')}",
             param="interaction.event.controls",
         ) from None
+    if not tracks:
+        raise InvalidTick(
+            "session.interaction event.controls must hold at least one control",
+            param="interaction.event.controls",
+        )
     try:
         tick_rules.parse_tick(session_id, {"request_id": "interaction", "chunk_index": 0, "controls": tracks})
     except InvalidTick as exc:

@@ -33,13 +33,23 @@ from tests.worker.conftest import (
 from tests.worker.realtime_client import RealtimeClient, decode
 
 FPS, BUFFER_CHUNKS = REALTIME_PLAYOUT["playout_fps"], REALTIME_PLAYOUT["playout_buffer_chunks"]
-TURN = [
-    {
-        "track": "camera",
-        "schema": "lingbot.camera_actions.v1",
-        "data": {"mode": "frames", "frames": [["l"]] * 3},
-    }
-]
+
+
+def camera(mode: str, **data: Any) -> list[dict[str, Any]]:
+    return [{"track": "camera", "schema": "lingbot.camera_actions.v1", "data": {"mode": mode, **data}}]
+
+
+def held(*keys: str) -> list[dict[str, Any]]:
+    """A live camera event: these keys held from now on (vllm-omni's LingBot `state` transition)."""
+    return camera("state", transitions=[{"actions": list(keys)}])
+
+
+def chunk_camera(*keys: str) -> list[dict[str, Any]]:
+    """What a chunk is ticked with while those keys are held: the keys for each of its 3 latent frames."""
+    return camera("frames", frames=[list(keys)] * 3)
+
+
+TURN = held("l")
 
 
 @pytest.fixture
@@ -134,7 +144,7 @@ async def test_a_protocol_client_streams_changes_prompt_and_camera_stops_and_con
         await client.interact("turn", controls=TURN)
         while "turn" not in (metadata := (await client.chunk())[0])["active_event_ids"]:
             pass
-        await client.interact("clear", controls=[])
+        await client.interact("clear", controls=held())
         while "clear" not in (metadata := (await client.chunk())[0])["started_event_ids"]:
             pass
         assert metadata["completed_event_ids"] == ["turn"]
@@ -157,17 +167,22 @@ async def test_a_protocol_client_streams_changes_prompt_and_camera_stops_and_con
     # next chunk that never comes (vllm-omni sends no trailer on session.stop).
     frames = decode(client.segments)
     assert frames.shape == (sum(c["num_frames"] for c in chunks) - 1, 64, 64, 3)
-    events = {"dusk": {"prompt": "the forest at dusk"}, "turn": {"controls": TURN}, "clear": {"controls": []}}
+    events = {
+        "dusk": {"prompt": "the forest at dusk"},
+        "turn": {"controls": chunk_camera("l")},
+        "clear": {"controls": chunk_camera()},
+    }
     at = 0
     for chunk in chunks:
-        made_with = {"prompt": "a walk in the forest", "controls": []}
+        made_with = {"prompt": "a walk in the forest", "controls": chunk_camera()}  # the camera held still
         for event in chunk["active_event_ids"]:
             made_with |= events[event]
         index = chunk["generation_chunk_index"]
         got = frames[at : at + chunk["num_frames"]]
         assert colour_error(got, expected_frames(session, index, **made_with)) < 4, chunk
         if chunk["active_event_ids"]:  # the interactions changed the picture
-            assert colour_error(got, expected_frames(session, index, "a walk in the forest", [])) > 6, chunk
+            still = expected_frames(session, index, "a walk in the forest", chunk_camera())
+            assert colour_error(got, still) > 6, chunk
         at += chunk["num_frames"]
     assert {"dusk", "turn"} <= {e for c in chunks for e in c["started_event_ids"]}
 
@@ -179,7 +194,8 @@ async def test_a_protocol_client_streams_changes_prompt_and_camera_stops_and_con
         assert metadata["active_event_ids"] == []  # a new stream starts from the session's own prompt
         await again.stop()
     first = decode(again.segments)[:11]  # a new stream: its own init segment
-    assert colour_error(first, expected_frames(session, len(chunks), "a walk in the forest", [])) < 4
+    still = expected_frames(session, len(chunks), "a walk in the forest", chunk_camera())
+    assert colour_error(first, still) < 4
 
 
 async def test_a_stream_watched_without_input_generates_no_more_than_played_plus_buffer(
@@ -355,10 +371,13 @@ CONTROL_ERRORS = {
     "multi_modal_data": (interaction({"multi_modal_data": {"image": {}}}), f"{EVENT}.multi_modal_data"),
     "negative_prompt": (interaction({"prompt": "x", "negative_prompt": "y"}), f"{EVENT}.negative_prompt"),
     "control without schema": (interaction({"controls": [{"track": "camera"}]}), f"{EVENT}.controls"),
-    "controls vllm-omni refuses": (
+    "no controls": (interaction({"controls": []}), f"{EVENT}.controls"),
+    "a track vllm-omni refuses": (
         interaction({"controls": [{**TURN[0], "track": " "}]}),
         f"{EVENT}.controls",
     ),
+    "a camera mode the reducer refuses": (interaction({"controls": chunk_camera("w")}), f"{EVENT}.controls"),
+    "a key the reducer refuses": (interaction({"controls": held("x")}), f"{EVENT}.controls"),
     "negative transition": (
         interaction({"prompt": "x"}, transition_chunks=-1),
         "interaction.transition_chunks",

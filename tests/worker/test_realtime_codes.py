@@ -29,13 +29,10 @@ from tests.client.test_client_units import worker_error_instances
 RETRIED = {"not_ready", "placement_recovering", "tick_in_progress"}
 FROM_THE_CHUNK_NAMED = {"chunk_out_of_order", "rewound"}
 START = {"type": "session.start", "prompt": "a road", "fps": 48}
-TURN = [
-    {
-        "track": "camera",
-        "schema": "lingbot.camera_actions.v1",
-        "data": {"mode": "frames", "frames": [["l"]] * 3},
-    }
-]
+CAMERA = {"track": "camera", "schema": "lingbot.camera_actions.v1"}
+TURN = [{**CAMERA, "data": {"mode": "state", "transitions": [{"actions": ["l"]}]}}]  # hold L
+TURNING = [{**CAMERA, "data": {"mode": "frames", "frames": [["l"]] * 3}}]  # a chunk's camera while L is held
+STILL = [{**CAMERA, "data": {"mode": "frames", "frames": [[]] * 3}}]  # and while nothing is
 
 
 def test_the_protocols_values_are_vllm_omnis() -> None:
@@ -67,7 +64,7 @@ class Worker:
             self.ticks.append(body)
             if self.failures:
                 raise self.failures.pop(0)
-            if body["controls"] and self.refused_controls is not None:
+            if body["controls"] != STILL and self.refused_controls is not None:
                 refused, self.refused_controls = self.refused_controls, None
                 raise refused
             return await real_tick(session_id, body, **kwargs)
@@ -167,15 +164,14 @@ def test_an_interaction_its_chunk_refuses_is_reported_and_dropped() -> None:
         assert next_of(ws, "session.interaction.queued")["event_id"] == "turn"
         error = next_of(ws, "error")
         assert (error["code"], error["event_id"], error["param"]) == ("invalid_tick", "turn", "controls")
-        refused = next(i for i, tick in enumerate(worker.ticks) if tick["controls"])
+        refused = next(i for i, tick in enumerate(worker.ticks) if tick["controls"] != STILL)
         after = next_of(ws, "video.chunk_metadata")
         assert (after["generation_chunk_index"], after["active_event_ids"]) == (
             worker.ticks[refused]["chunk_index"],
             [],
         )
-        assert [tick["controls"] for tick in worker.ticks[refused:]] == [TURN] + [[]] * (
-            len(worker.ticks) - refused - 1
-        )
+        later = len(worker.ticks) - refused - 1
+        assert [tick["controls"] for tick in worker.ticks[refused:]] == [TURNING] + [STILL] * later
 
 
 def test_a_start_over_4_mib_is_body_too_large_before_it_is_parsed() -> None:
