@@ -33,6 +33,8 @@ CONFIG_FLAGS = (
     "allowed_volume_types",
     "allowed_service_accounts",
     "worker_redis_users",
+    "gateway_public_url",
+    "gateway_redis_secret",
 )
 
 
@@ -61,6 +63,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="who makes each pool's Redis user: the operator (default; its own user may ACL SETUSER) or the "
         "administrator, who names it in the pool's <pool>-workers-redis Secret (a managed Redis; env "
         "ARDIFF_WORKER_REDIS_USERS)",
+    )
+    run.add_argument(
+        "--gateway-public-url",
+        metavar="URL",
+        help="the front door's public base URL: each session's status.url is URL/pools/<namespace>/<pool> "
+        "(env ARDIFF_GATEWAY_PUBLIC_URL; unset: no status.url)",
+    )
+    run.add_argument(
+        "--gateway-redis-secret",
+        metavar="NAME",
+        help="keep the front door's Redis URL and user in Secret NAME of the operator's own namespace (env "
+        "ARDIFF_GATEWAY_REDIS_SECRET; unset: no gateway user)",
     )
     peering = run.add_mutually_exclusive_group()
     peering.add_argument("--standalone", action="store_true", help="no peering: this is the only operator")

@@ -35,6 +35,16 @@ class TemplateRefusal:
     delay: float
 
 
+@dataclass(frozen=True)
+class PoolCa:
+    """The CA bundle of a TLS pool's Secret (its `ca.crt`, "" without one) as last read, and when (monotonic
+    seconds): the pool's record carries it (operator/pool_record.py)."""
+
+    secret_name: str
+    pem: str
+    read_at: float
+
+
 @dataclass
 class OperatorContext:
     config: OperatorConfig
@@ -93,6 +103,10 @@ class OperatorContext:
     stored_sessions: dict[PoolId, set[str]] = field(default_factory=dict)
     stored_sessions_at: float = float("-inf")
     stored_sessions_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Issue 37: each TLS pool's CA as its record last carried it; and why the front door's Redis credentials
+    # could not be kept, as last reported (once per reason; operator/gateway_credentials.py).
+    pool_cas: dict[PoolId, PoolCa] = field(default_factory=dict)
+    gateway_problem: str | None = None
 
     def kick(self, pool: PoolId) -> None:
         self.kicks[pool].set()
@@ -119,6 +133,7 @@ class OperatorContext:
         self.busy_budgets.pop(pool, None)
         self.pod_startup_seconds.pop(pool, None)
         self.pool_samples.pop(pool, None)
+        self.pool_cas.pop(pool, None)
         if self.metrics is not None:
             self.metrics.forget_pool(pool)
         self.forget_pods(pool)

@@ -29,6 +29,7 @@ from ardiff.operator import kopf_settings
 from ardiff.operator.config import OperatorConfig
 from ardiff.operator.context import OperatorContext
 from ardiff.operator.forks import SessionFinder
+from ardiff.operator.gateway_credentials import gateway_secret_permissions, keep_gateway_credentials
 from ardiff.operator.kube import KubeApi
 from ardiff.operator.metrics import OperatorMetrics, PoolSample
 from ardiff.operator.nodes import CordonedNodes
@@ -80,6 +81,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
         memo.ctx.kube,
         None if config.all_namespaces else config.namespaces,
         follow_drains=config.follow_drains,
+        also=gateway_secret_permissions(config),
     )
     if missing:
         raise kopf.PermanentError(
@@ -93,6 +95,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
         memo.ctx.metrics.serve(config.metrics)
         logger.info(f"serving Prometheus metrics at {config.metrics}")
     memo.pool_sweep = asyncio.create_task(sweep_pools_forever(memo.ctx, logger))
+    if config.gateway_redis_secret is not None:
+        memo.gateway_credentials = asyncio.create_task(keep_gateway_credentials(memo.ctx, logger))
     logger.info(
         f"operator started: namespaces={config.namespaces or 'all'}, redis={redact_url(config.redis_url)}, "
         f"workers' redis={redact_url(config.worker_redis_url)}, pools' redis users made by the "
@@ -102,9 +106,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
 
 @kopf.on.cleanup()
 async def close_clients(memo: kopf.Memo, **_: Any) -> None:
-    sweep: asyncio.Task[None] | None = getattr(memo, "pool_sweep", None)
-    if sweep is not None:
-        sweep.cancel()
+    for task_name in ("pool_sweep", "gateway_credentials"):
+        task: asyncio.Task[None] | None = getattr(memo, task_name, None)
+        if task is not None:
+            task.cancel()
     ctx: OperatorContext | None = getattr(memo, "ctx", None)
     if ctx is not None:
         await ctx.close()

@@ -23,10 +23,12 @@ class Permission:
     group: str
     resource: str
     verb: str
+    name: str = ""  # one object of that resource by name ("" any)
 
     def __str__(self) -> str:
         group = self.group or "core"
-        return f"{self.verb} {self.resource} ({group})"
+        named = f"/{self.name}" if self.name else ""
+        return f"{self.verb} {self.resource}{named} ({group})"
 
 
 def _rules(group: str, resources: Sequence[str], verbs: Sequence[str]) -> list[Permission]:
@@ -65,11 +67,22 @@ def required(*, cluster_wide: bool) -> list[Permission]:
     return rules
 
 
+def named_secret(name: str, *, creates: bool) -> list[Permission]:
+    """One Secret read and patched by name, and created (a create names no object to a Role) if `creates`."""
+    return [
+        Permission("", "secrets", "get", name),
+        Permission("", "secrets", "patch", name),
+        *([Permission("", "secrets", "create")] if creates else []),
+    ]
+
+
 def _review(permission: Permission, namespace: str | None) -> dict[str, object]:
     resource, _, subresource = permission.resource.partition("/")
     attributes: dict[str, str] = {"group": permission.group, "resource": resource, "verb": permission.verb}
     if subresource:
         attributes["subresource"] = subresource
+    if permission.name:
+        attributes["name"] = permission.name
     if namespace is not None and resource not in (
         "customresourcedefinitions",
         "clusterkopfpeerings",
@@ -84,15 +97,21 @@ def _review(permission: Permission, namespace: str | None) -> dict[str, object]:
 
 
 async def missing_permissions(
-    kube: KubeApi, namespaces: Sequence[str] | None, *, follow_drains: bool = False
+    kube: KubeApi,
+    namespaces: Sequence[str] | None,
+    *,
+    follow_drains: bool = False,
+    also: Sequence[tuple[Permission, str]] = (),
 ) -> list[str]:
-    """`<permission> in namespace <ns>` (or `cluster-wide`) for each one the API server denies."""
+    """`<permission> in namespace <ns>` (or `cluster-wide`) for each one the API server denies; `also`: more
+    permissions, each in the namespace named beside it."""
     scopes: Sequence[str | None] = list(namespaces) if namespaces else [None]
     checks: list[tuple[Permission, str | None]] = [
         (p, ns) for ns in scopes for p in required(cluster_wide=not namespaces)
     ]
     if follow_drains:
         checks.append((NODE_READ, None))
+    checks += also
     replies = await asyncio.gather(
         *(kube.create_review("selfsubjectaccessreviews", _review(p, ns)) for p, ns in checks)
     )

@@ -60,6 +60,7 @@ REDIS_CA_VOLUME = "redis-ca"
 # private CA, ca.crt: cert-manager writes all three) mounted here; the worker serves https with the first two
 # and verifies the pool's other pods with the third.
 WORKER_TLS_DIR = "/etc/ardiff/tls"
+TLS_CA_KEY = "ca.crt"  # the Secret's CA bundle (also the pool's record's, for the front door: issue 37)
 TLS_VOLUME = "worker-tls"
 # The root filesystem is read-only: everything the worker writes goes to one of these emptyDir volumes
 # (Python's and vllm's scratch files, HOME's caches, the embedded tiny model it generates).
@@ -140,24 +141,14 @@ def secret_data_hash(data: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def build_worker_redis_secret(
-    namespace: str,
-    pool: str,
-    url: str | None,
-    ca: bytes | None = None,
-    *,
-    transfer_token: str | None = None,
-    user: tuple[str, str] | None = None,
-) -> dict[str, Any]:
-    """The Secret the pool's workers read their Redis URL from (key `url`), so that its password is in no
-    Pod spec; it lives in the pool's namespace, where the workers can read it (not adopted yet: the handler
-    adopts it). With `ca` (a private TLS CA), key `ca.crt` holds it and the URL's `ssl_ca_certs` names where
-    worker Pods mount it. `transfer_token`: the pool's worker-to-worker token (key `transfer-token`). `user`:
-    the pool's Redis user and password (keys `redis-username`, `redis-password`), which the URL logs in as.
-    `url` None: no key `url` (the pool waits for the administrator's user)."""
+def redis_secret_data(
+    url: str | None, ca: bytes | None = None, user: tuple[str, str] | None = None
+) -> dict[str, str]:
+    """What a Secret gives a Redis client of ours (its `data`: base64 values): key `url`, logging in as
+    `user` (keys `redis-username`, `redis-password`) in place of any user it names; with `ca` (a private TLS
+    CA), key `ca.crt` holds it and the URL's `ssl_ca_certs` names where Pods mount it. `url` None: no key
+    `url` (the administrator's user is awaited)."""
     data = {}
-    if transfer_token is not None:
-        data[TRANSFER_TOKEN_KEY] = base64.b64encode(transfer_token.encode()).decode()
     if user is not None:
         username, password = user
         data[REDIS_USERNAME_KEY] = base64.b64encode(username.encode()).decode()
@@ -170,6 +161,27 @@ def build_worker_redis_secret(
         query.append(("ssl_ca_certs", f"{WORKER_REDIS_CA_DIR}/{REDIS_CA_KEY}"))
         url = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query, safe="/")))
         data[REDIS_CA_KEY] = base64.b64encode(ca).decode()
+    if url is not None:
+        data[REDIS_URL_KEY] = base64.b64encode(url.encode()).decode()
+    return data
+
+
+def build_worker_redis_secret(
+    namespace: str,
+    pool: str,
+    url: str | None,
+    ca: bytes | None = None,
+    *,
+    transfer_token: str | None = None,
+    user: tuple[str, str] | None = None,
+) -> dict[str, Any]:
+    """The Secret the pool's workers read their Redis URL from (key `url`, `redis_secret_data`), so that its
+    password is in no Pod spec; it lives in the pool's namespace, where the workers can read it (not adopted
+    yet: the handler adopts it). `transfer_token`: the pool's worker-to-worker token (key `transfer-token`).
+    `user`: the pool's Redis user and password, which the URL logs in as."""
+    data = redis_secret_data(url, ca, user)
+    if transfer_token is not None:
+        data[TRANSFER_TOKEN_KEY] = base64.b64encode(transfer_token.encode()).decode()
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -179,7 +191,7 @@ def build_worker_redis_secret(
             "namespace": namespace,
             "labels": {"app.kubernetes.io/name": "ardiff", POOL_LABEL: pool},
         },
-        "data": {**({} if url is None else {REDIS_URL_KEY: base64.b64encode(url.encode()).decode()}), **data},
+        "data": data,
     }
 
 
@@ -204,7 +216,7 @@ def build_worker_env(namespace: str, pool: str, spec: WorkerPoolSpec) -> list[di
         values |= {
             "ARDIFF_TLS_CERT_FILE": f"{WORKER_TLS_DIR}/tls.crt",
             "ARDIFF_TLS_KEY_FILE": f"{WORKER_TLS_DIR}/tls.key",
-            "ARDIFF_TLS_CA_FILE": f"{WORKER_TLS_DIR}/ca.crt",
+            "ARDIFF_TLS_CA_FILE": f"{WORKER_TLS_DIR}/{TLS_CA_KEY}",
         }
     env: list[dict[str, Any]] = [{"name": name, "value": value} for name, value in values.items() if value]
     redis_url = {"name": worker_redis_secret_name(pool), "key": REDIS_URL_KEY}

@@ -8,7 +8,8 @@ Redis user).
 
 Order of a round; 1-3 under the pool's lock (admissions and releases take it too):
 1. pods: reap expired leases, forget pods that no longer exist, keep terminating pods from new placements;
-2. sessions: expire idle ones, restore bindings Redis lost, place waiting / lost / evicted ones;
+2. sessions: expire idle ones, restore bindings Redis lost, place waiting / lost / evicted ones; then the
+   pool's record (operator/pool_record.py), unless a lost binding still waits for its pod;
 3. statuses: re-read if 2 changed anything, derive, patch what changed (events on phase transitions);
 4. scaling: create pods for waiting sessions, drain and delete empty ones;
 5. the pool's status.
@@ -34,6 +35,7 @@ from ardiff.operator.disruption import pool_selector, sync_busy_pods
 from ardiff.operator.forks import SessionFinder, fork_request
 from ardiff.operator.kube import PODS
 from ardiff.operator.metrics import PoolSample
+from ardiff.operator.pool_record import write_pool_record
 from ardiff.operator.scaling import PodSlots, compute_sessions, may_grow, plan_migrations, plan_scaling
 from ardiff.operator.slots import live_pods, pod_slots, sync_pods
 from ardiff.operator.status import Phase, PoolObservation, Reason, build_pool_status, status_patch
@@ -69,6 +71,8 @@ class RoundResult:
     # Issue 25: waiting sessions `place` left pending for compute (a pod had a slot but no compute for them),
     # and those not tried after such an answer.
     waiting_for_compute: set[str] = field(default_factory=set)
+    # Some binding Redis lost waits for its pod to register again: the store lacks some of the pool's data.
+    restoring: bool = False
 
 
 def placement_order(session: SessionView, record: SessionBinding | None) -> tuple[int, int, int, str, str]:
@@ -187,6 +191,7 @@ async def place_sessions(
                 result.settled.add(
                     session.name
                 )  # writing Pending now would erase the binding from its status
+                result.restoring = True
                 continue
             if rebind == "restored":
                 free -= 1
@@ -427,6 +432,7 @@ async def reconcile_pool(
         await report_transfers(ctx, pid, active, records)
         now_ms = await ctx.store.server_time_ms()
         by_name = {p.name: p for p in pods}
+        url = ctx.config.session_url(pool.namespace, pool.name)
         # Report a loss before repairing it: a session placed again in this same round still shows `Lost`
         # (and its Event) once, rather than staying `Ready` while its pod and KV changed under it.
         await write_session_statuses(
@@ -437,10 +443,13 @@ async def reconcile_pool(
             by_name,
             now_ms,
             default_playout=pool.spec.playout,
+            url=url,
         )
         expired = await expire_idle(ctx, pid, active, records, now_ms)
         expired += await expire_suspending(ctx, pid, records)
         result = await place_sessions(ctx, pool, active, records, live, slots, find_session, logger)
+        if not result.restoring:  # the front door takes the pool's record for a store that holds its data
+            await write_pool_record(ctx, pool)
         if expired or result.changed:
             records = await ctx.store.get_bindings(pid, names)
             live = await live_pods(ctx, pid)
@@ -463,6 +472,7 @@ async def reconcile_pool(
             default_playout=pool.spec.playout,
             waiting_for_compute=result.waiting_for_compute,
             compute_utilisation=pool.spec.compute_utilisation,
+            url=url,
         )
     slots = pod_slots(ctx, pool, pods, live)
     plan = plan_scaling(

@@ -97,6 +97,7 @@ async def admit(
         compute_utilisation=pool.spec.compute_utilisation
         if placed.pending_reason == "compute" and pool.spec is not None
         else None,
+        url=ctx.config.session_url(pool.namespace, pool.name),
     )
     return build_session_status(
         session.status, observation, session=session.name, generation=session.generation, now=now_rfc3339()

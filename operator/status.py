@@ -73,6 +73,9 @@ DEFAULT_MESSAGES = {
     Reason.MIGRATING: "moving to another pod; its ticks are answered 503 resuming meanwhile",
     Reason.RESUME_REQUESTED: "suspended; a tick asked for it: waiting for a free slot to resume",
 }
+# A placed session's message where the operator knows the front door (issue 37): `status.url` reaches it from
+# outside the cluster, `status.endpoint` only from inside.
+PLACED_AT_FRONT_DOOR = "placed; tick at status.url (status.endpoint inside the cluster)"
 # States whose record holds the session's pod and slot.
 HOLDING_STATES = (SessionState.PLACED, SessionState.SUSPENDING)
 
@@ -172,6 +175,9 @@ class SessionObservation:
     # was placed with), and, while `place` said it waits for compute, its pool's spec.computeUtilisation.
     playout: Playout | None = None
     compute_utilisation: float | None = None
+    # Issue 37: the session's base URL at the front door (its pool's; None: the operator knows no front door),
+    # written while it holds a pod, beside `endpoint`.
+    url: str | None = None
 
 
 def starting_message(starting: int, last_startup_seconds: float | None) -> str:
@@ -238,11 +244,13 @@ def build_session_status(
         message = starting_message(obs.starting_pods, obs.last_startup_seconds)
     if message is None and reason is Reason.WAITING_FOR_COMPUTE:
         message = compute_message(obs.compute_utilisation or 0.0, obs.starting_pods)
-    if message is None:
-        same_reason = previous.get("reason") == reason and previous.get("message")
-        message = previous["message"] if same_reason else DEFAULT_MESSAGES[reason]
     record = obs.record
     placed = record is not None and record.state in HOLDING_STATES
+    url = obs.url if placed and obs.pod is not None else None
+    if message is None:
+        same_reason = previous.get("reason") == reason and previous.get("message")
+        default = PLACED_AT_FRONT_DOOR if reason is Reason.PLACED and url else DEFAULT_MESSAGES[reason]
+        message = previous["message"] if same_reason else default
     suspended = record is not None and record.state is SessionState.SUSPENDED
     status: dict[str, Any] = {
         "phase": phase.value,
@@ -251,6 +259,7 @@ def build_session_status(
         "pod": record.pod if placed else None,
         "podEpoch": record.pod_epoch if placed else None,
         "endpoint": obs.pod.endpoint if placed and obs.pod is not None else None,
+        "url": url,
         "resetRequired": needs_reset(record) if record is not None else False,
         "tokenSecretRef": {"name": token_secret_name(session), "key": TOKEN_KEY},
         "observedGeneration": generation,
@@ -314,6 +323,7 @@ def build_failed_status(
         "pod": None,
         "podEpoch": None,
         "endpoint": None,
+        "url": None,
         "tokenSecretRef": {"name": token_secret_name(session), "key": TOKEN_KEY},
         "observedGeneration": generation,
         "conditions": build_conditions(

@@ -139,10 +139,11 @@ async def write_session_statuses(
     default_playout: Playout | None = None,
     waiting_for_compute: Collection[str] = frozenset(),
     compute_utilisation: float = 0.0,
+    url: str | None = None,
 ) -> int:
     """Derive and write the statuses of `sessions`. `default_playout`: their pool's (each session's own
     spec.playout fields win); `waiting_for_compute`: those `place` left pending for compute, under the pool's
-    `compute_utilisation`."""
+    `compute_utilisation`; `url`: their pool's base URL at the front door (`OperatorConfig.session_url`)."""
     now = now_rfc3339()
     limit = asyncio.Semaphore(ctx.config.status_write_concurrency)
 
@@ -160,6 +161,7 @@ async def write_session_statuses(
             last_startup_seconds=last_startup_seconds,
             playout=session.spec.playout.resolve(default_playout or Playout()) if session.spec else None,
             compute_utilisation=compute_utilisation if session.name in waiting_for_compute else None,
+            url=url,
         )
         previous = previous_status(ctx, session)
         desired = build_session_status(

@@ -13,6 +13,7 @@ Rules for sharing them (worker processes started per module register in Redis):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import os
@@ -107,14 +108,22 @@ def namespace_name(request: pytest.FixtureRequest) -> str:
     return "".join(ch for ch in name if ch.isalnum() or ch == "-").strip("-")[:63]
 
 
-@pytest.fixture
-def kube_namespace(dev_cluster: DevCluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace on the cluster, deleted (with everything in it) after the test (not waited for)."""
+@contextlib.contextmanager
+def fresh_namespace(dev_cluster: DevCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace on the cluster named after the requesting test (or module), deleted with everything
+    in it afterwards (not waited for)."""
     name = namespace_name(request)
     with dev_cluster.admin.client() as client:
         client.post("/api/v1/namespaces", json={"metadata": {"name": name}}).raise_for_status()
         yield name
         client.delete(f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture
+def kube_namespace(dev_cluster: DevCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace on the cluster, deleted (with everything in it) after the test (not waited for)."""
+    with fresh_namespace(dev_cluster, request) as name:
+        yield name
 
 
 # ------------------------------------------------------------------ judging objects on the real API server

@@ -115,6 +115,7 @@ def test_printer_columns() -> None:
     wide = [(c["name"], c["jsonPath"]) for c in columns(SESSIONS) if c.get("priority")]
     assert wide == [
         ("Reason", ".status.reason"),
+        ("URL", ".status.url"),
         ("Endpoint", ".status.endpoint"),
         ("FPS", ".status.playout.fps"),
         ("Tier", ".status.tier"),
@@ -676,6 +677,7 @@ def _session_statuses() -> list[dict[str, Any]]:
                 now_ms=1_700_000_001_000,
                 playout=Playout() if ready else None,
                 compute_utilisation=0.9 if ready else None,  # record None: WaitingForCompute
+                url="https://worlds.example.com/pools/worlds/tiny-world" if ready else None,  # issue 37
             )
             previous = build_session_status(
                 previous, obs, session="forest-walk", generation=1, now="2026-01-02T03:04:05.000Z"
@@ -719,6 +721,7 @@ def test_every_status_field_the_operator_writes_is_declared(
         "pod",
         "podEpoch",
         "endpoint",
+        "url",
         "resetRequired",
         "tokenSecretRef",
         "observedGeneration",

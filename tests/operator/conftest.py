@@ -11,6 +11,7 @@ volume (`shared_tier`).
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -330,18 +331,26 @@ SIMULATED_PLACEMENT = {
 }
 
 
+@contextlib.contextmanager
+def serving(cluster: Cluster, process: OperatorProcess) -> Iterator[OperatorProcess]:
+    """`process` started and serving; afterwards the cluster's test objects are deleted through it first
+    (started again if the test stopped it: its finalizers run and its Redis keys go), then it stops. Its log
+    is printed (shown when a test fails)."""
+    process.start().wait_ready()
+    try:
+        yield process
+    finally:
+        if not process.running:
+            process.start()
+        try:
+            cluster.delete_all()
+        finally:
+            process.stop()
+            sys.stdout.write(f"\n----- operator log ({process.log_path}) -----\n{process.log()[-20000:]}\n")
+
+
 @pytest.fixture
 def operator_process(cluster: Cluster, redis_url: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    """The operator for the test's namespace, serving; on teardown, the test's objects are deleted through
-    it first (so its finalizers run and its Redis keys go), then it stops. Its log is printed when a test
-    fails."""
-    process = cluster.operator(redis_url, tmp_path / "operator.log").start()
-    process.wait_ready()
-    yield process
-    if not process.running:
-        process.start()
-    try:
-        cluster.delete_all()
-    finally:
-        process.stop()
-        sys.stdout.write(f"\n----- operator log ({process.log_path}) -----\n{process.log()[-20000:]}\n")
+    """The operator for the test's namespace, serving (`serving`)."""
+    with serving(cluster, cluster.operator(redis_url, tmp_path / "operator.log")) as process:
+        yield process

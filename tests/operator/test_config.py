@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ardiff.cli import build_parser, main
@@ -101,3 +103,70 @@ def test_who_makes_the_pools_redis_users() -> None:
     assert (
         config_from_env(env, worker_redis_users=args.worker_redis_users).worker_redis_users == "administrator"
     )
+
+
+def test_the_front_door_settings() -> None:
+    """Issue 37: the front door's public URL (sessions' status.url under it) and the gateway's Redis Secret
+    in the operator's own namespace, from flags or the environment; neither by default."""
+    env = {"ARDIFF_REDIS_URL": "redis://r"}
+    plain = config_from_env(env)
+    assert (plain.gateway_public_url, plain.gateway_redis_secret) == (None, None)
+    assert plain.session_url("worlds", "tiny") is None
+    config = config_from_env(
+        {
+            **env,
+            "ARDIFF_GATEWAY_PUBLIC_URL": "https://worlds.example.com/ardiff/",
+            "ARDIFF_GATEWAY_REDIS_SECRET": "ardiff-gateway-redis",
+            "ARDIFF_OPERATOR_NAMESPACE": "ardiff-system",
+        }
+    )
+    assert config.session_url("worlds", "tiny") == "https://worlds.example.com/ardiff/pools/worlds/tiny"
+    assert (config.gateway_redis_secret, config.operator_namespace) == (
+        "ardiff-gateway-redis",
+        "ardiff-system",
+    )
+    args = build_parser().parse_args(
+        ["operator", "run", "--gateway-public-url", "http://10.0.0.1:30080", "--gateway-redis-secret", "gw"]
+    )
+    flags = config_from_env(
+        {**env, "ARDIFF_OPERATOR_NAMESPACE": "ns"},
+        gateway_public_url=args.gateway_public_url,
+        gateway_redis_secret=args.gateway_redis_secret,
+    )
+    assert flags.session_url("a", "b") == "http://10.0.0.1:30080/pools/a/b"
+    assert flags.gateway_redis_secret == "gw"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        *(
+            (
+                {"ARDIFF_GATEWAY_PUBLIC_URL": url},
+                f"gateway_public_url must be an http:// or https:// URL.*{re.escape(repr(url))}",
+            )
+            for url in (
+                "ftp://worlds.example.com",
+                "worlds.example.com",
+                "https://",
+                "https://worlds.example.com/?pool=a",
+                "https://worlds.example.com/#top",
+                "https://user:pw@worlds.example.com",
+                "https://worlds.example.com:99999",
+                "https://worlds.example.com/" + "a" * 1024,
+            )
+        ),
+        (
+            {"ARDIFF_GATEWAY_REDIS_SECRET": "gw", "ARDIFF_OPERATOR_NAMESPACE": "Not_A_Namespace"},
+            "operator_namespace must be a DNS-1123 label, got 'Not_A_Namespace'",
+        ),
+        (
+            {"ARDIFF_GATEWAY_REDIS_SECRET": "Gateway_Redis", "ARDIFF_OPERATOR_NAMESPACE": "ns"},
+            "gateway_redis_secret must be a Secret name .*, got 'Gateway_Redis'",
+        ),
+        ({"ARDIFF_GATEWAY_REDIS_SECRET": "gw"}, "gateway_redis_secret needs the operator's own namespace"),
+    ],
+)
+def test_bad_front_door_settings_are_refused(env: dict, message: str) -> None:
+    with pytest.raises(OperatorConfigError, match=message):
+        config_from_env({"ARDIFF_REDIS_URL": "redis://r", **env})

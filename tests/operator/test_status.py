@@ -92,6 +92,7 @@ def test_ready_status_mirrors_the_binding() -> None:
         "pod": "tiny-ab12c",
         "podEpoch": 42,
         "endpoint": "http://10.0.0.7:8000",
+        "url": None,  # no front door known
         "resetRequired": False,
         "tokenSecretRef": {"name": "forest-token", "key": "token"},
         "observedGeneration": 3,
@@ -152,6 +153,31 @@ def test_lost_status_drops_the_binding_and_requires_a_reset() -> None:
     assert (lost["pod"], lost["podEpoch"], lost["endpoint"]) == (None, None, None)
     assert lost["conditions"][0]["status"] == "False"
     assert lost["conditions"][0]["lastTransitionTime"] == "T2"
+
+
+def test_the_front_door_url_lives_as_long_as_the_endpoint() -> None:
+    """Issue 37: `url` (its pool's base URL at the front door) is written with `endpoint` while the session
+    holds a pod, and cleared with it; the placed message points at it."""
+    url = "https://worlds.example.com/pools/worlds/tiny"
+
+    def status(previous: dict, rec: SessionRecord | None, pod: PodRecord | None, now: str) -> dict:
+        obs = SessionObservation(rec, pod, pod is not None, NOW_MS, url=url)
+        return build_session_status(previous, obs, session="forest", generation=1, now=now)
+
+    pending = status({}, None, None, "T0")
+    assert pending["url"] is None
+    ready = status(pending, record(), POD, "T1")
+    assert (ready["endpoint"], ready["url"]) == ("http://10.0.0.7:8000", url)
+    assert ready["message"] == "placed; tick at status.url (status.endpoint inside the cluster)"
+    lost = status(ready, record(SessionState.LOST), None, "T2")
+    assert (lost["endpoint"], lost["url"]) == (None, None)
+    assert status_patch(ready, lost, mirror_due=False)["url"] is None  # type: ignore[index]  # removed
+    suspended = status(ready, record(SessionState.SUSPENDED, pod="", pod_epoch=0), None, "T3")
+    assert suspended["url"] is None
+    failed = build_failed_status(
+        ready, session="forest", reason=Reason.POOL_DELETED, message="gone", generation=1, now="T4"
+    )
+    assert failed["url"] is None
 
 
 def test_a_note_replaces_the_default_message_and_sticks_while_the_reason_does() -> None:
