@@ -9,6 +9,13 @@ resuming) to wherever the session's status says it is once it is `Ready` again; 
 before each stream opens the session's playout target (`{"type": "playout", "fps", "buffer_chunks"}`, from the
 worker's session view; the defaults where it names none): the page plays at that rate from that buffer.
 
+A second page plays the session as video (issue 38): `GET /{secret}/video` is a `<video>` element fed through
+Media Source Extensions, its socket `WS /{secret}/realtime` proxied to the worker's realtime route
+(`/v1/realtime/video?session=<id>`, vllm-omni's protocol: the worker paces the stream and sends fragmented
+MP4). The page's first message is its `session.start`, which the proxy sends the worker (the token on the
+upgrade) on every connection it opens while it follows the session; its keys become `session.interaction`s
+holding the camera keys (vllm-omni's LingBot `state` events). Each page links to the other.
+
 Only the page this run printed may use it (issue 23 item 10): both routes live under a secret path made per
 run (another local user, or a web page probing `localhost`, cannot guess it), and answer 403 unless the
 request is addressed to the viewer's own origin (its `Host` and, on the socket, the `Origin` a browser always
@@ -32,6 +39,7 @@ import json
 import logging
 import secrets
 import webbrowser
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,9 +82,16 @@ class ViewerSettings:
             raise ValueError(f"viewer frame_format must be jpeg or webp, got {self.frame_format!r}")
 
 
-def page(session: str) -> str:
-    """The page; it opens its stream relative to its own URL (`stream`, under the same secret path)."""
-    html = importlib.resources.files("ardiff").joinpath("viewer.html").read_text()
+PAGES = {"frames": "viewer.html", "video": "viewer_video.html"}
+
+
+def page(session: str, mode: str = "frames") -> str:
+    """A page (`frames`: the canvas of images; `video`: the MSE player) with the pages' style; it opens its
+    socket relative to its own URL (`stream`, `realtime`: under the same secret path)."""
+    files = importlib.resources.files("ardiff")
+    html = (
+        files.joinpath(PAGES[mode]).read_text().replace("__STYLE__", files.joinpath("viewer.css").read_text())
+    )
     return html.replace("__SESSION__", session)
 
 
@@ -91,12 +106,32 @@ def origin_of(host: str, port: int) -> str:
     return f"http://{url_host(host)}:{port}"
 
 
-def stream_url(endpoint: str, session: str, frame_format: str) -> str:
-    """The worker's stream URL for an `http(s)://` endpoint."""
-    scheme, _, rest = endpoint.rstrip("/").partition("://")
-    return (
-        f"{'wss' if scheme == 'https' else 'ws'}://{rest}/v1/sessions/{session}/stream?format={frame_format}"
-    )
+def _websocket(base: str) -> str:
+    scheme, _, rest = base.partition("://")
+    return f"{'wss' if scheme == 'https' else 'ws'}://{rest}"
+
+
+def stream_url(base: str, session: str, frame_format: str) -> str:
+    """The worker's frame stream URL under an `http(s)://` base."""
+    return f"{_websocket(base)}/v1/sessions/{session}/stream?format={frame_format}"
+
+
+def realtime_url(base: str, session: str) -> str:
+    """The worker's realtime video URL under an `http(s)://` base (vllm-omni's route, the session named)."""
+    return f"{_websocket(base)}/v1/realtime/video?session={session}"
+
+
+def endpoint_named(message: str) -> str | None:
+    """The endpoint a worker's `misdirected` error names: in the frame stream's envelope, or in vllm-omni's
+    flat `error` (the realtime route's)."""
+    try:
+        value = json.loads(message)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or value.get("type") != "error":
+        return None
+    error = value["error"] if isinstance(value.get("error"), dict) else value
+    return error.get("endpoint") if error.get("code") == "misdirected" else None
 
 
 @dataclass
@@ -128,6 +163,8 @@ class SessionViewer:
             app.router.add_get(base, self._page)
             app.router.add_get(f"{base}stream", self._stream)
             app.router.add_post(f"{base}fork", self._fork)
+            app.router.add_get(f"{base}video", self._video_page)
+            app.router.add_get(f"{base}realtime", self._realtime)
         app.on_shutdown.append(self._close_pages)
         return app
 
@@ -173,6 +210,10 @@ class SessionViewer:
         self._refuse_foreign(request, origin_required=False)  # a navigation sends no Origin
         return web.Response(text=page(self._session(request)), content_type="text/html")
 
+    async def _video_page(self, request: web.Request) -> web.Response:
+        self._refuse_foreign(request, origin_required=False)
+        return web.Response(text=page(self._session(request), "video"), content_type="text/html")
+
     async def _fork(self, request: web.Request) -> web.Response:
         """`POST fork {"chunk": N}`: a fork of the page's session at its kept chunk N; the child's page."""
         self._refuse_foreign(request, origin_required=True)  # a browser's POST always sends Origin
@@ -204,15 +245,34 @@ class SessionViewer:
         return await asyncio.to_thread(self.sessions.status, session)
 
     async def _stream(self, request: web.Request) -> web.WebSocketResponse:
+        """The frame stream: the page's ticks to the worker's `/stream`, its chunks back."""
+        frame_format = self.settings.frame_format
+        return await self._serve_page(request, lambda base, session: stream_url(base, session, frame_format))
+
+    async def _realtime(self, request: web.Request) -> web.WebSocketResponse:
+        """The realtime video stream: the page's `session.start` and interactions to the worker's realtime
+        route, its segments back."""
+        return await self._serve_page(request, realtime_url, opening=True)
+
+    async def _serve_page(
+        self, request: web.Request, url_of: Callable[[str, str], str], *, opening: bool = False
+    ) -> web.WebSocketResponse:
+        """A page's socket, proxied to the session's worker at `url_of(base, session)` while the page stays
+        (`opening`: the page's first message is sent first on every worker connection)."""
         self._refuse_foreign(request, origin_required=True)
         session = self._session(request)
-        browser = web.WebSocketResponse(max_msg_size=MAX_PAGE_MESSAGE_BYTES, timeout=CLOSE_SECONDS)
+        # Uncompressed: frames and segments are compressed already, deflating them again only costs CPU.
+        browser = web.WebSocketResponse(
+            max_msg_size=MAX_PAGE_MESSAGE_BYTES, timeout=CLOSE_SECONDS, compress=False
+        )
         await browser.prepare(request)
         self._pages[browser] = request
         phases = asyncio.create_task(self._report_phase(browser, session))
         try:
-            async with aiohttp.ClientSession() as http:
-                await self._proxy(browser, http, session)
+            first = await self._opening(browser) if opening else None
+            if first is not None or not opening:
+                async with aiohttp.ClientSession() as http:
+                    await self._proxy(browser, http, session, url_of, first)
         except SessionNotFound as exc:
             await _send(browser, {"type": "error", "error": {"code": exc.code, "message": exc.message}})
         finally:
@@ -237,7 +297,36 @@ class SessionViewer:
                 await _send(browser, {"type": "phase", "phase": now[0], "reason": now[1], "pod": now[2]})
             await asyncio.sleep(PHASE_POLL_SECONDS)
 
-    async def _proxy(self, browser: web.WebSocketResponse, http: aiohttp.ClientSession, session: str) -> None:
+    @staticmethod
+    async def _opening(browser: web.WebSocketResponse) -> str | None:
+        """The page's first message, a `session.start` (the page never holds the token: one it names is
+        dropped); None when the page left or sent something else."""
+        message = await browser.receive()
+        if message.type != aiohttp.WSMsgType.TEXT:
+            return None
+        try:
+            start = json.loads(message.data)
+        except ValueError:
+            start = None
+        if not isinstance(start, dict) or start.get("type") != "session.start":
+            refused = {
+                "type": "error",
+                "code": "invalid_tick",
+                "message": "the first message must be session.start",
+            }
+            await _send(browser, refused)
+            return None
+        start.pop("session_token", None)
+        return json.dumps(start)
+
+    async def _proxy(
+        self,
+        browser: web.WebSocketResponse,
+        http: aiohttp.ClientSession,
+        session: str,
+        url_of: Callable[[str, str], str],
+        opening: str | None,
+    ) -> None:
         endpoint: str | None = None
         while not browser.closed:
             status = await self._wait_ready(browser, session)
@@ -245,11 +334,13 @@ class SessionViewer:
                 return
             token = await asyncio.to_thread(self.sessions.token, session, status)
             base = (endpoint or base_url(status)).rstrip("/")
-            url = stream_url(base, session, self.settings.frame_format)
+            url = url_of(base, session)
             auth = {"Authorization": f"Bearer {token}"}
             try:
                 await self._send_playout(browser, http, f"{base}/v1/sessions/{session}", auth)
                 async with http.ws_connect(url, headers=auth, max_msg_size=0) as worker:
+                    if opening is not None:
+                        await worker.send_str(opening)
                     closed = await self._pump(browser, worker)
             except aiohttp.ClientError as exc:
                 log.info("worker stream %s unreachable (%s); following the session", url, exc)
@@ -309,8 +400,7 @@ class SessionViewer:
             nonlocal misdirected_to
             async for message in worker:
                 if message.type == aiohttp.WSMsgType.TEXT:
-                    error = json.loads(message.data).get("error") or {}
-                    misdirected_to = error.get("endpoint") or misdirected_to
+                    misdirected_to = endpoint_named(message.data) or misdirected_to
                     await browser.send_str(message.data)
                 elif message.type == aiohttp.WSMsgType.BINARY:
                     await browser.send_bytes(message.data)
@@ -365,7 +455,7 @@ async def serve(settings: ViewerSettings, *, open_browser: bool = False) -> None
     await site.start()
     viewer.origin = origin_of(settings.host, runner.addresses[0][1])
     url = viewer.url()
-    print(f"viewer of session {settings.session} at {url} (Ctrl-C to stop)", flush=True)
+    print(f"viewer of session {settings.session} at {url} (Ctrl-C to stop; as video: {url}video)", flush=True)
     if open_browser:
         webbrowser.open(url)
     try:
