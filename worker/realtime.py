@@ -9,14 +9,14 @@ binding is ours: the query names the session, the token comes in the `Authorizat
 
 Pacing: after `video.start` the stream generates the session's chunks itself, one tick at a time through
 `WorkerService.tick` (the HTTP tick's path), and starts the next one only while its viewer holds less than
-`buffer_chunks` chunks of play: `held < buffer_chunks x F / fps` (F: the last chunk's frames), `held` being
-the worker's buffer model of the viewer (`SessionPlayout.floor`: what was sent, less what has played since,
-never below 0: a viewer that ran dry restarts its clock at the next chunk). The tick says `buffer_ms = held`,
-so its deadline is the stream's playback clock. A viewer that stops reading stops its stream's sends and so
-its ticks.
+`buffer_chunks` chunks of play, a frame's margin kept: `held < (buffer_chunks x F - 1) / fps` (F: the last
+chunk's frames), `held` being the worker's buffer model of the viewer (`SessionPlayout.floor`: what was sent,
+less what has played since, never below 0: a viewer that ran dry restarts its clock at the next chunk). The
+tick says `buffer_ms = held`, so its deadline is the stream's playback clock. A viewer that stops reading stops
+its stream's sends and so its ticks.
 
 Interactions apply from the next chunk: the stream keeps a prompt (`session.start`'s; blank: the session's
-own) and camera controls (none at first), and each chunk's tick carries them; an event's id is in the
+own) and the camera (held still at first, `EventBook`), and each chunk's tick carries them; an event's id is in the
 metadata's `started_event_ids` of the first chunk it shaped, `active_event_ids` while it does, and
 `completed_event_ids` when a later event replaced it.
 
@@ -395,7 +395,9 @@ class RealtimeVideoStream(SessionSocket):
         pending: ChunkEvents | None = None  # a chunk whose tick is retried (its events stay applied)
         while not self._stopping.is_set():
             held = viewer.floor(time.perf_counter())
-            wanted = target.buffer_chunks * frames / target.fps
+            # A frame short of `buffer_chunks` chunks: the viewer's clock starts when the first chunk reaches
+            # it, the worker's when it sent it; the frame's margin keeps the rule on the viewer's clock too.
+            wanted = (target.buffer_chunks * frames - 1) / target.fps
             if pending is None and frames and held >= wanted:
                 self._touch()  # waiting for the viewer to play is progress
                 with contextlib.suppress(TimeoutError):
