@@ -52,10 +52,12 @@ def _wait_ready(
 
 @dataclass
 class LocalFrontDoor:
-    """Envoy on `port` in front of the picker, which reads the store at `redis_url`. `url(namespace, pool)`
-    is a pool's base URL (a session's `status.url`)."""
+    """Envoy on `port` in front of the picker, which reads the store at `redis_url` (or at the URL in
+    `redis_url_file`, read again as the picker runs). `url(namespace, pool)` is a pool's base URL (a
+    session's `status.url`)."""
 
-    redis_url: str
+    redis_url: str = ""
+    redis_url_file: Path | None = None
     concurrency: int = 1
     directory: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ardiff-front-door-")))
     settings: EnvoySettings = field(init=False)
@@ -118,8 +120,11 @@ class LocalFrontDoor:
                 str(gateway_venv() / "bin" / "ardiff"),
                 "gateway",
                 "picker",
-                "--redis-url",
-                self.redis_url,
+                *(
+                    ["--redis-url-file", str(self.redis_url_file)]
+                    if self.redis_url_file is not None
+                    else ["--redis-url", self.redis_url]
+                ),
                 "--listen",
                 f"127.0.0.1:{self.picker_port}",
                 "--http-listen",

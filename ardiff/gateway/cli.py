@@ -2,9 +2,9 @@
 gRPC stack is imported when it runs).
 
 Settings are flags, else `ARDIFF_GATEWAY_*` environment variables (the chart sets those; docs/contracts.md
-"Front door"): `ARDIFF_GATEWAY_REDIS_URL` (the gateway's own Redis user), `ARDIFF_GATEWAY_LISTEN`,
-`ARDIFF_GATEWAY_HTTP_LISTEN` for the picker; the bootstrap's ports, the picker's address, the TLS files and
-the dynamic clusters' directory for Envoy.
+"Front door"): `ARDIFF_GATEWAY_REDIS_URL` or `ARDIFF_GATEWAY_REDIS_URL_FILE` (the gateway's own Redis
+user), `ARDIFF_GATEWAY_LISTEN`, `ARDIFF_GATEWAY_HTTP_LISTEN` for the picker; the bootstrap's ports, the
+picker's address, the TLS files and the dynamic clusters' directory for Envoy.
 """
 
 from __future__ import annotations
@@ -33,6 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     picker.add_argument(
         "--redis-url", default=_env("REDIS_URL"), help="the placement store, as the gateway's Redis user"
+    )
+    picker.add_argument(
+        "--redis-url-file",
+        default=_env("REDIS_URL_FILE"),
+        help="a file holding that URL (a mounted Secret's key), read again every few seconds",
     )
     picker.add_argument("--listen", default=_env("LISTEN", "0.0.0.0:9002"), help="gRPC (ext_proc, health)")
     picker.add_argument(
@@ -69,14 +74,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _picker(args: argparse.Namespace) -> int:
     from ardiff.gateway.picker import PickerSettings, serve
 
-    if not args.redis_url:
-        print("error: gateway picker needs --redis-url (or ARDIFF_GATEWAY_REDIS_URL)", file=sys.stderr)
-        return 2
     try:
         settings = PickerSettings(
-            args.redis_url, args.listen, args.http_listen, args.dynamic_dir, args.envoy_admin
+            redis_url=args.redis_url or "",
+            redis_url_file=args.redis_url_file,
+            listen=args.listen,
+            http_listen=args.http_listen,
+            dynamic_dir=args.dynamic_dir,
+            envoy_admin=args.envoy_admin,
         )
-    except ValueError as exc:
+        settings.current_redis_url()
+    except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -12,8 +12,8 @@ unchanged. A worker's 421 (the session moved while the request was in flight) on
 rewritten to 503 `resuming` with `Retry-After: 0`, so no Pod address leaves the front door and the client's
 retry is placed afresh (Envoy's own retries reuse the picked header).
 
-Health: the gRPC health service (`liveness`; `readiness` and the ext_proc service: SERVING while the store
-answers its PING, checked every `HEALTH_SECONDS`), and the same over HTTP with the metrics
+Health: the gRPC health service (`liveness`; `readiness` and the ext_proc service: SERVING once the store
+answered a PING, checked every `HEALTH_SECONDS`: see `PickerState`), and the same over HTTP with the metrics
 (`/healthz`, `/readyz`, `/metrics`) for a kubelet's probes and Prometheus.
 """
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -39,7 +40,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_gr
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from ardiff.gateway.envoy_config import (
@@ -105,13 +106,22 @@ class PickerMetrics:
             "Placement store calls of the picker that failed",
             registry=self.registry,
         )
+        self.store_up = Gauge(
+            "ardiff_gateway_store_up",
+            "1 while the placement store answers the picker's PING",
+            registry=self.registry,
+        )
 
 
 @dataclass
 class PickerState:
-    """Whether the picker can place requests (the store answered its last PING)."""
+    """Whether the picker is ready (the store answered a PING since it started: a front door that never
+    reached the store takes no traffic) and whether the store answers now. Once ready it stays so: while the
+    store is away it answers every request 503 `not_ready` with its code, which is better than a Service
+    without endpoints (a refused connection, no code) when the store is away for every replica alike."""
 
     ready: bool = False
+    store_up: bool = False
 
 
 class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):
@@ -191,7 +201,7 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):
             return PODS_CLUSTER
         if self.tls is None:
             return None
-        return await self.tls.cluster(pool, route.pool_ca_sha256 or "")
+        return await self.tls.cluster(self.store, pool, route.pool_ca_sha256 or "")
 
     def _remember(self, key: tuple[str, str, str], pod: str) -> None:
         if not pod:
@@ -276,23 +286,32 @@ def _immediate(answer: Answer) -> ext_proc.ProcessingResponse:
 
 @dataclass(frozen=True)
 class PickerSettings:
-    """`ardiff gateway picker`'s settings: the store (the gateway's Redis user), the gRPC address Envoy
-    calls, the HTTP address of the probes and metrics, and for TLS pools the directory the bundled Envoy
-    reads their clusters from and its admin address (`ardiff.gateway.tls_clusters`)."""
+    """`ardiff gateway picker`'s settings: the store (the gateway's Redis user: its URL, or a file holding
+    it, read again every `HEALTH_SECONDS`: a mounted Secret's rotated password is taken up without a
+    restart), the gRPC address Envoy calls, the HTTP address of the probes and metrics, and for TLS pools the
+    directory the bundled Envoy reads their clusters from and its admin address
+    (`ardiff.gateway.tls_clusters`)."""
 
-    redis_url: str
+    redis_url: str = ""
+    redis_url_file: str | None = None
     listen: str = "0.0.0.0:9002"
     http_listen: str = "0.0.0.0:9003"
     dynamic_dir: str | None = None
     envoy_admin: str | None = None
 
     def __post_init__(self) -> None:
-        if not self.redis_url:
-            raise ValueError("gateway picker redis_url must be set")
+        if bool(self.redis_url) == (self.redis_url_file is not None):
+            raise ValueError("gateway picker needs one of redis_url and redis_url_file")
         for name in ("listen", "http_listen"):
             host, _, port = getattr(self, name).rpartition(":")
             if not host or not port.isdigit() or not 0 <= int(port) < 65536:
                 raise ValueError(f"gateway picker {name} must be <host>:<port>, got {getattr(self, name)!r}")
+
+    def current_redis_url(self) -> str:
+        """The store's URL now (the file's content, when the URL comes from a file)."""
+        if self.redis_url_file is None:
+            return self.redis_url
+        return Path(self.redis_url_file).read_text().strip()
 
 
 def _http_app(metrics: PickerMetrics, state: PickerState) -> Callable[..., Iterable[bytes]]:
@@ -307,7 +326,7 @@ def _http_app(metrics: PickerMetrics, state: PickerState) -> Callable[..., Itera
         if path == "/readyz":
             status = "200 OK" if state.ready else "503 Service Unavailable"
             start_response(status, [("Content-Type", "text/plain")])
-            return [b"ready" if state.ready else b"the placement store does not answer"]
+            return [b"ready" if state.ready else b"the placement store has not answered yet"]
         return prometheus(environ, start_response)
 
     return app
@@ -326,41 +345,49 @@ def _serve_http(address: str, metrics: PickerMetrics, state: PickerState) -> Thr
 
 
 async def _watch_store(
-    store: PlacementStore, state: PickerState, servicer: health.aio.HealthServicer
+    picker: EndpointPicker, settings: PickerSettings, state: PickerState, servicer: health.aio.HealthServicer
 ) -> None:
-    """PING the store every `HEALTH_SECONDS`; readiness (gRPC and HTTP) follows the answer."""
+    """Every `HEALTH_SECONDS`: a store client for a changed URL (its file rewritten: a rotated password), then
+    a PING; readiness (gRPC and HTTP) follows the answer."""
+    url = settings.current_redis_url()
     while True:
+        with contextlib.suppress(OSError):
+            fresh = settings.current_redis_url()
+            if fresh and fresh != url:
+                url, previous = fresh, picker.store
+                picker.store = PlacementStore.from_url(url)
+                log.info("the placement store's URL changed: a new client")
+                asyncio.get_running_loop().call_later(HEALTH_SECONDS, asyncio.ensure_future, previous.close())
         try:
-            await asyncio.wait_for(store.ping(), HEALTH_SECONDS)
-            ready = True
+            await asyncio.wait_for(picker.store.ping(), HEALTH_SECONDS)
+            up = True
         except Exception as exc:
-            ready = False
-            if state.ready:
+            up = False
+            if state.store_up:
                 log.warning("the placement store stopped answering: %r", exc)
-        if ready != state.ready:
-            state.ready = ready
-            status = (
-                health_pb2.HealthCheckResponse.SERVING
-                if ready
-                else health_pb2.HealthCheckResponse.NOT_SERVING
-            )
+        if up and not state.store_up:
+            log.info("the placement store answers")
+        state.store_up = up
+        picker.metrics.store_up.set(int(up))
+        if up and not state.ready:
+            state.ready = True
             for service in ("readiness", EXT_PROC_SERVICE, ""):
-                await servicer.set(service, status)
-            log.info("endpoint picker %s", "ready" if ready else "not ready")
+                await servicer.set(service, SERVING)
+            log.info("endpoint picker ready")
         await asyncio.sleep(HEALTH_SECONDS)
 
 
 async def serve(settings: PickerSettings, stop: asyncio.Event) -> None:
     """Serve until `stop` is set; in-flight streams get a second to finish."""
-    store = PlacementStore.from_url(settings.redis_url)
     metrics, state = PickerMetrics(), PickerState()
-    server = grpc.aio.server()
     tls = (
         None
         if settings.dynamic_dir is None
-        else TlsClusters(store, Path(settings.dynamic_dir), settings.envoy_admin)
+        else TlsClusters(Path(settings.dynamic_dir), settings.envoy_admin)
     )
-    ext_proc_grpc.add_ExternalProcessorServicer_to_server(EndpointPicker(store, metrics, tls), server)
+    picker = EndpointPicker(PlacementStore.from_url(settings.current_redis_url()), metrics, tls)
+    server = grpc.aio.server()
+    ext_proc_grpc.add_ExternalProcessorServicer_to_server(picker, server)
     servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     await servicer.set("liveness", SERVING)
@@ -370,14 +397,12 @@ async def serve(settings: PickerSettings, stop: asyncio.Event) -> None:
         raise OSError(f"the endpoint picker cannot listen on {settings.listen}")
     http = _serve_http(settings.http_listen, metrics, state)
     await server.start()
-    log.info(
-        "endpoint picker listening on %s (probes and metrics on %s)", settings.listen, settings.http_listen
-    )
-    watcher = asyncio.create_task(_watch_store(store, state, servicer))
+    log.info("endpoint picker on %s (probes and metrics on %s)", settings.listen, settings.http_listen)
+    watcher = asyncio.create_task(_watch_store(picker, settings, state, servicer))
     try:
         await stop.wait()
     finally:
         watcher.cancel()
         await server.stop(1.0)
         http.shutdown()
-        await store.close()
+        await picker.store.close()

@@ -33,16 +33,15 @@ class TlsClusters:
     """The TLS pools' clusters in `directory` (CA files under `ca/`, the cluster file beside), and Envoy's
     admin interface at `envoy_admin` (`host:port`; None: no wait for the load)."""
 
-    def __init__(self, store: PlacementStore, directory: Path, envoy_admin: str | None = None) -> None:
-        self.store = store
+    def __init__(self, directory: Path, envoy_admin: str | None = None) -> None:
         self.directory = directory
         self.envoy_admin = envoy_admin
         self._clusters: dict[tuple[str, str], str] = {}  # (namespace, pool) -> its cluster's name
         self._ca_files: dict[str, str] = {}  # cluster name -> the CA file it trusts
         self._lock = asyncio.Lock()
 
-    async def cluster(self, pool: PoolId, ca_sha256: str) -> str | None:
-        """The name of the cluster that trusts the pool's CA (its digest as the store holds it), made first
+    async def cluster(self, store: PlacementStore, pool: PoolId, ca_sha256: str) -> str | None:
+        """The name of the cluster that trusts the pool's CA (its digest as `store` holds it), made first
         when it is new; None when the pool has no CA."""
         key = (pool.namespace, pool.name)
         name = tls_cluster_name(pool.namespace, pool.name, ca_sha256)
@@ -50,7 +49,7 @@ class TlsClusters:
             return name if ca_sha256 else None
         async with self._lock:
             if self._clusters.get(key) != name:
-                pem = await self.store.pool_ca(pool)
+                pem = await store.pool_ca(pool)
                 if hashlib.sha256(pem.encode()).hexdigest() != ca_sha256:
                     return None  # the CA changed again meanwhile: the next request reads the new digest
                 ca_dir = self.directory / "ca"

@@ -24,6 +24,8 @@ from websockets.exceptions import ConnectionClosed
 from ardiff.devcluster.front_door import LocalFrontDoor, gateway_venv
 from ardiff.devcluster.pki import CertificateAuthority
 from ardiff.devcluster.redis_server import RedisServer
+from ardiff.kv.acl import PoolUsers, gateway_username
+from ardiff.kv.connection import with_user
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionSpec, SessionState, token_sha256
 from tests.worker.conftest import CAMERA, launch_fake_pod, suspend_and_wait
@@ -290,6 +292,14 @@ async def test_redis_away_is_a_retryable_503_and_a_store_that_lost_its_data_is_r
         base = door.url(pool.namespace, pool.name)
         redis.stop()
         error_of(tick(client, base, "s", 0), 503, "not_ready")
+        # The gateway stays ready (it answers with codes: a Service emptied of every replica would refuse
+        # connections instead); its metrics say the store is down.
+        metrics = door.picker_metrics_url
+        deadline = time.monotonic() + 10
+        while "ardiff_gateway_store_up 0.0" not in client.get(metrics).text:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.2)
+        assert client.get(metrics.replace("/metrics", "/readyz")).status_code == 200
         redis.start()  # empty: the store lost its data
         deadline = time.monotonic() + 10
         while (answer := tick(client, base, "s", 0)).json()["error"]["code"] == "not_ready":
@@ -390,3 +400,35 @@ async def test_a_tls_pools_pods_are_reached_over_https_verifying_its_ca_and_the_
     finally:
         await store.release(pool, session, reason="test done")
         worker.stop()
+
+
+async def test_the_picker_takes_up_a_rewritten_url_file_without_a_restart(client, tmp_path):
+    """The chart mounts the gateway's Redis Secret as a file (a rotated password reaches the Pod's file, not
+    its env): the picker reads the URL again and uses a new client once it changed."""
+    with RedisServer() as redis:
+        pool = PoolId("default", "rotated")
+        async with PlacementStore.from_url(redis.url) as store:
+            await store.write_pool(pool)
+        users = PoolUsers.from_url(redis.url)
+        url_file = tmp_path / "url"
+        try:
+            await users.ensure_gateway("release", ["default"], "first-password-of-enough-length")
+            url_file.write_text(
+                with_user(redis.url, gateway_username("release"), "first-password-of-enough-length")
+            )
+            with LocalFrontDoor(redis_url_file=url_file) as door:
+                base = door.url(pool.namespace, pool.name)
+                error_of(tick(client, base, "s", 0), 401, "unauthorized")  # the picker reads the store
+                redis.cli("ACL", "DELUSER", gateway_username("release"))  # its connections go with it
+                error_of(tick(client, base, "s", 0), 503, "not_ready")
+                await users.ensure_gateway("release", ["default"], "second-password-of-enough-length")
+                url_file.write_text(
+                    with_user(redis.url, gateway_username("release"), "second-password-of-enough-length")
+                )
+                deadline = time.monotonic() + 10
+                while (answer := tick(client, base, "s", 0)).status_code == 503:
+                    assert time.monotonic() < deadline, answer.text
+                    await asyncio.sleep(0.2)
+                error_of(answer, 401, "unauthorized")
+        finally:
+            await users.close()

@@ -238,7 +238,9 @@ async def test_the_gateway_user_routes_and_records_demands_in_its_namespaces_and
                 )
                 await operator.place(pool, SessionSpec("s", token_sha256("t")))
             route = await gateway.route(a, "s")
-            assert route.served_by_pod and route.pod is not None and route.pod.address == "10.0.0.1:80"
+            assert route.served_by_pod
+            assert route.pod is not None
+            assert route.pod.address == "10.0.0.1:80"
             assert await operator.suspend(a, "s", reason="evicted")
             assert await gateway.request_resume(a, "s") is SessionState.SUSPENDING
             await refused(gateway.route(elsewhere, "s"))
