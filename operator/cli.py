@@ -135,13 +135,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     smoke.add_argument("-n", "--namespace", required=True)
     smoke.add_argument("--pool", required=True, help="the ARDiffusionWorkerPool's name")
     smoke.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for Ready (default 900)")
+    smoke.add_argument(
+        "--gateway-url", help="tick through the front door at this base (its Service), not at the Pod"
+    )
     smoke.set_defaults(func=run_smoke_test)
 
 
 def run_smoke_test(args: argparse.Namespace) -> int:
     from ardiff.operator.smoke import smoke_test
 
-    return 0 if smoke_test(args.namespace, args.pool, timeout_seconds=args.timeout) else 1
+    passed = smoke_test(args.namespace, args.pool, timeout_seconds=args.timeout, gateway_url=args.gateway_url)
+    return 0 if passed else 1
 
 
 def run_uninstall(args: argparse.Namespace) -> int:

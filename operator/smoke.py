@@ -1,6 +1,8 @@
 """`ardiff operator smoke-test`: create a session on a pool, wait until it is Ready, tick it once, delete it
-(the chart's `helm test`). Exit 0 when the tick answered 200; the session is deleted in every case. A pool
-with `spec.tls` is ticked over https, verified against its TLS Secret's `ca.crt`. The tick is sent again (the
+(the chart's `helm test`). Exit 0 when the tick answered 200; the session is deleted in every case. With
+`gateway_url` the tick goes through the front door (issue 37: `<gateway_url>/pools/<namespace>/<pool>`, the
+gateway's in-cluster Service), as a client outside the cluster's does; else to the session's Pod, a pool
+with `spec.tls` over https, verified against its TLS Secret's `ca.crt`. The tick is sent again (the
 same request: ticks are idempotent) while it gets no answer or a 503 (a worker Ready a moment before its
 address resolves or answers), until the test's deadline."""
 
@@ -15,7 +17,7 @@ from collections.abc import Callable
 
 import httpx
 
-from ardiff.wire import API_VERSION, GROUP, POOL_PLURAL, SESSION_PLURAL, VERSION
+from ardiff.wire import API_VERSION, GROUP, POOL_PLURAL, SESSION_PLURAL, VERSION, front_door_url
 
 POLL_SECONDS = 1.0
 # Answers that say "not yet" (docs/contracts.md: retry the same tick); any other answer is the test's result.
@@ -23,9 +25,15 @@ RETRIED_STATUSES = frozenset({503})
 
 
 def smoke_test(
-    namespace: str, pool: str, *, timeout_seconds: float, say: Callable[[str], None] = print
+    namespace: str,
+    pool: str,
+    *,
+    timeout_seconds: float,
+    gateway_url: str | None = None,
+    say: Callable[[str], None] = print,
 ) -> bool:
-    """True when a new session on `pool` became Ready within `timeout_seconds` and its first tick got 200."""
+    """True when a new session on `pool` became Ready within `timeout_seconds` and its first tick got 200
+    (through the front door at `gateway_url` when given)."""
     import kubernetes
 
     from ardiff.operator.uninstall import _clients
@@ -60,11 +68,14 @@ def smoke_test(
         ref = status["tokenSecretRef"]  # {name, key}
         reply = core.read_namespaced_secret(ref["name"], namespace, _preload_content=False)  # type: ignore[attr-defined]
         token = base64.b64decode(json.loads(reply.data)["data"][ref["key"]]).decode()
-        url = f"{status['endpoint']}/v1/sessions/{name}/ticks"
-        tick = post_first_tick(url, name, token, deadline=deadline, verify=verify, say=say)
+        base = front_door_url(gateway_url, namespace, pool) if gateway_url else status["endpoint"]
+        url = f"{base}/v1/sessions/{name}/ticks"
+        tick = post_first_tick(
+            url, name, token, deadline=deadline, verify=True if gateway_url else verify, say=say
+        )
         if tick is None:
             return False
-        say(f"tick 0 of {name} on {status['pod']}: HTTP {tick.status_code}, {len(tick.content)} bytes")
+        say(f"tick 0 of {name} on {status['pod']} at {base}: HTTP {tick.status_code}, {len(tick.content)} B")
         return tick.status_code == 200
     finally:
         try:

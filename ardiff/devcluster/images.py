@@ -11,6 +11,9 @@ filesystem (a container's root is an overlay of `/`; see `ardiff.devcluster.cont
 |                                   | worker/Dockerfile installs over that image; user 1000, its ENV         |
 | `ghcr.io/ardiff/ardiff-operator`  | a venv made by a non-editable `pip install '.[operator]'` only, as     |
 |                                   | operator/Dockerfile; user 10001                                        |
+| `ghcr.io/ardiff/ardiff-gateway`   | a venv made by a non-editable `pip install '.[gateway]'` only, and the |
+|                                   | pinned Envoy at /usr/local/bin/envoy, as ardiff/gateway/Dockerfile;    |
+|                                   | user 10001                                                             |
 | `docker.io/library/redis`         | Debian's `redis-server` and `redis-cli` (the `redis` user 999)         |
 | `registry.k8s.io/kube-proxy`      | the kube-proxy built from k8s.io/kubernetes, /usr/local/bin/kube-proxy |
 | `registry.k8s.io/coredns/coredns` | the CoreDNS built from github.com/coredns/coredns, at /coredns         |
@@ -39,13 +42,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-from ardiff.devcluster.binaries import KubernetesBinaries
+from ardiff.devcluster.binaries import KubernetesBinaries, ensure_envoy
 
 IMAGES_CACHE = Path(os.environ.get("ARDIFF_IMAGES_CACHE", Path.home() / ".cache" / "ardiff" / "images"))
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 UNUSED_SECONDS = 86400.0
 WORKER_IMAGE = "ghcr.io/ardiff/ardiff-worker"
 OPERATOR_IMAGE = "ghcr.io/ardiff/ardiff-operator"
+GATEWAY_IMAGE = "ghcr.io/ardiff/ardiff-gateway"
 REDIS_IMAGE = "docker.io/library/redis"
 KUBE_PROXY_IMAGE = "registry.k8s.io/kube-proxy"
 COREDNS_IMAGE = "registry.k8s.io/coredns/coredns"
@@ -265,21 +269,16 @@ def build_image_table(checkout: Path, binaries: KubernetesBinaries, *, worker: b
     python_home = [
         ImageDirectory(str(p), mode=0o755) for p in _private_ancestors(Path(sys.executable).resolve())
     ]
-    operator_venv = build_image_venv(checkout, "operator")
     images = [
-        Image(
-            OPERATOR_IMAGE,
-            entrypoint=("ardiff",),
-            cmd=("operator", "run"),
-            env={
-                "PATH": f"{operator_venv / 'bin'}:{DEFAULT_PATH}",
-                "PYTHONDONTWRITEBYTECODE": "1",
-                "PYTHONUNBUFFERED": "1",
-            },
-            user=10001,
-            group=10001,
-            directories=tuple(python_home),
-            users=(ImageUser("ardiff", 10001, 10001),),
+        _slim_python_image(
+            OPERATOR_IMAGE, build_image_venv(checkout, "operator"), ("operator", "run"), python_home
+        ),
+        _slim_python_image(
+            GATEWAY_IMAGE,
+            build_image_venv(checkout, "gateway"),
+            ("gateway", "picker"),
+            python_home,
+            files={"/usr/local/bin/envoy": str(ensure_envoy())},
         ),
         Image(
             REDIS_IMAGE,
@@ -336,6 +335,32 @@ def build_image_table(checkout: Path, binaries: KubernetesBinaries, *, worker: b
             )
         )
     return ImageTable({image.repository: image for image in images})
+
+
+def _slim_python_image(
+    repository: str,
+    venv: Path,
+    cmd: tuple[str, ...],
+    python_home: list[ImageDirectory],
+    files: Mapping[str, str] | None = None,
+) -> Image:
+    """An image of the slim-Python kind (operator/Dockerfile, ardiff/gateway/Dockerfile): `ardiff` as the
+    entrypoint from `venv`, user 10001, no bytecode written (a read-only root)."""
+    return Image(
+        repository,
+        entrypoint=("ardiff",),
+        cmd=cmd,
+        env={
+            "PATH": f"{venv / 'bin'}:{DEFAULT_PATH}",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+        },
+        user=10001,
+        group=10001,
+        files=dict(files or {}),
+        directories=tuple(python_home),
+        users=(ImageUser("ardiff", 10001, 10001),),
+    )
 
 
 def _private_ancestors(path: Path) -> list[Path]:

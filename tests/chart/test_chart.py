@@ -95,6 +95,16 @@ def test_defaults_render_the_documented_objects(chart):
             # What a pool may put in its Pods, refused at admission (workerPods; Kubernetes >= 1.30).
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
+            # The front door (gateway.enabled): its Redis Secret (the operator fills it), Envoy and the
+            # picker, their account (no API access), the public Service, the picker's (gRPC, metrics), the
+            # budget, the NetworkPolicy.
+            "Secret",
+            "ServiceAccount",
+            "Deployment",
+            "Service",
+            "Service",
+            "PodDisruptionBudget",
+            "NetworkPolicy",
         ]
     )
     old_cluster = [obj["kind"] for obj in chart.render({}, "--kube-version", "1.29.0")]
@@ -305,6 +315,7 @@ def test_operator_runs_the_contract_command_line(chart):
         "--priority=$(ARDIFF_OPERATOR_PRIORITY)",
         "--liveness=http://0.0.0.0:8080/healthz",
         "--metrics=http://0.0.0.0:9090/metrics",
+        f"--gateway-redis-secret={chart.fullname}-gateway-redis",
         "--allowed-volume-types=configMap,csi,downwardAPI,emptyDir,ephemeral,image,persistentVolumeClaim,"
         "projected,secret",
         "--allowed-service-accounts=",
@@ -332,13 +343,14 @@ def test_operator_runs_the_contract_command_line(chart):
 
 def test_every_pod_is_non_root_read_only_and_capability_free(chart, variant):
     templates = pod_templates(chart.render(variant))
-    assert len(templates) == (1 if variant.get("redis", {}).get("mode") == "external" else 2)
+    # The operator, the front door, and the bundled Redis unless it is external.
+    assert len(templates) == (2 if variant.get("redis", {}).get("mode") == "external" else 3)
     for template in templates:
         pod = template["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] > 0
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-        for container in pod["containers"]:
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
             context = container["securityContext"]
             assert context["allowPrivilegeEscalation"] is False
             assert context["readOnlyRootFilesystem"] is True
@@ -376,7 +388,7 @@ def test_bundled_redis_has_a_password_kept_out_of_command_lines(chart):
 
 
 def test_bundled_redis_password_is_generated_when_not_given(chart):
-    secrets = [one(chart.render(), "Secret")["stringData"] for _ in range(2)]
+    secrets = [one(chart.render(), "Secret", f"{chart.fullname}-redis")["stringData"] for _ in range(2)]
     for secret in secrets:
         assert len(secret["password"]) == 40
         assert secret["password"].isalnum()
@@ -446,7 +458,7 @@ def _start_redis_as_the_chart_does(chart, tmp_path, password: str) -> subprocess
     port = free_port()
     auth_dir = tmp_path / "auth"
     auth_dir.mkdir(parents=True, exist_ok=True)
-    config = one(objects, "Secret")["stringData"]["redis.conf"]
+    config = one(objects, "Secret", f"{chart.fullname}-redis")["stringData"]["redis.conf"]
     config = config.replace("/run/redis-auth", str(auth_dir)).replace("dir /data", f"dir {tmp_path}")
     config = config.replace("port 6379", f"port {port}").replace("bind * -::*", "bind 127.0.0.1")
     (tmp_path / "redis.conf").write_text(config)
@@ -581,7 +593,8 @@ def test_redis_persistence_claims_a_volume(chart):
     [claim] = statefulset["spec"]["volumeClaimTemplates"]
     assert claim["metadata"]["name"] == "data"
     assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
-    assert "appendonly yes" in one(objects, "Secret")["stringData"]["redis.conf"].splitlines()
+    redis_conf = one(objects, "Secret", f"{chart.fullname}-redis")["stringData"]["redis.conf"]
+    assert "appendonly yes" in redis_conf.splitlines()
 
 
 def test_external_redis_from_an_existing_secret_with_a_private_ca(chart):
@@ -597,7 +610,7 @@ def test_external_redis_from_an_existing_secret_with_a_private_ca(chart):
             }
         }
     )
-    assert not by_kind(objects, "Secret")
+    assert [s["metadata"]["name"] for s in by_kind(objects, "Secret")] == [f"{chart.fullname}-gateway-redis"]
     assert [obj["metadata"]["name"] for obj in by_kind(objects, "StatefulSet")] == [
         f"{chart.fullname}-operator"
     ]
@@ -638,7 +651,7 @@ def test_worker_network_policy_admits_the_operator_the_configured_clients_and_ot
     objects = chart.render({"networkPolicy": {"workerClients": [router]}})
     policy = one(objects, "NetworkPolicy", f"{chart.fullname}-workers")
     assert policy["spec"]["policyTypes"] == ["Ingress"]
-    [ingress, workers] = policy["spec"]["ingress"]
+    [ingress, front_door, workers] = policy["spec"]["ingress"]
     # Worker to worker (issue 12: a migrating session's new pod pulls it), on the worker port, and only from
     # the pods the operator makes as workers (no namespaceSelector: the policy's own namespace).
     [worker_peer] = workers["from"]
@@ -658,6 +671,23 @@ def test_worker_network_policy_admits_the_operator_the_configured_clients_and_ot
     }
     assert ingress["from"] == [operator_peer, router]
     assert ingress["ports"] == [{"port": WORKER_PORT, "protocol": "TCP"}]
+    # The front door forwards each session's requests to its pod (issue 37).
+    gateway_peer = {
+        "namespaceSelector": operator_peer["namespaceSelector"],
+        "podSelector": {
+            "matchLabels": {
+                **operator_peer["podSelector"]["matchLabels"],
+                "app.kubernetes.io/component": "gateway",
+            }
+        },
+    }
+    assert front_door == {"from": [gateway_peer], "ports": [{"port": WORKER_PORT, "protocol": "TCP"}]}
+    gateway_pod_labels = one(objects, "Deployment", f"{chart.fullname}-gateway")["spec"]["template"][
+        "metadata"
+    ]["labels"]
+    assert gateway_peer["podSelector"]["matchLabels"].items() <= gateway_pod_labels.items()
+    no_gateway = chart.render({"gateway": {"enabled": False}})
+    assert len(one(no_gateway, "NetworkPolicy", f"{chart.fullname}-workers")["spec"]["ingress"]) == 2
     operator_pod_labels = one(objects, "StatefulSet", f"{chart.fullname}-operator")["spec"]["template"][
         "metadata"
     ]["labels"]
@@ -665,9 +695,9 @@ def test_worker_network_policy_admits_the_operator_the_configured_clients_and_ot
 
     redis_policy = one(objects, "NetworkPolicy", f"{chart.fullname}-redis")
     [redis_ingress] = redis_policy["spec"]["ingress"]
-    assert redis_ingress["from"][0] == operator_peer
-    assert redis_ingress["from"][1]["podSelector"]["matchLabels"].items() <= pool_labels("p").items()
-    assert redis_ingress["from"][1]["namespaceSelector"]["matchExpressions"] == [
+    assert redis_ingress["from"][:2] == [operator_peer, gateway_peer]  # the picker reads the store
+    assert redis_ingress["from"][2]["podSelector"]["matchLabels"].items() <= pool_labels("p").items()
+    assert redis_ingress["from"][2]["namespaceSelector"]["matchExpressions"] == [
         {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [chart.namespace]}
     ]
     assert redis_ingress["ports"] == [{"port": 6379, "protocol": "TCP"}]
@@ -709,8 +739,10 @@ def test_pod_disruption_budgets(chart):
     operator = one(objects, "StatefulSet", f"{chart.fullname}-operator")
     # Only the operator's: a chart budget over worker pods would put busy pods under two budgets (the
     # eviction API refuses such a pod) and, sized from the pool's Scale, let busy pods go.
+    gateway = one(objects, "Deployment", f"{chart.fullname}-gateway")
     assert budgets == {
-        f"{chart.fullname}-operator": {"maxUnavailable": 1, "selector": operator["spec"]["selector"]}
+        f"{chart.fullname}-operator": {"maxUnavailable": 1, "selector": operator["spec"]["selector"]},
+        f"{chart.fullname}-gateway": {"maxUnavailable": 1, "selector": gateway["spec"]["selector"]},
     }
     rules = [rule for role in by_kind(objects, "Role") for rule in role["rules"]]
     assert {
@@ -718,7 +750,7 @@ def test_pod_disruption_budgets(chart):
         "resources": ["poddisruptionbudgets"],
         "verbs": ["create", "get", "patch"],
     } in rules
-    off = {"podDisruptionBudget": {"operator": {"enabled": False}}}
+    off = {"podDisruptionBudget": {"operator": {"enabled": False}}, "gateway": {"enabled": False}}
     assert not by_kind(chart.render(off), "PodDisruptionBudget")
 
 
@@ -807,8 +839,12 @@ def test_helm_test_ticks_a_session_on_the_default_pool(chart):
         f"--namespace={chart.namespace}",
         "--pool=gpus",
         "--timeout=1200",
+        f"--gateway-url=http://{chart.fullname}-gateway.{chart.namespace}.svc:80",  # the front door
     ]
-    # The workers' NetworkPolicy admits it (its labels), on the worker port only.
+    # Without the front door, the workers' NetworkPolicy admits it (its labels), on the worker port only.
+    objects = chart.render({**values, "gateway": {"enabled": False}})
+    pod = one([obj for obj in objects if obj["metadata"]["name"] == name], "Pod")
+    assert pod["spec"]["containers"][0]["args"][-1] == "--timeout=1200"
     policy = one(objects, "NetworkPolicy", f"{chart.fullname}-workers")
     [_, _, test_rule] = policy["spec"]["ingress"]
     [peer] = test_rule["from"]

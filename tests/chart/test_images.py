@@ -10,6 +10,7 @@ import tomllib
 
 import yaml
 
+from ardiff.devcluster.binaries import ENVOY_VERSION
 from ardiff.operator.pods import WORKER_USER_ID
 
 # Nothing of the GPU stack may reach the operator image.
@@ -124,6 +125,25 @@ def test_worker_image_is_the_pinned_vllm_omni_image_with_the_worker_extra(chart)
     assert _build_tag(dockerfile) == f"{values['worker']['image']['repository']}:{app_version}"
 
 
+def test_gateway_image_is_slim_python_with_the_gateway_extra_and_the_pinned_envoy(chart):
+    dockerfile = chart.path.parents[1] / "ardiff" / "gateway" / "Dockerfile"
+    steps = _instructions(dockerfile)
+    bases = [args for op, args in steps if op == "FROM"]
+    assert all(base.split()[0].startswith("python:3.11-slim") for base in bases)
+    runs = " ".join(args for op, args in steps if op == "RUN")
+    assert "'.[gateway]'" in runs
+    assert "worker]" not in runs
+    # Envoy at the version the dev cluster unpacks (ardiff/devcluster/binaries.py), on the PATH the chart's
+    # `command: [envoy]` finds.
+    assert ("ARG", f"ENVOY_VERSION={ENVOY_VERSION}") in steps
+    assert any(op == "COPY" and args.endswith(" /usr/local/bin/envoy") for op, args in steps)
+    values = yaml.safe_load((chart.path / "values.yaml").read_text())
+    [user] = [args for op, args in steps if op == "USER"]
+    assert user == f"{values['gateway']['podSecurityContext']['runAsUser']}:10001"
+    app_version = yaml.safe_load((chart.path / "Chart.yaml").read_text())["appVersion"]
+    assert _build_tag(dockerfile) == f"{values['gateway']['image']['repository']}:{app_version}"
+
+
 def test_docker_context_holds_exactly_the_package_folders(chart):
     root = chart.path.parents[1]
     package_dirs = set(_pyproject(chart)["tool"]["setuptools"]["package-dir"].values())
@@ -131,7 +151,9 @@ def test_docker_context_holds_exactly_the_package_folders(chart):
         line[1:].rstrip("/") for line in (root / ".dockerignore").read_text().splitlines() if line[:1] == "!"
     }
     assert allowed == package_dirs | {"pyproject.toml", "README.md"}
-    for name in ("operator", "worker"):
+    for name in ("operator", "worker", "ardiff/gateway"):
         steps = _instructions(root / name / "Dockerfile")
-        sources = {part.rstrip("/") for op, args in steps if op == "COPY" for part in args.split()[:-1]}
+        # COPYs from the build context (not `--from=` another stage: the gateway's Envoy)
+        copies = [args.split() for op, args in steps if op == "COPY" and not args.startswith("--from=")]
+        sources = {part.rstrip("/") for parts in copies for part in parts[:-1]}
         assert sources == package_dirs | {"pyproject.toml", "README.md"}, name

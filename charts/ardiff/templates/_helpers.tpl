@@ -208,3 +208,32 @@ imagePullSecrets:
 {{- define "ardiff.workerImage" -}}
 {{- printf "%s:%s" .Values.worker.image.repository (default .Chart.AppVersion .Values.worker.image.tag) -}}
 {{- end -}}
+
+{{- define "ardiff.gatewayName" -}}
+{{- printf "%s-gateway" (include "ardiff.fullname" .) -}}
+{{- end -}}
+
+{{- define "ardiff.gatewayImage" -}}
+{{- printf "%s:%s" .Values.gateway.image.repository (default .Chart.AppVersion .Values.gateway.image.tag) -}}
+{{- end -}}
+
+{{/* The Secret the operator keeps with the gateway's own Redis user (`url`, its CA `ca.crt`). */}}
+{{- define "ardiff.gatewayRedisSecret" -}}
+{{- printf "%s-gateway-redis" (include "ardiff.fullname" .) -}}
+{{- end -}}
+
+{{/* The picker's Service: its gRPC port (a GIE gateway's endpointPickerRef) and both containers' metrics. */}}
+{{- define "ardiff.pickerName" -}}
+{{- printf "%s-picker" (include "ardiff.fullname" .) -}}
+{{- end -}}
+
+{{/* The pools routed by a cluster's own GIE gateway, as a JSON list (default: the default pool). */}}
+{{- define "ardiff.inferencePools" -}}
+{{- if .Values.gateway.inferenceExtension.pools -}}
+{{- .Values.gateway.inferenceExtension.pools | uniq | toJson -}}
+{{- else if .Values.defaultPool.enabled -}}
+{{- list .Values.defaultPool.name | toJson -}}
+{{- else -}}
+{{- list | toJson -}}
+{{- end -}}
+{{- end -}}
