@@ -62,6 +62,8 @@ INTERACTIVE_OPERATOR_ENV = {"ARDIFF_OPERATOR_RECONCILE_SECONDS": "1", "ARDIFF_OP
 # Benchmark periods: a reconcile round every half second, so rounds add little to what is timed.
 BENCHMARK_OPERATOR_ENV = {"ARDIFF_OPERATOR_RECONCILE_SECONDS": "0.5", "ARDIFF_OPERATOR_MIRROR_SECONDS": "1"}
 PROCESS_NODE_LABEL = "ardiff.dev/process-node"
+# The chart's front door (the gateway Service's NodePort) on a chart-installed dev cluster.
+FRONT_DOOR_NODE_PORT = 30080
 # A process node's capacity: more than this machine has, as kwok's nodes advertise (the scheduler places by
 # it; the kubelet enforces no limit).
 PROCESS_NODE_CAPACITY = {
@@ -273,11 +275,23 @@ class DevCluster:
             raise
         return self
 
+    @property
+    def front_door_url(self) -> str:
+        """The chart's front door as a client outside the cluster reaches it (issue 37): its NodePort on the
+        first node's address (the real kube-proxy serves it on every node's)."""
+        assert self.network is not None, "the dev cluster is not started"
+        return f"http://{self.network.node_ip(1)}:{FRONT_DOOR_NODE_PORT}"
+
     def install_chart(self, timeout_seconds: int = 600) -> None:
         """`helm install ardiff charts/ardiff` into `namespace`, with the operator's periods from
-        `operator_env`; returns once its Pods are Ready (`--wait`)."""
+        `operator_env` and the front door on a NodePort (`front_door_url`, every session's `status.url`);
+        returns once its Pods are Ready (`--wait`)."""
         values = {
             "operator": {"extraEnv": [{"name": k, "value": v} for k, v in self.operator_env.items()]},
+            "gateway": {
+                "service": {"type": "NodePort", "nodePort": FRONT_DOOR_NODE_PORT},
+                "publicURL": self.front_door_url,
+            },
         }
         values_file = self.workdir / "chart-values.yaml"
         values_file.write_text(yaml.safe_dump(values))

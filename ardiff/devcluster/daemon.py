@@ -93,6 +93,7 @@ class ClusterState:
     kubeconfig: str
     namespace: str
     network_slot: int
+    front_door_url: str  # the chart's gateway NodePort: sessions' status.url starts with it
     processes: tuple[ProcessRef, ...] = ()
 
     def to_json(self) -> str:
@@ -108,6 +109,7 @@ class ClusterState:
             kubeconfig=data["kubeconfig"],
             namespace=data["namespace"],
             network_slot=data["network_slot"],
+            front_door_url=data["front_door_url"],
             processes=tuple(ProcessRef(**p) for p in data["processes"]),
         )
 
@@ -159,6 +161,7 @@ def serve(state_dir: Path, namespace: str) -> None:
                         kubeconfig=str(cluster.kubeconfig.resolve()),
                         namespace=namespace,
                         network_slot=cluster.network.index if cluster.network else -1,
+                        front_door_url=cluster.front_door_url,
                         processes=current,
                     )
                     write_state(state_dir, state)
@@ -255,6 +258,8 @@ def usage(state: ClusterState, started: bool) -> str:
             "Kubernetes control plane, process kubelets, real Redis, operator and workers)",
             f"  API {state.api_url}; the chart's operator (StatefulSet ardiff-operator) and Redis in "
             f"namespace {state.namespace}, which the operator watches",
+            f"  the front door (the chart's Envoy and endpoint picker): {state.front_door_url}; a session's "
+            "base URL, status.url, is <front door>/pools/<namespace>/<pool>",
             f"  state and logs: {root} (logs/, control-plane/logs/; kubectl logs works for every Pod)",
             "",
             f"  export KUBECONFIG={state.kubeconfig}",

@@ -335,6 +335,7 @@ def tick_session(sessions: KubeSessions, name: str, chunks: int, out_dir: Path, 
     """Tick one session `chunks` times along the camera tour; write its MP4."""
     with sessions.connect(name) as client:
         pod = sessions.status(name).get("pod", "?")
+        print(f"  {name}: {client.endpoint}", file=out, flush=True)
         frames, latencies = [], []
         for i in range(chunks):
             chunk = client.tick([CAMERA_TOUR[i % len(CAMERA_TOUR)]])
@@ -411,6 +412,12 @@ def run_demo(settings: DemoSettings, out: TextIO = sys.stdout) -> list[SessionRe
             )
         robots = robot_session_names(settings.examples)
         robot_chunks = min(settings.chunks, ROBOT_CHUNKS)
+        print(
+            f"the front door: {cluster.front_door_url} (the chart's Envoy and endpoint picker, a NodePort); "
+            f"every session ticks at its status.url, {cluster.front_door_url}/pools/{NAMESPACE}/<pool>",
+            file=out,
+            flush=True,
+        )
         print(
             f"all {len(names)} sessions Ready; ticking {settings.chunks} chunks each"
             + (f" ({robot_chunks} for the robot sessions: {', '.join(robots)})" if robots else ""),

@@ -100,6 +100,11 @@ def test_demo_runs_the_examples_and_writes_a_video_per_session(tmp_path: Path) -
     assert re.search(r"^\[\s*\d+\.\d+s\] .*\bforest-walk: Pending", out, flags=re.MULTILINE)
     assert "pool tiny-world: 2/2 pods ready" in out  # the third session made the pool grow
     assert "all 4 sessions Ready; ticking 2 chunks each (2 for the robot sessions: robot-arm)" in out
+    # Every session ticks through the front door (issue 37): the chart's gateway NodePort, its status.url.
+    front_door = re.search(r"^the front door: (http://[\d.]+:\d+) ", out, re.MULTILINE)
+    assert front_door is not None, out
+    for name in SESSIONS:
+        assert f"  {name}: {front_door.group(1)}/pools/default/tiny-world\n" in out
     # The robot session (examples/robot-*.yaml: the tiny DreamZero) beside them: its action chunks.
     robot = re.findall(
         r"^  robot-arm chunk (\d): actions \[24, 8\] in \d+ ms; step 0: \[([-+]\d+\.\d{3}, ){4}\.\.\.\]$",

@@ -66,6 +66,10 @@ def up_with_a_worker(state_dir: Path) -> ClusterState:
     kubeconfig = state_dir.resolve() / "kubeconfig"
     assert f"export KUBECONFIG={kubeconfig}" in started.stdout
     assert "is up" in started.stdout
+    state = read_state(state_dir.resolve())
+    assert state is not None
+    front_door = f"the front door (the chart's Envoy and endpoint picker): {state.front_door_url};"
+    assert front_door in started.stdout
     kubectl = lambda *args: run_kubectl(list(args), kubeconfig=kubeconfig).stdout  # noqa: E731
     assert f"Server Version: {KUBERNETES_VERSION}" in kubectl("version")
     assert kubectl("get", "--raw", "/readyz") == "ok"
