@@ -2,7 +2,7 @@
 fake-runtime workers on the shared Redis. Every answer a client gets through it: the pod's own for a placed
 session; the edge's (the worker's envelope, no worker seeing the request) for a wrong token, a route that is
 not a session's, a suspended, gone or closed session, Redis away, the picker away; a worker's 421 with no Pod
-address in it; a stream with in-band auth passing through."""
+address in it; a stream and vllm-omni's realtime video socket with in-band auth passing through."""
 
 from __future__ import annotations
 
@@ -259,6 +259,40 @@ async def test_a_stream_passes_with_its_token_in_band_and_a_wrong_one_is_refused
         assert error["error"]["code"] == "unauthorized"
         with pytest.raises(ConnectionClosed) as closed:
             await asyncio.wait_for(ws.recv(), 30)
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == 4401
+
+
+async def test_vllm_omnis_realtime_video_socket_passes_with_its_token_in_session_start(
+    front_door, worker, place, monkeypatch
+):
+    """vllm-omni's realtime client appends /v1/realtime/video to the base URL and names the session in the
+    query: through the front door it gets the session's stream (the token in session.start), and a wrong
+    token is the worker's 401 in vllm-omni's shape."""
+    from tests.worker import realtime_client
+    from tests.worker.realtime_client import RealtimeClient, decode
+
+    # The worker's first realtime stream imports vllm-omni's request model and encoder (~20 s, more loaded).
+    monkeypatch.setattr(realtime_client, "RECEIVE_SECONDS", 300.0)
+    session = await place()
+    base = front_door.url(POOL.namespace, POOL.name).replace("http://", "ws://")
+    url = f"{base}/v1/realtime/video?session={session}"
+    async with RealtimeClient.connect(url) as client:
+        start = await client.start(prompt="a walk in the forest", session_token=TOKEN)
+        assert start["type"] == "video.start", start
+        assert (start["session"]["id"], start["session"]["chunk_index"]) == (session, 0)
+        metadata, segment = await client.chunk()
+        assert metadata["generation_chunk_index"] == 0
+        assert segment
+        done = await client.stop()
+        assert done["type"] == "session.done", done
+        frames = decode(client.segments)
+        assert frames.shape[0] == sum(chunk["num_frames"] for chunk in client.chunks()) - 1
+    async with RealtimeClient.connect(url) as client:
+        refused = await client.start(prompt="x", session_token="wrong")
+        assert (refused["type"], refused["code"]) == ("error", "unauthorized"), refused
+        with pytest.raises(ConnectionClosed) as closed:
+            await client.receive()
         assert closed.value.rcvd is not None
         assert closed.value.rcvd.code == 4401
 
