@@ -10,14 +10,14 @@ binding is ours: the query names the session, the token comes in the `Authorizat
 Pacing: after `video.start` the stream generates the session's chunks itself, one tick at a time through
 `WorkerService.tick` (the HTTP tick's path), and starts the next one only while its viewer holds less than
 `buffer_chunks` chunks of play, a frame's margin kept: `held < (buffer_chunks x F - 1) / fps` (F: the last
-chunk's frames), `held` being the worker's buffer model of the viewer (`SessionPlayout.floor`: what was sent,
-less what has played since, never below 0: a viewer that ran dry restarts its clock at the next chunk). The
-tick says `buffer_ms = held`, so its deadline is the stream's playback clock. A viewer that stops reading stops
-its stream's sends and so its ticks.
+chunk's frames), `held` being the worker's buffer model of the viewer (`SessionPlayout.floor`: what was
+sent, less what has played since, never below 0: a viewer that ran dry restarts its clock at the next chunk).
+The tick says `buffer_ms = held`, so its deadline is the stream's playback clock. A viewer that stops reading
+stops its stream's sends and so its ticks.
 
 Interactions apply from the next chunk: the stream keeps a prompt (`session.start`'s; blank: the session's
-own) and the camera (held still at first, `EventBook`), and each chunk's tick carries them; an event's id is in the
-metadata's `started_event_ids` of the first chunk it shaped, `active_event_ids` while it does, and
+own) and the camera (held still at first, `EventBook`), and each chunk's tick carries them; an event's id is
+in the metadata's `started_event_ids` of the first chunk it shaped, `active_event_ids` while it does, and
 `completed_event_ids` when a later event replaced it.
 
 How a stream ends: `session.stop` (the chunk being generated is still sent, then `session.done`); the session
