@@ -30,6 +30,7 @@ None of them ends the session: it stays placed, and a new stream continues it at
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
 import uuid
@@ -47,6 +48,7 @@ from ardiff.worker.errors import (
     PlacementRecovering,
     Rewound,
     TickInProgress,
+    TooManyRequests,
     Unauthorized,
     WorkerError,
 )
@@ -76,6 +78,10 @@ from ardiff.worker.stream import AUTH_TIMEOUT_SECONDS, SessionSocket, as_json
 # for as long as the stall clock allows; the stream goes on.
 _RETRIED = (NotReady, PlacementRecovering, TickInProgress)
 _IN_PROGRESS_WAIT_SECONDS = 0.1
+# What a stream keeps of its interactions, whatever its client sends: those waiting for the next chunk (each
+# message at most 128 KiB), and the ids an interaction may not repeat (vllm-omni keeps every id of a stream).
+MAX_QUEUED_EVENTS = 64
+RECENT_EVENT_IDS = 1024
 # How long ending a connection may take when its client does not read (the close handshake included).
 CLOSE_SECONDS = 1.0
 
@@ -109,7 +115,7 @@ class EventBook:
         self.prompt_event: str | None = None
         self.controls_event: str | None = None
         self.queued: list[Interaction] = []
-        self.seen: set[str] = set()  # every event id of this stream: an id names one event
+        self.seen: collections.OrderedDict[str, None] = collections.OrderedDict()  # the latest event ids
         self.reducer = protocol.control_reducer()
         idle = self._event(0, None, (IDLE_CAMERA,))
         prepared = self.reducer.prepare(current_controls={}, events=[idle], chunk_index=0)
@@ -128,6 +134,10 @@ class EventBook:
                 f"event_id_conflict: event {interaction.event_id!r} was sent already on this stream",
                 param="interaction.event_id",
             )
+        if len(self.queued) >= MAX_QUEUED_EVENTS:
+            raise TooManyRequests(
+                f"{MAX_QUEUED_EVENTS} interactions wait for the next chunk already: wait for it"
+            )
         if interaction.controls is not None:
             try:
                 event = self._event(0, None, interaction.controls)
@@ -135,7 +145,9 @@ class EventBook:
             except ValueError as exc:
                 message = f"session.interaction event.controls: {exc}"
                 raise InvalidTick(message, param="interaction.event.controls") from None
-        self.seen.add(interaction.event_id)
+        self.seen[interaction.event_id] = None
+        if len(self.seen) > RECENT_EVENT_IDS:
+            self.seen.popitem(last=False)
         self.queued.append(interaction)
 
     def next_chunk(self, chunk_index: int) -> ChunkEvents:

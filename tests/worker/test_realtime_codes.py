@@ -20,6 +20,7 @@ from starlette.testclient import TestClient, WebSocketTestSession
 
 from ardiff.worker import errors
 from ardiff.worker.app import create_app
+from ardiff.worker.realtime import MAX_QUEUED_EVENTS
 from ardiff.worker.realtime_messages import MAX_CONTROL_BYTES, MAX_START_BYTES, VIDEO_CODEC_OPTIONS
 from ardiff.worker.server import load_runtime
 from ardiff.worker.service import WorkerService
@@ -183,3 +184,29 @@ def test_a_start_over_4_mib_is_body_too_large_before_it_is_parsed() -> None:
         error = next_of(ws, "video.start")
         assert (error["code"], "request_id" in error) == ("body_too_large", False)
         assert closed_with(ws) == (4413, "body_too_large")
+
+
+def test_the_interactions_waiting_for_a_chunk_are_bounded() -> None:
+    """While a chunk cannot be made (its tick retried), at most 64 interactions wait for it; the next is
+    `too_many_requests` naming it, and the stream goes on."""
+    worker = Worker()
+    worker.failures.extend(errors.NotReady("the store is away") for _ in range(2))
+    with worker as client, client.websocket_connect("/v1/realtime/video?session=s-1") as ws:
+        ws.send_json(START)
+        next_of(ws, "video.start")
+        for n in range(MAX_QUEUED_EVENTS + 1):
+            ws.send_json(
+                {
+                    "type": "session.interaction",
+                    "interaction": {"event_id": f"e{n}", "event": {"prompt": "x"}},
+                }
+            )
+        answers = [next_of(ws, "session.interaction.queued") for _ in range(MAX_QUEUED_EVENTS + 1)]
+        assert [a["event_id"] for a in answers[:-1]] == [f"e{n}" for n in range(MAX_QUEUED_EVENTS)]
+        assert (answers[-1]["code"], answers[-1]["event_id"]) == (
+            "too_many_requests",
+            f"e{MAX_QUEUED_EVENTS}",
+        )
+        while not (chunk := next_of(ws, "video.chunk_metadata"))["started_event_ids"]:
+            pass  # the chunk being retried was prepared before they came
+        assert chunk["started_event_ids"] == [f"e{n}" for n in range(MAX_QUEUED_EVENTS)]
