@@ -27,6 +27,7 @@ from pydantic import TypeAdapter, ValidationError
 from ardiff.worker import tick_rules
 from ardiff.worker.errors import BodyTooLarge, InvalidTick, Unauthorized, WorkerError
 from ardiff.worker.messages import ControlBody
+from ardiff.worker.stream import MAX_MESSAGE_BYTES
 
 # vllm-omni's limits (serving_video_output_stream.py; a test pins them to its values). Its start and stall
 # clocks are the worker's settings `realtime_start_timeout_seconds` / `realtime_stall_timeout_seconds`.
@@ -202,6 +203,8 @@ def bind_start(start: dict[str, Any], terms: SessionTerms, protocol: Upstream) -
             param="model",
         )
     _check_terms(request, terms)
+    if len(request.prompt.encode()) > MAX_MESSAGE_BYTES:  # it goes into every chunk's tick
+        raise BodyTooLarge(f"session.start prompt holds at most {MAX_MESSAGE_BYTES} bytes, as a tick's body")
     prompt = request.prompt if request.prompt.strip() else None
     return StreamStart(prompt, request.model_dump(exclude_none=True))
 

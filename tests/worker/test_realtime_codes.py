@@ -210,3 +210,12 @@ def test_the_interactions_waiting_for_a_chunk_are_bounded() -> None:
         while not (chunk := next_of(ws, "video.chunk_metadata"))["started_event_ids"]:
             pass  # the chunk being retried was prepared before they came
         assert chunk["started_event_ids"] == [f"e{n}" for n in range(MAX_QUEUED_EVENTS)]
+
+
+def test_a_start_prompt_over_a_ticks_bound_is_body_too_large() -> None:
+    """The prompt goes into every chunk's tick: at most a tick's 1 MiB, though `session.start` holds 4 MiB."""
+    with Worker() as client, client.websocket_connect("/v1/realtime/video?session=s-1") as ws:
+        ws.send_json({**START, "prompt": "a road " * (1 << 18)})  # 1.75 MiB
+        error = next_of(ws, "video.start")
+        assert error["code"] == "body_too_large"
+        assert closed_with(ws) == (4413, "body_too_large")
