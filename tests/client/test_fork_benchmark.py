@@ -4,16 +4,12 @@ and the forks' first chunks bit-identical to the parent's."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from tests.benchmark_smoke import smoke_run
 
 pytestmark = pytest.mark.slow  # two real worker processes (~1 min to start each on an idle machine)
 
-ROOT = Path(__file__).resolve().parents[2]
 ARMS = ("fresh", "fork-same-pod", "fork-other-pod")
 
 
@@ -30,17 +26,7 @@ def table(lines: list[str], first: str) -> list[dict[str, str]]:
 
 
 def test_the_fork_benchmark_smoke_run_reports_its_three_arms_and_the_bytes() -> None:
-    out = subprocess.run(
-        [sys.executable, "benchmarks/fork.py", "--smoke"],
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=540,  # within pytest's 600 s, with a clear failure
-        check=False,
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    lines = out.stdout.splitlines()
+    lines = smoke_run("fork.py", timeout=540)  # within pytest's 600 s, with a clear failure
     arms = {row["arm"]: row for row in table(lines, "arm")}
     assert set(arms) == set(ARMS)
     assert [int(arms[arm]["chunk"]) for arm in ARMS] == [0, 2, 2]  # the forks start at the kept chunk 2

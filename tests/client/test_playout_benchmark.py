@@ -3,27 +3,14 @@
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmark_smoke import smoke_run
+
 ARMS = ("fifo", "deadline", "deadline+bound")
 
 
 def test_the_playout_benchmark_smoke_run_reports_its_three_arms() -> None:
-    out = subprocess.run(
-        [sys.executable, "benchmarks/playout.py", "--smoke"],
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    lines = out.stdout.splitlines()
+    lines = smoke_run("playout.py", timeout=120)
     header = next(line.split() for line in lines if line.split()[:2] == ["arm", "arrivals"])
     rows = {
         line.split()[0]: dict(zip(header, line.split(), strict=True))

@@ -3,12 +3,7 @@ paced stream within played + bufferChunks and far below the greedy client's gene
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmark_smoke import smoke_run
 
 
 def rows_after(lines: list[str], header_start: str) -> dict[str, dict[str, str]]:
@@ -26,17 +21,7 @@ def rows_after(lines: list[str], header_start: str) -> dict[str, dict[str, str]]
 
 
 def test_the_realtime_benchmark_smoke_run_reports_encoding_and_pacing() -> None:
-    out = subprocess.run(
-        [sys.executable, "benchmarks/realtime.py", "--smoke"],
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    lines = out.stdout.splitlines()
+    lines = smoke_run("realtime.py", timeout=300)
     encoding = rows_after(lines, "source ")
     assert set(encoding) == {
         f"fake {size} {fmt}" for size in ("64x64", "480x832") for fmt in ("m4s", "jpeg", "webp")
