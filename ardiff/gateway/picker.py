@@ -315,7 +315,8 @@ class PickerSettings:
 
 
 def _http_app(metrics: PickerMetrics, state: PickerState) -> Callable[..., Iterable[bytes]]:
-    """`/healthz` (the process answers), `/readyz` (the store answers: 503 otherwise), `/metrics`."""
+    """`/healthz` (the process answers), `/readyz` (`PickerState.ready`: 503 until the store first answered),
+    `/metrics`."""
     prometheus = make_wsgi_app(metrics.registry)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
