@@ -126,8 +126,12 @@ def test_h200_renders_are_repeatable_and_hold_no_password(chart, h200):
     """The Redis password is the user's Secret: a GitOps sync renders the same objects every time."""
     again = render_example(chart, H200)
     assert again == h200
-    redis = one(h200, "Secret")
-    assert set(redis["stringData"]) == {"redis.conf"}
+    secrets = {obj["metadata"]["name"]: obj for obj in h200 if obj["kind"] == "Secret"}
+    assert set(secrets) == {"rel-ardiff-redis", "rel-ardiff-gateway-redis"}
+    assert set(secrets["rel-ardiff-redis"]["stringData"]) == {"redis.conf"}
+    # The gateway's Redis Secret is rendered empty: the operator writes its user's password into it.
+    assert not secrets["rel-ardiff-gateway-redis"].get("data")
+    assert not secrets["rel-ardiff-gateway-redis"].get("stringData")
 
 
 def test_h200_capacity_is_the_planners_and_the_comment_cites_it(chart, admission, h200):
