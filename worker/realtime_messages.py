@@ -14,10 +14,12 @@ and an interaction may carry the session's camera controls (`event.controls`, ou
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
@@ -72,20 +74,38 @@ _upstream: Upstream | None = None
 _upstream_lock = threading.Lock()
 
 
+@contextlib.contextmanager
+def _process_logging_kept() -> Iterator[None]:
+    """The root logger's level and its handlers' as they were before the block.
+
+    vllm's OpenAI entrypoints import `model_hosting_container_standards`, whose import sets both to its
+    SageMaker default (`LOG_LEVEL`, else ERROR): from a process's first realtime stream on, every warning the
+    worker logged was dropped.
+    """
+    root = logging.getLogger()
+    levels = [(root, root.level), *((handler, handler.level) for handler in root.handlers)]
+    try:
+        yield
+    finally:
+        for item, level in levels:
+            item.setLevel(level)
+
+
 def upstream() -> Upstream:
     """vllm-omni's request model and encoder, imported once (seconds on a fake runtime: call it off the event
     loop)."""
     global _upstream
     with _upstream_lock:
         if _upstream is None:
-            from vllm_omni.diffusion.models.lingbot_world.actions import LingBotCameraControlReducer
-            from vllm_omni.entrypoints.openai.protocol.videos import VideoGenerationRequest
-            from vllm_omni.entrypoints.openai.serving_video_output_stream import (
-                OmniStreamingVideoOutputHandler,
-            )
-            from vllm_omni.entrypoints.openai.video_api_utils import create_streaming_video_encoder
-            from vllm_omni.experimental.ar_diffusion.session import ARDiffusionSessionEvent
-            from vllm_omni.experimental.ar_diffusion.tick_protocol import ARDiffusionControlInput
+            with _process_logging_kept():
+                from vllm_omni.diffusion.models.lingbot_world.actions import LingBotCameraControlReducer
+                from vllm_omni.entrypoints.openai.protocol.videos import VideoGenerationRequest
+                from vllm_omni.entrypoints.openai.serving_video_output_stream import (
+                    OmniStreamingVideoOutputHandler,
+                )
+                from vllm_omni.entrypoints.openai.video_api_utils import create_streaming_video_encoder
+                from vllm_omni.experimental.ar_diffusion.session import ARDiffusionSessionEvent
+                from vllm_omni.experimental.ar_diffusion.tick_protocol import ARDiffusionControlInput
 
             _upstream = Upstream(
                 VideoGenerationRequest,

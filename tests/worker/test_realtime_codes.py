@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -21,7 +24,12 @@ from starlette.testclient import TestClient, WebSocketTestSession
 from ardiff.worker import errors
 from ardiff.worker.app import create_app
 from ardiff.worker.realtime import MAX_QUEUED_EVENTS
-from ardiff.worker.realtime_messages import MAX_CONTROL_BYTES, MAX_START_BYTES, VIDEO_CODEC_OPTIONS
+from ardiff.worker.realtime_messages import (
+    MAX_CONTROL_BYTES,
+    MAX_START_BYTES,
+    VIDEO_CODEC_OPTIONS,
+    upstream,
+)
 from ardiff.worker.server import load_runtime
 from ardiff.worker.service import WorkerService
 from ardiff.worker.settings import WorkerSettings
@@ -37,17 +45,40 @@ STILL = [{**CAMERA, "data": {"mode": "frames", "frames": [[]] * 3}}]  # and whil
 
 
 def test_the_protocols_values_are_vllm_omnis() -> None:
-    from vllm_omni.entrypoints.openai import serving_video_output_stream as upstream
+    upstream()  # imported the way the worker does, keeping this process's logging (the test below)
+    from vllm_omni.entrypoints.openai import serving_video_output_stream as upstream_module
 
     settings = WorkerSettings()
-    assert settings.realtime_start_timeout_seconds == upstream._DEFAULT_START_TIMEOUT
-    assert settings.realtime_stall_timeout_seconds == upstream._DEFAULT_STALL_TIMEOUT
+    assert settings.realtime_start_timeout_seconds == upstream_module._DEFAULT_START_TIMEOUT
+    assert settings.realtime_stall_timeout_seconds == upstream_module._DEFAULT_STALL_TIMEOUT
     assert (MAX_START_BYTES, MAX_CONTROL_BYTES) == (
-        upstream._MAX_START_MESSAGE_SIZE,
-        upstream._MAX_CONTROL_MESSAGE_SIZE,
+        upstream_module._MAX_START_MESSAGE_SIZE,
+        upstream_module._MAX_CONTROL_MESSAGE_SIZE,
     )
-    source = inspect.getsource(upstream.OmniStreamingVideoOutputHandler._stream_video_bytes)
+    source = inspect.getsource(upstream_module.OmniStreamingVideoOutputHandler._stream_video_bytes)
     assert f"video_codec_options = {json.dumps(VIDEO_CODEC_OPTIONS)}" in source
+
+
+def test_the_first_stream_leaves_the_workers_logging_as_it_was() -> None:
+    """vllm's OpenAI entrypoints, imported by a process's first realtime stream, set the root logger and its
+    handlers to ERROR as they load (`model_hosting_container_standards`); the worker's warnings went with it.
+    In a fresh process, since this one has imported them."""
+    script = (
+        "import json, logging; logging.basicConfig(level=logging.INFO)\n"
+        "from ardiff.worker.realtime_messages import upstream; upstream()\n"
+        "root = logging.getLogger()\n"
+        "print(json.dumps([root.level, [handler.level for handler in root.handlers]]))"
+    )
+    environment = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in {"LOG_LEVEL", "SAGEMAKER_CONTAINER_LOG_LEVEL"}
+    }
+    child = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=environment, timeout=300
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert json.loads(child.stdout.splitlines()[-1]) == [20, [0]]
 
 
 class Worker:

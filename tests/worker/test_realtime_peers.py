@@ -151,6 +151,7 @@ class TwinEngine:
 @contextlib.asynccontextmanager
 async def vllm_omni_peer(engine: TwinEngine) -> AsyncIterator[str]:
     """vllm-omni's handler on `engine`, served on loopback; its `/v1/realtime/video` URL."""
+    upstream()  # imports vllm-omni's entrypoints keeping this process's logging
     from vllm_omni.entrypoints.openai.serving_video_output_stream import OmniStreamingVideoOutputHandler
 
     handler = OmniStreamingVideoOutputHandler(engine, model_name=MODEL)  # type: ignore[arg-type]
