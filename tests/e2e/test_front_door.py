@@ -34,6 +34,7 @@ from ardiff.devcluster.cluster import DevCluster
 from ardiff.devcluster.network import namespace_pids, short_pod_id
 from ardiff.devcluster.waiting import condition_true, wait_until
 from tests.chart.test_helm_release import GROUP, Release
+from tests.e2e.conftest import restore_default_sigint
 
 pytestmark = pytest.mark.slow
 
@@ -368,6 +369,7 @@ def test_the_viewer_outside_the_cluster_streams_through_the_front_door_in_chromi
         stderr=subprocess.STDOUT,
         text=True,
         cwd="/",
+        preexec_fn=restore_default_sigint,  # the Ctrl-C below reaches it even when this run ignores SIGINT
     )
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
