@@ -22,7 +22,7 @@ transfer token): the pulled bytes/s (pull and import into the runner) and the st
 tick, in ticks.
 
     .venv/bin/python benchmarks/continuity.py [--resolutions 64 128] [--repeats 20] [--threads 1]
-        [--migrations 64 128] [--wire-gib 1]
+        [--migrations 64 128] [--wire-gib 1] [--smoke]
 """
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ def measure_wire(total_bytes: int) -> dict[str, Any]:
     from ardiff.worker.pieces import BodyReader, PieceCollector
     from ardiff.worker.session_book import SessionBook
     from ardiff.worker.session_export import ExportReader, TensorPart, write_export
-    from ardiff.worker.transfer import PULL_TIMEOUT, download
+    from ardiff.worker.transfer import PULL_TIMEOUT, TRANSFER_PATH, download, transfer_url
 
     part = bytes(16 << 20)
     parts = [TensorPart(f"kv/{i}", "U8", (len(part),), lambda: part) for i in range(total_bytes // len(part))]
@@ -257,7 +257,7 @@ def measure_wire(total_bytes: int) -> dict[str, Any]:
     pieces = collector.finish()
     app = FastAPI()
 
-    @app.get("/internal/v1/sessions/{session_id}/export")
+    @app.get(TRANSFER_PATH)
     async def export(session_id: str) -> StreamingResponse:
         return StreamingResponse(iter(pieces), media_type="application/octet-stream")
 
@@ -273,7 +273,8 @@ def measure_wire(total_bytes: int) -> dict[str, Any]:
         async with httpx.AsyncClient(timeout=PULL_TIMEOUT) as client:
             for _ in range(3):
                 started = time.perf_counter()
-                received, _ = await download(client, f"http://127.0.0.1:{port}", "wire", "-", size=size)
+                url = transfer_url(f"http://127.0.0.1:{port}", "wire")
+                received, _ = await download(client, url, "-", size=size)
                 reader = ExportReader(BodyReader(iter(received)))
                 tensor_bytes = sum(len(t.data) for t in reader.tensors(lambda name, dtype, shape: None))
                 assert tensor_bytes == len(parts) * len(part)
@@ -425,8 +426,15 @@ def main() -> None:
         default=1.0,
         help="size of the synthetic export through the transfer code (0: skip)",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="64x64, two repeats, a 32 MiB synthetic transfer, no migration (the test's run)",
+    )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.smoke:
+        args.resolutions, args.repeats, args.migrations, args.wire_gib = [64], 2, [], 1 / 32
     if args.child is not None:
         print(RESULT_MARKER + json.dumps(measure(args.child, args.repeats, args.model_cache)), flush=True)
         return
