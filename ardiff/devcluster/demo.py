@@ -155,6 +155,17 @@ class RobotResult:
         return 1000 * sum(self.tick_seconds) / len(self.tick_seconds)
 
 
+_OUTPUT_LOCK = threading.Lock()
+
+
+def say(out: TextIO, line: str) -> None:
+    """Write one whole line to the demo's output. The sessions tick on threads that share it, and print()
+    writes a line's text and its end separately: another thread's line could land between them."""
+    with _OUTPUT_LOCK:
+        out.write(f"{line}\n")
+        out.flush()
+
+
 def tick_robot_session(sessions: KubeSessions, name: str, chunks: int, out: TextIO) -> RobotResult:
     """Tick a robot session `chunks` times with observations; print each chunk's action shape and values."""
     with sessions.connect(name) as client:
@@ -165,11 +176,10 @@ def tick_robot_session(sessions: KubeSessions, name: str, chunks: int, out: Text
             shapes.append(chunk.actions.shape)
             latencies.append(chunk.latency_s)
             first = ", ".join(f"{v:+.3f}" for v in chunk.actions[0][:4])
-            print(
+            say(
+                out,
                 f"  {name} chunk {chunk.metadata.chunk_index}: actions {list(chunk.actions.shape)} in "
                 f"{chunk.latency_s * 1000:.0f} ms; step 0: [{first}, ...]",
-                file=out,
-                flush=True,
             )
     return RobotResult(name, pod, tuple(shapes), tuple(latencies))
 
@@ -335,17 +345,16 @@ def tick_session(sessions: KubeSessions, name: str, chunks: int, out_dir: Path, 
     """Tick one session `chunks` times along the camera tour; write its MP4."""
     with sessions.connect(name) as client:
         pod = sessions.status(name).get("pod", "?")
-        print(f"  {name}: {client.endpoint}", file=out, flush=True)
+        say(out, f"  {name}: {client.endpoint}")
         frames, latencies = [], []
         for i in range(chunks):
             chunk = client.tick([CAMERA_TOUR[i % len(CAMERA_TOUR)]])
             frames.append(chunk.frames)
             latencies.append(chunk.latency_s)
-            print(
+            say(
+                out,
                 f"  {name} chunk {chunk.metadata.chunk_index}: {len(chunk.frames)} frames in "
                 f"{chunk.latency_s * 1000:.0f} ms",
-                file=out,
-                flush=True,
             )
     video = write_mp4(out_dir / f"{name}.mp4", frames)
     strip = write_strip(out_dir / f"{name}.png", frames)

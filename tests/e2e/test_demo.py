@@ -12,6 +12,8 @@ import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from ardiff.devcluster.demo import say
 from ardiff.devcluster.kubeconfig import credentials_from_kubeconfig
 from ardiff.devcluster.network import ClusterNetwork
 from ardiff.devcluster.waiting import wait_until
@@ -193,3 +196,31 @@ def test_ctrl_c_tears_the_demo_down(tmp_path: Path) -> None:
     assert not (tmp_path / "demo-out").exists() or not any((tmp_path / "demo-out").iterdir())
     assert processes_with(f"ARDIFF_DEMO_TEST={token}") == []
     assert demo_slot_left(tmp_path) == []  # the worker Pods' namespaces (and processes) went too
+
+
+class SwitchingStream(io.StringIO):
+    """An output whose every write lets the other threads run, as a pipe's write may."""
+
+    def write(self, text: str) -> int:
+        written = super().write(text)
+        time.sleep(0.0005)
+        return written
+
+
+def test_the_ticking_threads_lines_stay_whole() -> None:
+    """The sessions' ticks print from threads sharing one output (CI saw one session's URL line broken by
+    another thread's between its text and its end of line, as print() writes the two separately)."""
+    out = SwitchingStream()
+    lines = {f"  session-{t}: line {i}" for t in range(4) for i in range(25)}
+
+    def say_all(thread: int) -> None:
+        for i in range(25):
+            say(out, f"  session-{thread}: line {i}")
+
+    threads = [threading.Thread(target=say_all, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert out.getvalue().endswith("\n")
+    assert sorted(out.getvalue().splitlines()) == sorted(lines)
