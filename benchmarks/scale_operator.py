@@ -23,8 +23,8 @@ admin) serving its Prometheus metrics:
    apply -> Ready p50 / p99 on a watch, and the rounds during it;
 6. up to `--restart-up-to` sessions: the operator restarted over them, until it serves and until its first
    round (kopf gates handlers on its indexes being filled, one toggle per listed object; upstream kopf 1.45.2
-   wakes every waiting worker at each toggle, quadratic in the objects listed; operator/kopf_patch.py makes it
-   linear); with `--kopf-unpatched`, then restarted once more without that patch (ARDIFF_KOPF_UNPATCHED=1),
+   wakes every waiting worker at each toggle, quadratic in the objects listed; operator/kopf_compat.py makes
+   it linear); with `--kopf-unpatched`, then restarted once more without that patch (ARDIFF_KOPF_UNPATCHED=1),
    its first round awaited for at most `--unpatched-timeout` seconds;
 7. up to `--takeover-up-to` sessions: an active operator (priority 10) and a standby (priority 0) in a
    namespaced KopfPeering with the operator's default peering lifetime, both serving; the active one killed
@@ -73,7 +73,7 @@ from ardiff.devcluster.scale_seed import (
 )
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PodRecord, PoolId, SessionBinding
-from ardiff.operator.kopf_patch import UNPATCHED_ENV
+from ardiff.operator.kopf_compat import UNPATCHED_ENV
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # The burst is applied and watched as benchmarks/reconcile.py does it.
@@ -225,7 +225,7 @@ class SizeResult:
     caught_up_s: float  # the last seeded object in the API -> all of them Ready in the operator's index
     restart_ready_s: float | None  # a restart at this size: start -> liveness (None: not measured)
     restart_round_s: float | None  # a restart at this size: start -> its first round of the pool done
-    unpatched_ready_s: float | None  # the same without operator/kopf_patch.py (None: not measured)
+    unpatched_ready_s: float | None  # the same without operator/kopf_compat.py (None: not measured)
     unpatched_round_s: float | None  # (inf: no first round within --unpatched-timeout)
     takeover_round_s: float | None  # the active peer killed -> the standby's first round (None: not measured)
     rounds: list[float]  # idle rounds, seconds
@@ -592,7 +592,7 @@ def main() -> None:
     parser.add_argument(
         "--kopf-unpatched",
         action="store_true",
-        help="after the restart, restart it once more without operator/kopf_patch.py (before/after)",
+        help="after the restart, restart it once more without operator/kopf_compat.py (before/after)",
     )
     parser.add_argument(
         "--unpatched-timeout",

@@ -172,13 +172,13 @@ def run_operator(args: argparse.Namespace) -> int:
     import kopf
 
     import ardiff.operator.handlers  # noqa: F401  (registers the handlers with kopf's default registry)
-    from ardiff.operator import kopf_patch
+    from ardiff.operator import kopf_compat
 
     # kopf's start is quadratic in the objects it lists, and its indexing of each event costs more than its
-    # indexes need (operator/kopf_patch.py); the environment variable is for benchmarks/scale_operator.py's
+    # indexes need (operator/kopf_compat.py); the environment variable is for benchmarks/scale_operator.py's
     # before/after only.
-    if os.environ.get(kopf_patch.UNPATCHED_ENV) != "1":
-        kopf_patch.apply()
+    if os.environ.get(kopf_compat.UNPATCHED_ENV) != "1":
+        kopf_compat.apply()
 
     tune_gc()
     kopf.run(

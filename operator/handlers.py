@@ -15,7 +15,6 @@ import asyncio
 import dataclasses
 import functools
 import time
-from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -30,6 +29,7 @@ from ardiff.operator.config import OperatorConfig
 from ardiff.operator.context import OperatorContext
 from ardiff.operator.forks import SessionFinder
 from ardiff.operator.gateway_credentials import gateway_secret_permissions, keep_gateway_credentials
+from ardiff.operator.kopf_compat import without_finalizer
 from ardiff.operator.kube import KubeApi
 from ardiff.operator.metrics import OperatorMetrics, PoolSample
 from ardiff.operator.nodes import CordonedNodes
@@ -242,30 +242,6 @@ async def release_session(type: str, body: kopf.Body, memo: kopf.Memo, logger: k
 
 
 # --- pools ---------------------------------------------------------------------------------------------
-
-
-def without_finalizer(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Put above `@kopf.daemon`: the daemon then puts no finalizer on its objects.
-
-    kopf gives every object with a daemon its finalizer, so that no daemon outlives its object. The pool
-    daemon needs none: it notices its pool is gone in the pools index and exits by itself
-    (`reconcile_pool_forever`). kopf has no public switch (kopf 1.45.2, and its main branch as of 2026-06-03):
-    `kopf.daemon()` makes its handler with `requires_finalizer=True` fixed, its `registry=` argument only
-    picks the registry, whose handler lists (`_spawning`) are private, and `settings.persistence.finalizer`
-    only names the finalizer. Upstream declined the option: nolar/kopf#896 (for timers; the maintainer,
-    2026-03-14: a daemon's promise to stop at its object's deletion needs the finalizer) and nolar/kopf#1183
-    (daemons and timers, for nolar/kopf#1104) were closed unmerged. The public way left would be our own task
-    per pool, started and stopped from event handlers: the lifecycle kopf's daemons exist for, re-written. So
-    this flips the flag on the handler `kopf.daemon` just registered (kopf is pinned to 1.45.2 in
-    pyproject.toml); it fails at import if kopf's registry changed or the handler is not found, and
-    `tests/operator/test_deletion.py` checks that no finalizer appears.
-    """
-    spawning = kopf.get_default_registry()._spawning
-    for index, handler in enumerate(spawning._handlers):
-        if handler.fn is fn:
-            spawning._handlers[index] = dataclasses.replace(handler, requires_finalizer=False)
-            return fn
-    raise RuntimeError(f"{fn.__qualname__} is not a registered kopf daemon: put @without_finalizer above it")
 
 
 @without_finalizer

@@ -1,5 +1,5 @@
-"""operator/kopf_indexing.py: kopf's indexing of an event without its handler machinery. A plain index ends
-up holding exactly what kopf's own `index_resource` makes it hold, without going through it; a DELETED
+"""operator/kopf_compat.py, part 2: kopf's indexing of an event without its handler machinery. A plain index
+ends up holding exactly what kopf's own `index_resource` makes it hold, without going through it; a DELETED
 event, a filtered, sync or wider-signature indexer, and a failing one go through kopf's own path (which keeps
 its retry state). Each test has a registry of its own: the operator's handlers are not imported here."""
 
@@ -18,7 +18,7 @@ import pytest
 from kopf._cogs.structs import bodies, references
 from kopf._core.engines import indexing
 
-from ardiff.operator import kopf_indexing, kopf_patch
+from ardiff.operator import kopf_compat
 from ardiff.operator.views import SessionView
 
 GROUP, VERSION, PLURAL = "ardiffusion.dev", "v1alpha1", "ardiffusionsessions"
@@ -69,13 +69,13 @@ class Operator:
 def upstream_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The events the fast path hands to kopf's own `index_resource`, by type."""
     calls: list[str] = []
-    upstream = kopf_indexing.UPSTREAM
+    upstream = kopf_compat.INDEXING_UPSTREAM
 
     async def counted(**kwargs: Any) -> None:
         calls.append(kwargs["raw_event"]["type"])
         await upstream(**kwargs)
 
-    monkeypatch.setattr(kopf_indexing, "UPSTREAM", counted)
+    monkeypatch.setattr(kopf_compat, "INDEXING_UPSTREAM", counted)
     return calls
 
 
@@ -102,7 +102,7 @@ async def test_a_plain_index_holds_what_kopfs_own_indexing_holds(upstream_calls:
 
     fast, kopfs = Operator(registry), Operator(registry)
     for kind, obj in EVENTS:
-        await fast.index(kopf_indexing.index_resource, kind, obj)
+        await fast.index(kopf_compat.index_resource, kind, obj)
         await kopfs.index(indexing.index_resource, kind, obj)
         assert fast.contents() == kopfs.contents(), (kind, obj["metadata"]["name"])
     assert upstream_calls == ["DELETED"]  # every other event indexed without kopf's machinery
@@ -138,7 +138,7 @@ async def test_filtered_sync_and_wider_indexers_go_through_kopf(upstream_calls: 
         upstream_calls.clear()
         operator = Operator(registry_with(kind))
         for event, obj in [("ADDED", session("a", "p", tier="gold")), ("ADDED", session("b", "p"))]:
-            await operator.index(kopf_indexing.index_resource, event, obj)
+            await operator.index(kopf_compat.index_resource, event, obj)
         assert upstream_calls == ["ADDED", "ADDED"], kind
         assert operator.contents() != {}, kind
 
@@ -159,7 +159,7 @@ async def test_a_failing_indexer_is_left_to_kopf_and_a_retried_one_stays_with_it
         return name
 
     operator = Operator(registry)
-    await operator.index(kopf_indexing.index_resource, "ADDED", session("a", "broken"))
+    await operator.index(kopf_compat.index_resource, "ADDED", session("a", "broken"))
     # Tried on the fast path, then run again by kopf, which logs the error and leaves the object out.
     assert seen == ["a", "a"]
     assert upstream_calls == ["ADDED"]
@@ -167,24 +167,24 @@ async def test_a_failing_indexer_is_left_to_kopf_and_a_retried_one_stays_with_it
         "Indexer 'fragile' failed with an exception and will ignore it: cannot index this one" in caplog.text
     )
     assert operator.contents() == {"fragile": {}}
-    await operator.index(kopf_indexing.index_resource, "MODIFIED", session("a", "p"))
+    await operator.index(kopf_compat.index_resource, "MODIFIED", session("a", "p"))
     assert operator.contents() == {"fragile": {None: ["a"]}}
     assert upstream_calls == ["ADDED"]  # kopf keeps nothing of an ignored error: back on the fast path
     # A handler that asks to be retried leaves kopf a retry state: the object's events stay with kopf.
-    await operator.index(kopf_indexing.index_resource, "MODIFIED", session("b", "later"))
+    await operator.index(kopf_compat.index_resource, "MODIFIED", session("b", "later"))
     assert operator.memories["uid-b"].indexing_state is not None
-    await operator.index(kopf_indexing.index_resource, "MODIFIED", session("b", "p"))
+    await operator.index(kopf_compat.index_resource, "MODIFIED", session("b", "p"))
     assert upstream_calls == ["ADDED", "MODIFIED", "MODIFIED"]
 
 
 def test_apply_installs_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(indexing, "index_resource", kopf_indexing.UPSTREAM)  # restored on teardown
-    for name in kopf_patch.PATCHED:
-        monkeypatch.setattr(kopf_patch.ToggleSet, name, getattr(kopf_patch.ToggleSet, name))
-    assert not kopf_indexing.is_installed()
-    kopf_patch.apply()
-    assert kopf_indexing.is_installed()
-    assert kopf_patch.is_applied()
+    monkeypatch.setattr(indexing, "index_resource", kopf_compat.INDEXING_UPSTREAM)  # restored on teardown
+    for name in kopf_compat.TOGGLES_PATCHED:
+        monkeypatch.setattr(kopf_compat.ToggleSet, name, getattr(kopf_compat.ToggleSet, name))
+    assert not kopf_compat.indexing_installed()
+    kopf_compat.apply()
+    assert kopf_compat.indexing_installed()
+    assert kopf_compat.is_applied()
 
 
 # In a fresh interpreter: importing the handlers registers them in kopf's default registry.
@@ -192,7 +192,7 @@ _PLAIN_INDEXERS = """
 import json
 import kopf
 import ardiff.operator.handlers
-from ardiff.operator.kopf_indexing import plain
+from ardiff.operator.kopf_compat import plain
 print(json.dumps({h.id: plain(h) for h in kopf.get_default_registry()._indexing.get_all_handlers()}))
 """
 

@@ -1,5 +1,6 @@
-"""operator/kopf_patch.py: kopf's toggle sets wake their waiters only when the set's value changes, so that
-the operator's start is linear, not quadratic, in the objects kopf lists; the sets behave as upstream's do.
+"""operator/kopf_compat.py, part 1: kopf's toggle sets wake their waiters only when the set's value changes,
+so that the operator's start is linear, not quadratic, in the objects kopf lists; the sets behave as
+upstream's do.
 
 The wake-up counts fail on upstream kopf (quadratic); the behaviour tests run on both the patched and the
 upstream `ToggleSet` and must pass on both (the patch changes how often waiters wake, never whether).
@@ -26,10 +27,10 @@ from ardiff.devcluster.scale_seed import PROMPT, SEED, place_sessions, seed_obje
 from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
-from ardiff.operator import kopf_patch
+from ardiff.operator import kopf_compat
 from tests.operator.conftest import GROUP_PATH, SIMULATED_PLACEMENT, Cluster
 
-UPSTREAM = kopf_patch.UPSTREAM
+UPSTREAM = kopf_compat.TOGGLES_UPSTREAM
 # Short: each wait either resolves at once (the set's value changed) or must not resolve at all.
 SETTLE = 0.05
 
@@ -37,17 +38,17 @@ SETTLE = 0.05
 @pytest.fixture
 def patched(monkeypatch: pytest.MonkeyPatch) -> None:
     """kopf patched as `ardiff operator run` patches it, for this test only."""
-    for name in kopf_patch.PATCHED:
+    for name in kopf_compat.TOGGLES_PATCHED:
         monkeypatch.setattr(ToggleSet, name, getattr(ToggleSet, name))  # restored on teardown
     monkeypatch.setattr(indexing, "index_resource", indexing.index_resource)
-    kopf_patch.apply()
-    assert kopf_patch.is_applied()
+    kopf_compat.apply()
+    assert kopf_compat.is_applied()
 
 
 @pytest.fixture(params=["patched", "upstream"])
 def flavour(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The behaviour tests run on both: the patch must not change what the sets do."""
-    for name, fn in (kopf_patch.PATCHED if request.param == "patched" else UPSTREAM).items():
+    for name, fn in (kopf_compat.TOGGLES_PATCHED if request.param == "patched" else UPSTREAM).items():
         monkeypatch.setattr(ToggleSet, name, fn)
     return request.param
 
@@ -211,16 +212,16 @@ async def test_an_any_set_pauses_and_resumes_as_peering_uses_it(flavour: str) ->
 
 
 def test_apply_refuses_another_kopf_version(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in kopf_patch.PATCHED:
+    for name in kopf_compat.TOGGLES_PATCHED:
         monkeypatch.setattr(ToggleSet, name, UPSTREAM[name])
-    monkeypatch.setattr(kopf_patch, "installed_kopf_version", lambda: "1.46.0")
+    monkeypatch.setattr(kopf_compat, "installed_kopf_version", lambda: "1.46.0")
     with pytest.raises(RuntimeError, match=r"written against kopf 1\.45\.2, but kopf 1\.46\.0"):
-        kopf_patch.apply()
-    assert not kopf_patch.is_applied()
+        kopf_compat.apply()
+    assert not kopf_compat.is_applied()
 
 
 def test_the_pinned_kopf_is_the_patched_one() -> None:
-    assert kopf_patch.installed_kopf_version() == kopf_patch.KOPF_VERSION
+    assert kopf_compat.installed_kopf_version() == kopf_compat.KOPF_VERSION
 
 
 # --- the operator: a restart over many sessions --------------------------------------------------------
@@ -304,3 +305,14 @@ async def test_a_restart_over_many_sessions_reaches_its_first_round_soon(
     finally:
         operator.stop()
         sys.stdout.write(f"\n----- operator log ({operator.log_path}) -----\n{operator.log()[-5000:]}\n")
+
+
+def test_a_daemon_without_a_finalizer_refuses_another_kopf_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The third use of kopf's internals (its registry's private handler list) is behind the same check."""
+    monkeypatch.setattr(kopf_compat, "installed_kopf_version", lambda: "1.46.0")
+
+    async def daemon(**_: object) -> None:
+        return None
+
+    with pytest.raises(RuntimeError, match=r"written against kopf 1\.45\.2, but kopf 1\.46\.0"):
+        kopf_compat.without_finalizer(daemon)
