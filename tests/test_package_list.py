@@ -4,19 +4,53 @@ the images, which install `.[worker]` / `.[operator]` without the checkout."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_package_folder_is_listed() -> None:
+    """Every folder with an `__init__.py` is listed, and so is every data folder (a package-data key)."""
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     found = set()
     for name, folder in setuptools["package-dir"].items():
         for init in (ROOT / folder).rglob("__init__.py"):
             found.add(".".join([name, *init.parent.relative_to(ROOT / folder).parts]))
-    assert found == set(setuptools["packages"])
+    assert found | set(setuptools["package-data"]) == set(setuptools["packages"])
+
+
+def test_a_build_warns_of_nothing_and_ships_the_data(tmp_path: Path) -> None:
+    """A fresh install builds the package: setuptools warned (~70 lines) of each data folder it was not told
+    of (`ardiff.kv.lua`, `ardiff.worker.models`: "Package would be ignored"). The wheel still carries them."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "ardiff", "kv", "operator", "worker"):
+        path = ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(path, source / name)
+    wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v"]
+    built = subprocess.run(
+        [*wheel, "-w", tmp_path, "."],
+        cwd=source,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    output = built.stdout + built.stderr
+    assert built.returncode == 0, output[-3000:]
+    assert "Warning" not in output, output[-3000:]
+    (built_wheel,) = tmp_path.glob("ardiff-*.whl")
+    names = set(zipfile.ZipFile(built_wheel).namelist())
+    assert "ardiff/kv/lua/place.lua" in names
+    assert "ardiff/worker/models/tiny-world-trained/model_index.json" in names
 
 
 def test_license_is_an_spdx_expression() -> None:
