@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
 from ardiff.client.errors import InvalidSession, KubernetesError, SessionFailed, SessionNotFound, WaitTimeout
-from ardiff.client.session import SessionClient
+from ardiff.client.session import DEFAULT_RETRY_SECONDS, SessionClient
 from ardiff.wire import GROUP, SESSION_PLURAL, VERSION
 
 TERMINAL_PHASES = ("Failed", "Expired")
@@ -317,8 +317,11 @@ class KubeSessions:
     def connect(self, name: str, *, timeout: float = 300, **client_options: Any) -> SessionClient:
         """Wait for `Ready`, then a `SessionClient` at the session's `base_url` (the front door's `status.url`
         when the operator writes one, else `status.endpoint`) that continues at the session's next chunk (a
-        session that needs a reset stays that way: its first tick raises `ResetRequired`)."""
+        session that needs a reset stays that way: its first tick raises `ResetRequired`). At the front door a
+        refused connection is tried again for `DEFAULT_RETRY_SECONDS` (`SessionClient.reconnect_seconds`)."""
         status = self.wait_ready(name, timeout=timeout)
+        if status.get("url"):
+            client_options.setdefault("reconnect_seconds", DEFAULT_RETRY_SECONDS)
         client = SessionClient(name, base_url(status), self.token(name, status), **client_options)
         client.sync()
         return client

@@ -28,6 +28,7 @@ from ardiff.wire import OCTET_STREAM
 
 MAX_MISDIRECTIONS = 3
 DEFAULT_RETRY_SECONDS = 30.0  # how long SessionClient retries retryable answers (503) before it gives up
+MAX_RECONNECT_PAUSE = 1.0  # seconds; a refused connection's backoff doubles from 0.05 up to this
 
 
 def parse_server_timing(header: str) -> dict[str, float]:
@@ -112,7 +113,11 @@ class SessionClient:
     `status.endpoint`) and the session's token. An `https://` base is verified against `ca_file` (a pool
     with `spec.tls`: the CA that signed the pool's certificate, its Secret's `ca.crt`), else against the
     system's CAs or `SSL_CERT_FILE`. Through the front door a session that moves is retried there at once
-    (its 503 `resuming` with `Retry-After: 0`); at a pod, a 421 is followed to the endpoint it names."""
+    (its 503 `resuming` with `Retry-After: 0`); at a pod, a 421 is followed to the endpoint it names.
+    `reconnect_seconds`: how long a refused connection is tried again, with backoff. Nothing was sent, so
+    it is safe; it is for a front door, whose Service may still lead a new connection to a replica that went
+    away until its endpoints update. At a pod's own address (0, the default) a refusal is final after one
+    retry: the session moved, and its status names where."""
 
     session_id: str
     endpoint: str
@@ -121,6 +126,7 @@ class SessionClient:
     timeout: float = 120.0
     retry_seconds: float = DEFAULT_RETRY_SECONDS  # 0: never retry
     ca_file: str | Path | None = None
+    reconnect_seconds: float = 0.0
     http: httpx.Client = field(init=False, repr=False)
     transport_retries: int = field(default=0, init=False)  # requests sent again after a transport error
 
@@ -147,6 +153,8 @@ class SessionClient:
         (`Retry-After` apart) for up to `retry_seconds`; errors become exceptions."""
         misdirections = 0
         give_up_at: float | None = None
+        reconnect_until: float | None = None
+        reconnect_pause = MAX_RECONNECT_PAUSE / 20
         transport_failed = False
         while misdirections <= MAX_MISDIRECTIONS:
             url = f"{self.endpoint}/v1/sessions/{self.session_id}{path}"
@@ -159,6 +167,21 @@ class SessionClient:
                     timeout=self.timeout,
                 )
             except httpx.TransportError as exc:
+                if isinstance(exc, httpx.ConnectError) and self.reconnect_seconds > 0:
+                    # Nothing was sent; a front door's Service may lead new connections to a replica that went
+                    # away until its endpoints update.
+                    now = time.monotonic()
+                    if reconnect_until is None:
+                        reconnect_until = now + self.reconnect_seconds
+                    if now < reconnect_until:
+                        self.transport_retries += 1
+                        time.sleep(min(reconnect_pause, reconnect_until - now))
+                        reconnect_pause = min(2 * reconnect_pause, MAX_RECONNECT_PAUSE)
+                        continue
+                    raise WorkerUnreachable(
+                        f"{method} {url}: still refused after {self.reconnect_seconds:g} s (the client's "
+                        f"reconnect_seconds): {type(exc).__name__}: {exc}"
+                    ) from exc
                 # Once at once (the request is idempotent): a front door's replica that went away leaves
                 # another behind its address; a Pod that went away answers nothing the second time either.
                 if not transport_failed and not isinstance(exc, httpx.TimeoutException):

@@ -203,6 +203,30 @@ def test_an_unreachable_kubernetes_api_is_a_clear_error(tmp_path: Path) -> None:
         sessions.get("walk")
 
 
+def test_connect_tries_a_refused_front_door_again_and_not_a_refused_pod(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`KubeSessions.connect` at `status.url` (the front door) sets `reconnect_seconds`; at a Pod's own
+    `status.endpoint` a refusal stays final (the session moved; its status names where)."""
+    credentials = Credentials(
+        server=f"https://127.0.0.1:{free_port()}",
+        ca=CertificateAuthority(tmp_path / "pki").cert_path,
+        user="tester",
+        token="t0ken",
+    )
+    kubeconfig = credentials.write_kubeconfig(tmp_path / "kubeconfig")
+    sessions = client.KubeSessions("default", kubeconfig=kubeconfig)
+    pod = {"phase": "Ready", "endpoint": "http://10.0.0.7:8000"}
+    door = {**pod, "url": "http://door.example/pools/default/walkers"}
+    statuses = iter([door, pod])
+    monkeypatch.setattr(sessions, "wait_ready", lambda name, timeout: next(statuses))
+    monkeypatch.setattr(sessions, "token", lambda name, status: "t0ken")
+    monkeypatch.setattr(client.SessionClient, "sync", lambda self: {})
+    with sessions.connect("walk") as at_door, sessions.connect("walk") as at_pod:
+        assert (at_door.endpoint, at_door.reconnect_seconds) == (door["url"], client.DEFAULT_RETRY_SECONDS)
+        assert (at_pod.endpoint, at_pod.reconnect_seconds) == (pod["endpoint"], 0)
+
+
 # ------------------------------------------------------------------------ retries, against a loopback server
 
 Answer = tuple[int, dict[str, object], dict[str, str]]  # status, JSON body, headers
@@ -213,8 +237,8 @@ class ScriptedWorker(ThreadingHTTPServer):
     """A loopback HTTP server that answers each request with the next scripted answer (the last repeats)
     and records the request bodies; with `tls` (a certificate for `localhost`) it speaks https."""
 
-    def __init__(self, answers: list[Answer], tls: KeyPair | None = None) -> None:
-        super().__init__(("127.0.0.1", 0), _ScriptedHandler)
+    def __init__(self, answers: list[Answer], tls: KeyPair | None = None, port: int = 0) -> None:
+        super().__init__(("127.0.0.1", port), _ScriptedHandler)
         self.answers = answers
         self.bodies: list[dict[str, object]] = []
         self.tls = tls
@@ -254,8 +278,8 @@ class _ScriptedHandler(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def scripted(answers: list[Answer], tls: KeyPair | None = None) -> Iterator[ScriptedWorker]:
-    server = ScriptedWorker(answers, tls)
+def scripted(answers: list[Answer], tls: KeyPair | None = None, port: int = 0) -> Iterator[ScriptedWorker]:
+    server = ScriptedWorker(answers, tls, port)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -374,6 +398,44 @@ def test_a_moved_session_at_the_front_door_is_retried_there_at_once() -> None:
             assert session.endpoint == server.url
         assert chunk.metadata.chunk_index == 0
         assert len(server.bodies) == 3
+
+
+def test_an_address_that_refuses_for_a_moment_is_tried_again_within_reconnect_seconds() -> None:
+    """A front door's Service can lead a new connection to a replica killed a moment ago until its endpoints
+    update (issue 37's CI: refused twice in a row). With `reconnect_seconds` a refused connection (nothing
+    was sent) is tried again with a short backoff until it answers; without it (a Pod's own address, where
+    a refusal means the session moved) the refusal is final at once, after the one retry."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with client.SessionClient("walk", url, "t0ken") as session:
+        started = time.monotonic()
+        with pytest.raises(client.WorkerUnreachable, match="ConnectError"):
+            session.tick([client.hold("w")])
+        assert time.monotonic() - started < 1.0
+    with client.SessionClient("walk", url, "t0ken", reconnect_seconds=0.5) as session:
+        started = time.monotonic()
+        with pytest.raises(client.WorkerUnreachable, match=r"still refused after 0\.5 s"):
+            session.tick([client.hold("w")])
+        assert 0.5 <= time.monotonic() - started < 2.0
+    servers: list[ScriptedWorker] = []
+
+    def open_late() -> None:
+        servers.append(server := ScriptedWorker([CHUNK_0], port=port))
+        server.serve_forever()
+
+    late = threading.Timer(1.0, open_late)
+    late.start()
+    try:
+        with client.SessionClient("walk", url, "t0ken", reconnect_seconds=10) as session:
+            chunk = session.tick([client.hold("w")], request_id="r0")
+        assert chunk.metadata.chunk_index == 0
+        assert session.transport_retries >= 3
+        assert len(servers[0].bodies) == 1
+    finally:
+        late.cancel()
+        for server in servers:
+            server.shutdown()
+            server.server_close()
 
 
 def test_a_connection_lost_in_flight_is_sent_again_once_and_waits_for_the_first_copy() -> None:
