@@ -153,10 +153,10 @@ async def placement_spec(
     if session.spec is None:
         raise AdmissionFailure(Reason.INVALID_SPEC, session.invalid_reason or "invalid spec")
     key = (session.namespace, session.name)
-    sha = ctx.token_hashes.get(key)
+    sha = ctx.sessions.token_hashes.get(key)
     if sha is None:
         sha = await (ensure_token_sha256 if create_token else read_token_sha256)(ctx, session)
-        ctx.token_hashes[key] = sha
+        ctx.sessions.token_hashes[key] = sha
     image = await resolve_image(ctx, session.namespace, session.spec.image)
     try:
         return build_placement_spec(

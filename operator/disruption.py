@@ -27,10 +27,11 @@ from typing import Any
 
 import kopf
 
-from ardiff.kv.records import PodRecord, PoolId
+from ardiff.kv.records import PodRecord
 from ardiff.operator.context import OperatorContext
 from ardiff.operator.kube import PDBS, PODS
 from ardiff.operator.pods import pool_labels
+from ardiff.operator.pool_state import PoolState
 from ardiff.operator.views import PodView, PoolView
 
 BUSY_LABEL = "ardiffusion.dev/busy"
@@ -72,39 +73,42 @@ def busy_pods(pods: Sequence[PodView], live: Mapping[str, PodRecord]) -> set[str
     return {p.name for p in pods if not p.deleting and (r := live.get(p.name)) is not None and r.used > 0}
 
 
-async def _set_budget(ctx: OperatorContext, pool: PoolView, count: int) -> None:
+async def _set_budget(ctx: OperatorContext, state: PoolState, pool: PoolView, count: int) -> None:
     """Set the budget's minAvailable: a patch once it is known to exist, else create it (or read the one an
     earlier operator process made)."""
-    pid = PoolId(pool.namespace, pool.name)
-    known = ctx.busy_budgets.get(pid)
+    known = state.busy_budget
     if known == count:
         return
     name, patch = busy_pdb_name(pool.name), {"spec": {"minAvailable": count}}
     if known is not None and await ctx.kube.patch(PDBS, pool.namespace, name, patch):
-        ctx.busy_budgets[pid] = count
+        state.busy_budget = count
         return
     body = build_busy_pdb(pool.namespace, pool.name, count)
     kopf.adopt(body, owner=pool.reference)
     stored = await ctx.kube.create_or_get(PDBS, body)
     if stored is None:  # deleted between the two calls: the next round creates it
-        ctx.busy_budgets.pop(pid, None)
+        state.busy_budget = None
         return
     if stored["spec"].get("minAvailable") != count:
         await ctx.kube.patch(PDBS, pool.namespace, name, patch)
-    ctx.busy_budgets[pid] = count
+    state.busy_budget = count
 
 
 async def sync_busy_pods(
-    ctx: OperatorContext, pool: PoolView, pods: Sequence[PodView], live: Mapping[str, PodRecord]
+    ctx: OperatorContext,
+    state: PoolState,
+    pool: PoolView,
+    pods: Sequence[PodView],
+    live: Mapping[str, PodRecord],
 ) -> None:
     """Bring the busy labels and the pool's budget in line with the sessions in Redis (raise, label; unlabel,
     lower)."""
     labelled = {p.name for p in pods if p.busy and not p.deleting}
     busy = busy_pods(pods, live)
     to_label, to_unlabel = busy - labelled, labelled - busy
-    await _set_budget(ctx, pool, len(labelled | to_label))
+    await _set_budget(ctx, state, pool, len(labelled | to_label))
     for name in sorted(to_label):
         await ctx.kube.patch(PODS, pool.namespace, name, {"metadata": {"labels": {BUSY_LABEL: BUSY_VALUE}}})
     for name in sorted(to_unlabel):
         await ctx.kube.patch(PODS, pool.namespace, name, {"metadata": {"labels": {BUSY_LABEL: None}}})
-    await _set_budget(ctx, pool, len(busy))
+    await _set_budget(ctx, state, pool, len(busy))

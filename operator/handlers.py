@@ -191,7 +191,7 @@ async def kick_pool_on_pod_change(namespace: str, labels: kopf.Labels, memo: kop
     """A worker Pod changed (Ready, deleted, ...): its pool reconciles now rather than at the next period."""
     ctx: OperatorContext | None = getattr(memo, "ctx", None)
     if ctx is not None:
-        ctx.kick(PoolId(namespace, labels[POOL_LABEL]))
+        ctx.pools[PoolId(namespace, labels[POOL_LABEL])].kick()
 
 
 # --- sessions ------------------------------------------------------------------------------------------
@@ -213,7 +213,9 @@ async def admit_session(
     session = SessionView.from_body(body)
     pool_key = (session.namespace, session.spec.pool_ref if session.spec else "")
     key = (session.namespace, session.name)
-    ctx.admitted_at.setdefault(key, time.monotonic())  # kept across retries: the placement histogram's start
+    ctx.sessions.admitted_at.setdefault(
+        key, time.monotonic()
+    )  # kept across retries: the placement histogram's start
     pods = _values(worker_pods, pool_key)
     status = await admit(
         ctx, session, _first(pools, pool_key), pods, session_finder(sessions_by_pool), logger
@@ -232,13 +234,13 @@ async def release_session(type: str, body: kopf.Body, memo: kopf.Memo, logger: k
     """Free the slot, once per deleted session; the worker gets `close` through its pod's stream. The token
     Secret is owned. A DELETED event the operator missed is made up for by the pool's sweep."""
     ctx, uid = memo.ctx, body.metadata.uid or ""
-    if uid in ctx.released_uids:
+    if uid in ctx.sessions.released_uids:
         if type == "DELETED":
-            ctx.released_uids.discard(uid)
+            ctx.sessions.released_uids.discard(uid)
         return
     await release(ctx, SessionView.from_body(body), logger)
     if type != "DELETED":  # still held by a foreign finalizer: more events follow
-        ctx.released_uids.add(uid)
+        ctx.sessions.released_uids.add(uid)
 
 
 # --- pools ---------------------------------------------------------------------------------------------
@@ -288,7 +290,7 @@ async def reconcile_pool_forever(
                 raise
             except NotReplicated as exc:  # applied on the master only: the round stopped before reporting it
                 logger.warning(f"pool {pid} reconcile: {exc}; the round is repeated")
-                ctx.kick(pid)  # at once (after the minimal gap), not a whole period later
+                ctx.pools[pid].kick()  # at once (after the minimal gap), not a whole period later
             except Exception as exc:  # one failed round must not end the loop; the next one retries
                 logger.exception(f"pool {pid} reconcile failed: {exc}")
             await wait_for_kick(ctx, pid, started, stopped)
@@ -349,7 +351,7 @@ async def pool_round(
     if ctx.metrics is not None:
         ctx.metrics.observe_round(pid, time.perf_counter() - started)
         observe_placements(ctx, pid, sessions)
-        if (sample := ctx.pool_samples.get(pid)) is not None:
+        if (sample := ctx.pools[pid].sample) is not None:
             ctx.metrics.observe_pool(pid, pool_sample(ctx, sample, sessions))
 
 
@@ -358,15 +360,15 @@ def observe_placements(ctx: OperatorContext, pool: PoolId, sessions: list[Sessio
     that ends otherwise (Failed, deleted) is not counted."""
     for session in sessions:
         key = (session.namespace, session.name)
-        if key not in ctx.admitted_at:
+        if key not in ctx.sessions.admitted_at:
             continue
         phase = previous_status(ctx, session).get("phase")
         if phase == "Ready":
-            admitted = ctx.admitted_at.pop(key)
+            admitted = ctx.sessions.admitted_at.pop(key)
             if ctx.metrics is not None:
                 ctx.metrics.observe_placement(pool, time.monotonic() - admitted)
         elif phase not in (None, "Pending"):
-            del ctx.admitted_at[key]
+            del ctx.sessions.admitted_at[key]
 
 
 def pool_sample(ctx: OperatorContext, sample: PoolSample, sessions: list[SessionView]) -> PoolSample:
@@ -385,7 +387,7 @@ async def wait_for_kick(
     ctx: OperatorContext, pool: PoolId, started: float, stopped: kopf.DaemonStopped
 ) -> None:
     """Sleep until the period ends, the pool is kicked, or the daemon is stopped; then keep a minimal gap."""
-    kick = ctx.kicks[pool]
+    kick = ctx.pools[pool].wake
     waiters = {asyncio.ensure_future(kick.wait()), asyncio.ensure_future(stopped.wait())}
     _, pending = await asyncio.wait(
         waiters, timeout=ctx.config.reconcile_seconds, return_when=asyncio.FIRST_COMPLETED
@@ -403,4 +405,4 @@ async def kick_pool_on_deletion(namespace: str, name: str, memo: kopf.Memo, **_:
     """A deleted pool's daemon retires it now rather than at the end of its period."""
     ctx: OperatorContext | None = getattr(memo, "ctx", None)
     if ctx is not None:
-        ctx.kick(PoolId(namespace, name))
+        ctx.pools[PoolId(namespace, name)].kick()

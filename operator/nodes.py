@@ -6,9 +6,9 @@ worker Pod is protected by its pool's budget (operator/disruption.py), so the ev
 namespaced operator can read says that a drain is waiting: the refused eviction changes no object. With
 `--follow-drains` (the chart's `operator.followDrains`, which grants `get` on Nodes: cluster-scoped, an
 explicit opt-in) the pool's round reads the Node of each of its Pods; a Pod on a cordoned node goes like a
-stale one (operator/slots.py `pod_slots`): it takes no new session, a replacement is made on another
-node, its sessions move there (suspend with migrate), and once it holds none its busy label and budget let
-the drain evict it. Reads are cached for `CACHE_SECONDS` across pools.
+stale one (operator/pool_state.py `PoolState.slots`): it takes no new session, a replacement is made on
+another node, its sessions move there (suspend with migrate), and once it holds none its busy label and
+budget let the drain evict it. Reads are cached for `CACHE_SECONDS` across pools.
 """
 
 from __future__ import annotations

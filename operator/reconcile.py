@@ -36,8 +36,9 @@ from ardiff.operator.forks import SessionFinder, fork_request
 from ardiff.operator.kube import PODS
 from ardiff.operator.metrics import PoolSample
 from ardiff.operator.pool_record import write_pool_record
+from ardiff.operator.pool_state import PoolState
 from ardiff.operator.scaling import PodSlots, compute_sessions, may_grow, plan_migrations, plan_scaling
-from ardiff.operator.slots import live_pods, pod_slots, sync_pods
+from ardiff.operator.slots import live_pods, sync_pods
 from ardiff.operator.status import Phase, PoolObservation, Reason, build_pool_status, status_patch
 from ardiff.operator.status_writer import now_rfc3339, previous_status, write_failed, write_session_statuses
 from ardiff.operator.views import PodView, PoolView, SessionView, epoch_ms
@@ -237,17 +238,21 @@ async def place_sessions(
             if placed.suspending and placed.victim is not None:  # its slot frees once the export is written
                 result.changed = True
                 victim_key = (session.namespace, placed.victim)
-                ctx.notes[victim_key] = f"suspended to make room for session {session.name}"
+                ctx.sessions.notes[victim_key] = f"suspended to make room for session {session.name}"
             continue
         result.changed = True
         if placed.victim is not None:
-            ctx.notes[(session.namespace, placed.victim)] = f"evicted to make room for session {session.name}"
+            ctx.sessions.notes[(session.namespace, placed.victim)] = (
+                f"evicted to make room for session {session.name}"
+            )
         else:
             free -= 1
         if rebind == "lost":  # a new record says nothing of the lost KV: the worker must be told to reset
             where = placed.placement
             await ctx.store.mark_reset_required(pid, session.name, pod=where.pod, epoch=where.pod_epoch)
-            ctx.notes[key] = f"placed on {where.pod} after Redis lost its binding to a pod that is gone"
+            ctx.sessions.notes[key] = (
+                f"placed on {where.pod} after Redis lost its binding to a pod that is gone"
+            )
     return result
 
 
@@ -295,7 +300,9 @@ async def expire_idle(
             continue
         if now_ms - record.last_tick_ms >= timeout_s * 1000:
             await ctx.store.release(pool, session.name, reason="idle-timeout")
-            ctx.notes[(session.namespace, session.name)] = f"no tick for {timeout_s} s; the slot was released"
+            ctx.sessions.notes[(session.namespace, session.name)] = (
+                f"no tick for {timeout_s} s; the slot was released"
+            )
             expired += 1
     return expired
 
@@ -308,7 +315,7 @@ async def expire_suspending(ctx: OperatorContext, pool: PoolId, records: Mapping
     timeout_s = ctx.config.suspend_timeout_seconds
     expired = await ctx.store.expire_suspending(pool, timeout_ms=max(1, round(timeout_s * 1000)))
     for name in expired:
-        ctx.notes[(pool.namespace, name)] = (
+        ctx.sessions.notes[(pool.namespace, name)] = (
             f"its worker did not report the export within {timeout_s:g} s; its KV counts as lost"
         )
     return len(expired)
@@ -353,6 +360,7 @@ async def report_transfers(
 
 async def migrate_sessions(
     ctx: OperatorContext,
+    state: PoolState,
     pool: PoolView,
     pods: Sequence[PodView],
     live: Mapping[str, PodRecord],
@@ -368,36 +376,37 @@ async def migrate_sessions(
     assert pool.spec is not None
     pid = PoolId(pool.namespace, pool.name)
     plan = plan_migrations(
-        pod_slots(ctx, pool, pods, live),
+        state.observe(pool, pods, live),
         waiting=waiting,
         min_replicas=pool.spec.min_replicas,
         max_replicas=pool.spec.max_replicas,
     )
     targets = {
-        name: "its node is drained" if name in ctx.cordoned_pods[pid] else "the pool rolls to a new spec"
+        name: "its node is drained" if name in state.cordoned_pods else "the pool rolls to a new spec"
         for name in plan.roll
     }
     if plan.scale_down is None:
-        ctx.consolidation_since.pop(pid, None)
+        state.consolidation_since = None
     else:
         now = time.monotonic()
-        since = ctx.consolidation_since.setdefault(pid, now)
-        if now - since >= pool.spec.scale_down_delay_seconds:
-            ctx.consolidation_since.pop(pid, None)
+        if state.consolidation_since is None:
+            state.consolidation_since = now
+        if now - state.consolidation_since >= pool.spec.scale_down_delay_seconds:
+            state.consolidation_since = None
             try:
                 await ctx.store.set_draining(pid, plan.scale_down, draining=True)
             except UnknownPod:
                 pass  # its record is gone: its sessions are lost, nothing to move
             else:
-                ctx.scale_down_pods[pid].add(plan.scale_down)
+                state.scale_down_pods.add(plan.scale_down)
                 logger.info(f"scaling down: moving the sessions of pod {plan.scale_down} to the other pods")
-    for name in ctx.scale_down_pods[pid]:
+    for name in state.scale_down_pods:
         targets.setdefault(name, "the pool scales down")
     moved = 0
     for session, record in records.items():
         why = targets.get(record.pod) if record.state is SessionState.PLACED else None
         if why is not None and await ctx.store.suspend(pid, session, reason="migrate"):
-            ctx.notes[(pool.namespace, session)] = f"moving off pod {record.pod}: {why}"
+            ctx.sessions.notes[(pool.namespace, session)] = f"moving off pod {record.pod}: {why}"
             moved += 1
     if moved:
         logger.info(f"migrating {moved} sessions off pods {sorted(targets)}")
@@ -417,17 +426,18 @@ async def reconcile_pool(
     namespace (a fork's parent)."""
     assert pool.spec is not None
     pid = PoolId(pool.namespace, pool.name)
+    state = ctx.pools[pid]
     # First the workers' Secret: its digest is part of the Pod template (a changed one rolls the pool).
-    credentials = await ensure_worker_redis_secret(ctx, pool, pods, logger)
+    credentials = await ensure_worker_redis_secret(ctx, state, pool, pods, logger)
     pool = dataclasses.replace(pool, secret_hash=credentials.secret_hash)
     active = [s for s in sessions if needs_reconcile(s)]
     names = [s.name for s in active]
     # Under the pool's lock (admissions and releases take it too): the free-slot count and the may-evict
     # decision stay exact for the whole placement pass, and no status derived here is older than a write an
     # admission made in between.
-    async with ctx.locks[pid]:
-        live = await sync_pods(ctx, pid, pods, pool.template_hash)
-        slots = pod_slots(ctx, pool, pods, live)
+    async with state.lock:
+        live = await sync_pods(ctx, state, pid, pods, pool.template_hash)
+        slots = state.observe(pool, pods, live)
         records = await ctx.store.get_bindings(pid, names)
         await report_transfers(ctx, pid, active, records)
         now_ms = await ctx.store.server_time_ms()
@@ -449,17 +459,19 @@ async def reconcile_pool(
         expired += await expire_suspending(ctx, pid, records)
         result = await place_sessions(ctx, pool, active, records, live, slots, find_session, logger)
         if not result.restoring:  # the front door takes the pool's record for a store that holds its data
-            await write_pool_record(ctx, pool)
+            await write_pool_record(ctx, state, pool)
         if expired or result.changed:
             records = await ctx.store.get_bindings(pid, names)
             live = await live_pods(ctx, pid)
-        if await migrate_sessions(ctx, pool, pods, live, records, result.waiting, logger):
+        if await migrate_sessions(ctx, state, pool, pods, live, records, result.waiting, logger):
             records = await ctx.store.get_bindings(pid, names)
             live = await live_pods(ctx, pid)
         unsettled = [s for s in active if s.name not in result.settled]
         # Waiting sessions say so while pods start (from zero: how long the pool's last pod took).
         booting = sum(1 for p in slots.values() if not p.registered and not p.stuck)
-        last_startup = ctx.pod_startup_seconds.get(pid, previous_pool_status.get("lastPodStartupSeconds"))
+        last_startup = state.last_startup_seconds
+        if last_startup is None:
+            last_startup = previous_pool_status.get("lastPodStartupSeconds")
         await write_session_statuses(
             ctx,
             unsettled,
@@ -474,7 +486,7 @@ async def reconcile_pool(
             compute_utilisation=pool.spec.compute_utilisation,
             url=url,
         )
-    slots = pod_slots(ctx, pool, pods, live)
+    slots = state.observe(pool, pods, live)
     plan = plan_scaling(
         slots,
         waiting=result.waiting,
@@ -487,26 +499,26 @@ async def reconcile_pool(
     # Outside the lock: creating Pods only adds capacity, a stuck pod has no Redis record (nothing can be
     # placed on it), and draining is atomic in Redis (only if the pod is still empty), so none of these can
     # invalidate a placement.
-    replaced = [name for name in plan.replace if await replace_stuck_pod(ctx, pool, name, logger)]
+    replaced = [name for name in plan.replace if await replace_stuck_pod(ctx, state, pool, name, logger)]
     created = 0
-    refusal = template_refusal(ctx, pool)
+    refusal = template_refusal(state, pool)
     may_create = refusal is None or time.monotonic() >= refusal.retry_at
     if plan.create and may_create and credentials.usable:
         for _ in range(plan.create):
-            if await create_worker_pod(ctx, pool, logger) is None:
+            if await create_worker_pod(ctx, state, pool, logger) is None:
                 break
             created += 1
-    retired = [name for name in plan.delete if await retire_worker_pod(ctx, pid, name, logger)]
+    retired = [name for name in plan.delete if await retire_worker_pod(ctx, state, pid, name, logger)]
     gone = {*replaced, *retired}
     existing = [p for p in pods if not p.deleting and p.name not in gone]
-    await sync_busy_pods(ctx, pool, existing, live)  # busy label + the pool's PodDisruptionBudget
+    await sync_busy_pods(ctx, state, pool, existing, live)  # busy label + the pool's PodDisruptionBudget
     ready = {p.name for p in existing if p.ready}
     starting = created + sum(1 for p in slots.values() if not p.registered and p.name not in gone)
     stale = sum(1 for p in slots.values() if p.stale and p.name not in gone)
     if not starting:
-        ctx.startup_failures.pop(pid, None)  # every pod registered: the last replacement worked
-    refusal = ctx.template_refusals.get(pid)  # still the current template's, unless a Pod was created since
-    replicas = len({p.name for p in existing} | set(ctx.expected_pods[pid]))
+        state.startup_failure = None  # every pod registered: the last replacement worked
+    refusal = state.template_refusal  # still the current template's, unless a Pod was created since
+    replicas = len({p.name for p in existing} | set(state.expected_pods))
     serving = [r for name, r in live.items() if name in ready and not r.draining]
     compute_capacity = sum(compute_sessions(r.compute_fps, 0.0, pool.spec.playout.fps) for r in serving)
     observation = PoolObservation(
@@ -520,7 +532,7 @@ async def reconcile_pool(
         max_replicas=pool.spec.max_replicas,
         starting=starting,
         stale=stale,
-        startup_failure=ctx.startup_failures.get(pid),
+        startup_failure=state.startup_failure,
         template_refusal=refusal.message if refusal else None,
         credentials_problem=credentials.problem,
         compute_capacity=compute_capacity if pool.spec.compute_utilisation > 0 else None,
@@ -529,10 +541,10 @@ async def reconcile_pool(
         previous_pool_status, observation, generation=pool.generation, now=now_rfc3339()
     )
     status["selector"] = pool_selector(pool.name)  # the Scale's status.selector (labelSelectorPath)
-    if (startup := ctx.pod_startup_seconds.get(pid)) is not None:
-        status["lastPodStartupSeconds"] = startup
+    if state.last_startup_seconds is not None:
+        status["lastPodStartupSeconds"] = state.last_startup_seconds
     free_slots = sum(r.free for name, r in live.items() if name in ready and not r.draining)
-    ctx.pool_samples[pid] = PoolSample(
+    state.sample = PoolSample(
         phases={},  # counted by the caller from the sessions' statuses
         pending=observation.pending,
         free_slots=free_slots,
@@ -565,7 +577,7 @@ async def retire_pool(
     user, once the Pods are gone (a terminating worker's heartbeat would re-create what was deleted earlier).
     True once done."""
     pid = PoolId(pool.namespace, pool.name)
-    async with ctx.locks[pid]:
+    async with ctx.pools[pid].lock:
         for session in sessions:
             if not session.deleting and session.phase != Phase.FAILED:
                 await write_failed(ctx, session, Reason.POOL_DELETED, f"pool {pool.name} was deleted")

@@ -1,7 +1,7 @@
 """One session's admission (its create handler) and release (its delete handler).
 
-Both take the pool's lock, so that a pool round never sees half of them: `place`'s may-evict decision and the
-round's free-slot count stay exact.
+Both take the pool's lock (operator/pool_state.py), so that a pool round never sees half of them: `place`'s
+may-evict decision and the round's free-slot count stay exact. Neither writes the round's books.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from ardiff.kv.records import PlaceResult, PoolId, SessionSpec
 from ardiff.operator.admission import AdmissionFailure, check_family, placement_spec, resolve_playout
 from ardiff.operator.context import OperatorContext
 from ardiff.operator.forks import SessionFinder, fork_request
+from ardiff.operator.pool_state import PoolState
 from ardiff.operator.scaling import may_grow
-from ardiff.operator.slots import live_pods, pod_slots
+from ardiff.operator.slots import live_pods
 from ardiff.operator.status import Reason, SessionObservation, build_failed_status, build_session_status
 from ardiff.operator.status_writer import now_rfc3339
 from ardiff.operator.views import PodView, PoolView, SessionView
@@ -66,9 +67,10 @@ async def admit(
     except AdmissionFailure as exc:
         return failed_status(session, exc.reason, exc.message, logger)
     pid = PoolId(pool.namespace, pool.name)
-    async with ctx.locks[pid]:
+    state = ctx.pools[pid]
+    async with state.lock:
         try:
-            placed = await place(ctx, pool, pods, spec, prefer_pod=prefer_pod)
+            placed = await place(ctx, state, pool, pods, spec, prefer_pod=prefer_pod)
         except NotReplicated as exc:
             # Applied on the master, not (yet) on a replica: a failover may lose it, so nothing is reported
             # from it. `place` is idempotent: the retry returns the same slot once a replica acknowledges.
@@ -77,13 +79,15 @@ async def admit(
             )
             raise kopf.TemporaryError(str(exc), delay=NOT_REPLICATED_RETRY_SECONDS) from None
     if placed.placement is None:
-        ctx.kick(pid)  # the pool may need another pod
+        state.kick()  # the pool may need another pod
     if placed.victim is not None:
         # A victim on a pod that exports is suspended (it keeps its slot until exported; this session is
         # placed by a later round, once the slot is free); any other is evicted.
         verb = "suspended" if placed.suspending else "evicted"
-        ctx.notes[(session.namespace, placed.victim)] = f"{verb} to make room for session {session.name}"
-        ctx.kick(pid)  # the victim's status changes in the pool's next round
+        ctx.sessions.notes[(session.namespace, placed.victim)] = (
+            f"{verb} to make room for session {session.name}"
+        )
+        state.kick()  # the victim's status changes in the pool's next round
         logger.info(f"session {session.name} {verb} session {placed.victim}")
     # `place` read the binding, its pod's record and the time after its change: nothing more to read.
     observed = placed.observed
@@ -106,6 +110,7 @@ async def admit(
 
 async def place(
     ctx: OperatorContext,
+    state: PoolState,
     pool: PoolView,
     pods: Sequence[PodView],
     spec: SessionSpec,
@@ -121,18 +126,19 @@ async def place(
     placed = await ctx.store.place(pid, spec, may_evict=False, min_idle_ms=min_idle_ms, prefer_pod=prefer_pod)
     if placed.placement is not None or pool.spec is None:
         return placed
-    if may_grow(pod_slots(ctx, pool, pods, await live_pods(ctx, pid)), pool.spec.max_replicas):
+    if may_grow(state.slots(pool, pods, await live_pods(ctx, pid)), pool.spec.max_replicas):
         return placed
     return await ctx.store.place(pid, spec, may_evict=True, min_idle_ms=min_idle_ms, prefer_pod=prefer_pod)
 
 
 async def release(ctx: OperatorContext, session: SessionView, logger: kopf.Logger) -> None:
     """Free the session's slot; its pod's worker gets `close` through its stream (the one teardown path)."""
-    ctx.forget_session((session.namespace, session.name))
+    ctx.sessions.forget((session.namespace, session.name))
     if session.spec is None:
         return
     pid = PoolId(session.namespace, session.spec.pool_ref)
-    async with ctx.locks[pid]:
+    state = ctx.pools[pid]
+    async with state.lock:
         await ctx.store.release(pid, session.name, reason="deleted")
-    ctx.kick(pid)  # a waiting session may take the slot
+    state.kick()  # a waiting session may take the slot
     logger.info(f"session {session.name} released")

@@ -22,8 +22,9 @@ from typing import Any
 import kopf
 
 from ardiff.kv.records import PodRecord, SessionBinding
-from ardiff.operator.context import OperatorContext, SessionKey
+from ardiff.operator.context import OperatorContext
 from ardiff.operator.kube import POOLS, SESSIONS
+from ardiff.operator.session_cache import SessionKey
 from ardiff.operator.specs import Playout
 from ardiff.operator.status import (
     Phase,
@@ -57,7 +58,7 @@ def write_admission_status(
     """The create handler's status: into kopf's patch of the session, which kopf writes through the `status`
     subresource once the handler returns (after its own progress annotations); remembered like every write."""
     patch.status.update(status)
-    ctx.remember_status(key, status)
+    ctx.sessions.remember_status(key, status)
 
 
 def post_transition_event(
@@ -95,7 +96,7 @@ def post_transition_event(
 
 def previous_status(ctx: OperatorContext, session: SessionView) -> dict[str, Any]:
     """The CR's status as last seen, updated with what we wrote since (the watch may lag behind)."""
-    return {**session.status, **ctx.written_status.get((session.namespace, session.name), {})}
+    return {**session.status, **ctx.sessions.written_status.get((session.namespace, session.name), {})}
 
 
 async def write_status(
@@ -104,12 +105,12 @@ async def write_status(
     """Patch the session's status if anything worth writing changed since `previous` (`previous_status`);
     True if a write happened."""
     key: SessionKey = (session.namespace, session.name)
-    patch = status_patch(previous, desired, mirror_due=ctx.mirror_due(key))
+    patch = status_patch(previous, desired, mirror_due=ctx.sessions.mirror_due(key))
     if patch is None:
         return False
     post_transition_event(session, previous, desired)
     if await ctx.kube.patch_status(SESSIONS, session.namespace, session.name, patch):
-        ctx.remember_status(key, patch)
+        ctx.sessions.remember_status(key, patch)
     return True
 
 
@@ -170,7 +171,7 @@ async def write_session_statuses(
             session=session.name,
             generation=session.generation,
             now=now,
-            message=ctx.notes.pop(key, None),
+            message=ctx.sessions.notes.pop(key, None),
         )
         return previous, desired
 
@@ -185,7 +186,7 @@ async def write_session_statuses(
     for session in sessions:
         previous, desired = desired_status(session)
         key = (session.namespace, session.name)
-        if status_patch(previous, desired, mirror_due=ctx.mirror_due(key)) is not None:
+        if status_patch(previous, desired, mirror_due=ctx.sessions.mirror_due(key)) is not None:
             changed.append(write(session, previous, desired))
     return sum(await asyncio.gather(*changed))
 

@@ -36,15 +36,16 @@ async def sweep_sessions(
         return []
     bindings = await ctx.store.get_bindings(pool, sorted(gone))
     released = []
-    async with ctx.locks[pool]:
+    state = ctx.pools[pool]
+    async with state.lock:
         for name, binding in sorted(bindings.items()):
             if binding.state == SessionState.CLOSED:  # released already; its record expires by itself
                 continue
             await ctx.store.release(pool, name, reason="deleted")
-            ctx.forget_session((pool.namespace, name))
+            ctx.sessions.forget((pool.namespace, name))
             released.append(name)
     if released:
-        ctx.kick(pool)
+        state.kick()
         logger.info(f"released {len(released)} sessions of pool {pool} that are gone: {released[:10]}")
     return released
 
@@ -87,7 +88,7 @@ async def sweep_pools(ctx: OperatorContext, logger: kopf.Logger) -> list[PoolId]
         listed |= await ctx.kube.list_names(POOLS, namespace)
     gone = sorted((p for p in stored if (p.namespace, p.name) not in listed), key=str)
     for pool in gone:
-        async with ctx.locks[pool]:
+        async with ctx.pools[pool].lock:
             await ctx.store.delete_pool(pool)
             if pool in users:
                 assert ctx.pool_users is not None

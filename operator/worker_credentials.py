@@ -28,6 +28,7 @@ from ardiff.operator.pods import (
     read_redis_ca,
     secret_data_hash,
 )
+from ardiff.operator.pool_state import PoolState
 from ardiff.operator.views import PodView, PoolView
 
 # Why a pool's workers have no usable Redis credentials: the reason of its Progressing condition and of the
@@ -60,7 +61,7 @@ def stored_user(data: Mapping[str, str]) -> tuple[str, str] | None:
 
 
 async def ensure_worker_redis_secret(
-    ctx: OperatorContext, pool: PoolView, pods: Sequence[PodView], logger: kopf.Logger
+    ctx: OperatorContext, state: PoolState, pool: PoolView, pods: Sequence[PodView], logger: kopf.Logger
 ) -> WorkerCredentials:
     """Create the pool's `<pool>-workers-redis` Secret, or bring it up to date: the operator's worker URL
     (it may have changed since it was written) with the pool's own Redis user in it, the transfer token.
@@ -89,7 +90,7 @@ async def ensure_worker_redis_secret(
     owners = stored["metadata"].get("ownerReferences") or []
     if not any(owner.get("uid") == pool.uid for owner in owners):
         message = f"Secret {name} exists and is not owned by this pool: rename or delete it"
-        return credentials_problem(ctx, pool, SECRET_CONFLICT, message, None)
+        return credentials_problem(state, pool, SECRET_CONFLICT, message, None)
     stored_data: dict[str, str] = stored.get("data") or {}
     # The transfer token is made once and kept (a new one would split the pool's running pods); a Secret
     # written before it existed gets one.
@@ -103,7 +104,7 @@ async def ensure_worker_redis_secret(
             f"user (`ardiff kv redis-user {pool.namespace} {pool.name}` prints its rules) and write its name "
             f"and password into keys {REDIS_USERNAME_KEY} and {REDIS_PASSWORD_KEY}"
         )
-        return credentials_problem(ctx, pool, CREDENTIALS_MISSING, message, secret_data_hash(stored_data))
+        return credentials_problem(state, pool, CREDENTIALS_MISSING, message, secret_data_hash(stored_data))
     data = build_worker_redis_secret(
         pool.namespace,
         pool.name,
@@ -119,14 +120,14 @@ async def ensure_worker_redis_secret(
         try:
             sync = await ctx.pool_users.ensure(pid, user[1], keep_previous=rolling)
         except AclForbidden as exc:
-            return credentials_problem(ctx, pool, ACL_FORBIDDEN, str(exc), secret_data_hash(stored_data))
+            return credentials_problem(state, pool, ACL_FORBIDDEN, str(exc), secret_data_hash(stored_data))
         if sync.changed:
             logger.info(f"redis user {user[0]} made or updated on {', '.join(sync.changed)}")
     if any(stored_data.get(k) != data.get(k) for k in WORKER_SECRET_KEYS):
         # Merge patch: a key no longer made (a CA no longer named) is removed; others of the Secret stay.
         patch = {"data": {k: data.get(k) for k in WORKER_SECRET_KEYS}}
         await ctx.kube.patch(SECRETS, pool.namespace, name, patch)
-    ctx.credential_problems.pop(pid, None)
+    state.credential_problem = None
     return WorkerCredentials(True, digest)
 
 
@@ -139,11 +140,10 @@ def valid_password(password: str) -> bool:
 
 
 def credentials_problem(
-    ctx: OperatorContext, pool: PoolView, reason: str, message: str, secret_hash: str | None
+    state: PoolState, pool: PoolView, reason: str, message: str, secret_hash: str | None
 ) -> WorkerCredentials:
     """Report why the pool's workers have no usable credentials: a Warning Event the first time."""
-    pid = PoolId(pool.namespace, pool.name)
-    if ctx.credential_problems.get(pid) != reason:
-        ctx.credential_problems[pid] = reason
+    if state.credential_problem != reason:
+        state.credential_problem = reason
         kopf.event(pool.reference, type="Warning", reason=reason, message=message)
     return WorkerCredentials(False, secret_hash, (reason, message))

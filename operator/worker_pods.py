@@ -1,7 +1,7 @@
 """The worker Pods' lifecycle, and the pool's Service in front of them: create one from the pool's template
 (or back off from a template the pod policy or the API refuses), replace one that did not register in time,
 retire an empty one (drained in Redis first, so that nothing is placed on it meanwhile). The Pod bodies come
-from `operator/pods.py` (pure builders); this module makes the API calls, keeps the context's expected-pods
+from `operator/pods.py` (pure builders); this module makes the API calls, keeps the pool state's expected-pods
 and template-refusal books, and reports with Events. What to create or retire, the round decides.
 """
 
@@ -13,9 +13,10 @@ import kopf
 
 from ardiff.kv.errors import UnknownPod
 from ardiff.kv.records import PoolId
-from ardiff.operator.context import OperatorContext, TemplateRefusal
+from ardiff.operator.context import OperatorContext
 from ardiff.operator.kube import PODS, SERVICES, KubeApiError
 from ardiff.operator.pods import build_pool_service, build_worker_pod, worker_pod_name
+from ardiff.operator.pool_state import PoolState, TemplateRefusal
 from ardiff.operator.views import PoolView
 
 # After the API refuses a Pod of the pool's template, the next try waits this long, doubling up to the max
@@ -31,15 +32,16 @@ async def ensure_service(ctx: OperatorContext, pool: PoolView) -> None:
     await ctx.kube.create(SERVICES, service)
 
 
-async def create_worker_pod(ctx: OperatorContext, pool: PoolView, logger: kopf.Logger) -> str | None:
+async def create_worker_pod(
+    ctx: OperatorContext, state: PoolState, pool: PoolView, logger: kopf.Logger
+) -> str | None:
     """Create one worker Pod with a fresh name (a name collision just draws another); None when the pool's
     template is outside the operator's pod policy (operator/pod_policy.py) or the API refuses it as invalid
     (`refuse_template` records and reports either)."""
     assert pool.spec is not None
-    pid = PoolId(pool.namespace, pool.name)
     refused = ctx.config.pod_policy.violations(pool.spec.pod)
     if refused:  # the chart's admission policy refuses such a pool too: this one predates it, or has none
-        refuse_template(ctx, pool, f"the operator does not make this Pod: {'; '.join(refused)}", logger)
+        refuse_template(state, pool, f"the operator does not make this Pod: {'; '.join(refused)}", logger)
         return None
     while True:
         name = worker_pod_name(pool.name)
@@ -47,49 +49,47 @@ async def create_worker_pod(ctx: OperatorContext, pool: PoolView, logger: kopf.L
             pool.namespace, pool.name, pool.spec, pod_name=name, secret_hash=pool.secret_hash
         )
         kopf.adopt(body, owner=pool.reference)
-        ctx.expected_pods[pid][name] = time.monotonic()
+        state.expected_pods[name] = time.monotonic()
         try:
             created = await ctx.kube.create(PODS, body)
         except KubeApiError as exc:
-            del ctx.expected_pods[pid][name]  # it does not exist: nothing is starting
+            del state.expected_pods[name]  # it does not exist: nothing is starting
             if exc.status != 422:
                 raise
-            refuse_template(ctx, pool, exc.message, logger)
+            refuse_template(state, pool, exc.message, logger)
             return None
         if created is not None:
             logger.info(f"created worker pod {name}")
-            ctx.template_refusals.pop(pid, None)
+            state.template_refusal = None
             return name
-        del ctx.expected_pods[pid][name]
+        del state.expected_pods[name]
 
 
-def refuse_template(ctx: OperatorContext, pool: PoolView, message: str, logger: kopf.Logger) -> None:
+def refuse_template(state: PoolState, pool: PoolView, message: str, logger: kopf.Logger) -> None:
     """Back off from a template the API refuses; the first refusal of a template is news (a Warning Event)."""
-    pid = PoolId(pool.namespace, pool.name)
-    previous = ctx.template_refusals.get(pid)
+    previous = state.template_refusal
     again = previous is not None and previous.template_hash == pool.template_hash
     delay = (
         min(previous.delay * 2, TEMPLATE_RETRY_MAX_SECONDS)
         if previous and again
         else TEMPLATE_RETRY_FIRST_SECONDS
     )
-    ctx.template_refusals[pid] = TemplateRefusal(pool.template_hash, message, time.monotonic() + delay, delay)
+    state.template_refusal = TemplateRefusal(pool.template_hash, message, time.monotonic() + delay, delay)
     logger.warning(f"the API refused a worker pod of pool {pool.name} (next try in {delay:.0f} s): {message}")
     if not again:
         kopf.event(pool.reference, type="Warning", reason="InvalidPodTemplate", message=message)
 
 
-def template_refusal(ctx: OperatorContext, pool: PoolView) -> TemplateRefusal | None:
+def template_refusal(state: PoolState, pool: PoolView) -> TemplateRefusal | None:
     """The refusal of the pool's current template, if any (one of an older template is forgotten)."""
-    pid = PoolId(pool.namespace, pool.name)
-    refusal = ctx.template_refusals.get(pid)
-    if refusal is not None and refusal.template_hash != pool.template_hash:
-        del ctx.template_refusals[pid]
-        return None
-    return refusal
+    if state.template_refusal is not None and state.template_refusal.template_hash != pool.template_hash:
+        state.template_refusal = None
+    return state.template_refusal
 
 
-async def replace_stuck_pod(ctx: OperatorContext, pool: PoolView, name: str, logger: kopf.Logger) -> bool:
+async def replace_stuck_pod(
+    ctx: OperatorContext, state: PoolState, pool: PoolView, name: str, logger: kopf.Logger
+) -> bool:
     """Delete a pod that did not register within the startup timeout (it holds nothing; the plan creates its
     successor) and report it: a Warning Event, and the pool's `Progressing` condition until a round sees every
     pod registered. False when it registered at the last moment (then it is kept)."""
@@ -103,13 +103,15 @@ async def replace_stuck_pod(ctx: OperatorContext, pool: PoolView, name: str, log
     )
     logger.warning(message)
     kopf.event(pool.reference, type="Warning", reason="StartupTimeout", message=message)
-    ctx.startup_failures[pid] = message
-    ctx.expected_pods[pid].pop(name, None)
+    state.startup_failure = message
+    state.expected_pods.pop(name, None)
     await ctx.kube.delete(PODS, pool.namespace, name)
     return True
 
 
-async def retire_worker_pod(ctx: OperatorContext, pool: PoolId, name: str, logger: kopf.Logger) -> bool:
+async def retire_worker_pod(
+    ctx: OperatorContext, state: PoolState, pool: PoolId, name: str, logger: kopf.Logger
+) -> bool:
     """Drain the pod (only if it holds no session), then delete it.
 
     Its Redis record stays, draining, until the Pod is gone (`sync_pods` removes it then): a dying worker's
@@ -123,6 +125,6 @@ async def retire_worker_pod(ctx: OperatorContext, pool: PoolId, name: str, logge
         logger.info(f"kept worker pod {name}: it received a session before it could be drained")
         return False
     await ctx.kube.delete(PODS, pool.namespace, name)
-    ctx.empty_since.pop((pool, name), None)
+    state.empty_since.pop(name, None)
     logger.info(f"deleted empty worker pod {name}")
     return True

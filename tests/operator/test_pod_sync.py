@@ -106,7 +106,7 @@ async def test_sync_pods_forgets_gone_and_dead_pods_and_drains_terminating_ones(
         pod("stale", template="an older one"),  # the pool's spec changed since it was made
     ]
 
-    live = await sync_pods(ctx, pool, pods, TEMPLATE)
+    live = await sync_pods(ctx, ctx.pools[pool], pool, pods, TEMPLATE)
 
     assert sorted(live) == ["alive", "leaving", "restarted", "stale"]
     assert live["leaving"].draining
