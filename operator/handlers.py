@@ -213,9 +213,8 @@ async def admit_session(
     session = SessionView.from_body(body)
     pool_key = (session.namespace, session.spec.pool_ref if session.spec else "")
     key = (session.namespace, session.name)
-    ctx.sessions.admitted_at.setdefault(
-        key, time.monotonic()
-    )  # kept across retries: the placement histogram's start
+    # Kept across retries: the placement histogram's start.
+    ctx.sessions.admitted_at.setdefault(key, time.monotonic())
     pods = _values(worker_pods, pool_key)
     status = await admit(
         ctx, session, _first(pools, pool_key), pods, session_finder(sessions_by_pool), logger

@@ -189,16 +189,20 @@ def test_kube_sessions_without_credentials_is_a_clear_error(tmp_path: Path) -> N
         client.KubeSessions("default", kubeconfig=tmp_path / "missing")
 
 
-def test_an_unreachable_kubernetes_api_is_a_clear_error(tmp_path: Path) -> None:
-    """A kubeconfig as the dev cluster writes one (its CA, a token), naming a port nothing listens on."""
+def unreachable_kube_sessions(tmp_path: Path) -> client.KubeSessions:
+    """Sessions of a kubeconfig as the dev cluster writes one (its CA, a token), naming a port nothing
+    listens on."""
     credentials = Credentials(
         server=f"https://127.0.0.1:{free_port()}",
         ca=CertificateAuthority(tmp_path / "pki").cert_path,
         user="tester",
         token="t0ken",
     )
-    kubeconfig = credentials.write_kubeconfig(tmp_path / "kubeconfig")
-    sessions = client.KubeSessions("default", kubeconfig=kubeconfig)
+    return client.KubeSessions("default", kubeconfig=credentials.write_kubeconfig(tmp_path / "kubeconfig"))
+
+
+def test_an_unreachable_kubernetes_api_is_a_clear_error(tmp_path: Path) -> None:
+    sessions = unreachable_kube_sessions(tmp_path)
     with pytest.raises(client.KubernetesError, match="get session walk: cannot reach the Kubernetes API"):
         sessions.get("walk")
 
@@ -208,14 +212,7 @@ def test_connect_tries_a_refused_front_door_again_and_not_a_refused_pod(
 ) -> None:
     """`KubeSessions.connect` at `status.url` (the front door) sets `reconnect_seconds`; at a Pod's own
     `status.endpoint` a refusal stays final (the session moved; its status names where)."""
-    credentials = Credentials(
-        server=f"https://127.0.0.1:{free_port()}",
-        ca=CertificateAuthority(tmp_path / "pki").cert_path,
-        user="tester",
-        token="t0ken",
-    )
-    kubeconfig = credentials.write_kubeconfig(tmp_path / "kubeconfig")
-    sessions = client.KubeSessions("default", kubeconfig=kubeconfig)
+    sessions = unreachable_kube_sessions(tmp_path)
     pod = {"phase": "Ready", "endpoint": "http://10.0.0.7:8000"}
     door = {**pod, "url": "http://door.example/pools/default/walkers"}
     statuses = iter([door, pod])
