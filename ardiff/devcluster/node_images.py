@@ -2,7 +2,7 @@
 static busybox, every applet linked) and the Pod sandbox image `ardiff.dev/pause:<version>` (the same layer,
 whose shell waits for SIGTERM as the pause binary does), built once with `umoci` into an OCI layout archive
 under `~/.cache/ardiff/node-images/<key>/` (keyed by the busybox binary and this recipe) and imported into
-each node's containerd with `ctr images import`.
+each node's containerd (`RealNode.import_archive`).
 """
 
 from __future__ import annotations
@@ -54,12 +54,6 @@ class NodeImages:
     archive: Path
     busybox: str
     pause: str
-
-    def import_into(self, containerd_socket: Path) -> None:
-        """`ctr images import` into a node's containerd (namespace k8s.io, where the kubelet looks)."""
-        _run(
-            "ctr", "--address", str(containerd_socket), "-n", "k8s.io", "images", "import", str(self.archive)
-        )
 
 
 def ensure_node_images() -> NodeImages:

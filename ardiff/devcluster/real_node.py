@@ -260,7 +260,7 @@ class RealNode:
             self.log_dir / f"containerd-{config.name}.log",
         ).start()
         self._wait_socket(timeout)
-        self.images.import_into(config.containerd_socket)
+        self.import_archive(self.images.archive)
         assert self.containerd.process is not None
         self.kubelet = ComponentProcess(
             f"kubelet {config.name}",
@@ -312,6 +312,11 @@ class RealNode:
         """`ctr` against this node's containerd, in the k8s.io namespace the kubelet's containers live in."""
         argv = ["ctr", "--address", str(self.config.containerd_socket), "-n", "k8s.io", *args]
         return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+    def import_archive(self, archive: Path) -> None:
+        """`ctr images import` of an OCI archive into this node's containerd (its images keep the names the
+        archive tags them with)."""
+        self.ctr("images", "import", str(archive))
 
     def container_pid(self, container_id: str) -> int:
         """The host pid of a container's first process (`containerd://<id>` in a Pod's status)."""

@@ -12,8 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
-from ardiff.devcluster.cluster import REAL_NODE, REAL_TAINT, DevCluster
+from ardiff.devcluster.cluster import CHECKOUT, REAL_NODE, REAL_TAINT, DevCluster
+from ardiff.devcluster.image_builds import build_image
+from ardiff.devcluster.images import GATEWAY_IMAGE, OPERATOR_IMAGE
 from ardiff.devcluster.node_images import ensure_node_images
 from ardiff.devcluster.real_node import _cgroup_dirs
 from ardiff.devcluster.waiting import condition_true, wait_until
@@ -33,7 +36,7 @@ RESTRICTED = {
 }
 
 
-def _pod(name: str, command: str, **container: Any) -> dict[str, Any]:
+def _pod(name: str, command: str, image: str = "", **container: Any) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -45,7 +48,7 @@ def _pod(name: str, command: str, **container: Any) -> dict[str, Any]:
             "containers": [
                 {
                     "name": "main",
-                    "image": ensure_node_images().busybox,
+                    "image": image or ensure_node_images().busybox,
                     "imagePullPolicy": "Never",
                     "command": ["sh", "-c", command],
                     **container,
@@ -141,3 +144,54 @@ def test_node_images_are_built_once_and_named_as_the_pods_ask() -> None:
     index = json.loads(listing.stdout)
     names = {m["annotations"]["org.opencontainers.image.ref.name"] for m in index["manifests"]}
     assert names == {images.busybox, images.pause}
+
+
+def _finished(cluster: DevCluster, namespace: str, name: str) -> dict[str, Any] | None:
+    pod = _get(cluster, namespace, name)
+    return pod if pod["status"].get("phase") in ("Succeeded", "Failed") else None
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "image", "values", "command", "expected"),
+    [
+        (
+            "operator/Dockerfile",
+            OPERATOR_IMAGE,
+            "operator",
+            "id -u && ardiff operator run --help > /dev/null && echo operator-ok",
+            ["10001", "operator-ok"],
+        ),
+        (
+            "ardiff/gateway/Dockerfile",
+            GATEWAY_IMAGE,
+            "gateway",
+            "id -u && envoy --version | grep -o '1\\.40\\.0' | head -1"
+            " && ardiff gateway picker --help > /dev/null && echo gateway-ok",
+            ["10001", "1.40.0", "gateway-ok"],
+        ),
+    ],
+    ids=["operator", "gateway"],
+)
+def test_an_image_built_from_its_dockerfile_runs_on_the_real_node_under_the_charts_security_settings(
+    dev_cluster: DevCluster,
+    kube_namespace: str,
+    dockerfile: str,
+    image: str,
+    values: str,
+    command: str,
+    expected: list[str],
+) -> None:
+    """buildah builds the Dockerfile as written (the gateway's once imported the checkout's `operator/` in
+    place of the standard library's); the image runs as its own user with the chart's read-only root."""
+    chart = yaml.safe_load((CHECKOUT / "charts/ardiff/values.yaml").read_text())[values]
+    built = build_image(CHECKOUT, dockerfile, f"{image}:0.1.0")
+    dev_cluster.real_nodes[REAL_NODE].import_archive(built.archive)
+    pod = _pod("image", command, image=built.name, securityContext=chart["securityContext"])
+    pod["spec"]["securityContext"] = chart["podSecurityContext"]
+    _create(dev_cluster, kube_namespace, pod)
+    done = wait_until(
+        lambda: _finished(dev_cluster, kube_namespace, "image"), timeout=120, what="the Pod done"
+    )
+    logs = dev_cluster.kubectl("-n", kube_namespace, "logs", "image").stdout
+    assert done["status"]["phase"] == "Succeeded", logs
+    assert logs.split() == expected
