@@ -261,7 +261,13 @@ class RealNode:
         ).start()
         self._wait_socket(timeout)
         self.import_archive(self.images.archive)
-        assert self.containerd.process is not None
+        return self.start_kubelet()
+
+    def start_kubelet(self) -> RealNode:
+        """The kubelet, in containerd's mount namespace (again, after `stop_kubelet`: it finds its Pods'
+        containers still running, as a kubelet restarted on a node does)."""
+        config = self.config
+        state = config.state_dir
         self.kubelet = ComponentProcess(
             f"kubelet {config.name}",
             [

@@ -195,3 +195,55 @@ def test_an_image_built_from_its_dockerfile_runs_on_the_real_node_under_the_char
     logs = dev_cluster.kubectl("-n", kube_namespace, "logs", "image").stdout
     assert done["status"]["phase"] == "Succeeded", logs
     assert logs.split() == expected
+
+
+def _node_ready(cluster: DevCluster) -> bool:
+    with cluster.admin.client() as client:
+        return condition_true(client.get(f"/api/v1/nodes/{REAL_NODE}").json(), "Ready")
+
+
+def test_a_node_whose_kubelet_stops_goes_not_ready_and_the_taint_manager_evicts_its_pods(
+    dev_cluster: DevCluster, kube_namespace: str
+) -> None:
+    """Issue 39 item 5's first fault: the real node-lifecycle controller marks the node NotReady once its
+    kubelet stops renewing (the default 50 s grace), taints it, and evicts a Pod after its 1 s toleration; the
+    kubelet started again makes the node Ready."""
+    pod = _pod("victim", "sleep 3600")
+    pod["spec"]["tolerations"] += [
+        {
+            "key": f"node.kubernetes.io/{taint}",
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": 1,
+        }
+        for taint in ("not-ready", "unreachable")
+    ]
+    _create(dev_cluster, kube_namespace, pod)
+    wait_until(
+        lambda: _get(dev_cluster, kube_namespace, "victim")["status"].get("phase") == "Running",
+        timeout=60,
+        what="the Pod Running",
+    )
+    real = dev_cluster.real_nodes[REAL_NODE]
+    real.stop_kubelet()
+    try:
+        wait_until(lambda: not _node_ready(dev_cluster), timeout=120, what="the node NotReady")
+        evicted = wait_until(
+            lambda: _get(dev_cluster, kube_namespace, "victim")["metadata"].get("deletionTimestamp"),
+            timeout=60,
+            what="the taint manager's eviction",
+        )
+        assert evicted
+        with dev_cluster.admin.client() as client:
+            taints = client.get(f"/api/v1/nodes/{REAL_NODE}").json()["spec"]["taints"]
+        assert {"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"} & {t["key"] for t in taints}
+    finally:
+        real.start_kubelet()
+        wait_until(lambda: _node_ready(dev_cluster), timeout=120, what="the node Ready again")
+    # The restarted kubelet finishes the eviction: the Pod's container is stopped and the object removed.
+    with dev_cluster.admin.client() as client:
+        wait_until(
+            lambda: client.get(f"/api/v1/namespaces/{kube_namespace}/pods/victim").status_code == 404,
+            timeout=60,
+            what="the evicted Pod gone",
+        )
