@@ -1,12 +1,15 @@
 """The benchmarks' smoke runs as their tests run them: `benchmarks/<script> --smoke` in a child process (one
-torch thread), its output's lines; a run that fails shows its output's tail."""
+torch thread), its output's lines; a run that fails shows its output's tail. A benchmark that needs the dev
+cluster runs in-process on the test session's (`benchmark_module`), and readers of the printed tables."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,6 +26,15 @@ def smoke_run(script: str, *, timeout: float) -> list[str]:
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout.splitlines()
+
+
+def benchmark_module(name: str) -> ModuleType:
+    """`benchmarks/<name>.py` imported, its directory on `sys.path` (last) as when it runs: the benchmarks
+    import each other by bare name."""
+    directory = str(ROOT / "benchmarks")
+    if directory not in sys.path:
+        sys.path.append(directory)
+    return importlib.import_module(name)
 
 
 def rows_under(lines: list[str], header: str, cells: int) -> list[list[str]]:
