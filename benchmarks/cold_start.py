@@ -17,7 +17,9 @@ the tiny LingBot-World at 64x64 on CPU (vllm-omni's paged-KV runner, one torch t
 The pool's `status.lastPodStartupSeconds` (creation → registration, what the next cold session's message
 quotes) and the operator's `ardiff_session_placement_seconds` histogram are printed beside them.
 
-    .venv/bin/python benchmarks/cold_start.py [--runs 2]
+    .venv/bin/python benchmarks/cold_start.py [--runs 2] [--smoke]
+
+`--smoke`: one run (the test's, tests/e2e/test_cold_start_benchmark.py).
 """
 
 from __future__ import annotations
@@ -126,7 +128,10 @@ def one_run(cluster: DevCluster, run: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true", help="one run (the test's)")
     args = parser.parse_args()
+    if args.smoke:
+        args.runs = 1
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     workdir = Path(tempfile.mkdtemp(prefix="ardiff-bench-cold-"))
     metrics_url = f"http://127.0.0.1:{free_port()}/metrics"

@@ -6,7 +6,9 @@ a tiny DreamZero tick take ~100 s on this project's 2-core machine. This times o
 convolution (3x3x3, padding 1) the way the pipeline calls it (bfloat16 weights and input, under autocast)
 against the same module after `run_in_float32`, in the same process, one torch thread, and prints the ratio.
 
-    .venv/bin/python benchmarks/cpu_convolutions.py [--repeats 3] [--threads 1]
+    .venv/bin/python benchmarks/cpu_convolutions.py [--repeats 3] [--threads 1] [--smoke]
+
+`--smoke`: the same four convolutions at a quarter of each side, one repeat (the test's run).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from ardiff.worker.cpu_platform import run_in_float32
 # (channels, frames, height, width): the tiny DreamZero VAE encoder's first three levels on one 180x320 frame
 # (base_dim 8, worker/tiny/dreamzero.py), then a real Wan VAE's first width (96) at a quarter of that size.
 SHAPES = ((8, 1, 180, 320), (16, 1, 90, 160), (32, 1, 45, 80), (96, 1, 45, 80))
+SMOKE_SHAPES = tuple(
+    (channels, frames, height // 4, width // 4) for channels, frames, height, width in SHAPES
+)
 
 
 def timed(conv: torch.nn.Module, x: torch.Tensor, repeats: int) -> tuple[float, torch.Tensor]:
@@ -41,13 +46,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--smoke", action="store_true", help="each side a quarter, one repeat (the test's run)"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.repeats = 1
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     cpu = torch.backends.cpu.get_cpu_capability()
     print(f"Conv3d 3x3x3 on CPU ({cpu}), torch threads={args.threads}, median of {args.repeats}")
     print(f"{'input':>18} {'bfloat16 ms':>12} {'float32 ms':>11} {'ratio':>8} {'max |diff|':>11}")
-    for channels, frames, height, width in SHAPES:
+    for channels, frames, height, width in SMOKE_SHAPES if args.smoke else SHAPES:
         conv = torch.nn.Conv3d(channels, channels, 3, padding=1).to(torch.bfloat16)
         x = torch.randn(1, channels, frames, height, width).to(torch.bfloat16)
         slow, before = timed(conv, x, args.repeats)

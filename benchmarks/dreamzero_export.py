@@ -9,7 +9,9 @@ they hold (docs/contracts.md §9): both KV branches' pages, their cross-attentio
 keeps until a reset) and the book. The baseline is the chunk's own tick, measured in the same run: the ratio
 is (export + import) / tick.
 
-    .venv/bin/python benchmarks/dreamzero_export.py [--chunks 8] [--repeats 3] [--threads 1]
+    .venv/bin/python benchmarks/dreamzero_export.py [--chunks 8] [--repeats 3] [--threads 1] [--smoke]
+
+`--smoke`: 2 chunks (the second continues the first's KV), one export and import each (the test's run).
 """
 
 from __future__ import annotations
@@ -131,7 +133,10 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3, help="exports and imports measured per chunk")
     parser.add_argument("--threads", type=int, default=1, help="OMP/torch threads")
+    parser.add_argument("--smoke", action="store_true", help="2 chunks, one repeat (the test's run)")
     args = parser.parse_args()
+    if args.smoke:
+        args.chunks, args.repeats = 2, 1
     if os.environ.get("OMP_NUM_THREADS") != str(args.threads):
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
         os.execv(sys.executable, [sys.executable, *sys.argv])  # torch reads it once, at import

@@ -26,7 +26,10 @@ slot: the operator sees the dead container, marks the session Lost and places it
 (2) its first tick after `reset()` returned frames, (3) the killed pod's restarted worker is Ready. Every wait
 is bounded; the Lost and Replaced Events are checked after each kill.
 
-    .venv/bin/python benchmarks/e2e.py [--ticks 40] [--warmup 3] [--kills 3] [--store-crashes 3]
+    .venv/bin/python benchmarks/e2e.py [--ticks 40] [--warmup 3] [--kills 3] [--store-crashes 3] [--smoke]
+
+`--smoke`: 3 measured ticks per path after one warm-up, one kill, one Redis crash per variant (the test's
+run, tests/e2e/test_e2e_benchmark.py).
 """
 
 from __future__ import annotations
@@ -313,7 +316,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--store-crashes", type=int, default=3, help="Redis crashes per variant")
+    parser.add_argument("--smoke", action="store_true", help="3 ticks, one kill, one crash (the test's run)")
     args = parser.parse_args()
+    if args.smoke:
+        args.ticks, args.warmup, args.kills, args.store_crashes = 3, 1, 1, 1
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     workdir = Path(tempfile.mkdtemp(prefix="ardiff-bench-e2e-"))
     cluster = DevCluster(

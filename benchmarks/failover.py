@@ -3,6 +3,8 @@
 killed under load), and the unavailability window; the scenario is `ardiff.devcluster.redis_failover`.
 
     .venv/bin/python benchmarks/failover.py [--runs 5] [--operations 2000]
+
+`--smoke`: one failover run per variant, 50 writes of each kind per latency run (the test's run).
 """
 
 from __future__ import annotations
@@ -57,7 +59,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--operations", type=int, default=2000, help="sequential writes per latency run")
+    parser.add_argument("--smoke", action="store_true", help="one run, 50 operations (the test's run)")
     args = parser.parse_args()
+    if args.smoke:
+        args.runs, args.operations = 1, 50
     print(f"write latency, one client, master + in-sync replica ({args.operations} of each)")
     print(
         f"{'wait':>4} "

@@ -14,18 +14,34 @@ niced (docs/benchmarks.md "Fuzzing" has the runs):
     nice -n 19 .venv/bin/python benchmarks/fuzz_decoders.py export -max_total_time=600 -rss_limit_mb=512
 
 Not collected by pytest (a script, not a test); `pip install atheris` into the venv first.
+
+`--smoke` needs no atheris (tests/worker/test_fuzz_decoders_benchmark.py): each target's seed and a fixed set
+of its mutations (every prefix at 64 lengths, a byte flipped at 64 places, 64 random strings of the seed's
+bytes) through the same target function, uninstrumented; any answer but the allowed one fails the run.
+
+    .venv/bin/python benchmarks/fuzz_decoders.py --smoke
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import random
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
-import atheris
+SMOKE = sys.argv[1:] == ["--smoke"]
+if SMOKE:
+    instrumented: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+else:
+    import atheris
 
-with atheris.instrument_imports():
+    instrumented = atheris.instrument_imports()
+
+with instrumented:
     import msgpack
     import numpy as np
 
@@ -33,10 +49,10 @@ with atheris.instrument_imports():
     from ardiff.worker.errors import SessionExportError, WorkerError
     from ardiff.worker.families import dreamzero
 
-from ardiff.worker import tick_rules
-from ardiff.worker.conditioning import Conditioning
-from ardiff.worker.fake_runtime import FakeRuntime
-from ardiff.worker.session_book import CachedChunk, SessionBook
+from ardiff.worker import tick_rules  # noqa: E402 (the fuzzed modules are imported instrumented, first)
+from ardiff.worker.conditioning import Conditioning  # noqa: E402
+from ardiff.worker.fake_runtime import FakeRuntime  # noqa: E402
+from ardiff.worker.session_book import CachedChunk, SessionBook  # noqa: E402
 
 FRAME = 8  # the fake runtime's frame side: small exports, so mutations reach every section
 
@@ -113,7 +129,34 @@ def reader_only(data: bytes) -> None:
 TARGETS = {"openpi": (fuzz_openpi, openpi_seed), "export": (fuzz_export, lambda: export_seed(RUNTIME))}
 
 
+def mutations(seed: bytes, count: int = 64) -> Iterator[bytes]:
+    """The seed, then `count` of its prefixes, of its one-byte flips and of random strings of its bytes."""
+    rng = random.Random(0)
+    yield seed
+    for i in range(count):
+        yield seed[: len(seed) * i // count]
+    for _ in range(count):
+        at = rng.randrange(len(seed))
+        yield seed[:at] + bytes([seed[at] ^ (1 << rng.randrange(8))]) + seed[at + 1 :]
+    for _ in range(count):
+        yield bytes(rng.choices(seed, k=rng.randrange(1, 256)))
+
+
+def smoke() -> None:
+    print(f"{'target':<8} {'inputs':>6} {'seed bytes':>10} {'ms':>8}")
+    for name, (target, seed) in TARGETS.items():
+        started = time.perf_counter()
+        inputs = list(mutations(seed()))
+        for data in inputs:
+            target(data)
+        elapsed_ms = 1000 * (time.perf_counter() - started)
+        print(f"{name:<8} {len(inputs):>6} {len(inputs[0]):>10} {elapsed_ms:>8.1f}")
+
+
 def main() -> None:
+    if SMOKE:
+        smoke()
+        return
     if len(sys.argv) < 2 or sys.argv[1] not in TARGETS:
         raise SystemExit(f"usage: fuzz_decoders.py {{{','.join(TARGETS)}}} [libFuzzer flags]")
     target, seed = TARGETS[sys.argv[1]]

@@ -23,6 +23,10 @@ into `evalsha`), and the one-pool ceiling that follows from it (one hash slot: o
 the place script's Redis time part by part (a copy of it marking Redis' clock after each part).
 
     .venv/bin/python benchmarks/placement.py --cost [--calls 2000] [--rounds 5]
+
+`--smoke`: the latency table at 4 pods x 50 sessions (10 evictions), then the throughput mode with 4 clients
+in one process over 2 pools, 0.5 s per phase (tests/kv/test_placement_benchmark.py; the cost mode's test runs
+`--cost --calls 200 --rounds 1`).
 """
 
 from __future__ import annotations
@@ -625,7 +629,15 @@ def main() -> None:
     parser.add_argument("--cost", action="store_true", help="client CPU per operation against bare EVALSHA")
     parser.add_argument("--calls", type=int, default=2_000, help="cost mode: calls per arm and round")
     parser.add_argument("--rounds", type=int, default=5, help="cost mode: interleaved rounds")
+    parser.add_argument("--smoke", action="store_true", help="both tables tiny (the test's run)")
     args = parser.parse_args()
+    if args.smoke:
+        with RedisServer() as server:
+            report(asyncio.run(run(server.url, 4, 50, 10)), 4, 50)
+        print()
+        with RedisServer() as server:
+            throughput(server.url, server.port, clients=4, pools=2, procs=1, duration_s=0.5)
+        return
     if args.cost:
         with RedisServer() as server:
             asyncio.run(client_cost(server.url, args.calls, args.rounds))

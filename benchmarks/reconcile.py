@@ -21,6 +21,9 @@ ardiff's figures as ratios of the baseline's in the same round, with their media
 machine's noise moves a single pair by +-0.2x).
 
     .venv/bin/python benchmarks/reconcile.py [--sessions 1000] [--pods 4] [--clients 8] [--rounds 4]
+
+`--smoke`: one round of 10 sessions at once from 2 clients and 4 paced at 10/s, one pod, idle CPU sampled
+for 1 s (the test's run, tests/operator/test_reconcile_benchmark.py).
 """
 
 from __future__ import annotations
@@ -609,7 +612,10 @@ def main() -> None:
     parser.add_argument("--workdir", help="where the dev cluster keeps its logs (default: a temp dir)")
     parser.add_argument("--baseline-operator", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--liveness", help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help="one tiny round (the test's run)")
     args = parser.parse_args()
+    if args.smoke:
+        args.sessions, args.pods, args.clients, args.paced, args.rounds, args.idle_seconds = 10, 1, 2, 4, 1, 1
     if args.baseline_operator:
         run_baseline_operator(args.liveness)
     else:

@@ -36,7 +36,11 @@ size of the same run; every figure is also printed as a ratio of it.
 
     nice -n 10 .venv/bin/python benchmarks/scale_operator.py [--sizes 10x1000,100x10000,1000x100000]
         [--burst 1000] [--rounds 5] [--restart-up-to 10000] [--kopf-unpatched] [--unpatched-timeout 300]
-        [--takeover-up-to 10000] [--seed-chunk 10000] [--profile DIR]
+        [--takeover-up-to 10000] [--seed-chunk 10000] [--profile DIR] [--smoke]
+
+`--smoke`: one size, 2 pods x 20 sessions seeded in chunks of 10, a burst of 5, 2 idle rounds, the restart
+(patched and `--kopf-unpatched`) and the takeover (the test's run,
+tests/operator/test_scale_operator_benchmark.py).
 """
 
 from __future__ import annotations
@@ -609,7 +613,11 @@ def main() -> None:
     parser.add_argument("--seed-chunk", type=int, default=10_000, help="sessions seeded per step")
     parser.add_argument("--profile", help="run the operator under cProfile; its stats go to this directory")
     parser.add_argument("--workdir", help="where the dev clusters keep their logs (default: a temp dir)")
+    parser.add_argument("--smoke", action="store_true", help="one tiny size (the test's run)")
     args = parser.parse_args()
+    if args.smoke:
+        args.sizes, args.seed_chunk, args.burst, args.rounds = "2x20", 10, 5, 2
+        args.kopf_unpatched, args.unpatched_timeout = True, 120
     sizes = [tuple(int(x) for x in size.split("x")) for size in args.sizes.split(",")]
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="ardiff-bench-scale-"))
     load = os.getloadavg()

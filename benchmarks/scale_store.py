@@ -7,6 +7,8 @@ pool with room for twice the burst (32 placers racing for a 100-pod pool's last 
 `place`'s 16 plan attempts: PlacementContention).
 
     .venv/bin/python benchmarks/scale_store.py [--sizes 10x1000,100x10000,1000x100000]
+
+`--smoke`: sizes 2x20 and 4x40 (the burst as ever; the test's run).
 """
 
 from __future__ import annotations
@@ -118,7 +120,10 @@ async def measure(url: str, pods: int, sessions: int) -> SizeResult:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10x1000,100x10000,1000x100000", help="PODSxSESSIONS,...")
+    parser.add_argument("--smoke", action="store_true", help="sizes 2x20,4x40 (the test's run)")
     args = parser.parse_args()
+    if args.smoke:
+        args.sizes = "2x20,4x40"
     sizes = [tuple(int(x) for x in size.split("x")) for size in args.sizes.split(",")]
     load = os.getloadavg()
     print(f"placement store at scale, one pool; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

@@ -9,7 +9,9 @@ sets humming's own switch to 1, which the worker does by default on a host witho
 alternate, `--runs` starts each; after each run the benchmark waits for the worker's humming children to end,
 so no run pays for another's.
 
-    .venv/bin/python benchmarks/startup.py [--runs 3] [--model-cache DIR]
+    .venv/bin/python benchmarks/startup.py [--runs 3] [--model-cache DIR] [--smoke]
+
+`--smoke`: one start per variant, the model made by the first (no warm-up start; the test's run).
 """
 
 from __future__ import annotations
@@ -132,10 +134,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="starts per variant")
     parser.add_argument("--model-cache", default=str(Path(tempfile.gettempdir()) / "ardiff-bench-models"))
+    parser.add_argument("--smoke", action="store_true", help="one start per variant, no warm-up (the test's)")
     args = parser.parse_args()
+    if args.smoke:
+        args.runs = 1
     logs = Path(tempfile.mkdtemp(prefix="ardiff-bench-startup-"))
     print(f"worker logs in {logs}; loadavg at start {os.getloadavg()[0]:.1f}", flush=True)
-    start_once("1", args.model_cache, logs / "warmup.log")  # the tiny model is written once, page cache warm
+    if not args.smoke:
+        start_once(
+            "1", args.model_cache, logs / "warmup.log"
+        )  # the tiny model is written once, page cache warm
     runs: dict[str, list[Run]] = {name: [] for name in VARIANTS}
     for i in range(args.runs):
         for name, builds in VARIANTS.items():

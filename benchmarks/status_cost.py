@@ -18,6 +18,10 @@ The arms run interleaved, `--rounds` times (every other round in reverse order);
 per patch, the median, and each arm's median over the baseline's.
 
     .venv/bin/python benchmarks/status_cost.py [--sessions 600] [--clients 8] [--rounds 3]   # ~2 minutes
+
+`--smoke`: 50 sessions per arm, 2 clients, 2 rounds (the second in reverse order). Its test
+(tests/operator/test_status_cost_benchmark.py) runs it in-process on the test session's dev cluster
+(`measure` and `report`).
 """
 
 from __future__ import annotations
@@ -140,29 +144,29 @@ async def patch_statuses(
         return 1000 * (cpu_seconds(api) - before) / len(names)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--sessions", type=int, default=600)
-    parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    sizes = {name: len(json.dumps(arm.status("s-0000"))) for name, arm in ARMS.items()}
+SMOKE = argparse.Namespace(sessions=50, clients=2, rounds=2)  # fewer patches than 50 can measure 0 CPU
+
+
+def measure(cluster: DevCluster, args: argparse.Namespace, prefix: str = "status") -> dict[str, list[float]]:
+    """Each arm's API+etcd CPU ms per patch, round by round, on `cluster` (its namespaces `<prefix>-...`)."""
     results: dict[str, list[float]] = {name: [] for name in ARMS}
-    with DevCluster(Path(tempfile.mkdtemp(prefix="ardiff-bench-status-"))) as cluster:
-        assert cluster.control_plane is not None
-        cluster.control_plane.apply([granular_session_crd()])
-        with cluster.admin.client() as client:
-            served = f"/apis/{GRANULAR_GROUP}/{VERSION}"
-            wait_until(lambda: client.get(served).status_code == 200, timeout=30, what=f"{served} served")
-        for r in range(args.rounds):
-            order = list(ARMS) if r % 2 == 0 else list(ARMS)[::-1]
-            for i, arm in enumerate(order):
-                namespace = f"status-{r}-{i}"
-                create_namespace(cluster, namespace)
-                ms = asyncio.run(patch_statuses(cluster, cluster.admin, namespace, ARMS[arm], args))
-                results[arm].append(ms)
+    assert cluster.control_plane is not None
+    cluster.control_plane.apply([granular_session_crd()])
+    with cluster.admin.client() as client:
+        served = f"/apis/{GRANULAR_GROUP}/{VERSION}"
+        wait_until(lambda: client.get(served).status_code == 200, timeout=30, what=f"{served} served")
+    for r in range(args.rounds):
+        order = list(ARMS) if r % 2 == 0 else list(ARMS)[::-1]
+        for i, arm in enumerate(order):
+            namespace = f"{prefix}-{r}-{i}"
+            create_namespace(cluster, namespace)
+            ms = asyncio.run(patch_statuses(cluster, cluster.admin, namespace, ARMS[arm], args))
+            results[arm].append(ms)
+    return results
+
+
+def report(results: dict[str, list[float]], args: argparse.Namespace) -> None:
+    sizes = {name: len(json.dumps(arm.status("s-0000"))) for name, arm in ARMS.items()}
     base = statistics.median(results["phase only (baseline)"])
     print(
         f"\n{args.sessions} status patches per arm and round, {args.clients} clients, {args.rounds} rounds\n"
@@ -177,6 +181,22 @@ def main() -> None:
         median = statistics.median(values)
         each = ", ".join(f"{v:.2f}" for v in values)
         print(f"{arm:<26} {sizes[arm]:>10} {each:>40} {median:>7.2f} {median / base:>6.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sessions", type=int, default=600)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="50 sessions, 2 clients, 2 rounds (the test's)")
+    args = parser.parse_args()
+    if args.smoke:
+        args.sessions, args.clients, args.rounds = SMOKE.sessions, SMOKE.clients, SMOKE.rounds
+    with DevCluster(Path(tempfile.mkdtemp(prefix="ardiff-bench-status-"))) as cluster:
+        results = measure(cluster, args)
+    report(results, args)
 
 
 if __name__ == "__main__":

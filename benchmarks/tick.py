@@ -16,6 +16,10 @@ HTTP overhead includes the cameras' base64 decoding and validation as well as ev
 
     .venv/bin/python benchmarks/tick.py [--ticks 40] [--warmup 3] [--resolutions 64 128] [--threads 1]
     .venv/bin/python benchmarks/tick.py --family dreamzero --ticks 12 --warmup 2 --resolutions 64
+
+`--smoke`: the LingBot tick at 64x64, one warm-up and 2 measured ticks per path (the test's run,
+tests/worker/test_tick_benchmark.py; a tiny DreamZero tick takes ~10 s on a 2-core CPU, so the robot tick is
+left to `benchmarks/dreamzero_export.py --smoke`, which ticks the same model).
 """
 
 from __future__ import annotations
@@ -316,8 +320,11 @@ def main() -> None:
     parser.add_argument(
         "--family", choices=("lingbot", "dreamzero"), default="lingbot", help="the model family's tick"
     )
+    parser.add_argument("--smoke", action="store_true", help="64x64, 1 + 2 ticks per path (the test's run)")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.smoke:
+        args.ticks, args.warmup, args.resolutions = 2, 1, [64]
     if args.child is not None:
         run = measure if args.family == "lingbot" else measure_robot
         print(

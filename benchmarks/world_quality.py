@@ -20,6 +20,8 @@ Each model runs in its own child process (one vllm-omni worker per process), the
 
 Targets: mean PSNR over chunks 0-3 at least 6 dB above the random checkpoint's; the turn direction right in
 at least 90% of the turning cases.
+
+`--smoke`: 3 cases (hold `j`, hold `l` and one random sequence), both models (the test's run).
 """
 
 from __future__ import annotations
@@ -186,12 +188,15 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", help="write every figure here")
     parser.add_argument("--frames", help="write each model's generated frames to DIR/<model>.npz, by case")
+    parser.add_argument("--smoke", action="store_true", help="3 cases (the test's run)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-cases", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
     parser.add_argument("--child-frames", help=argparse.SUPPRESS)
     parser.add_argument("--model-cache", default=str(Path("~/.cache/ardiff/models").expanduser()))
     args = parser.parse_args()
+    if args.smoke:
+        args.cases = 3
     if args.child:
         session_cases = [(name, actions) for name, actions in json.loads(Path(args.child_cases).read_text())]
         frames_out = Path(args.child_frames) if args.child_frames else None
