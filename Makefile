@@ -37,8 +37,8 @@ packages: $(STAMP)
 	@command -v redis-server >/dev/null && command -v chromium >/dev/null && command -v chromedriver >/dev/null && \
 		command -v iptables >/dev/null && command -v conntrack >/dev/null && command -v containerd >/dev/null && \
 		command -v runc >/dev/null && command -v umoci >/dev/null && test -x /usr/lib/cni/bridge && \
-		test -x /bin/busybox && command -v buildah >/dev/null && command -v debootstrap >/dev/null || \
-		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q --no-install-recommends redis-server chromium \
+		dpkg -s busybox-static >/dev/null 2>&1 && command -v buildah >/dev/null && command -v debootstrap >/dev/null || \
+		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server chromium \
 			chromium-driver iptables conntrack containerd runc umoci containernetworking-plugins busybox-static \
 			buildah debootstrap; }
 	$(BIN)/python -m ardiff.devcluster.binaries --helm $(BIN) --envoy
