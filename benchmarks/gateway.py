@@ -14,7 +14,7 @@ Everything on loopback: a redis-server of its own, fake-runtime workers (`ardiff
    tick (p50 and p99 of those); target: the front door adds p50 <= 1 ms, p99 <= 3 ms. Where it goes: Envoy's
    proxying (envoy - direct), the ext_proc round trip with the picker's answer (door - envoy, paired the
    same way), the picker's own decision (its `ardiff_gateway_decision_seconds`) and Redis' time in the route
-   script (`INFO commandstats`, `evalsha_ro`: only the picker runs it). One more arm, `responses/cN` (the
+   script (`INFO commandstats`, `fcall_ro`: only the picker runs it). One more arm, `responses/cN` (the
    first door's bootstrap sending its picker every response's headers too), prices what the bundled
    bootstrap saves by rewriting a worker's 421 in Envoy instead (`envoy_config._moved_rewrite`).
 2. `bytes`: 480x832 raw-frame ticks (14.4 MB a chunk) by `--clients` sessions at once for `--seconds` per
@@ -383,7 +383,7 @@ def measure_ticks(rig: Rig, rounds: int, warmup: int) -> dict[str, Any]:
                     n: Histogram.scrape(door.picker_metrics_url, "ardiff_gateway_decision_seconds")
                     for n, door in rig.doors.items()
                 }
-                redis_before = redis_calls(rig.redis.url, "evalsha_ro")
+                redis_before = redis_calls(rig.redis.url, "fcall_ro")
             for arm in rotated(arms, round_):
                 body = {"request_id": f"t{chunk}", "chunk_index": chunk, "controls": [CAMERA]}
                 started = time.perf_counter()
@@ -397,7 +397,7 @@ def measure_ticks(rig: Rig, rounds: int, warmup: int) -> dict[str, Any]:
                 chunk += 1
                 if round_ >= warmup:
                     walls[arm.name].append(wall * 1000)
-    calls, usec = redis_calls(rig.redis.url, "evalsha_ro")
+    calls, usec = redis_calls(rig.redis.url, "fcall_ro")
     route_calls = calls - redis_before[0]
     return {
         "rounds": rounds,

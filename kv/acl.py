@@ -2,11 +2,12 @@
 
 Each pool's workers log in as a user of their own, `ardiff-pool.<namespace>.<pool>`, that reaches only the
 pool's keys (`~{ardiff:<namespace>/<pool>}:*`, `PoolKeys.pattern`) and runs only the commands the worker's
-side of the store issues (`WORKER_COMMANDS`: EVALSHA of the scripts, the event stream reads, two hash reads;
-no `FLUSH*`, `CONFIG`, `DEBUG`, `KEYS`, `SCAN`, `ACL`, `MONITOR`, `INFO`, no Pub/Sub channels). Redis checks
-every command a script calls, and every key it touches, against the caller's user, so a worker's script
-cannot reach another pool; but ACLs cannot tell our scripts from any other, so within its own pool a worker
-can write anything (the pool is the trust boundary).
+side of the store issues (`WORKER_COMMANDS`: FCALL of the library's functions, the event stream reads, two
+hash reads; no `FLUSH*`, `CONFIG`, `DEBUG`, `KEYS`, `SCAN`, `ACL`, `MONITOR`, `INFO`, no `FUNCTION` (a library
+is global to a node: a user who may load one could replace every pool's code; only the operator loads it,
+kv/scripts.py), no Pub/Sub channels). Redis checks every command a function calls, and every key it touches,
+against the caller's user, so a worker's call cannot reach another pool; but ACLs cannot tell our functions'
+commands from any other, so within its own pool a worker can write anything (the pool is the trust boundary).
 
 The operator makes and updates these users (`PoolUsers`): ACLs are not replicated, so on every node the store
 uses (the server; a Sentinel-managed master and each replica the Sentinels list; every Cluster node), and
@@ -58,14 +59,13 @@ WORKER_SCRIPTS = (
     "relocate_export",
     "note_history",
 )
-# What the worker sends besides the scripts' own commands: EVALSHA (redis-py loads a script it finds missing
-# with SCRIPT LOAD; never EVAL), WAIT after a write when its URL asks for replicas, the event stream (its
-# consumer group made on first read), a session record, a pod record or its endpoint, PING (a URL's
-# health_check_interval), SELECT (a URL naming a database but 0; the key patterns hold in every database),
-# and what redis-py's cluster client asks any node it connects to.
+# What the worker sends besides the functions' own commands: FCALL (never FUNCTION LOAD: a library missing is
+# `FunctionsNotLoaded`, a 503 until the operator loads it; never EVAL), WAIT after a write when its URL asks
+# for replicas, the event stream (its consumer group made on first read), a session record, a pod record or
+# its endpoint, PING (a URL's health_check_interval), SELECT (a URL naming a database but 0; the key patterns
+# hold in every database), and what redis-py's cluster client asks any node it connects to.
 WORKER_CALLS = (
-    "evalsha",
-    "script|load",
+    "fcall",
     "wait",
     "xreadgroup",
     "xgroup|create",
@@ -79,15 +79,14 @@ WORKER_CALLS = (
 )
 # The front door's endpoint picker (issue 37): its read of a session's route, and the resume demand a request
 # for a suspended session records (as a tick at a worker does). Its commands are listed, not derived from the
-# scripts' sources as the worker's are (every _lib.lua helper would count, writes included): EVALSHA_RO
-# (route), EVALSHA (the demand), SCRIPT LOAD, what any client of the store sends (PING, SELECT, the cluster
+# scripts' sources as the worker's are (every _lib.lua helper would count, writes included): FCALL_RO
+# (route), FCALL (the demand), what any client of the store sends (PING, SELECT, the cluster
 # client's questions), what the two scripts call (tests/kv/test_acl.py runs both as the user) and HGET (a
 # pool's CA, `GatewayPlacement.pool_ca`).
 GATEWAY_SCRIPTS = ("route", "request_resume")
 GATEWAY_COMMANDS = (
-    "evalsha_ro",
-    "evalsha",
-    "script|load",
+    "fcall_ro",
+    "fcall",
     "ping",
     "select",
     "cluster|slots",
@@ -114,6 +113,8 @@ FORBIDDEN_WORKER_COMMANDS = (
     "info",
     "client",
     "eval",
+    "evalsha",
+    "script",
     "script|flush",
     "script|kill",
     "function",
@@ -274,7 +275,7 @@ def gateway_rules(namespaces: Sequence[str] | None) -> tuple[str, ...]:
     )
     return (
         *(f"%R~{pattern}" for pattern in patterns),
-        # Read and write (`~`): EVALSHA declares its keys read-write; Redis wants one pattern granting both.
+        # Read and write (`~`): FCALL declares its keys read-write; Redis wants one pattern granting both.
         *(f"~{pattern.removesuffix('*')}session:*" for pattern in patterns),
         "resetchannels",
         "-@all",

@@ -106,6 +106,23 @@ class PlacementContention(PlacementError):
     code = "placement_contention"
 
 
+class FunctionsNotLoaded(PlacementError):
+    """The Redis node that holds the pool has no copy of this version's function library (kv/scripts.py
+    `Library`): it restarted empty, or a failover or resharding put the pool on a node that never had it. Only
+    the operator loads libraries (they are global to a node); it does so at startup and in every pool round.
+    Nothing was run: retrying once the operator has loaded it is safe, and the worker and the front door
+    answer a retryable 503 meanwhile (never a lost session)."""
+
+    code = "placement_functions_not_loaded"
+
+    def __init__(self, library: str, operation: str) -> None:
+        super().__init__(
+            f"placement {operation}: Redis has no function library {library} (restarted empty or failed over "
+            f"to a node without it); the operator loads it again within a round: retry"
+        )
+        self.library, self.operation = library, operation
+
+
 class NotReplicated(PlacementError):
     """A write was applied on the master but fewer replicas than asked acknowledged it within the timeout
     (`wait_replicas`): a failover now may lose it. The operation itself succeeded; repeating it is safe (every

@@ -1,6 +1,6 @@
 """The placement store's read the front door makes (issue 37; docs/contracts.md "Front door").
 
-`route` answers, in one read-only round trip (`route.lua` by EVALSHA_RO), what the endpoint picker needs
+`route` answers, in one read-only round trip (`route.lua` by FCALL_RO), what the endpoint picker needs
 to send a request for a session: the session's state, pod and token hash, the record of the pod it holds a
 slot on (its `address`, lease and epoch) and the server time. The pod's key depends on the session's
 binding, so the call declares the pod it expects (the picker remembers where each session was) and is

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import kopf
+from redis.exceptions import RedisError
 
 from ardiff.kv.acl import PoolUsers
 from ardiff.kv.connection import redact_url
@@ -72,7 +73,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
 
     memo.ctx = OperatorContext(
         config=config,
-        store=PlacementStore.from_url(config.redis_url),
+        # The one store that loads the placement library (kv/scripts.py): at startup, every pool round, and
+        # when a call of its own meets a node without it.
+        store=PlacementStore.from_url(config.redis_url, loads_library=True),
         kube=KubeApi(login),
         # The pools' users are made through the operator's own URL, which reaches every node (ACL SETUSER).
         pool_users=PoolUsers.from_url(config.redis_url) if config.worker_redis_users == "operator" else None,
@@ -88,6 +91,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
             f"the operator's service account may not: {'; '.join(missing)}. Grant them (the chart's Role "
             "`<release>-ardiff-operator` has them all: charts/ardiff/templates/rbac.yaml) and restart it."
         )
+    await load_placement_library(memo.ctx, logger)
     if config.follow_drains:
         memo.ctx.cordoned_nodes = CordonedNodes(memo.ctx.kube)
     if config.metrics is not None:
@@ -102,6 +106,18 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
         f"workers' redis={redact_url(config.worker_redis_url)}, pools' redis users made by the "
         f"{config.worker_redis_users}"
     )
+
+
+async def load_placement_library(ctx: OperatorContext, logger: kopf.Logger) -> None:
+    """This version's function library on every primary that lacks it (kv/scripts.py `load_library`); Redis
+    away at startup is logged, and the pool rounds load it once Redis answers."""
+    try:
+        loaded = await ctx.store.load_library()
+    except RedisError as exc:
+        logger.warning(f"placement library {ctx.store.library.name} not loaded yet: {exc}")
+        return
+    if loaded:
+        logger.info(f"placement library {ctx.store.library.name} loaded on {', '.join(loaded) or 'Redis'}")
 
 
 @kopf.on.cleanup()
@@ -343,6 +359,11 @@ async def pool_round(
         return
     sessions, pods = pool_members(pool, sessions_by_pool, worker_pods)
     started = time.perf_counter()
+    # The pool's workers call the library the operator loads (a node restarted empty: their calls are 503s
+    # meanwhile): one FUNCTION LIST per primary when it is there.
+    if loaded := await ctx.store.load_library():
+        where = ", ".join(loaded) or "Redis"
+        logger.warning(f"placement library {ctx.store.library.name} was missing: loaded again on {where}")
     patch = await reconcile_pool(ctx, pool, sessions, pods, status, session_finder(sessions_by_pool), logger)
     if patch is not None:
         await write_pool_status(ctx, pool, patch)

@@ -91,7 +91,12 @@ class RedisServer(_ServerProcess):
     `--replicaof`); `cluster`: a Redis Cluster node (`--cluster-enabled yes`, see `RedisCluster`);
     `extra_args`: more `--name value` settings; `bind`: the addresses it listens on (loopback by default; the
     dev cluster adds the root namespace's cluster address, where Pods reach it: `url_at`); `tls`: TLS only on
-    `port` (no plain port; clients need no certificate of their own), its URLs `rediss://` naming the CA."""
+    `port` (no plain port; clients need no certificate of their own), its URLs `rediss://` naming the CA.
+
+    `functions`: a master's first start loads the placement store's function library (kv/scripts.py), as the
+    operator does at its startup, so a test or a benchmark without an operator finds it; a replica gets it by
+    replication, a Cluster's nodes from `RedisCluster`. `restart()` loses it with the keys (as a Redis Pod
+    restarted without persistence does): the operator, or the test in its place, loads it again."""
 
     port: int = field(default_factory=free_port)
     password: str | None = None
@@ -103,6 +108,8 @@ class RedisServer(_ServerProcess):
     extra_args: Sequence[str] = ()
     bind: Sequence[str] = ("127.0.0.1",)
     tls: ServerTls | None = None
+    functions: bool = True
+    _started: bool = False
 
     @property
     def url(self) -> str:
@@ -162,7 +169,19 @@ class RedisServer(_ServerProcess):
         args += list(self.extra_args)
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_for_port(self.port, timeout=10)
+        if self.functions and not self._started and self.replica_of is None and not self.cluster:
+            self.load_functions()
+        self._started = True
         return self
+
+    def load_functions(self) -> None:
+        """`FUNCTION LOAD` of this checkout's placement library (what the operator's `load_library` does)."""
+        from ardiff.kv.scripts import Library
+
+        library = Library.current()
+        reply = self.cli("FUNCTION", "LOAD", library.source).strip()
+        if reply != library.name:
+            raise RuntimeError(f"redis-server :{self.port} refused the placement library: {reply}")
 
     def cli(self, *command: str) -> str:
         """One command through `redis-cli` (its raw reply as text)."""
@@ -358,6 +377,7 @@ class RedisCluster:
 
     masters: int = 3
     password: str | None = None
+    functions: bool = True  # each master loads the placement library once the cluster is formed
     nodes: list[RedisServer] = field(init=False, default_factory=list)
 
     @property
@@ -384,6 +404,9 @@ class RedisCluster:
             timeout=60,
         )
         _wait_for(self._converged, "every cluster node to see all slots served", timeout=30)
+        if self.functions:
+            for node in self.nodes:
+                node.load_functions()
         return self
 
     def _converged(self) -> bool:

@@ -1,6 +1,7 @@
--- _lib.lua: helpers shared by the placement scripts. The loader (kv/scripts.py) prepends this file, after the
--- tables BINDING_FIELDS and POD_FIELDS it generates from SessionBinding.FIELDS and PodRecord.FIELDS, to every
--- operation script, so each operation still runs as ONE atomic script.
+-- _lib.lua: helpers shared by the placement operations. kv/scripts.py (`library_source`) puts this file once in
+-- the store's Redis function library, after the tables BINDING_FIELDS and POD_FIELDS it generates from
+-- SessionBinding.FIELDS and PodRecord.FIELDS and before the operations, each the body of one function (ONE
+-- atomic call). Defined once, at FUNCTION LOAD; KEYS and ARGV are the running call's, set by its callback.
 --
 -- No key is ever built here: every key name arrives through KEYS, either as a fixed pool key or in the call's
 -- *plan* (the per-pod and per-session keys the caller declared up front, as Redis Cluster requires).

@@ -1,5 +1,5 @@
 -- route.lua: where the front door sends a request for a session (issue 37). Read-only: the gateway runs it with
--- EVALSHA_RO, one round trip per request when its plan names the pod.
+-- FCALL_RO (a `no-writes` function), one round trip per request when its plan names the pod.
 --
 -- KEYS[1] session record   KEYS[2] pool record   KEYS[3] leases (zset)   KEYS[4...] plan (_lib.lua)
 -- ARGV[1] any_live (1: when the session holds no slot on a pod with a live lease, answer a live pod of the pool

@@ -334,7 +334,9 @@ async def test_redis_away_is_a_retryable_503_and_a_store_that_lost_its_data_is_r
             assert time.monotonic() < deadline
             await asyncio.sleep(0.2)
         assert client.get(metrics.replace("/metrics", "/readyz")).status_code == 200
-        redis.start()  # empty: the store lost its data
+        redis.start()  # empty: the store lost its data, and its function library
+        error_of(tick(client, base, "s", 0), 503, "not_ready")  # no library: retryable, never a 4xx or 500
+        redis.load_functions()  # what the operator's next pool round does (kv/scripts.py `load_library`)
         deadline = time.monotonic() + 10
         while (answer := tick(client, base, "s", 0)).json()["error"]["code"] == "not_ready":
             assert time.monotonic() < deadline, answer.text  # the picker reconnects

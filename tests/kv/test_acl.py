@@ -34,6 +34,22 @@ from ardiff.kv.records import PoolId, SessionSpec, SessionState, token_sha256
 PASSWORD = "a-pool-password-of-forty-characters-ok"
 OTHER_PASSWORD = "another-pool-password-forty-characters"
 LEASE_MS = 60_000
+# Issue 42 item 4: a library is global to a node; only the operator loads one (a worker or the picker that
+# could would replace every pool's code), and the scripts' old path is closed too.
+FUNCTION_COMMANDS = (
+    ("FUNCTION", "LOAD", "#!lua name=evil\nredis.register_function('evil', function() return 1 end)"),
+    (
+        "FUNCTION",
+        "LOAD",
+        "REPLACE",
+        "#!lua name=evil\nredis.register_function('evil', function() return 1 end)",
+    ),
+    ("FUNCTION", "FLUSH"),
+    ("FUNCTION", "DELETE", "ardiff_000000000000"),
+    ("FUNCTION", "RESTORE", "x"),
+    ("EVALSHA", "0" * 40, "0"),
+    ("SCRIPT", "LOAD", "return 1"),
+)
 
 
 @pytest.fixture
@@ -108,6 +124,7 @@ async def test_a_pool_user_runs_the_workers_calls_on_its_pool_only(
             ("ACL", "WHOAMI"),
             ("SCAN", "0"),
             ("ACL", "SETUSER", "mine", "on", "nopass", "~*", "+@all"),
+            *FUNCTION_COMMANDS,
         ):
             await refused(client.execute_command(*command))
     # DEBUG the server refuses anyone here (enable-debug-command): ask the ACL itself.
@@ -215,7 +232,7 @@ def test_ardiff_kv_redis_user_prints_the_administrators_command(capsys: pytest.C
 async def test_the_gateway_user_routes_and_records_demands_in_its_namespaces_and_writes_nothing_else(
     redis_url: str, redis_server: RedisServer, users: PoolUsers, pools: tuple[PoolId, PoolId]
 ) -> None:
-    """Issue 37: the front door's user runs `route` (EVALSHA_RO) and `request_resume` on the served
+    """Issue 37: the front door's user runs `route` (FCALL_RO) and `request_resume` on the served
     namespaces' pools, reads nothing elsewhere, writes no record but a session's, and runs nothing else."""
     a, _ = pools
     elsewhere = PoolId("acl-other", a.name)
@@ -253,6 +270,7 @@ async def test_the_gateway_user_routes_and_records_demands_in_its_namespaces_and
             await refused(client.zadd(PoolKeys(a).leases, {"evil": 1e15}))
             await refused(client.hset(PoolKeys(elsewhere).session("s"), "state", "placed"))
             for command in (
+                *FUNCTION_COMMANDS,
                 ("FLUSHALL",),
                 ("KEYS", "*"),
                 ("SCAN", "0"),

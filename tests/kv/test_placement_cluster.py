@@ -13,7 +13,7 @@ from redis.asyncio.connection import SSLConnection
 
 from ardiff.devcluster.redis_server import RedisCluster, RedisServer
 from ardiff.kv.connection import build_redis_client
-from ardiff.kv.errors import InvalidRedisUrl, SessionNotHere
+from ardiff.kv.errors import FunctionsNotLoaded, InvalidRedisUrl, SessionNotHere
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionSpec, SessionState
 
@@ -132,14 +132,15 @@ async def test_every_operation_on_a_cluster(store: PlacementStore) -> None:
 
 
 async def test_scripts_run_on_the_node_of_the_pool(store: PlacementStore, cluster: RedisCluster) -> None:
-    """redis-py routes EVALSHA by its first key, and our keys all carry the pool's tag: each pool's scripts
-    run on its own node only. A node that lost its scripts (SCRIPT FLUSH, a restart) gets them again."""
+    """redis-py routes FCALL by its first key, and our keys all carry the pool's tag: each pool's functions
+    run on its own node only. A node that lost its library (FUNCTION FLUSH, a restart) makes a worker's call
+    `FunctionsNotLoaded` until the operator's store loads it again there (issue 42 item 4)."""
     pool = PoolId("robots", "gpu")
     owner = cluster.node_of_slot(POOLS[pool])
     others = [node for node in cluster.nodes if node is not owner]
 
     def evalsha_calls(node: RedisServer) -> int:
-        stats = node.info("commandstats").get("cmdstat_evalsha", "calls=0")
+        stats = node.info("commandstats").get("cmdstat_fcall", "calls=0")
         return int(stats.split(",")[0].removeprefix("calls="))
 
     before = {node.port: evalsha_calls(node) for node in cluster.nodes}
@@ -151,7 +152,27 @@ async def test_scripts_run_on_the_node_of_the_pool(store: PlacementStore, cluste
     assert owner.cli("EXISTS", f"{pool.tag}:session:s1").strip() == "1"
     assert [node.cli("DBSIZE").strip() for node in others] == ["0", "0"]
 
-    owner.cli("SCRIPT", "FLUSH")
-    placed = (await store.place(pool, spec("s3"))).placement
-    assert placed is not None
+    owner.cli("FUNCTION", "FLUSH")
+    with pytest.raises(FunctionsNotLoaded):
+        await store.place(pool, spec("s3"))
+    async with PlacementStore.from_url(cluster.url, loads_library=True) as operator:
+        placed = (await operator.place(pool, spec("s3"))).placement  # loads it where it is missing
+        assert placed is not None
+        assert await operator.load_library() == []  # on every primary now: nothing more to load
+    assert (await store.place(pool, spec("s3"))).already_placed
     assert await store.check_invariants(pool) == []
+
+
+async def test_the_operator_loads_the_library_on_every_primary(cluster: RedisCluster) -> None:
+    """Functions are per node and not propagated between shards: `load_library` loads on each primary that
+    lacks it, whichever pools it serves, and only there."""
+    for node in cluster.nodes:
+        node.cli("FUNCTION", "FLUSH")
+    async with PlacementStore.from_url(cluster.url, loads_library=True) as operator:
+        loaded = await operator.load_library()
+        assert sorted(loaded) == sorted(f"127.0.0.1:{node.port}" for node in cluster.nodes)
+        cluster.nodes[1].cli("FUNCTION", "FLUSH")
+        assert await operator.load_library() == [f"127.0.0.1:{cluster.nodes[1].port}"]
+        name = operator.library.name
+    for node in cluster.nodes:
+        assert name in node.cli("FUNCTION", "LIST", "LIBRARYNAME", name)

@@ -12,12 +12,17 @@ import signal
 import time
 
 import pytest
-from redis.exceptions import NoScriptError
 
 from ardiff.devcluster.redis_failover import run_failover
 from ardiff.devcluster.redis_server import SentinelGroup
 from ardiff.kv.connection import split_url_options
-from ardiff.kv.errors import InvalidPlacementArgument, InvalidRedisUrl, NotReplicated, UnknownSession
+from ardiff.kv.errors import (
+    FunctionsNotLoaded,
+    InvalidPlacementArgument,
+    InvalidRedisUrl,
+    NotReplicated,
+    UnknownSession,
+)
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionSpec, SessionState
 
@@ -103,15 +108,24 @@ async def test_wait_reports_the_writes_a_failover_loses() -> None:
             await waiting.close()
 
 
-async def test_wait_survives_a_flushed_script_cache() -> None:
+async def test_wait_survives_flushed_functions() -> None:
+    """Issue 42 item 4: the master lost the library (FUNCTION FLUSH, replicated: the replica too): a worker's
+    store answers `FunctionsNotLoaded` (retryable), the operator's loads it on the master (the replica gets it
+    by replication) and its write still waits for the replica."""
     with SentinelGroup() as group:
-        async with PlacementStore.from_url(group.url) as store:
+        async with (
+            PlacementStore.from_url(group.url) as store,
+            PlacementStore.from_url(group.url, loads_library=True) as operator,
+        ):
             await store.register_pod(POOL, "w-0", capacity=2, endpoint="http://w-0:8000", lease_ms=60_000)
-            group.master.cli("SCRIPT", "FLUSH")
-            with pytest.raises(NoScriptError):
-                await store.client.evalsha(store._scripts["place"].sha, 0)
-            assert (await store.place(POOL, spec("s"))).placement is not None
+            group.master.cli("FUNCTION", "FLUSH")
+            with pytest.raises(FunctionsNotLoaded):
+                await store.touch(POOL, "s", pod="w-0", epoch=1, chunk_index=1)
+            assert (await operator.place(POOL, spec("s"))).placement is not None
             assert group.replica.cli("EXISTS", f"{POOL.tag}:session:s").strip() == "1"
+            library = operator.library.name
+            assert library in group.replica.cli("FUNCTION", "LIST", "LIBRARYNAME", library)
+            assert (await store.place(POOL, spec("s"))).already_placed
 
 
 def test_store_options_in_the_url() -> None:

@@ -13,7 +13,7 @@ import re
 import pytest
 
 from ardiff.kv.records import PodRecord, SessionBinding
-from ardiff.kv.scripts import SCRIPTS, load_script
+from ardiff.kv.scripts import READ_ONLY_SCRIPTS, SCRIPTS, Library
 
 LUA = importlib.resources.files("ardiff.kv") / "lua"
 LUA_FILES = sorted(entry.name for entry in LUA.iterdir() if entry.name.endswith(".lua"))
@@ -110,12 +110,25 @@ def test_status_codes_match_the_python_enum() -> None:
         assert re.search(rf"^local {status.name} = {status.value}$", lib, re.MULTILINE), status
 
 
-def test_scripts_load_with_the_record_fields_and_the_shared_helpers() -> None:
+def test_the_library_holds_the_record_fields_and_the_shared_helpers_once_and_every_operation() -> None:
+    """Issue 42 item 4: one library, named by its source's hash; the field tables and _lib.lua once, each
+    operation's file as a function body, registered under `<library>_<operation>`, reads `no-writes`."""
     fields = "\n".join(
         f"local {table} = {{" + ", ".join(f"'{f}'" for f in record.FIELDS) + "}"
         for table, record in (("BINDING_FIELDS", SessionBinding), ("POD_FIELDS", PodRecord))
     )
+    library = Library.current()
+    assert re.fullmatch(r"ardiff_[0-9a-f]{12}", library.name)
+    source = library.source
+    assert source.startswith(f"#!lua name={library.name}\n")
+    lib = (LUA / "_lib.lua").read_text()
+    assert source.count(fields) == 1
+    assert source.count(lib) == 1
+    assert source.index(fields) < source.index("local KEYS, ARGV") < source.index(lib)
     for name in SCRIPTS:
-        source = load_script(name)
-        lib, script = (LUA / "_lib.lua").read_text(), (LUA / f"{name}.lua").read_text()
-        assert source == f"{fields}\n{lib}\n{script}"
+        body = (LUA / f"{name}.lua").read_text()
+        assert f"local function op_{name}()\n{body}\nend\n" in source, name
+        flags = "{'no-writes'}" if name in READ_ONLY_SCRIPTS else "{}"
+        assert f"register('{library.name}_{name}', op_{name}, {flags})" in source, name
+    assert library.functions == {name: f"{library.name}_{name}" for name in SCRIPTS}
+    assert Library.current() == library  # the same source, the same name

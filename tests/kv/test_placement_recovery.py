@@ -124,6 +124,7 @@ async def test_redis_restart_without_persistence_heals_the_same_way(server: Redi
 
         async def restart() -> None:
             server.restart()
+            await store.load_library()  # the library went with the data: the operator's round loads it again
 
         await lose_data_and_recover(store, restart)
 

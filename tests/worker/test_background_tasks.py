@@ -99,7 +99,8 @@ async def test_a_redis_restart_during_an_ack_does_not_end_the_event_consumer(wor
         own_redis.stop()
         ticking.join(timeout=30)  # the forward ends, the handler with it, and its ack finds no Redis
         await asyncio.sleep(2.0)  # longer than the store's reconnect attempts
-        own_redis.start()
+        own_redis.start()  # empty: the keys and the function library are gone
+        own_redis.load_functions()  # what the operator's next pool round does
         store = PlacementStore.from_url(own_redis.url)
 
         async def re_registered() -> bool:  # the heartbeat re-creates the pod record Redis lost

@@ -8,6 +8,7 @@ a real one stopped while its model is still loading.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -121,9 +122,14 @@ async def test_heartbeat_recreates_the_pod_record_after_redis_loses_it(launch_wo
             async with PlacementStore.from_url(redis.url) as store:
                 before = await store.get_pod(pool, "heal-pod")
                 assert before is not None
-            redis.restart()  # no persistence: every key is gone
+            redis.restart()  # no persistence: every key is gone, and the function library with them
             async with PlacementStore.from_url(redis.url) as store:
+                await asyncio.sleep(1)  # three heartbeats: each meets no library, and the worker loads none
                 assert await store.get_pod(pool, "heal-pod") is None
+                assert (
+                    "placement_functions_not_loaded" in worker.log() or "no function library" in worker.log()
+                )
+                await store.load_library()  # what the operator's next pool round does
                 deadline = time.monotonic() + 10
                 healed = None
                 while healed is None and time.monotonic() < deadline:
@@ -135,6 +141,47 @@ async def test_heartbeat_recreates_the_pod_record_after_redis_loses_it(launch_wo
                 assert healed.endpoint == worker.url
                 # the consumer group was healed too: a close event reaches the worker again
                 assert worker.client.get(f"{worker.url}/readyz").status_code == 200
+        finally:
+            worker.stop()
+
+
+async def test_a_worker_answers_a_retryable_503_while_redis_has_no_library_and_goes_on_once_loaded(
+    launch_worker, session_spec
+):
+    """Issue 42 item 4: Redis lost the function library under a running worker (an empty restart, a failover
+    to a node without it; here FUNCTION FLUSH, the data kept): the worker may not load it, so a tick is a 503
+    `not_ready` with Retry-After, the session kept; once the operator has loaded it the same tick goes on."""
+    pool = PoolId("default", "wk-nolib")
+    with RedisServer() as redis:
+        worker = launch_worker(
+            runtime="fake",
+            redis_url=redis.url,
+            pool=pool.name,
+            pod_name="nolib-pod",
+            heartbeat_seconds=0.3,
+            lease_seconds=5,
+            fake_capacity=2,
+        )
+        try:
+            async with PlacementStore.from_url(redis.url, loads_library=True) as operator:
+                assert (await operator.place(pool, session_spec("s-nolib", TOKEN))).placement is not None
+                assert worker.tick("s-nolib", 0, token=TOKEN).status_code == 200
+                redis.cli("FUNCTION", "FLUSH")
+                missing = worker.tick("s-nolib", 1, token=TOKEN)
+                assert (missing.status_code, _error_code(missing)) == (503, "not_ready"), missing.text
+                assert missing.headers["retry-after"] == "1"
+                record = await operator.get_session(pool, "s-nolib")
+                assert (record.state.value, record.chunk_index) == ("placed", 1)  # type: ignore[union-attr]
+                assert await operator.load_library() == [""]
+                # The chunk stood (its record could not be written): the retry replays it, the next goes on.
+                again = worker.tick("s-nolib", 1, token=TOKEN)
+                assert again.status_code == 200, again.text
+                assert json.loads(again.headers["ardiff-chunk-metadata"])["chunk_index"] == 1
+                assert worker.tick("s-nolib", 2, token=TOKEN).status_code == 200
+                deadline = time.monotonic() + 5  # the tick's record is written after its answer
+                while (await operator.get_session(pool, "s-nolib")).chunk_index != 3:  # type: ignore[union-attr]
+                    assert time.monotonic() < deadline, worker.log()
+                    await asyncio.sleep(0.05)
         finally:
             worker.stop()
 
