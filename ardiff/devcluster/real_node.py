@@ -288,14 +288,11 @@ class RealNode:
         return self
 
     def _containerd_pid(self) -> int:
-        """containerd's own pid: the child that `unshare` forked and `sh` exec'd into (the mount namespace's
-        holder)."""
+        """containerd's pid, the holder of the node's mount namespace: `nsenter --net`, `unshare` (no
+        `--fork`) and `sh -c 'exec …'` each exec the next, so it is the pid the node started."""
         assert self.containerd is not None
         assert self.containerd.process is not None
-        pid = self.containerd.process.pid
-        children = Path(f"/proc/{pid}/task/{pid}/children")
-        found = children.read_text().split() if children.exists() else []
-        return int(found[0]) if found else pid
+        return self.containerd.process.pid
 
     def _wait_socket(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -323,14 +320,6 @@ class RealNode:
         """`ctr images import` of an OCI archive into this node's containerd (its images keep the names the
         archive tags them with)."""
         self.ctr("images", "import", str(archive))
-
-    def container_pid(self, container_id: str) -> int:
-        """The host pid of a container's first process (`containerd://<id>` in a Pod's status)."""
-        for line in self.ctr("task", "ls").splitlines()[1:]:
-            task, pid, _status = line.split()
-            if task == container_id.removeprefix("containerd://"):
-                return int(pid)
-        raise RealNodeError(f"no task {container_id} on {self.config.name}")
 
     def stop_kubelet(self) -> None:
         """Stop the kubelet alone (a node fault: its containers keep running, the node goes NotReady)."""
