@@ -24,6 +24,7 @@ from ardiff.devcluster.pki import CertificateAuthority
 from ardiff.devcluster.redis_server import RedisServer
 from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.acl import gateway_username
+from ardiff.kv.errors import FunctionsNotLoaded
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionSpec, token_sha256
 from ardiff.operator.gateway_credentials import ROTATED_AT_ANNOTATION, administrator_command
@@ -98,7 +99,8 @@ async def wait_for_records(url: str, pools: list[PoolId], expected: dict, what: 
     for _ in range(150):
         try:
             found = await pool_records(url, pools)
-        except (AuthenticationError, ResponseError) as exc:  # a restarted server has no gateway user yet
+        # A restarted server has no gateway user yet, then no library until the operator's next pool round.
+        except (AuthenticationError, ResponseError, FunctionsNotLoaded) as exc:
             found = exc
         if found == expected:
             return
