@@ -46,7 +46,12 @@ from ardiff.devcluster.node_images import ensure_node_images
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.pki import KeyPair
 from ardiff.devcluster.provisioner import storage_class
-from ardiff.devcluster.real_node import RealNode, RealNodeConfig
+from ardiff.devcluster.real_node import (
+    KUBELET_API_ADMIN_BINDING,
+    RealNode,
+    RealNodeConfig,
+    extended_resources_patch,
+)
 from ardiff.devcluster.redis_server import RedisServer
 from ardiff.devcluster.waiting import condition_true, wait_until
 
@@ -76,23 +81,6 @@ PROCESS_NODE_CAPACITY = {
     "ephemeral-storage": "200Gi",
     "nvidia.com/gpu": "8",
 }
-# The API server's identity at a real kubelet, which authorizes `logs`/`exec`/`port-forward` by a
-# SubjectAccessReview (kubeadm binds the same).
-KUBELET_API_ADMIN_BINDING = {
-    "apiVersion": "rbac.authorization.k8s.io/v1",
-    "kind": "ClusterRoleBinding",
-    "metadata": {"name": "ardiff:apiserver-kubelet-client"},
-    "roleRef": {
-        "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "ClusterRole",
-        "name": "system:kubelet-api-admin",
-    },
-    "subjects": [
-        {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "kube-apiserver-kubelet-client"}
-    ],
-}
-# A real node's extended resources, advertised on its status (its CPUs and memory are this machine's).
-REAL_NODE_EXTENDED = {"nvidia.com/gpu": "8"}
 SIMULATED_NODE_CAPACITY = {"cpu": "4000", "memory": "16000Gi", "pods": "1000", "ephemeral-storage": "20000Gi"}
 
 
@@ -444,17 +432,10 @@ class DevCluster:
         self.real_nodes[node.name] = real.start()
 
     def _advertise_extended_resources(self, node: NodeSpec) -> None:
-        """A real node's `nvidia.com/gpu` and other extended resources of its spec, on its Node's status (see
-        `real_node`)."""
-        extended = {k: v for k, v in {**REAL_NODE_EXTENDED, **node.capacity}.items() if "/" in k}
-        patch = [
-            {"op": "add", "path": f"/status/capacity/{name.replace('/', '~1')}", "value": value}
-            for name, value in extended.items()
-        ]
         with self.admin.client() as client:
             response = client.patch(
                 f"/api/v1/nodes/{node.name}/status",
-                json=patch,
+                json=extended_resources_patch(node.capacity),
                 headers={"Content-Type": "application/json-patch+json"},
             )
             response.raise_for_status()

@@ -52,9 +52,37 @@ EVICTION_HARD = {"memory.available": "100Mi", "nodefs.available": "2%", "imagefs
 # The mounts the node's shell makes before containerd starts: node directory -> fixed path.
 FIXED_PATHS = ("/var/lib/kubelet", "/var/log/pods", "/var/log/containers", "/run/containerd", "/run/netns")
 
+# The API server's identity at a real kubelet, which authorizes `logs`/`exec`/`port-forward` by a
+# SubjectAccessReview (kubeadm binds the same).
+KUBELET_API_ADMIN_BINDING = {
+    "apiVersion": "rbac.authorization.k8s.io/v1",
+    "kind": "ClusterRoleBinding",
+    "metadata": {"name": "ardiff:apiserver-kubelet-client"},
+    "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "system:kubelet-api-admin",
+    },
+    "subjects": [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "kube-apiserver-kubelet-client"}
+    ],
+}
+# A real node's extended resources, advertised on its status (its CPUs and memory are this machine's).
+REAL_NODE_EXTENDED = {"nvidia.com/gpu": "8"}
+
 
 class RealNodeError(RuntimeError):
     """containerd or the kubelet did not start (the log's tail is in the message)."""
+
+
+def extended_resources_patch(capacity: Mapping[str, str]) -> list[dict[str, str]]:
+    """The JSON patch of a real node's status that advertises its extended resources (`REAL_NODE_EXTENDED`
+    and those of `capacity`; its CPUs and memory are the kubelet's to report)."""
+    extended = {k: v for k, v in {**REAL_NODE_EXTENDED, **capacity}.items() if "/" in k}
+    return [
+        {"op": "add", "path": f"/status/capacity/{name.replace('/', '~1')}", "value": value}
+        for name, value in extended.items()
+    ]
 
 
 @dataclass(frozen=True)
