@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from redis import Redis as SyncRedis
 
 from ardiff.devcluster.cluster import CHECKOUT, REAL_NODE, REAL_TAINT, DevCluster
 from ardiff.devcluster.image_builds import build_image
@@ -20,6 +21,7 @@ from ardiff.devcluster.images import GATEWAY_IMAGE, OPERATOR_IMAGE
 from ardiff.devcluster.node_images import ensure_node_images
 from ardiff.devcluster.real_node import _cgroup_dirs
 from ardiff.devcluster.waiting import condition_true, wait_until
+from tests.chart.conftest import Chart
 
 pytestmark = pytest.mark.slow
 
@@ -143,7 +145,9 @@ def test_node_images_are_built_once_and_named_as_the_pods_ask() -> None:
     )
     index = json.loads(listing.stdout)
     names = {m["annotations"]["org.opencontainers.image.ref.name"] for m in index["manifests"]}
-    assert names == {images.busybox, images.pause}
+    assert names == {images.busybox, images.pause, images.redis}
+    chart = yaml.safe_load((CHECKOUT / "charts/ardiff/values.yaml").read_text())["redis"]["bundled"]["image"]
+    assert images.redis == f"{chart['repository']}:{chart['tag']}"
 
 
 def _finished(cluster: DevCluster, namespace: str, name: str) -> dict[str, Any] | None:
@@ -195,6 +199,52 @@ def test_an_image_built_from_its_dockerfile_runs_on_the_real_node_under_the_char
     logs = dev_cluster.kubectl("-n", kube_namespace, "logs", "image").stdout
     assert done["status"]["phase"] == "Succeeded", logs
     assert logs.split() == expected
+
+
+def test_the_charts_bundled_redis_runs_on_the_real_node_from_its_image_under_its_own_settings(
+    dev_cluster: DevCluster, kube_namespace: str
+) -> None:
+    """The chart's Redis objects as `helm template` renders them (its config in a Secret, a read-only root,
+    user 999, every capability dropped, the readiness probe's redis-cli) run unchanged under runc from the
+    stand-in of the chart's image, and answer the operator's user through their Service."""
+    chart = Chart(namespace=kube_namespace)
+    rendered = chart.render({"redis": {"bundled": ON_REAL_NODE}})
+    redis = [
+        doc
+        for doc in rendered
+        if doc["metadata"]["name"] == f"{chart.fullname}-redis"
+        and doc["kind"] in ("Secret", "Service", "StatefulSet")
+    ]
+    assert sorted(doc["kind"] for doc in redis) == ["Secret", "Service", "StatefulSet"]
+    dev_cluster.kubectl("-n", kube_namespace, "apply", "-f", "-", stdin=yaml.safe_dump_all(redis))
+    name = f"{chart.fullname}-redis-0"
+
+    def ready() -> dict[str, Any] | None:
+        pod = _get(dev_cluster, kube_namespace, name)
+        return pod if pod.get("kind") == "Pod" and condition_true(pod, "Ready") else None  # 404: not made yet
+
+    pod = wait_until(ready, timeout=90, what="the Redis Pod Ready by its redis-cli probe")
+    assert pod["spec"]["nodeName"] == REAL_NODE
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["image"].removeprefix("docker.io/library/") == "redis:7.2.5-alpine"
+    assert status["containerID"].startswith("containerd://")
+    exec_ = ["-n", kube_namespace, "exec", name, "--"]
+    assert dev_cluster.kubectl(*exec_, "id", "-u").stdout.strip() == "999"
+    written = dev_cluster.kubectl(*exec_, "sh", "-c", "touch /etc/x 2>&1 || echo read-only")
+    assert written.stdout.strip().endswith("read-only")
+    (secret,) = (doc for doc in redis if doc["kind"] == "Secret")
+    with dev_cluster.admin.client() as client:
+        service = client.get(f"/api/v1/namespaces/{kube_namespace}/services/{chart.fullname}-redis").json()
+    client = SyncRedis(
+        host=service["spec"]["clusterIP"],
+        port=6379,
+        username="ardiff-operator",
+        password=secret["stringData"]["password"],
+        socket_timeout=10,
+    )
+    with client:
+        assert client.ping()
+        assert client.acl_whoami() == "ardiff-operator"
 
 
 def _node_ready(cluster: DevCluster) -> bool:
