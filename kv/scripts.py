@@ -46,6 +46,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
+from ardiff import crash_points
 from ardiff.kv.errors import (
     FunctionsNotLoaded,
     InvalidPlacementArgument,
@@ -272,11 +273,12 @@ class ScriptRunner:
         for attempt in range(2):
             try:
                 if not wait:
-                    return await self.client.execute_command(command, function, len(keys), *keys, *args)
-                async with self.client.pipeline(transaction=False) as pipe:
-                    pipe.execute_command(command, function, len(keys), *keys, *args)
-                    pipe.wait(self.wait_replicas, self.wait_timeout_ms)
-                    reply, acked = await pipe.execute()
+                    reply = await self.client.execute_command(command, function, len(keys), *keys, *args)
+                else:
+                    async with self.client.pipeline(transaction=False) as pipe:
+                        pipe.execute_command(command, function, len(keys), *keys, *args)
+                        pipe.wait(self.wait_replicas, self.wait_timeout_ms)
+                        reply, acked = await pipe.execute()
             except ResponseError as exc:
                 if not function_missing(exc):
                     raise
@@ -284,8 +286,10 @@ class ScriptRunner:
                     raise FunctionsNotLoaded(self.library.name, name) from None
                 await self.load_library()
                 continue
-            if int(reply[0]) != ScriptStatus.STALE_PLAN and int(acked) < self.wait_replicas:
+            if wait and int(reply[0]) != ScriptStatus.STALE_PLAN and int(acked) < self.wait_replicas:
                 raise NotReplicated(name, int(acked), self.wait_replicas, self.wait_timeout_ms)
+            if command == "FCALL":
+                crash_points.passed(f"redis:{name}")
             return reply
         raise PlacementError(f"placement {name}: unreachable")  # the loop returns or raises
 

@@ -28,6 +28,7 @@ import aiohttp
 import kopf
 from kubernetes_asyncio.client import ApiClient, Configuration
 
+from ardiff import crash_points
 from ardiff.wire import API_VERSION, POOL_PLURAL, SESSION_PLURAL
 
 POOL_CONNECTIONS = 32
@@ -186,7 +187,10 @@ class KubeApi:
     async def create(self, resource: ApiResource, body: dict[str, Any]) -> dict[str, Any] | None:
         """Create the object; None when one of that name already exists (409)."""
         path = resource.path(body["metadata"]["namespace"])
-        return await self._request("POST", path, absent=409, body=body)
+        created = await self._request("POST", path, absent=409, body=body)
+        if created is not None:
+            crash_points.passed(f"kube:create {resource.plural}")
+        return created
 
     async def create_or_get(self, resource: ApiResource, body: dict[str, Any]) -> dict[str, Any] | None:
         """Create the object, or read the one of that name that exists; None when that one was deleted
@@ -220,7 +224,10 @@ class KubeApi:
 
     async def delete(self, resource: ApiResource, namespace: str, name: str) -> bool:
         """Delete the object; False when it was already gone (404)."""
-        return await self._request("DELETE", resource.path(namespace, name), absent=404) is not None
+        deleted = await self._request("DELETE", resource.path(namespace, name), absent=404) is not None
+        if deleted:
+            crash_points.passed(f"kube:delete {resource.plural}")
+        return deleted
 
     async def patch(
         self,
@@ -239,7 +246,10 @@ class KubeApi:
             body=dict(body),
             content_type="application/merge-patch+json",
         )
-        return reply is not None
+        if reply is None:
+            return False
+        crash_points.passed(f"kube:patch {resource.plural}{f'/{subresource}' if subresource else ''}")
+        return True
 
     async def patch_status(
         self, resource: ApiResource, namespace: str, name: str, status: Mapping[str, Any]
