@@ -42,12 +42,18 @@ class InvalidRedisUrl(PlacementError, ValueError):
 
 
 class PodFenced(PlacementError):
-    """A newer incarnation of the pod registered: this one must stop serving its sessions."""
+    """A newer incarnation of the pod registered, or this one's lease lapsed and the operator reaped it
+    (`current_epoch` 0): this one must stop serving its sessions."""
 
     code = "pod_fenced"
 
     def __init__(self, pod: str, epoch: int, current_epoch: int) -> None:
-        super().__init__(f"pod {pod} epoch {epoch} is fenced: the pod's record has epoch {current_epoch}")
+        why = (
+            f"the pod's record has epoch {current_epoch}"
+            if current_epoch
+            else "its lease lapsed and the operator reaped it (its sessions were placed again)"
+        )
+        super().__init__(f"pod {pod} epoch {epoch} is fenced: {why}")
         self.pod = pod
         self.epoch = epoch
         self.current_epoch = current_epoch

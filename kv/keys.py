@@ -83,6 +83,13 @@ class PoolKeys:
         return f"{self.prefix}:headroom"
 
     @property
+    def reaped(self) -> str:
+        """Sorted set: pods whose lease lapsed and whose record the operator reaped, scored by when (kept
+        `REAPED_KEEP_MS`): a heartbeat of such a pod's incarnation is fenced, not re-created (only its
+        restart registers it again), so a partitioned pod cannot come back holding sessions that moved on."""
+        return f"{self.prefix}:reaped"
+
+    @property
     def indexes(self) -> tuple[str, ...]:
         """Every pool-wide index a placement change may touch (open, leases, draining, residents, lru,
         suspending, headroom), in the order the scripts that touch them all declare them: register_pod, place

@@ -281,7 +281,7 @@ class OperatorPlacement(PlacementShared):
     async def _remove_pods(self, keys: PoolKeys, mode: str, pod: str) -> dict[str, tuple[str, ...]]:
         _, reply = await self._run(
             "remove_pods",
-            [keys.pods, *keys.indexes],
+            [keys.pods, *keys.indexes, keys.reaped],
             [mode, pod],
             pool_keys=keys,
             plan=Plan(),

@@ -107,8 +107,9 @@ class WorkerPlacement(PlacementShared):
         address: str = "",
     ) -> PodRegistration:
         """Renew the lease (and `exports`, `compute_fps`, `tick_ms`, `address`). Raises `PodFenced` if a newer
-        incarnation registered; re-creates the record if it is missing (Redis lost its data) or belongs to an
-        older incarnation (`recreated=True`)."""
+        incarnation registered, or if this one's lease lapsed and the operator reaped its record (its
+        sessions were placed elsewhere); re-creates the record if it is missing otherwise (Redis lost its
+        data) or belongs to an older incarnation (`recreated=True`)."""
         return await self._upsert_pod(
             pool,
             pod,
@@ -146,7 +147,7 @@ class WorkerPlacement(PlacementShared):
         tick_ms = check_non_negative_float("tick_ms", tick_ms)
         status, reply = await self._run(
             "register_pod",
-            [keys.pod(pod), keys.events(pod), keys.pods, *keys.indexes],
+            [keys.pod(pod), keys.events(pod), keys.pods, *keys.indexes, keys.reaped],
             [
                 pod,
                 epoch,

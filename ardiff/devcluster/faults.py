@@ -2,9 +2,10 @@
 parts, each recorded with its start and end (`FaultInjector.faults`, and a JSON line per fault in `log_path`
 when given), so that a history checker can line them up with what clients saw.
 
-- `partition(namespace, peer)`: drop every packet between a network namespace the dev cluster made (a Pod's,
-  a node's, the control plane's) and an address, both ways, with iptables in that namespace: the peer's
-  packets vanish, as in a partition (no reset, no ICMP), while the namespace's other traffic flows.
+- `partition(namespace, peer, port)`: drop every packet between a network namespace the dev cluster made (a
+  Pod's, a node's, the control plane's) and an address (with `port`: only TCP to and from that port of it),
+  both ways, with iptables in that namespace: the peer's packets vanish, as in a partition (no reset, no
+  ICMP), while the namespace's other traffic flows. A namespace gone meanwhile (its Pod deleted) ends it.
 - `paused(pid)`: SIGSTOP, then SIGCONT (a GC pause, a stalled node: connections stay open, nothing answers).
 - `kill(pid)`: SIGKILL (a crash: nothing is flushed).
 
@@ -22,6 +23,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from ardiff.devcluster.network import namespaces
 
 # Marks this module's rules, so that they are told from the kubelet's and kube-proxy's in the same tables.
 RULE_COMMENT = "ardiff-fault"
@@ -48,9 +51,11 @@ def _iptables(namespace: str, *args: str) -> None:
         raise FaultError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
 
 
-def _partition_rules(peer: str) -> list[list[str]]:
+def _partition_rules(peer: str, port: int | None) -> list[list[str]]:
     marked = ["-m", "comment", "--comment", RULE_COMMENT, "-j", "DROP"]
-    return [["OUTPUT", "-d", peer, *marked], ["INPUT", "-s", peer, *marked]]
+    to_port = ["-p", "tcp", "--dport", str(port)] if port else []
+    from_port = ["-p", "tcp", "--sport", str(port)] if port else []
+    return [["OUTPUT", "-d", peer, *to_port, *marked], ["INPUT", "-s", peer, *from_port, *marked]]
 
 
 @dataclass
@@ -68,9 +73,10 @@ class FaultInjector:
                 log.write(json.dumps(asdict(fault)) + "\n")
 
     @contextlib.contextmanager
-    def partition(self, namespace: str, peer: str) -> Iterator[None]:
-        """No packet between network namespace `namespace` and address `peer` while the block runs."""
-        rules = _partition_rules(peer)
+    def partition(self, namespace: str, peer: str, port: int | None = None) -> Iterator[None]:
+        """No packet between network namespace `namespace` and address `peer` (TCP port `port` of it) while
+        the block runs."""
+        rules = _partition_rules(peer, port)
         started = time.time()
         added: list[list[str]] = []
         try:
@@ -79,9 +85,10 @@ class FaultInjector:
                 added.append(rule)
             yield
         finally:
-            for rule in added:
-                _iptables(namespace, "-D", *rule)
-            self._record("partition", f"{namespace} x {peer}", started)
+            if namespace in namespaces():
+                for rule in added:
+                    _iptables(namespace, "-D", *rule)
+            self._record("partition", f"{namespace} x {peer}{f':{port}' if port else ''}", started)
 
     @contextlib.contextmanager
     def paused(self, pid: int, what: str = "") -> Iterator[None]:

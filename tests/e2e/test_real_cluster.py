@@ -26,6 +26,8 @@ import yaml
 
 from ardiff import client
 from ardiff.devcluster.cluster import DevCluster
+from ardiff.devcluster.faults import FaultInjector
+from ardiff.devcluster.network import short_pod_id
 from ardiff.devcluster.tick_recorder import TickRecorder
 from ardiff.devcluster.waiting import wait_until
 from tests.e2e.conftest import SHARED_TIER_CLAIM, Stack, build_pool, running_stack, with_shared_tier
@@ -288,6 +290,78 @@ def test_killing_a_worker_mid_session_resumes_its_session_from_a_snapshot_bit_id
         assert_frames(bystander_client.tick([client.hold("d")]), 1)  # the other pod's session kept its KV
     assert stack.restart_count(killed_pod) == restarts_before + 1
     assert_consistent(stack, [doomed, bystander])
+
+
+def test_a_worker_cut_off_from_redis_past_its_lease_loses_its_session_to_another_pod_and_serves_it_no_more(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """A partition, not a crash (issue 40): the worker's Pod keeps running and its clients reach it, but its
+    packets to Redis vanish. It answers the session's ticks only with retryable 503s (it cannot check the
+    placement); its lease lapses, the operator places the session again on the other pod from its snapshot,
+    and a client that reads the status again ticks on there. Healed, the cut-off pod's heartbeat is fenced
+    (before: it re-created its record with the old epoch, still holding the session's stale KV), its worker
+    restarts as a new incarnation holding none of the session, and sends callers to the new pod. (A client
+    kept on the old address retries its 503s until its `retry_seconds`; only the front door follows the move
+    by itself.)"""
+    assert stack.kube.network is not None
+    network = stack.kube.network
+    wait_until(lambda: len(stack.ready_pods()) == 2, timeout=WORKER_START_TIMEOUT, what="both workers Ready")
+    name = stack.session("cut-off", seed=41)
+    before = ready(stack, name)
+    cut_pod = before["pod"]
+    restarts = stack.restart_count(cut_pod)
+    namespace = network.pod_namespace(short_pod_id(stack.pods()[cut_pod]["metadata"]["uid"]))
+    faults = FaultInjector(tmp_path / "faults.jsonl")
+    with stack.connect(name) as session:
+        for _ in range(3):
+            session.tick([client.hold("w")])
+    at_old_pod = f"{session.endpoint}/v1/sessions/{name}"
+    with httpx.Client(headers={"Authorization": f"Bearer {session.token}"}, timeout=30) as old:
+        with faults.partition(namespace, network.host_ip, stack.redis.port):
+            assert old.get(at_old_pod).status_code == 503  # its placement cannot be checked: never a 200
+
+            def placed_again() -> dict[str, Any] | None:
+                status = stack.sessions.status(name)
+                moved = status.get("phase") == "Ready" and status.get("podEpoch") != before["podEpoch"]
+                return status if moved else None
+
+            status = wait_until(placed_again, timeout=WORKER_START_TIMEOUT, what="the session placed again")
+            assert status["pod"] != cut_pod  # its pod is cut off: the other one took it
+            assert status["resetRequired"] is False  # from its snapshot
+            assert old.get(at_old_pod).status_code == 503
+            with stack.connect(name) as moved:
+                assert moved.endpoint != session.endpoint
+                assert_frames(moved.tick([client.hold("w")]), moved.next_chunk_index - 1)
+            assert faults.faults == []  # still cut
+        (fault,) = faults.faults
+        assert fault.kind == "partition"
+
+        def answered() -> httpx.Response | None:
+            try:
+                response = old.get(at_old_pod)
+            except httpx.TransportError:  # fenced on healing: its worker restarts
+                return None
+            return response if response.status_code != 503 else None
+
+        healed = wait_until(answered, timeout=WORKER_START_TIMEOUT, what="the healed pod answering")
+        assert healed.status_code == 421, healed.text  # sent on to the session's pod
+
+        def incarnation() -> int | None:
+            pods = {p.name: p for p in stack.placement(lambda store: store.list_pods(stack.pool_id))}
+            record = pods.get(cut_pod)
+            return record.epoch if record is not None and record.epoch > before["podEpoch"] else None
+
+        # Its next heartbeat is fenced: the worker stops and its kubelet starts it again, as a new epoch.
+        wait_until(
+            incarnation, timeout=WORKER_START_TIMEOUT, what="the cut-off pod back as a new incarnation"
+        )
+        wait_until(lambda: cut_pod in stack.ready_pods(), timeout=WORKER_START_TIMEOUT, what="it Ready")
+        assert stack.restart_count(cut_pod) == restarts + 1
+        assert name not in {s["session_id"] for s in stack.worker(cut_pod)["sessions"]}
+        again = answered()
+        assert again is not None
+        assert again.status_code == 421
+    assert_consistent(stack, [name])
 
 
 def test_operator_restart_and_redis_losing_its_data_converge(stack: Stack) -> None:

@@ -445,6 +445,54 @@ async def test_reap_expired_returns_exactly_the_dead_pods_sessions(
     assert await store.check_invariants(pool) == []
 
 
+async def test_a_heartbeat_after_the_lease_was_reaped_is_fenced_not_recreated(
+    store: PlacementStore, pool: PoolId
+) -> None:
+    """A pod cut off from Redis past its lease (issue 40): the operator reaps it and its sessions go
+    elsewhere. Its heartbeat on reconnecting used to re-create the record with the same epoch (as after a
+    Redis data loss), so the pod counted its stale books as placed here again. Fenced now; a restart registers
+    a new epoch and leaves the reaped index; a deleted pod's removal leaves no entry behind."""
+    reaped = await register(store, pool, "w-cut", capacity=1, lease_ms=150)
+    await store.place(pool, spec("s1"))
+    await asyncio.sleep(0.2)
+    assert set(await store.reap_expired(pool)) == {"w-cut"}
+    assert await store.client.zrange(f"{pool.tag}:reaped", 0, -1) == [b"w-cut"]
+    with pytest.raises(PodFenced, match="lease lapsed") as fenced:
+        await store.heartbeat(
+            pool,
+            "w-cut",
+            epoch=reaped.epoch,
+            capacity=1,
+            endpoint="http://w-cut.workers:8000",
+            lease_ms=LEASE_MS,
+        )
+    assert fenced.value.current_epoch == 0
+    assert await store.get_pod(pool, "w-cut") is None
+    restarted = await register(store, pool, "w-cut", capacity=1)
+    assert restarted.epoch > reaped.epoch
+    assert await store.client.zrange(f"{pool.tag}:reaped", 0, -1) == []
+    renewed = await store.heartbeat(
+        pool,
+        "w-cut",
+        epoch=restarted.epoch,
+        capacity=1,
+        endpoint="http://w-cut.workers:8000",
+        lease_ms=LEASE_MS,
+    )
+    assert renewed == PodRegistration(epoch=restarted.epoch)
+    # Redis losing its data loses the index too: a heartbeat then re-creates the record, as before.
+    await store.client.delete(f"{pool.tag}:pod:w-cut", f"{pool.tag}:pods")
+    recreated = await store.heartbeat(
+        pool,
+        "w-cut",
+        epoch=restarted.epoch,
+        capacity=1,
+        endpoint="http://w-cut.workers:8000",
+        lease_ms=LEASE_MS,
+    )
+    assert (recreated.epoch, recreated.recreated) == (restarted.epoch, True)
+
+
 async def test_a_restarted_worker_fences_its_previous_incarnation(
     store: PlacementStore, pool: PoolId
 ) -> None:
