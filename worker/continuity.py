@@ -38,6 +38,7 @@ from ardiff.worker.exports import Exports, UnreportedExport
 from ardiff.worker.host_tier import HostTierFull, copy_needed, host_holder
 from ardiff.worker.metrics import WorkerMetrics
 from ardiff.worker.placement_guard import PlacementGuard
+from ardiff.worker.placement_port import PlacementPort
 from ardiff.worker.pod_state import ForwardThread, SessionBooks
 from ardiff.worker.session_book import SessionBook, SessionStatus
 from ardiff.worker.settings import WorkerSettings
@@ -95,7 +96,7 @@ class Continuity:
     def __init__(
         self,
         settings: WorkerSettings,
-        link: Any,  # a PodLink
+        link: PlacementPort,
         books: SessionBooks,
         forward: ForwardThread,
         exports: Exports,
@@ -126,7 +127,6 @@ class Continuity:
         `direct_only` (a prefetch, no tick waiting): only a pull from the holding pod; any failure leaves
         everything as it was for the first tick to resume the usual way.
         """
-        assert self.link is not None
         await self.transfer.drop_held(session_id, "placed back on this pod: it resumes from the shared tier")
         await self.guard.admit(session_id, record)
         started = time.perf_counter()
@@ -200,7 +200,6 @@ class Continuity:
         """This worker cannot import the session's export (another model, resolution, dtype: another
         identity): the session goes back to `suspended` at the same copy, its slot here freed, so a pod that
         can import it resumes it on the next demand. The tick is told to retry (`resuming`)."""
-        assert self.link is not None
         self.books.pop(session_id, None)
         try:
             await self.link.mark_suspended(
@@ -254,7 +253,7 @@ class Continuity:
                 book = direct[0]
             elif direct_only:
                 raise TransferFailed(f"session {session_id!r} could not be pulled from the pod holding it")
-            elif holder is not None and (self.link is None or holder != self.link.pod):
+            elif holder is not None and holder != self.link.pod:
                 raise ExportCorrupt(f"the host-tier export {location} could not be pulled from pod {holder}")
             elif holder is not None:
                 book = await self.forward.run(self.exports.read_host, location)
@@ -306,7 +305,6 @@ class Continuity:
     async def snapshot(self, session_id: str) -> None:
         """A periodic snapshot to the shared tier; the previous one is replaced. A failure costs nothing but
         the snapshot (logged): the session goes on."""
-        assert self.link is not None
         book = self.books.get(session_id)
         tier = self.exports.tier
         if tier is None or book is None or book.status is not SessionStatus.ACTIVE:
@@ -340,7 +338,6 @@ class Continuity:
         more than its capacity. An export that fails (or a session that never ticked here) is reported with no
         location: the store then evicts it as before (its KV is lost, `reset_required`).
         """
-        assert self.link is not None
         runtime = self.forward.runtime
         assert runtime is not None
         # Its tick ends first: exports happen between ticks.
@@ -439,7 +436,6 @@ class Continuity:
         expired, resumed); never one of a session without a record (the operator may restore it)."""
         host_tier = self.exports.host_tier
         assert host_tier is not None
-        assert self.link is not None
         copies = host_tier.copies()
         bindings = await self.link.bindings([copy.session_id for copy in copies]) if copies else {}
         dropped = []
@@ -453,7 +449,6 @@ class Continuity:
 
     async def sweep_tier(self) -> list[str]:
         """One sweep (`sweep_tier_forever`): the closed sessions whose files it removed."""
-        assert self.link is not None
         if self.exports.host_tier is not None:
             await self.sweep_host_tier()
         tier = self.exports.tier

@@ -52,12 +52,13 @@ from ardiff.worker.host_tier import HostCopy
 from ardiff.worker.messages import EXAMPLE_TICK, TickBody
 from ardiff.worker.metrics import WorkerMetrics
 from ardiff.worker.placement_guard import PlacementGuard
+from ardiff.worker.placement_port import PlacementPort, Standalone
 from ardiff.worker.playout import Playouts, TickEstimate, target_of, target_view
 from ardiff.worker.pod_state import ForwardThread, SessionBooks
 from ardiff.worker.runtime import SessionRuntime
 from ardiff.worker.session_book import CachedChunk, SessionBook, SessionStatus
 from ardiff.worker.settings import WorkerSettings
-from ardiff.worker.transfer import HeldForTransfer, Transfer, check_pool_token
+from ardiff.worker.transfer import HeldForTransfer, Transfer
 
 log = logging.getLogger(__name__)
 
@@ -128,12 +129,12 @@ class WorkerService:
         settings: WorkerSettings,
         loader: RuntimeLoader,
         *,
-        link: Any = None,  # a PodLink in placement mode, None standalone
+        link: PlacementPort | None = None,  # the pool's placement store (a PodLink); standalone without
         metrics: WorkerMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.family = settings_family(settings)
-        self.link = link
+        self.link: PlacementPort = link or Standalone(settings)
         self.metrics = metrics or WorkerMetrics()
         self._loader = loader
         self.forward = ForwardThread(settings.tick_order)
@@ -142,12 +143,19 @@ class WorkerService:
         self.tick_estimate = TickEstimate(settings.compute_utilisation)
         self._tasks = Background(self.metrics)
         self.exports = Exports(settings, self.forward)
-        self.transfer = Transfer(settings, link, self.forward, self.exports, self.metrics, self._tasks)
+        self.transfer = Transfer(settings, self.link, self.forward, self.exports, self.metrics, self._tasks)
         self.guard = PlacementGuard(
-            link, self.books, self.forward, self.exports, self.transfer, self.metrics, fence=self._fence
+            self.link, self.books, self.forward, self.exports, self.transfer, self.metrics, fence=self._fence
         )
         self.continuity = Continuity(
-            settings, link, self.books, self.forward, self.exports, self.guard, self.transfer, self.metrics
+            settings,
+            self.link,
+            self.books,
+            self.forward,
+            self.exports,
+            self.guard,
+            self.transfer,
+            self.metrics,
         )
         self._decoder = ThreadPoolExecutor(max_workers=DECODE_THREADS, thread_name_prefix="ardiff-decode")
         self._draining = False
@@ -175,8 +183,7 @@ class WorkerService:
 
     @property
     def ready(self) -> bool:
-        registered = self.link is None or self.link.registered
-        return self.loaded and registered and not self._draining and not self._stopped.is_set()
+        return self.loaded and self.link.registered and not self._draining and not self._stopped.is_set()
 
     @property
     def draining(self) -> bool:
@@ -211,14 +218,14 @@ class WorkerService:
                 runtime.capacity,
                 runtime.frame_size,
             )
-            if self.link is not None:
-                self.link.exports = self.exports_sessions and runtime.supports_export
-                await self.link.register(self.capacity)
-                link = self.link
-                self._tasks.supervise("heartbeat", lambda: link.heartbeat_forever(self._fence))
-                self._tasks.supervise("events", lambda: link.events_forever(self.on_event))
-                if self.exports_sessions:
-                    self._tasks.supervise("tier-sweep", self.continuity.sweep_tier_forever)
+            await self.link.join(
+                self.capacity,
+                exports=self.exports_sessions and runtime.supports_export,
+                tasks=self._tasks,
+                on_fenced=self._fence,
+                on_event=self.on_event,
+                sweep=self.continuity.sweep_tier_forever if self.exports_sessions else None,
+            )
         except Exception as exc:
             if isinstance(exc, ArdiffError):  # a user error (bad model, bad settings): no traceback
                 log.error("worker failed to start: %s", exc)
@@ -256,9 +263,7 @@ class WorkerService:
         compute_fps = self.tick_estimate.compute_fps
         self.metrics.tick_seconds.set(self.tick_estimate.tick_s)
         self.metrics.compute_fps.set(compute_fps)
-        if self.link is not None:
-            self.link.compute_fps = compute_fps
-            self.link.tick_ms = self.tick_estimate.tick_s * 1000
+        self.link.report_compute(compute_fps, self.tick_estimate.tick_s * 1000)
 
     def _fence(self) -> None:
         self.failure = RuntimeError("fenced: a newer incarnation of this pod registered")
@@ -270,19 +275,17 @@ class WorkerService:
             return
         self._draining = True
         log.info("draining: %d tick(s) in flight", len(self.books.in_flight))
-        if self.link is not None and self.link.registered:
-            try:
-                await self.link.set_draining()
-            except Exception as exc:
-                log.warning("could not mark pod draining in the placement store: %s", exc)
+        try:
+            await self.link.set_draining()
+        except Exception as exc:
+            log.warning("could not mark pod draining in the placement store: %s", exc)
         await self.books.idle.wait()
         await self.transfer.spill_host_tier()
         await self.transfer.await_handoffs()
 
     async def stop(self) -> None:
         await self._tasks.stop()
-        if self.link is not None:
-            await self.link.close()
+        await self.link.close()
         if self.loading:  # stopped while the model loads: the process exits without waiting (server.serve)
             self.forward.abandon()
             return
@@ -511,9 +514,8 @@ class WorkerService:
         self.transfer.prefetch(session_id, authorization, self._prefetch)
 
     async def _prefetch(self, session_id: str) -> None:
-        if self.link is None or not self.ready:
-            return
-        await self.continuity.resume_offered(session_id)
+        if self.ready:  # standalone, nothing is offered: no record places it here
+            await self.continuity.resume_offered(session_id)
 
     # ---------------------------------------------------------------- other routes
 
@@ -531,8 +533,7 @@ class WorkerService:
             await self.forward.run(runtime.close, session_id)
             self.exports.history.drop(session_id)
             book = self.books.get(session_id) or SessionBook(session_id)
-            ours = session_id in self.books or (record is not None and self.link.is_here(record))
-            if self.link is not None and ours:
+            if self.link.keeps_closed_book(session_id in self.books, record):
                 self.books[session_id] = book.closed()
             else:
                 self.books.pop(session_id, None)  # standalone, or not this pod's: the id is free again
@@ -664,9 +665,7 @@ class WorkerService:
         """The pod's capacity and KV blocks for anyone (the numbers `/metrics` serves); the sessions it
         holds only to the pool's transfer token (401 for any other credential; a pool without one lists
         them to nobody), or to anyone standalone, where nothing is authenticated (issue 23 item 10)."""
-        named = self.link is None or authorization is not None
-        if self.link is not None and authorization is not None:
-            check_pool_token(self.settings.transfer_token, authorization)
+        named = self.link.may_list_sessions(authorization)
         blocks = self.runtime.kv_blocks() if self.runtime is not None else None
         return {
             "ready": self.ready,

@@ -53,6 +53,7 @@ from ardiff.worker.exports import Exports
 from ardiff.worker.host_tier import HostCopy, copy_needed, host_holder
 from ardiff.worker.metrics import WorkerMetrics
 from ardiff.worker.pieces import BodyReader, PieceCollector
+from ardiff.worker.placement_port import PlacementPort
 from ardiff.worker.pod_state import ForwardThread
 from ardiff.worker.session_book import SessionBook
 from ardiff.worker.settings import WorkerSettings
@@ -196,7 +197,7 @@ class Transfer:
     def __init__(
         self,
         settings: WorkerSettings,
-        link: Any,  # a PodLink in placement mode, None standalone
+        link: PlacementPort,
         forward: ForwardThread,
         exports: Exports,
         metrics: WorkerMetrics,
@@ -241,7 +242,6 @@ class Transfer:
         """While sessions are held here: as soon as the store places one on another pod, ask that pod to pull
         it now (`POST …/prefetch`) rather than at its first tick, so the move does not wait for the client
         and this pod, which is usually going, need not wait either."""
-        assert self.link is not None
         offered: set[tuple[str, str]] = set()
         async with self._peer_client(OFFER_TIMEOUT) as client:
             while self.held:
@@ -263,7 +263,7 @@ class Transfer:
     async def _offer(self, client: httpx.AsyncClient, session_id: str, pod: str) -> None:
         token = self.settings.transfer_token
         try:
-            endpoint = await self.link.endpoint_of(pod) if self.link is not None else None
+            endpoint = await self.link.endpoint_of(pod)
             if endpoint is None or token is None:
                 return
             url = endpoint.rstrip("/") + PREFETCH_PATH.format(session_id=session_id)
@@ -311,8 +311,6 @@ class Transfer:
         """Whether the store still points at a host-tier copy (`copy_needed`); one it no longer does is
         dropped. A store that cannot be asked is no verdict: the copy stays."""
         assert self.exports.host_tier is not None
-        if self.link is None:
-            return True
         try:
             binding = (await self.link.bindings([copy.session_id]))[copy.session_id]
         except Exception as exc:
@@ -409,7 +407,7 @@ class Transfer:
         to the shared tier first. Without a shared tier they stay for pulls under way (`await_handoffs`);
         the others' sessions resume from their snapshot or need a reset (contracts §2)."""
         host_tier, tier = self.exports.host_tier, self.exports.tier
-        if host_tier is None or tier is None or self.link is None:
+        if host_tier is None or tier is None:
             return
         for copy in host_tier.copies():
             try:
@@ -434,7 +432,6 @@ class Transfer:
         """Draining (the pod goes): keep the held sessions whose new pod is about to pull them, each until its
         hold ends; a session nobody was placed for within `HANDOFF_PLACEMENT_SECONDS` resumes from the shared
         tier. Then wait for the pulls under way."""
-        assert self.link is not None or not self.held
         placement_deadline = time.monotonic() + HANDOFF_PLACEMENT_SECONDS
         while self.held:
             now = time.monotonic()
@@ -459,7 +456,7 @@ class Transfer:
         """Draining without a shared tier: wait (up to `transfer_hold_seconds`) while host-tier copies are
         about to be pulled by the pods their sessions were placed on, or wait to be placed (a migration)."""
         host_tier = self.exports.host_tier
-        if host_tier is None or self.exports.tier is not None or self.link is None:
+        if host_tier is None or self.exports.tier is not None:
             return
         deadline = time.monotonic() + self.settings.transfer_hold_seconds
         while time.monotonic() < deadline and (copies := host_tier.copies()):
@@ -503,7 +500,7 @@ class Transfer:
         """(pod, endpoint) of the pod a migration's export names as holding the session, when this worker may
         pull from it; None to read the shared tier instead (no token, no holder, the holder gone)."""
         pod = host_holder(location) or direct_source(location)
-        if self.link is None or pod is None or pod == self.link.pod:
+        if pod is None or pod == self.link.pod:
             return None
         endpoint = await self.endpoint_of(pod)
         if endpoint is None:
@@ -516,7 +513,7 @@ class Transfer:
     async def endpoint_of(self, pod: str) -> str | None:
         """The endpoint of another pod of the pool this worker may pull from; None without a transfer token,
         or when the pod is gone or cannot be looked up."""
-        if self.link is None or not self.settings.transfer_token:
+        if not self.settings.transfer_token:
             return None
         try:
             return await self.link.endpoint_of(pod)
