@@ -10,6 +10,7 @@ for one). The worker's code asks the port and never which implementation it hold
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from ardiff.kv.records import PodEvent, SessionBinding, SessionRecord, token_sha256
@@ -27,6 +28,21 @@ def bearer_token_sha256(authorization: str | None) -> str | None:
     if scheme.lower() != "bearer" or not token.strip():
         return None
     return token_sha256(token.strip())
+
+
+@dataclass(frozen=True)
+class Membership:
+    """What a pod brings to its pool's placement when it joins (`PlacementPort.join`) and what it does while a
+    member: its `capacity` in sessions, whether its evictions `exports` them (suspend rather than drop), the
+    `tasks` its loops run in, what it does when fenced (a newer incarnation registered) and with each of its
+    events, and the tiers' `sweep` (None: no tier to sweep)."""
+
+    capacity: int
+    exports: bool
+    tasks: Background
+    on_fenced: Callable[[], None]
+    on_event: EventHandler
+    sweep: Callable[[], Awaitable[None]] | None
 
 
 class LocalSessions(Protocol):
@@ -52,18 +68,9 @@ class PlacementPort(Protocol):
         """The pod may be placed on (it registered; always, standalone)."""
         ...
 
-    async def join(
-        self,
-        capacity: int,
-        *,
-        exports: bool,
-        tasks: Background,
-        on_fenced: Callable[[], None],
-        on_event: EventHandler,
-        sweep: Callable[[], Awaitable[None]] | None,
-    ) -> None:
-        """Register with the runtime's `capacity` (and whether evictions `exports`), then keep the lease
-        alive, consume the pod's events and run the tiers' `sweep` (if any) in `tasks`."""
+    async def join(self, membership: Membership) -> None:
+        """Register with the runtime's capacity (`Membership`), then keep the lease alive, consume the pod's
+        events and run the tiers' sweep (if any) in its tasks."""
         ...
 
     def report_compute(self, compute_fps: float, tick_ms: float) -> None:
@@ -139,16 +146,7 @@ class Standalone:
     def registered(self) -> bool:
         return True  # ready once the runtime is loaded
 
-    async def join(
-        self,
-        capacity: int,
-        *,
-        exports: bool,
-        tasks: Background,
-        on_fenced: Callable[[], None],
-        on_event: EventHandler,
-        sweep: Callable[[], Awaitable[None]] | None,
-    ) -> None:
+    async def join(self, membership: Membership) -> None:
         return None  # nobody to register with: no lease, no events, no tier files of other pods to sweep
 
     def report_compute(self, compute_fps: float, tick_ms: float) -> None:

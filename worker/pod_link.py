@@ -13,13 +13,12 @@ import asyncio
 import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import NoReturn
 
 from ardiff.kv.errors import PodFenced
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionBinding, SessionRecord, SessionState, check_name
-from ardiff.worker.background import Background
 from ardiff.worker.errors import (
     Misdirected,
     NotReady,
@@ -29,7 +28,7 @@ from ardiff.worker.errors import (
     SessionEvicted,
     Unauthorized,
 )
-from ardiff.worker.placement_port import EventHandler, LocalSessions, bearer_token_sha256
+from ardiff.worker.placement_port import EventHandler, LocalSessions, Membership, bearer_token_sha256
 from ardiff.worker.settings import WorkerSettings
 from ardiff.worker.transfer import check_pool_token
 
@@ -97,23 +96,16 @@ class PodLink:
             list(registration.lost_sessions) or "none",
         )
 
-    async def join(
-        self,
-        capacity: int,
-        *,
-        exports: bool,
-        tasks: Background,
-        on_fenced: Callable[[], None],
-        on_event: EventHandler,
-        sweep: Callable[[], Awaitable[None]] | None,
-    ) -> None:
-        """Register, then heartbeat, consume the event stream and sweep the tiers in `tasks` (supervised)."""
-        self.exports = exports
-        await self.register(capacity)
-        tasks.supervise("heartbeat", lambda: self.heartbeat_forever(on_fenced))
-        tasks.supervise("events", lambda: self.events_forever(on_event))
-        if sweep is not None:
-            tasks.supervise("tier-sweep", sweep)
+    async def join(self, membership: Membership) -> None:
+        """Register, then heartbeat, consume the event stream and sweep the tiers, in the membership's tasks
+        (supervised)."""
+        self.exports = membership.exports
+        await self.register(membership.capacity)
+        tasks = membership.tasks
+        tasks.supervise("heartbeat", lambda: self.heartbeat_forever(membership.on_fenced))
+        tasks.supervise("events", lambda: self.events_forever(membership.on_event))
+        if membership.sweep is not None:
+            tasks.supervise("tier-sweep", membership.sweep)
 
     def report_compute(self, compute_fps: float, tick_ms: float) -> None:
         """Reported at the next register or heartbeat."""

@@ -49,10 +49,9 @@ from ardiff.worker.families import ModelFamily, family_for, family_named
 from ardiff.worker.host_tier import HostCopy
 from ardiff.worker.metrics import WorkerMetrics
 from ardiff.worker.placement_guard import PlacementGuard
-from ardiff.worker.placement_port import PlacementPort, Standalone
+from ardiff.worker.placement_port import Membership, PlacementPort, Standalone
 from ardiff.worker.playout import Playouts, TickEstimate, target_of, target_view
 from ardiff.worker.pod_sessions import PodSessions
-from ardiff.worker.pod_state import SessionBooks
 from ardiff.worker.runtime import SessionRuntime
 from ardiff.worker.session_book import CachedChunk, SessionBook, SessionStatus
 from ardiff.worker.settings import WorkerSettings
@@ -110,11 +109,8 @@ class WorkerService:
 
     @property
     def placement(self) -> PlacementPort:
+        """The pod's placement port (the pool's store, or standalone), as its sessions' owner holds it."""
         return self.sessions.placement
-
-    @property
-    def books(self) -> SessionBooks:
-        return self.sessions.books
 
     @property
     def runtime(self) -> SessionRuntime | None:
@@ -127,7 +123,7 @@ class WorkerService:
 
     @property
     def capacity(self) -> int:
-        return self.books.capacity
+        return self.sessions.books.capacity
 
     @property
     def exports_sessions(self) -> bool:
@@ -163,7 +159,7 @@ class WorkerService:
         try:
             runtime = await self.sessions.forward.load(self._loader)
             cap = self.settings.session_capacity
-            self.books.capacity = runtime.capacity if cap is None else min(runtime.capacity, cap)
+            self.sessions.books.capacity = runtime.capacity if cap is None else min(runtime.capacity, cap)
             if self.settings.compute_utilisation > 0:  # before the pod is ready (standalone) or registers
                 await warm_up(runtime, self.family, self.sessions.forward, self.tick_estimate)
                 self._report_compute()
@@ -175,7 +171,7 @@ class WorkerService:
                 runtime.capacity,
                 runtime.frame_size,
             )
-            await self.placement.join(
+            membership = Membership(
                 self.capacity,
                 exports=self.exports_sessions and runtime.supports_export,
                 tasks=self._tasks,
@@ -183,6 +179,7 @@ class WorkerService:
                 on_event=self.on_event,
                 sweep=self.continuity.sweep_tier_forever if self.exports_sessions else None,
             )
+            await self.placement.join(membership)
         except Exception as exc:
             if isinstance(exc, ArdiffError):  # a user error (bad model, bad settings): no traceback
                 log.error("worker failed to start: %s", exc)
@@ -202,7 +199,7 @@ class WorkerService:
         if self._draining:
             return
         self._draining = True
-        log.info("draining: %d tick(s) in flight", len(self.books.in_flight))
+        log.info("draining: %d tick(s) in flight", len(self.sessions.books.in_flight))
         await self.sessions.drain()
 
     async def stop(self) -> None:
@@ -278,8 +275,8 @@ class WorkerService:
         prefetch = self.sessions.transfer.prefetch_of(session_id)
         if prefetch is not None:  # the session is being pulled here already: its tick waits for that
             await asyncio.shield(prefetch)
-        with self.books.exclusive(session_id):
-            book = self.books.get(session_id)
+        with self.sessions.books.exclusive(session_id):
+            book = self.sessions.books.get(session_id)
             resumed = (
                 record is not None and bool(record.resume_from) and (book is None or not book.holds_slot)
             )
@@ -310,7 +307,7 @@ class WorkerService:
             async with self.sessions.forward.lock.hold(deadline):
                 started = time.perf_counter()
                 queued = started - arrived
-                book = self.books.get(session_id)
+                book = self.sessions.books.get(session_id)
                 if book is None:
                     raise SessionEvicted(f"session {session_id!r} was released while its tick was queued")
                 check_order(tick, book, None)
@@ -331,7 +328,9 @@ class WorkerService:
                     chunk = CachedChunk(
                         tick.request_id, tick.chunk_index, output.frames, output.metadata, output.actions
                     )
-                    advanced = self.books[session_id] = book.advanced(chunk, closed=tick.close_session)
+                    advanced = self.sessions.books[session_id] = book.advanced(
+                        chunk, closed=tick.close_session
+                    )
                     busy = time.perf_counter() - started
                     keep = record.history_keep_chunks if record is not None and not tick.close_session else 0
                     kept = await self._keep_boundary(session_id, advanced, keep) if keep else None
@@ -401,6 +400,10 @@ class WorkerService:
         """The body of that pull (`Transfer.send`)."""
         return self.sessions.transfer.send(session_id, held)
 
+    def send_kept(self, session_id: str, chunk: int, authorization: str | None) -> AsyncIterator[bytes]:
+        """The body of a pull of the session's kept chunk by the pod a fork of it was placed on."""
+        return self.sessions.transfer.send_kept(session_id, chunk, authorization)
+
     def prefetch(self, session_id: str, authorization: str | None) -> None:
         """The pod holding a migrated session placed here offers it: pull it now, in the background."""
         self.sessions.transfer.prefetch(session_id, authorization, self._prefetch)
@@ -427,7 +430,7 @@ class WorkerService:
             "in_flight": False,
             "playout": self._playout_view(session_id, record),
         }
-        if session_id not in self.books:
+        if session_id not in self.sessions.books:
             self.playouts.pop(session_id, None)
         return view
 
@@ -445,8 +448,8 @@ class WorkerService:
         session_id, record = admitted.session_id, admitted.record
         runtime = self._require_loaded()
         history = self.sessions.exports.history
-        with self.books.exclusive(session_id):
-            book = self.books.get(session_id)
+        with self.sessions.books.exclusive(session_id):
+            book = self.sessions.books.get(session_id)
             if book is None and record is None:
                 raise UnknownSession(f"no session {session_id!r} on this worker")
             if book is not None and book.status is SessionStatus.CLOSED:
@@ -469,7 +472,9 @@ class WorkerService:
                     failure: SessionExportError | None = exc
                 else:
                     failure = None
-                    self.books[session_id] = dataclasses.replace(installed, token_sha256=book.token_sha256)
+                    self.sessions.books[session_id] = dataclasses.replace(
+                        installed, token_sha256=book.token_sha256
+                    )
                     kept = history.drop_after(session_id, chunk)
             if failure is not None:
                 await self.sessions.mark_reset_required(session_id)
@@ -486,8 +491,8 @@ class WorkerService:
         self.require_ready()
         with self.guard.counted(session_id, authorization):
             record = await self.guard.placed_record(session_id, authorization)
-        with self.books.exclusive(session_id):
-            book = self.books.get(session_id)
+        with self.sessions.books.exclusive(session_id):
+            book = self.sessions.books.get(session_id)
             if book is None and record is None:
                 raise UnknownSession(f"no session {session_id!r} on this worker")
             if book is not None and book.status is SessionStatus.CLOSED:
@@ -500,7 +505,7 @@ class WorkerService:
         self._require_loaded()
         with self.guard.counted(session_id, authorization):
             record = await self.guard.placed_record(session_id, authorization)
-        if session_id not in self.books and record is None:
+        if session_id not in self.sessions.books and record is None:
             raise UnknownSession(f"no session {session_id!r} on this worker")
         return self._view(session_id, record)
 
@@ -512,7 +517,7 @@ class WorkerService:
         return OpenedStream(self._view(session_id, record), record)
 
     def _view(self, session_id: str, record: SessionRecord | None) -> dict[str, Any]:
-        book = self.books.get(session_id)
+        book = self.sessions.books.get(session_id)
         view = self._describe(session_id, book, record)
         if record is not None and record.reset_required and book is None:
             view["state"] = SessionStatus.RESET_REQUIRED.value
@@ -528,7 +533,7 @@ class WorkerService:
         return {
             **view,
             "resident": resident,
-            "in_flight": session_id in self.books.in_flight,
+            "in_flight": session_id in self.sessions.books.in_flight,
             "playout": self._playout_view(session_id, record),
         }
 
@@ -549,24 +554,24 @@ class WorkerService:
         return {
             "ready": self.ready,
             "capacity": self.capacity,
-            "admitted": self.books.admitted(),
+            "admitted": self.sessions.books.admitted(),
             "kv_blocks": None if blocks is None else {"free": blocks.free, "total": blocks.total},
-            "sessions": [self._describe(sid, book) for sid, book in sorted(self.books.items())]
+            "sessions": [self._describe(sid, book) for sid, book in sorted(self.sessions.books.items())]
             if named
             else None,
         }
 
     def _forget_released_playouts(self) -> None:
         """Drop the playouts of sessions this pod no longer holds (released, moved, deleted)."""
-        self.playouts.keep_only(set(self.books) | self.books.in_flight)
+        self.playouts.keep_only(set(self.sessions.books) | self.sessions.books.in_flight)
 
     def render_metrics(self) -> bytes:
         self._forget_released_playouts()
-        playing = {session_id for session_id, book in self.books.items() if book.holds_slot}
+        playing = {session_id for session_id, book in self.sessions.books.items() if book.holds_slot}
         self.metrics.history_bytes.set(self.sessions.exports.history.used_bytes)
         return self.metrics.render(
             self.runtime,
-            admitted=self.books.admitted(),
+            admitted=self.sessions.books.admitted(),
             ready=self.ready,
             playback_ratio=self.playouts.pod_cpr(time.perf_counter(), playing),
         )
