@@ -305,10 +305,9 @@ class Continuity:
             return
         started = time.perf_counter()
         try:
-            async with self.sessions.forward.lock.hold():
-                location, size = await self.sessions.forward.run(
-                    self.sessions.exports.write_shared, session_id, book, "snapshot"
-                )
+            location, size = await self.sessions.export(
+                session_id, self.sessions.exports.write_shared, book, "snapshot"
+            )
         except Exception as exc:
             log.warning("snapshot of session %s failed: %s", session_id, exc)
             return
@@ -370,10 +369,9 @@ class Continuity:
                 and resident
             ):
                 try:
-                    async with self.sessions.forward.lock.hold():
-                        tier, location, size = await self.sessions.forward.run(
-                            self.sessions.exports.write_suspension, session_id, book, holder
-                        )
+                    tier, location, size = await self.sessions.export(
+                        session_id, self.sessions.exports.write_suspension, book, holder
+                    )
                     chunk = book.next_chunk_index
                 except (SessionExportError, HostTierFull, OSError) as exc:
                     log.warning("session %s could not be exported (%s): evicted instead", session_id, exc)

@@ -9,9 +9,12 @@ reach a session's state only through it.
 A session gets a slot by `admit` (never more than capacity: the runner would evict its least recently used
 session silently, so sessions the store moved away are released first) and loses its state by `release`, the
 one teardown path: a DELETE, a reset, the store's `close`/`evict` events, a stale session, a suspension, a
-failed forward and a rewind all go through it, and differ only in their `ReleaseRule` (which runtime call,
-what becomes of the book and of the exports, whether it counts as an eviction). The pod stops serving (`stop`)
-when its runtime fails to load or the store fences it (a newer incarnation registered).
+failed forward, a rewind and the end of a hold for a transfer all go through it, and differ only in their
+`ReleaseRule` (which runtime call, what becomes of the book and of the exports, whether it counts as an
+eviction). A migrated session's slot alone is freed by `hold_for_transfer` (its state stays for the pull).
+A session's state is written out by `export` and installed by `import_`, on the forward thread under its lock.
+The pod stops serving (`stop`) when its runtime fails to load or the store fences it (a newer incarnation
+registered).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from ardiff.kv.records import SessionRecord
 from ardiff.worker.background import Background
@@ -35,6 +38,8 @@ from ardiff.worker.settings import WorkerSettings
 from ardiff.worker.transfer import Transfer
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def _failed_unless_closed(book: SessionBook) -> SessionBook | None:
@@ -76,6 +81,8 @@ RELEASES: dict[str, ReleaseRule] = {
     "failed": ReleaseRule(None, SessionBook.failed, "history"),
     # Its state is replaced by a kept boundary's (the caller imports it next, under the same lock hold).
     "rewind": ReleaseRule("close", None, None),
+    # A session held for its new pod to pull (no book, no slot) leaves the runner: pulled elsewhere or not.
+    "unheld": ReleaseRule("close", None, None),
 }
 
 
@@ -238,6 +245,18 @@ class PodSessions:
             keep = self.placement.keeps_closed_book(session_id in self.books, record)
             released = await self.release_held(session_id, "delete", keep=keep)
         return (released.before or SessionBook(session_id)).closed()
+
+    async def export(self, session_id: str, write: Callable[..., T], *args: Any) -> T:
+        """Write the session's state out (`write(session_id, *args)`: one of `Exports`' writers) on the
+        forward thread under its lock: between the session's ticks, never during another session's forward."""
+        async with self.forward.lock.hold():
+            return await self.forward.run(write, session_id, *args)
+
+    async def import_(self, read: Callable[..., SessionBook], *args: Any, **kwargs: Any) -> SessionBook:
+        """Install an export as a session (`read`: the runtime's `import_session`, or one of `Exports`'
+        readers) on the forward thread under its lock; the book that travelled with it."""
+        async with self.forward.lock.hold():
+            return await self.forward.run(read, *args, **kwargs)
 
     async def mark_reset_required(self, session_id: str) -> None:
         """Tell the store the session lost its state; the local book already enforces the reset."""

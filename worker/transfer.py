@@ -279,8 +279,7 @@ class Transfer:
         runtime = self.sessions.forward.runtime
         if self.held.pop(session_id, None) is None or runtime is None:
             return
-        async with self.sessions.forward.lock.hold():
-            await self.sessions.forward.run(runtime.close, session_id)
+        await self.sessions.release(session_id, "unheld")
         log.info("released session %s held for a transfer (%s)", session_id, why)
 
     def discard_held(self, session_id: str) -> None:
@@ -538,10 +537,9 @@ class Transfer:
             if self._pull_client is None:
                 self._pull_client = self._peer_client(PULL_TIMEOUT)
             pieces, result = await download(self._pull_client, url, token, size=size)
-            async with self.sessions.forward.lock.hold():
-                book = await self.sessions.forward.run(
-                    runtime.import_session, BodyReader(iter(pieces)), as_session=as_session
-                )
+            book = await self.sessions.import_(
+                runtime.import_session, BodyReader(iter(pieces)), as_session=as_session
+            )
         except (ExportNoCapacity, ExportIdentityMismatch):
             raise  # this worker refuses the session: no other copy would do, and the holder's stays
         except Exception as exc:
