@@ -66,8 +66,10 @@ class ReleaseRule:
     stand_in: bool = False
 
 
+# Why a session is released; the evictions' reasons are the labels of `ardiff_session_evictions`.
+ReleaseReason = Literal["delete", "close", "evict", "stale", "suspend", "reset", "failed", "rewind", "unheld"]
 _EVICTION = ReleaseRule("close", _failed_unless_closed, "all", discards_held=True, evicts=True)
-RELEASES: dict[str, ReleaseRule] = {
+RELEASES: dict[ReleaseReason, ReleaseRule] = {
     # DELETE by the session's client (idempotent); the store's release frees the slot.
     "delete": ReleaseRule("close", SessionBook.closed, "history", discards_held=True, stand_in=True),
     # The store's events, a session it no longer places here, a suspension whose state is not held.
@@ -184,7 +186,7 @@ class PodSessions:
         for session_id in await self.placement.moved_away(candidates):
             await self.release(session_id, "stale")
 
-    async def release(self, session_id: str, reason: str, *, keep: bool = False) -> Released:
+    async def release(self, session_id: str, reason: ReleaseReason, *, keep: bool = False) -> Released:
         """`release_held` under the forward lock (a session held for a transfer is discarded before the wait
         for it: no pull may claim it meanwhile)."""
         if RELEASES[reason].discards_held:
@@ -192,7 +194,7 @@ class PodSessions:
         async with self.forward.lock.hold():
             return await self.release_held(session_id, reason, keep=keep)
 
-    async def release_held(self, session_id: str, reason: str, *, keep: bool = False) -> Released:
+    async def release_held(self, session_id: str, reason: ReleaseReason, *, keep: bool = False) -> Released:
         """The one teardown path (the module's docstring), with the forward lock held: the session's state in
         the runtime, its book (kept, as its rule says, when `keep`; else dropped: the id is free again) and
         its exports, as `RELEASES[reason]` says."""
