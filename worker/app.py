@@ -413,7 +413,7 @@ def create_app(service: WorkerService) -> FastAPI:
     ) -> StreamingResponse:
         """A session's kept chunk boundary, streamed to the pod a fork of it was placed on (the pool's
         transfer token)."""
-        body = service.transfer.send_kept(session_id, chunk, authorization(credentials))
+        body = service.send_kept(session_id, chunk, authorization(credentials))
         return StreamingResponse(body, media_type="application/octet-stream")
 
     @app.get(TRANSFER_PATH, include_in_schema=False)  # pod to pod, not for clients: contracts §4 "Transfer"

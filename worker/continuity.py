@@ -6,9 +6,9 @@ placement store and only then frees its slot. The pod a suspended session is pla
 before its first tick (`resume`): pulled from the pod holding it when one does, else read from a tier, else
 its snapshot (the client is told `rewound`), else it needs a reset; a refusal (no room, another model) loses
 nothing. Periodic snapshots go to the shared tier, and a sweep removes the tiers' files of sessions the store
-closed. It reads and writes the session books and the pod's export books (worker/exports.py), calls the
-runtime on the forward thread, admits and releases through the placement guard (worker/placement_guard.py)
-and pulls and holds through the transfer; it keeps no state of its own.
+closed. It talks only to the pod's sessions (worker/pod_sessions.py): it reads and writes their books and
+export books (worker/exports.py), calls the runtime on their forward thread, admits and releases through them
+and pulls and holds through their transfer (worker/transfer.py); it keeps no state of its own.
 """
 
 from __future__ import annotations
@@ -34,15 +34,14 @@ from ardiff.worker.errors import (
     SessionExportError,
     TransferFailed,
 )
-from ardiff.worker.exports import Exports, UnreportedExport
+from ardiff.worker.exports import UnreportedExport
 from ardiff.worker.host_tier import HostTierFull, copy_needed, host_holder
 from ardiff.worker.metrics import WorkerMetrics
-from ardiff.worker.placement_guard import PlacementGuard
-from ardiff.worker.pod_state import ForwardThread, SessionBooks
+from ardiff.worker.pod_sessions import PodSessions
 from ardiff.worker.session_book import SessionBook, SessionStatus
 from ardiff.worker.settings import WorkerSettings
 from ardiff.worker.shared_tier import direct_source
-from ardiff.worker.transfer import Transfer, TransferResult, kept_url, transfer_url
+from ardiff.worker.transfer import TransferResult, kept_url, transfer_url
 
 log = logging.getLogger(__name__)
 
@@ -95,21 +94,11 @@ class Continuity:
     def __init__(
         self,
         settings: WorkerSettings,
-        link: Any,  # a PodLink
-        books: SessionBooks,
-        forward: ForwardThread,
-        exports: Exports,
-        guard: PlacementGuard,
-        transfer: Transfer,
+        sessions: PodSessions,
         metrics: WorkerMetrics,
     ) -> None:
         self.settings = settings
-        self.link = link
-        self.books = books
-        self.forward = forward
-        self.exports = exports
-        self.guard = guard
-        self.transfer = transfer
+        self.sessions = sessions
         self.metrics = metrics
 
     # ---------------------------------------------------------------- resume
@@ -126,9 +115,10 @@ class Continuity:
         `direct_only` (a prefetch, no tick waiting): only a pull from the holding pod; any failure leaves
         everything as it was for the first tick to resume the usual way.
         """
-        assert self.link is not None
-        await self.transfer.drop_held(session_id, "placed back on this pod: it resumes from the shared tier")
-        await self.guard.admit(session_id, record)
+        await self.sessions.transfer.drop_held(
+            session_id, "placed back on this pod: it resumes from the shared tier"
+        )
+        await self.sessions.admit(session_id, record)
         started = time.perf_counter()
         candidates = [record.resume_from]
         if record.snapshot_location and record.snapshot_location != record.resume_from and not direct_only:
@@ -140,11 +130,11 @@ class Continuity:
                 size = record.bytes if location == record.location else 0
                 book = await self._import(session_id, location, pulled, size=size, direct_only=direct_only)
             except ExportNoCapacity as exc:
-                self.books.pop(session_id, None)
+                self.sessions.books.pop(session_id, None)
                 raise AtCapacity(f"no room to resume session {session_id!r} here: {exc}") from None
             except SessionExportError as exc:
                 if direct_only:
-                    self.books.pop(session_id, None)
+                    self.sessions.books.pop(session_id, None)
                     raise
                 if isinstance(exc, ExportIdentityMismatch) and location == record.location:
                     await self._give_back(session_id, record, exc)  # a refusal: the export itself is fine
@@ -153,25 +143,27 @@ class Continuity:
                 continue
             break
         else:
-            self.books.pop(session_id, None)
-            await self.link.resumed(session_id)  # the exports are of no use: never try them again
-            await self.guard.mark_reset_required(session_id)
+            self.sessions.books.pop(session_id, None)
+            await self.sessions.placement.resumed(
+                session_id
+            )  # the exports are of no use: never try them again
+            await self.sessions.mark_reset_required(session_id)
             raise ResetRequired(
                 f"session {session_id!r} could not be resumed ({', '.join(failures)}); "
                 "send reset=true with chunk_index=0"
             )
-        book = self.books[session_id] = dataclasses.replace(book, token_sha256=record.token_sha256)
+        book = self.sessions.books[session_id] = dataclasses.replace(book, token_sha256=record.token_sha256)
         kind = export_kind(location)
         seconds = time.perf_counter() - started
-        note = resume_note(record, location, kind, pulled, seconds, pod=self.link.pod)
-        await self.link.resumed(session_id, note=json.dumps(note, sort_keys=True))
+        note = resume_note(record, location, kind, pulled, seconds, pod=self.sessions.placement.pod)
+        await self.sessions.placement.resumed(session_id, note=json.dumps(note, sort_keys=True))
         if kind not in ("snapshot", "fork"):  # a fork never consumes its parent's kept chunk
-            self.exports.forget(location)
+            self.sessions.exports.forget(location)
         # The snapshot the session continues with, written here or by the pod it came from: this pod's next
         # snapshot replaces it (and removes it), as it replaces its own.
         adopted = location if kind == "snapshot" else record.snapshot_location
         if adopted:
-            self.exports.snapshots[session_id] = adopted
+            self.sessions.exports.snapshots[session_id] = adopted
         self.metrics.resumes.labels(note["source"]).inc()
         self.metrics.continuity_seconds.labels("import").observe(seconds)
         log.info("resumed session %s at chunk %d from its %s", session_id, book.next_chunk_index, kind)
@@ -182,16 +174,16 @@ class Continuity:
         `Transfer.prefetch`); anything that stands in the way (not placed here, a tick already at it, no room,
         the pull failing) leaves it to that tick, which resumes it the usual way."""
         try:
-            record = await self.link.session(session_id)
-            book = self.books.get(session_id)
+            record = await self.sessions.placement.session(session_id)
+            book = self.sessions.books.get(session_id)
             if (
                 record is None
                 or not record.resume_from
-                or not self.link.is_here(record)
+                or not self.sessions.placement.is_here(record)
                 or (book is not None and book.holds_slot)
             ):
                 return
-            with self.books.exclusive(session_id):
+            with self.sessions.books.exclusive(session_id):
                 await self.resume(session_id, record, direct_only=True)
         except Exception as exc:
             log.info("prefetch of session %s left to its first tick: %s", session_id, exc)
@@ -200,10 +192,9 @@ class Continuity:
         """This worker cannot import the session's export (another model, resolution, dtype: another
         identity): the session goes back to `suspended` at the same copy, its slot here freed, so a pod that
         can import it resumes it on the next demand. The tick is told to retry (`resuming`)."""
-        assert self.link is not None
-        self.books.pop(session_id, None)
+        self.sessions.books.pop(session_id, None)
         try:
-            await self.link.mark_suspended(
+            await self.sessions.placement.mark_suspended(
                 session_id,
                 tier=record.tier,
                 location=record.location,
@@ -238,32 +229,34 @@ class Continuity:
         kept = parse_kept_location(location)
         if kept is not None:
             return await self._import_fork(session_id, location, *kept, pulled)
-        runtime = self.forward.runtime
+        runtime = self.sessions.forward.runtime
         assert runtime is not None
-        source = await self.transfer.source_of(location)
+        source = await self.sessions.transfer.source_of(location)
         holder = host_holder(location)
         if source is None:
             direct = None
         else:
             pod, endpoint = source
-            direct = await self.transfer.pull(session_id, pod, transfer_url(endpoint, session_id), size=size)
+            direct = await self.sessions.transfer.pull(
+                session_id, pod, transfer_url(endpoint, session_id), size=size
+            )
         if source is not None:
             pulled[location] = None if direct is None else direct[1]
-        async with self.forward.lock.hold():
+        async with self.sessions.forward.lock.hold():
             if direct is not None:
                 book = direct[0]
             elif direct_only:
                 raise TransferFailed(f"session {session_id!r} could not be pulled from the pod holding it")
-            elif holder is not None and (self.link is None or holder != self.link.pod):
+            elif holder is not None and holder != self.sessions.placement.pod:
                 raise ExportCorrupt(f"the host-tier export {location} could not be pulled from pod {holder}")
             elif holder is not None:
-                book = await self.forward.run(self.exports.read_host, location)
-            elif self.exports.tier is None:
+                book = await self.sessions.forward.run(self.sessions.exports.read_host, location)
+            elif self.sessions.exports.tier is None:
                 raise ExportCorrupt("this worker mounts no shared tier (ARDIFF_SUSPEND_DIR) to resume from")
             else:
-                book = await self.forward.run(self.exports.read_shared, location)
+                book = await self.sessions.forward.run(self.sessions.exports.read_shared, location)
             if book.session_id != session_id:
-                await self.forward.run(runtime.close, book.session_id)
+                await self.sessions.forward.run(runtime.close, book.session_id)
                 raise ExportCorrupt(f"{location} holds session {book.session_id!r}, not {session_id!r}")
         return book
 
@@ -274,30 +267,30 @@ class Continuity:
         history, or pulled from the pod that keeps it (`GET /internal/v1/kept/...`, at most the bytes a pod
         keeps in history). The parent's copy stays. `ExportCorrupt` when it is kept nowhere any more (the
         parent rewound, reset or closed, its pod gone): the fork then needs a reset."""
-        runtime = self.forward.runtime
+        runtime = self.sessions.forward.runtime
         assert runtime is not None
-        if pod != self.link.pod:
-            endpoint = await self.transfer.endpoint_of(pod)
+        if pod != self.sessions.placement.pod:
+            endpoint = await self.sessions.transfer.endpoint_of(pod)
             if endpoint is None:
                 raise ExportCorrupt(
                     f"the kept chunk {location} cannot be pulled: pod {pod} cannot be reached"
                 )
             url = kept_url(endpoint, parent, chunk)
-            direct = await self.transfer.pull(
+            direct = await self.sessions.transfer.pull(
                 session_id, pod, url, size=self.settings.history_bytes, as_session=session_id
             )
             pulled[location] = None if direct is None else direct[1]
             if direct is None:
                 raise ExportCorrupt(f"the kept chunk {location} could not be pulled from pod {pod}")
             return direct[0]
-        async with self.forward.lock.hold():
-            copy = self.exports.history.get(parent, chunk)
+        async with self.sessions.forward.lock.hold():
+            copy = self.sessions.exports.history.get(parent, chunk)
             if copy is None:
                 raise ExportCorrupt(
                     f"this pod no longer keeps chunk {chunk} of session {parent!r} (rewound, reset or closed)"
                 )
             # The parent, still at that chunk here, lends the fork its KV blocks (worker/block_share.py).
-            return await self.forward.run(
+            return await self.sessions.forward.run(
                 runtime.import_session, copy.reader(), as_session=session_id, share_with=parent
             )
 
@@ -306,27 +299,27 @@ class Continuity:
     async def snapshot(self, session_id: str) -> None:
         """A periodic snapshot to the shared tier; the previous one is replaced. A failure costs nothing but
         the snapshot (logged): the session goes on."""
-        assert self.link is not None
-        book = self.books.get(session_id)
-        tier = self.exports.tier
+        book = self.sessions.books.get(session_id)
+        tier = self.sessions.exports.tier
         if tier is None or book is None or book.status is not SessionStatus.ACTIVE:
             return
         started = time.perf_counter()
         try:
-            async with self.forward.lock.hold():
-                location, size = await self.forward.run(
-                    self.exports.write_shared, session_id, book, "snapshot"
-                )
+            location, size = await self.sessions.export(
+                session_id, self.sessions.exports.write_shared, book, "snapshot"
+            )
         except Exception as exc:
             log.warning("snapshot of session %s failed: %s", session_id, exc)
             return
         try:
-            await self.link.note_snapshot(session_id, location=location, chunk_index=book.next_chunk_index)
+            await self.sessions.placement.note_snapshot(
+                session_id, location=location, chunk_index=book.next_chunk_index
+            )
         except Exception as exc:  # nothing points at it: it would stay until the session is closed
             log.warning("snapshot of session %s failed: %s (removed)", session_id, exc)
             tier.remove(location)
             return
-        snapshots = self.exports.snapshots
+        snapshots = self.sessions.exports.snapshots
         previous, snapshots[session_id] = snapshots.get(session_id), location
         if previous:
             tier.remove(previous)
@@ -340,25 +333,26 @@ class Continuity:
         more than its capacity. An export that fails (or a session that never ticked here) is reported with no
         location: the store then evicts it as before (its KV is lost, `reset_required`).
         """
-        assert self.link is not None
-        runtime = self.forward.runtime
+        runtime = self.sessions.forward.runtime
         assert runtime is not None
         # Its tick ends first: exports happen between ticks.
-        while session_id in self.books.in_flight:  # noqa: ASYNC110
+        while session_id in self.sessions.books.in_flight:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         tier, location, size, chunk = "shared", "", 0, 0
         # A migration keeps the session here for its new pod to pull (the pool shares a transfer token); its
         # shared-tier copy is the fallback. Without a shared tier the host tier's copy is what is pulled.
-        migrating = reason == "migrate" and self.settings.transfer_token and self.exports.tier is not None
-        holder = self.link.pod if migrating else None
+        migrating = (
+            reason == "migrate" and self.settings.transfer_token and self.sessions.exports.tier is not None
+        )
+        holder = self.sessions.placement.pod if migrating else None
         held = False
         started = time.perf_counter()
-        with self.books.exclusive(session_id):
-            book = self.books.get(session_id)
+        with self.sessions.books.exclusive(session_id):
+            book = self.sessions.books.get(session_id)
             resident = session_id in runtime.resident_sessions()
-            unreported = self.exports.unreported.pop(session_id, None)
+            unreported = self.sessions.exports.unreported.pop(session_id, None)
             if unreported is not None and not (book is not None and unreported.fits(book, holder)):
-                self.exports.forget(unreported.location)  # of another state or kind: no use any more
+                self.sessions.exports.forget(unreported.location)  # of another state or kind: no use any more
                 unreported = None
             if unreported is not None:
                 # A retried suspend (the report failed): the export written then is reported again.
@@ -369,43 +363,39 @@ class Continuity:
                     unreported.chunk,
                 )
             elif (
-                self.exports.any_tier
+                self.sessions.exports.any_tier
                 and book is not None
                 and book.status is SessionStatus.ACTIVE
                 and resident
             ):
                 try:
-                    async with self.forward.lock.hold():
-                        tier, location, size = await self.forward.run(
-                            self.exports.write_suspension, session_id, book, holder
-                        )
+                    tier, location, size = await self.sessions.export(
+                        session_id, self.sessions.exports.write_suspension, book, holder
+                    )
                     chunk = book.next_chunk_index
                 except (SessionExportError, HostTierFull, OSError) as exc:
                     log.warning("session %s could not be exported (%s): evicted instead", session_id, exc)
             if location:
-                self.exports.unreported[session_id] = UnreportedExport(tier, location, size, chunk, holder)
+                self.sessions.exports.unreported[session_id] = UnreportedExport(
+                    tier, location, size, chunk, holder
+                )
             try:
-                await self.link.mark_suspended(
+                await self.sessions.placement.mark_suspended(
                     session_id, tier=tier, location=location, size=size, chunk_index=chunk
                 )
             except placement.SessionNotHere as exc:  # deleted or moved meanwhile: nothing to report
                 log.info("suspend of %s no longer applies (%s)", session_id, exc)
                 if location:
-                    self.exports.forget(location)
+                    self.sessions.exports.forget(location)
             else:
                 held = bool(location and holder and book is not None)
             # Reported, or of no use (any other failure keeps it for the retry).
-            self.exports.unreported.pop(session_id, None)
+            self.sessions.exports.unreported.pop(session_id, None)
         if held:
             assert book is not None
-            # Its slot is free (the store freed it); its state stays in the runner for its new pod to pull.
-            self.books.pop(session_id, None)
-            self.exports.snapshots.pop(session_id, None)
-            self.exports.history.drop(session_id)  # kept chunks never travel: they stay with the pod
-            self.metrics.evictions.labels("suspend").inc()
-            self.transfer.hold(session_id, book, location)
+            self.sessions.hold_for_transfer(session_id, book, location)
         else:
-            await self.guard.release(session_id, reason="suspend")
+            await self.sessions.release(session_id, "suspend")
         if location:
             self.metrics.continuity_bytes.labels("suspend").inc(size)
             self.metrics.continuity_seconds.labels("suspend").observe(time.perf_counter() - started)
@@ -437,11 +427,12 @@ class Continuity:
     async def sweep_host_tier(self) -> list[str]:
         """The host tier's share of a sweep: copies the store no longer points at (`copy_needed`: closed,
         expired, resumed); never one of a session without a record (the operator may restore it)."""
-        host_tier = self.exports.host_tier
+        host_tier = self.sessions.exports.host_tier
         assert host_tier is not None
-        assert self.link is not None
         copies = host_tier.copies()
-        bindings = await self.link.bindings([copy.session_id for copy in copies]) if copies else {}
+        bindings = (
+            await self.sessions.placement.bindings([copy.session_id for copy in copies]) if copies else {}
+        )
         dropped = []
         for copy in copies:
             if not copy_needed(bindings.get(copy.session_id), copy.location):
@@ -453,14 +444,13 @@ class Continuity:
 
     async def sweep_tier(self) -> list[str]:
         """One sweep (`sweep_tier_forever`): the closed sessions whose files it removed."""
-        assert self.link is not None
-        if self.exports.host_tier is not None:
+        if self.sessions.exports.host_tier is not None:
             await self.sweep_host_tier()
-        tier = self.exports.tier
+        tier = self.sessions.exports.tier
         if tier is None:
             return []
         stored = await asyncio.to_thread(tier.sessions)
-        bindings = await self.link.bindings(stored) if stored else {}
+        bindings = await self.sessions.placement.bindings(stored) if stored else {}
         closed = [
             name for name, binding in bindings.items() if binding and binding.state is SessionState.CLOSED
         ]

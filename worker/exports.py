@@ -8,8 +8,8 @@ needed. It keeps two books the worker's collaborators share: each session's late
 replaces it, a close removes it) and each suspension written but not yet reported to the placement store
 (`UnreportedExport`, for the suspend's retry), and the sessions' kept history (worker/history.py: their
 last chunk boundaries in this pod's memory, for a rewind and for forks). It touches nothing else: when to
-export, import or forget is its callers' (worker/continuity.py; the placement guard's release; the
-transfer's claims and spill, which read the tiers).
+export, import or forget is its callers' (worker/continuity.py; the one release path of its owner,
+worker/pod_sessions.py; the transfer's claims and spill, which read the tiers).
 """
 
 from __future__ import annotations

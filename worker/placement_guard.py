@@ -1,224 +1,61 @@
 """The placement guard: whether a request may be served on this pod, and what the placement store's changes
 mean for the sessions held here (docs/contracts.md §4).
 
-It checks a session's record and token (`placed_record`: one Redis read; a refusal never tells which names
-exist), points a session that lives elsewhere at its pod (421) and a suspended one's tick at its resume,
-counts the requests under way per session (429 past `MAX_REQUESTS_PER_SESSION`), gives a session a slot
-(`admit`, never more than capacity: the runner would evict silently, so sessions the store moved away are
-released first), records each tick's progress (`touch`) and releases what the store took away (`release`,
-the one teardown path for releases the client did not ask for, and `on_release`, the pod's `close`/`evict`
-events). It reads and writes the session books, closes sessions in the runner on the forward thread, drops
-the pod's exports of a released session (worker/exports.py) and held sessions it releases or needs the room
-of (worker/transfer.py); exporting and importing are the continuity's (worker/continuity.py).
+It asks the pod's placement port whether a session may be served here (`placed_record`: its record and
+token, one Redis read; a refusal never tells which names exist; a session that lives elsewhere is pointed at
+its pod, 421, and a suspended one's tick at its resume), counts the requests under way per session (429 past
+`MAX_REQUESTS_PER_SESSION`), records each tick's progress in the store (`touch`, `note_history`: the store's
+refusals become answers) and releases what the store took away (`on_release`, the pod's `close`/`evict`
+events). Sessions are admitted and released by their owner (worker/pod_sessions.py), the only thing the
+guard talks to; exporting and importing are the continuity's (worker/continuity.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
-import hmac
 import logging
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, NoReturn
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from ardiff.kv import errors as placement
-from ardiff.kv.records import SessionRecord, SessionState, check_name, token_sha256
-from ardiff.worker.errors import (
-    AtCapacity,
-    Misdirected,
-    NotReady,
-    PlacementRecovering,
-    Resuming,
-    SessionClosed,
-    SessionEvicted,
-    TooManyRequests,
-    Unauthorized,
-)
-from ardiff.worker.exports import Exports
-from ardiff.worker.metrics import WorkerMetrics
-from ardiff.worker.pod_state import ForwardThread, SessionBooks
-from ardiff.worker.session_book import SessionBook, SessionStatus
-from ardiff.worker.transfer import Transfer
+from ardiff.kv.records import SessionRecord
+from ardiff.worker.errors import NotReady, SessionEvicted, TooManyRequests
+from ardiff.worker.placement_port import bearer_token_sha256
+from ardiff.worker.pod_sessions import PodSessions
 
 log = logging.getLogger(__name__)
 
 # Requests of one session (and credential) under way at once: a client has a tick in flight and perhaps a
 # retry; more are refused (429) before they cost a Redis read, a wait for a migration or a decode.
 MAX_REQUESTS_PER_SESSION = 4
-# A tick for a session migrating off this pod waits this long for its new pod (then 421), polling the store.
-MIGRATION_WAIT_SECONDS = 5.0
-MIGRATION_POLL_SECONDS = 0.05
-
-
-def bearer_token_sha256(authorization: str | None) -> str | None:
-    """`token_sha256` of the bearer token in an `Authorization` header, or None without one."""
-    if not authorization:
-        return None
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token_sha256(token.strip())
 
 
 class PlacementGuard:
-    """The checks and releases of the module's docstring, for one pod (`link` None: standalone, where every
-    session may be served and nothing is recorded). `fence` is called when the store says a newer
-    incarnation of this pod registered."""
+    """The checks and records of the module's docstring, for one pod's sessions, through their placement
+    port (the store's, or standalone's, where every session may be served and nothing is recorded)."""
 
-    def __init__(
-        self,
-        link: Any,  # a PodLink in placement mode, None standalone
-        books: SessionBooks,
-        forward: ForwardThread,
-        exports: Exports,
-        transfer: Transfer,
-        metrics: WorkerMetrics,
-        *,
-        fence: Callable[[], None],
-    ) -> None:
-        self.link = link
-        self.books = books
-        self.forward = forward
-        self.exports = exports
-        self.transfer = transfer
-        self.metrics = metrics
-        self._fence = fence
+    def __init__(self, sessions: PodSessions) -> None:
+        self.sessions = sessions
         self._requests: collections.Counter[tuple[str, str]] = collections.Counter()
 
     # ---------------------------------------------------------------- placement checks
 
-    async def placed_record(self, session_id: str, authorization: str | None, *, any_state: bool = False):
-        """The session's record when it may be served here (None standalone); 401/410/421 otherwise.
-
-        Only the session's token learns anything of it: a wrong or missing token, a name without a record
-        and a name no session can have are all refused alike (`_refuse`). `any_state` lets a DELETE of an
-        evicted or closed session succeed (close is idempotent).
-        """
-        if self.link is None:
-            return None
-        try:
-            check_name("session", session_id)
-        except ValueError:
-            await self._refuse()
-        try:
-            record = await self.link.session(session_id)
-        except Exception as exc:
-            raise NotReady(f"placement store unavailable: {exc}") from exc
-        presented = bearer_token_sha256(authorization)
-        if record is None:
-            await self._no_record(session_id, presented)
-        if presented is None or not hmac.compare_digest(presented, record.token_sha256):
-            await self._refuse()
-        if not any_state and record.state in (SessionState.SUSPENDED, SessionState.SUSPENDING):
-            await self._demand_resume(session_id, record)
-        if record.state is SessionState.PLACED and record.pod != self.link.pod:
-            endpoint = await self.link.endpoint_of(record.pod)
-            raise Misdirected(f"session {session_id!r} lives on pod {record.pod}", endpoint=endpoint)
-        if any_state or self.link.is_here(record):
-            return record
-        if record.state is SessionState.CLOSED:
-            raise SessionClosed(f"session {session_id!r} was closed")
-        if record.state is SessionState.LOST:
-            raise SessionEvicted(f"session {session_id!r} lost its pod; it is re-placed with reset_required")
-        if record.state is SessionState.EVICTED:
-            raise SessionEvicted(f"session {session_id!r} was evicted to make room; it is re-placed later")
-        raise SessionEvicted(f"session {session_id!r} was placed on an earlier incarnation of this pod")
-
-    async def _demand_resume(self, session_id: str, record: SessionRecord) -> NoReturn:
-        """A tick for a suspended session is a demand: the operator places it again (contracts §4). A session
-        migrating off this pod (a demand already recorded, its export written here or being written) is
-        waited for instead, up to `MIGRATION_WAIT_SECONDS`, and the tick told where it went (421): the
-        client follows at once rather than after a `Retry-After`."""
-        assert self.link is not None
-        state = record.state
-        if state is SessionState.SUSPENDED:
-            try:
-                await self.link.request_resume(session_id)
-            except Exception as exc:
-                raise NotReady(f"placement store unavailable: {exc}") from exc
-        migrating_from_here = record.resume_requested_ms > 0 and (
-            session_id in self.transfer.held
-            or (state is SessionState.SUSPENDING and record.pod == self.link.pod)
+    async def placed_record(
+        self, session_id: str, authorization: str | None, *, any_state: bool = False
+    ) -> SessionRecord | None:
+        """The session's record when it may be served here (`PlacementPort.placed_record`: None standalone);
+        401/410/421 otherwise. `any_state` lets a DELETE of an evicted or closed session succeed (close is
+        idempotent)."""
+        sessions = self.sessions
+        return await sessions.placement.placed_record(
+            session_id, authorization, sessions, any_state=any_state
         )
-        if migrating_from_here:
-            endpoint = await self._new_home(session_id)
-            if endpoint is not None:
-                raise Misdirected(f"session {session_id!r} moved to another pod", endpoint=endpoint)
-        raise Resuming(f"session {session_id!r} is {state.value}; it is being resumed, retry")
-
-    async def _new_home(self, session_id: str) -> str | None:
-        """The endpoint of the pod a migrating session gets placed on, once it is (None: not within
-        `MIGRATION_WAIT_SECONDS`, or placed back here)."""
-        assert self.link is not None
-        deadline = time.monotonic() + MIGRATION_WAIT_SECONDS
-        while time.monotonic() < deadline:
-            try:
-                record = await self.link.session(session_id)
-            except Exception:
-                return None
-            if record is None or record.state not in (SessionState.SUSPENDING, SessionState.SUSPENDED):
-                if record is not None and record.state is SessionState.PLACED and record.pod != self.link.pod:
-                    return await self.link.endpoint_of(record.pod)
-                return None
-            await asyncio.sleep(MIGRATION_POLL_SECONDS)
-        return None
-
-    async def _no_record(self, session_id: str, presented: str | None) -> NoReturn:
-        """The store has no record of the session: 503 `placement_recovering` while it may be rebuilt.
-
-        A session this worker holds is alive (its KV is here) whatever the store says: Redis lost its data and
-        the operator rebuilds the binding from the session's status within a round; its own client (the token
-        it was admitted with) is told to retry. Any other caller is refused as one with a wrong token is
-        (`_refuse`): an id the worker never held and the store does not know looks like any other session.
-        """
-        assert self.link is not None
-        book = self.books.get(session_id)
-        held = book is not None and book.holds_slot
-        if held and presented is not None and hmac.compare_digest(presented, book.token_sha256):
-            raise PlacementRecovering(
-                f"session {session_id!r} lives on this worker but the placement store has no record of it "
-                "(its data was lost and is being rebuilt); retry"
-            )
-        await self._refuse()
-
-    async def _refuse(self) -> NoReturn:
-        """The one answer to a caller who cannot show a session's token — a wrong or missing one, or a name
-        without a record (issue 23 item 10): which names exist is never told, not by the status, code or
-        message, nor by the error counters. 401 `unauthorized`, or 503 `placement_recovering` while this
-        pod's own record is missing too (the store visibly lost its data: the session's own client, whose
-        record is not rebuilt yet, retries). Each costs one more Redis read, of the pod's record."""
-        assert self.link is not None
-        try:
-            recovering = await self.link.store_lost_data()
-        except Exception as exc:
-            raise NotReady(f"placement store unavailable: {exc}") from exc
-        if recovering:
-            raise PlacementRecovering("the placement store lost its data and is rebuilding it; retry")
-        raise Unauthorized("missing or wrong bearer token for this session")
 
     async def misdirect_while_draining(self, session_id: str, authorization: str | None) -> None:
         """A draining worker still points a session's client at the pod it moved to (421), so that a migrated
         session's next tick reaches its new pod, which pulls it from here while this one waits to exit."""
-        if self.link is None:
-            return
-        try:
-            record = await self.link.session(session_id)
-        except Exception:
-            return  # the usual 503 not_ready follows
-        presented = bearer_token_sha256(authorization)
-        if (
-            record is None
-            or record.state is not SessionState.PLACED
-            or record.pod == self.link.pod
-            or presented is None
-            or not hmac.compare_digest(presented, record.token_sha256)
-        ):
-            return
-        endpoint = await self.link.endpoint_of(record.pod)
-        if endpoint:
-            raise Misdirected(f"session {session_id!r} lives on pod {record.pod}", endpoint=endpoint)
+        await self.sessions.placement.misdirect_while_draining(session_id, authorization)
 
     @contextlib.contextmanager
     def counted(self, session_id: str, authorization: str | None) -> Iterator[None]:
@@ -238,84 +75,30 @@ class PlacementGuard:
             if not self._requests[key]:
                 del self._requests[key]
 
-    # ---------------------------------------------------------------- admission and release
-
-    async def admit(self, session_id: str, record: SessionRecord | None) -> None:
-        """Give the session a slot; never more than `capacity` (the runner would evict silently)."""
-        book = self.books.get(session_id)
-        if book is not None and book.holds_slot:
-            return
-        capacity = self.books.capacity
-        if self.books.admitted() >= capacity:
-            await self._release_stale()
-            if self.books.admitted() >= capacity:
-                raise AtCapacity(f"this worker holds {capacity} session(s), its capacity")
-        # Sessions held for a transfer are in the runner but hold no slot: they make room (tier copy kept).
-        held = self.transfer.held
-        while held and self.books.admitted() + len(held) >= capacity:
-            await self.transfer.drop_held(next(iter(held)), "its room in the runner is needed")
-        self.books[session_id] = SessionBook(session_id, token_sha256=record.token_sha256 if record else "")
-
-    async def _release_stale(self) -> None:
-        """Close sessions the store no longer places here (an evict event may not be consumed yet)."""
-        if self.link is None:
-            return
-        candidates = [
-            sid for sid, book in self.books.items() if book.holds_slot and sid not in self.books.in_flight
-        ]
-        try:
-            bindings = await self.link.bindings(candidates)
-        except Exception as exc:
-            log.warning("could not check for stale sessions: %s", exc)
-            return
-        for session_id, binding in bindings.items():
-            # No record is no verdict: Redis lost its data and the binding is being rebuilt.
-            if binding is not None and not self.link.is_here(binding):
-                await self.release(session_id, reason="stale")
-
-    async def release(self, session_id: str, *, reason: str, keep_book: bool = False) -> None:
-        """The one teardown path for releases the client did not ask for (events, stale sessions)."""
-        runtime = self.forward.runtime
-        assert runtime is not None
-        self.transfer.discard_held(session_id)  # closed or moved while held for a transfer: nothing to pull
-        async with self.forward.lock.hold():
-            held = session_id in self.books or session_id in runtime.resident_sessions()
-            await self.forward.run(runtime.close, session_id)
-            book = self.books.get(session_id)
-            if keep_book and book is not None and book.status is not SessionStatus.CLOSED:
-                self.books[session_id] = book.failed()
-            else:
-                self.books.pop(session_id, None)
-        self.exports.release(session_id, keep_snapshot=reason == "suspend")
-        if held:
-            self.metrics.evictions.labels(reason).inc()
-            log.info("released session %s (%s)", session_id, reason)
+    # ---------------------------------------------------------------- the store's releases
 
     async def on_release(self, event: Any) -> None:
         """A `close`/`evict` entry of this pod's stream: release the session's state in the runner."""
-        binding = (await self.link.bindings([event.session]))[event.session]
-        here = binding is not None and self.link.is_here(binding)
-        book = self.books.get(event.session)
+        store = self.sessions.placement
+        binding = (await store.bindings([event.session]))[event.session]
+        here = binding is not None and store.is_here(binding)
+        book = self.sessions.books.get(event.session)
         if event.kind == "evict" and here and not binding.reset_required and book is not None:
             # Re-placed here and reset since the eviction: the event is older than the session's state.
             log.info("ignoring stale evict of %s", event.session)
             return
-        await self.release(event.session, reason=event.kind, keep_book=here)
+        await self.sessions.release(event.session, event.kind, keep=here)
 
     # ---------------------------------------------------------------- Redis writes after a tick
 
     async def touch(self, session_id: str, *, chunk_index: int, reset_done: bool) -> None:
-        if self.link is None:
-            return
         async with self._recording(session_id, "tick"):
-            await self.link.touch(session_id, chunk_index=chunk_index, reset_done=reset_done)
+            await self.sessions.placement.touch(session_id, chunk_index=chunk_index, reset_done=reset_done)
 
     async def note_history(self, session_id: str, kept: list[int], *, chunk_index: int | None = None) -> None:
         """The chunk boundaries this pod keeps of the session (issue 26), and a rewind's `chunk_index`."""
-        if self.link is None:
-            return
         async with self._recording(session_id, "kept chunks"):
-            await self.link.note_history(session_id, kept=kept, chunk_index=chunk_index)
+            await self.sessions.placement.note_history(session_id, kept=kept, chunk_index=chunk_index)
 
     @contextlib.asynccontextmanager
     async def _recording(self, session_id: str, what: str) -> AsyncIterator[None]:
@@ -330,10 +113,10 @@ class PlacementGuard:
                 "no record of session %s to note its %s in (the store lost its data)", session_id, what
             )
         except placement.SessionNotHere:
-            await self.release(session_id, reason="evict")
+            await self.sessions.release(session_id, "evict")
             raise SessionEvicted(f"session {session_id!r} was moved off this pod during its {what}") from None
         except placement.PodFenced:
-            self._fence()
+            self.sessions.fence()
             raise NotReady("this pod was fenced by a newer incarnation") from None
         except Exception as exc:  # Redis away or not answering: the chunk stands, a retry of it replays it
             log.warning("could not record session %s's %s in the placement store: %s", session_id, what, exc)
@@ -341,11 +124,3 @@ class PlacementGuard:
                 f"placement store unavailable ({type(exc).__name__}); the {what} stands: retry the same "
                 "request"
             ) from exc
-
-    async def mark_reset_required(self, session_id: str) -> None:
-        if self.link is None:
-            return
-        try:
-            await self.link.mark_reset_required(session_id)
-        except Exception as exc:  # the local book already enforces the reset
-            log.warning("could not mark %s reset_required in the placement store: %s", session_id, exc)

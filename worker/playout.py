@@ -11,7 +11,7 @@ order). The figures: time to first chunk (from the session's first tick here to 
 between deliveries, chunks after the first delivered by their deadline (on time) or after it (late), stall
 seconds (delivered minus deadline, for late ones) and the continuous-playback ratio
 `CPR = 1 - stall / (time since first chunk)`.
-Times are `time.perf_counter()` seconds, as a tick's arrival (worker/service.py `AdmittedTick`).
+Times are `time.perf_counter()` seconds, as a tick's arrival (worker/ticks.py `AdmittedTick`).
 
 `TickEstimate` is the pod's side of compute admission: its forward time per full chunk (the median of the
 recent ones) and the frames/s it may be asked for, `compute_utilisation x frames per full chunk / tick time`.

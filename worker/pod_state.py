@@ -1,5 +1,5 @@
-"""The state the worker's collaborators share (worker/service.py wires them): the runtime with the one thread
-that runs it and the lock that orders its calls, and the books of the sessions on this pod.
+"""The state of the sessions on this pod, as their owner (worker/pod_sessions.py) holds it: the runtime with
+the one thread that runs it and the lock that orders its calls, and the books of the sessions.
 
 One forward at a time per pod: every call into the runtime that touches session state (forward, reset, close,
 export, import) runs on `ForwardThread`'s one thread while its `lock` (`ForwardLock`) is held; the load and
@@ -17,8 +17,8 @@ baseline):
   first), so nothing starves while deadline ticks keep arriving.
 The lock passes straight to the waiter it picks (no barging by a newcomer while others wait).
 `SessionBooks` holds each session's book (worker/session_book.py) and which sessions have a tick, reset,
-suspension or prefetch in flight: at most one each. Both are plain objects passed explicitly to the placement
-guard, continuity and transfer, which read and write them; nothing else keeps session state.
+suspension or prefetch in flight: at most one each. Both are plain objects that `PodSessions` owns; the
+placement guard, continuity and transfer reach them only through it, and nothing else keeps session state.
 """
 
 from __future__ import annotations

@@ -71,8 +71,8 @@ from ardiff.worker.realtime_messages import (
     start_token,
     upstream,
 )
-from ardiff.worker.service import OpenedStream
 from ardiff.worker.stream import AUTH_TIMEOUT_SECONDS, SessionSocket, as_json
+from ardiff.worker.ticks import OpenedStream
 
 # Ticks answered with these are retried (after `retry_after`, or at once for another client's tick in flight)
 # for as long as the stall clock allows; the stream goes on.

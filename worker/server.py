@@ -20,6 +20,7 @@ from ardiff.worker.app import create_app
 from ardiff.worker.background import supervised
 from ardiff.worker.errors import ModelUnavailable
 from ardiff.worker.net import listen_socket
+from ardiff.worker.placement_port import PlacementPort, Standalone
 from ardiff.worker.runtime import SessionRuntime
 from ardiff.worker.service import WorkerService
 from ardiff.worker.settings import WorkerSettings
@@ -166,12 +167,12 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(settings: WorkerSettings) -> None:
-    link = None
+    placement: PlacementPort = Standalone(settings)
     if not settings.standalone:
         from ardiff.worker.pod_link import PodLink
 
-        link = PodLink.connect(settings)
-    service = WorkerService(settings, lambda: load_runtime(settings), link=link)
+        placement = PodLink.connect(settings)
+    service = WorkerService(settings, lambda: load_runtime(settings), placement=placement)
     config = uvicorn.Config(
         create_app(service),
         host=settings.host,

@@ -3,14 +3,16 @@
 `WorkerService` loads the runtime and registers the pod in the background, serves the routes of worker/app.py
 (ticks, close, reset, describe, the transfer endpoints, listing, metrics) and drains and stops the pod. A tick
 is checked cheapest first (`admitted`: at most a few requests per session under way, the pod draining or not
-ready, the session's placement and token), then its body, its chunk order (one tick per session in flight),
-its pictures' decoding (a thread pool) and its forward (worker/pod_state.py: one thread, earliest playout
-deadline first; worker/playout.py models each viewer's buffer and keeps the playout figures). The rest is
-its collaborators', each in its own module and wired here with the state they share (the session books, the
-forward thread, the pod's link to the placement store, the background tasks): the placement guard
-(worker/placement_guard.py: placement checks, admission, releases, the pod's events), continuity
-(worker/continuity.py: suspend, resume, snapshots, sweeps), the exports this pod answers for
-(worker/exports.py) and pod-to-pod transfer (worker/transfer.py).
+ready, the session's placement and token), then its body, its chunk order (one tick per session in flight;
+worker/ticks.py), its pictures' decoding (a thread pool) and its forward (worker/pod_state.py: one thread,
+earliest playout deadline first; worker/playout.py models each viewer's buffer and keeps the playout
+figures). The rest is its four collaborators', each in its own module:
+- the placement port (worker/placement_port.py): the pool's store (worker/pod_link.py), or standalone;
+- the one owner of the pod's sessions (worker/pod_sessions.py): their books, the forward thread, the exports
+  and the sessions held for a transfer, with admission and the one release path;
+- the two that talk only to that owner: the placement guard (worker/placement_guard.py: placement checks,
+  request counts, progress records, the pod's events) and continuity (worker/continuity.py: suspend, resume,
+  snapshots, sweeps).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from ardiff.errors import ArdiffError
@@ -34,10 +35,8 @@ from ardiff.worker.continuity import Continuity
 from ardiff.worker.encoding import RAW, MediaType
 from ardiff.worker.errors import (
     ChunkNotKept,
-    ChunkOutOfOrder,
     ForwardFailed,
     InvalidTick,
-    MaxChunksReached,
     NotReady,
     ResetRequired,
     Rewound,
@@ -46,18 +45,26 @@ from ardiff.worker.errors import (
     SessionExportError,
     UnknownSession,
 )
-from ardiff.worker.exports import Exports
 from ardiff.worker.families import ModelFamily, family_for, family_named
 from ardiff.worker.host_tier import HostCopy
-from ardiff.worker.messages import EXAMPLE_TICK, TickBody
 from ardiff.worker.metrics import WorkerMetrics
 from ardiff.worker.placement_guard import PlacementGuard
+from ardiff.worker.placement_port import Membership, PlacementPort, Standalone
 from ardiff.worker.playout import Playouts, TickEstimate, target_of, target_view
-from ardiff.worker.pod_state import ForwardThread, SessionBooks
+from ardiff.worker.pod_sessions import PodSessions
 from ardiff.worker.runtime import SessionRuntime
 from ardiff.worker.session_book import CachedChunk, SessionBook, SessionStatus
 from ardiff.worker.settings import WorkerSettings
-from ardiff.worker.transfer import HeldForTransfer, Transfer, check_pool_token
+from ardiff.worker.ticks import (
+    AdmittedTick,
+    OpenedStream,
+    TickOutcome,
+    TickResponse,
+    check_order,
+    timing_header,
+)
+from ardiff.worker.transfer import HeldForTransfer
+from ardiff.worker.warm_up import warm_up
 
 log = logging.getLogger(__name__)
 
@@ -65,49 +72,6 @@ RuntimeLoader = Callable[[], SessionRuntime]
 # Threads that decode ticks' pictures (a robot tick's three cameras), off the event loop; at most one tick per
 # session gets there (the in-flight check comes first), so the queue is bounded by the sessions placed here.
 DECODE_THREADS = 2
-# The throwaway session whose forwards measure the tick time before the pod registers (compute admission).
-WARM_UP_SESSION = "ardiff-warm-up"
-WARM_UP_CHUNKS = 3  # a session's first chunk is shorter; the two after it are full
-
-
-@dataclass(frozen=True)
-class TickOutcome:
-    """A tick's chunk and how long its stages took (seconds; zeros for a retried request id)."""
-
-    chunk: CachedChunk
-    queue: float = 0.0
-    forward: float = 0.0
-    decode: float = 0.0
-
-    def timing(self, **more: float) -> dict[str, float]:
-        """The stages in milliseconds (`server-timing`, the stream's `timing`)."""
-        stages = {"queue": self.queue, "forward": self.forward, "decode": self.decode, **more}
-        return {name: round(seconds * 1000, 2) for name, seconds in stages.items()}
-
-
-@dataclass(frozen=True)
-class AdmittedTick:
-    """A tick past the checks that need no body (`WorkerService.admitted`): the session's record (None
-    standalone) and when the request arrived (`perf_counter`)."""
-
-    session_id: str
-    record: SessionRecord | None
-    arrived: float
-
-
-@dataclass(frozen=True)
-class OpenedStream:
-    """A stream's session as it opens: its view (`GET /v1/sessions/{id}`) and record (None standalone)."""
-
-    view: dict[str, Any]
-    record: SessionRecord | None
-
-
-@dataclass(frozen=True)
-class TickResponse:
-    body: bytes
-    media_type: MediaType
-    headers: dict[str, str]
 
 
 def settings_family(settings: WorkerSettings) -> ModelFamily:
@@ -118,56 +82,53 @@ def settings_family(settings: WorkerSettings) -> ModelFamily:
         return family_named("lingbot")  # the runtime's load reports the unknown pipeline
 
 
-def _timing_header(stages_ms: dict[str, float]) -> str:
-    return ", ".join(f"{name};dur={ms:.2f}" for name, ms in stages_ms.items())
-
-
 class WorkerService:
     def __init__(
         self,
         settings: WorkerSettings,
         loader: RuntimeLoader,
         *,
-        link: Any = None,  # a PodLink in placement mode, None standalone
+        placement: PlacementPort | None = None,  # the pool's store (a PodLink); by default standalone
         metrics: WorkerMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.family = settings_family(settings)
-        self.link = link
         self.metrics = metrics or WorkerMetrics()
         self._loader = loader
-        self.forward = ForwardThread(settings.tick_order)
-        self.books = SessionBooks()
+        self._tasks = Background(self.metrics)
+        # The four collaborators: the placement port, the sessions' owner, and the two that talk only to it.
+        self.sessions = PodSessions(settings, placement or Standalone(settings), self.metrics, self._tasks)
+        self.guard = PlacementGuard(self.sessions)
+        self.continuity = Continuity(settings, self.sessions, self.metrics)
         self.playouts = Playouts()
         self.tick_estimate = TickEstimate(settings.compute_utilisation)
-        self._tasks = Background(self.metrics)
-        self.exports = Exports(settings, self.forward)
-        self.transfer = Transfer(settings, link, self.forward, self.exports, self.metrics, self._tasks)
-        self.guard = PlacementGuard(
-            link, self.books, self.forward, self.exports, self.transfer, self.metrics, fence=self._fence
-        )
-        self.continuity = Continuity(
-            settings, link, self.books, self.forward, self.exports, self.guard, self.transfer, self.metrics
-        )
         self._decoder = ThreadPoolExecutor(max_workers=DECODE_THREADS, thread_name_prefix="ardiff-decode")
         self._draining = False
-        self._stopped = asyncio.Event()  # set when the worker must exit on its own (fenced, load failed)
-        self.failure: BaseException | None = None
 
     # ---------------------------------------------------------------- lifecycle
 
     @property
+    def placement(self) -> PlacementPort:
+        """The pod's placement port (the pool's store, or standalone), as its sessions' owner holds it."""
+        return self.sessions.placement
+
+    @property
     def runtime(self) -> SessionRuntime | None:
-        return self.forward.runtime
+        return self.sessions.runtime
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the worker stopped on its own (the load failed, or it was fenced); None otherwise."""
+        return self.sessions.failure
 
     @property
     def capacity(self) -> int:
-        return self.books.capacity
+        return self.sessions.books.capacity
 
     @property
     def exports_sessions(self) -> bool:
         """A tier to suspend sessions to: evictions and migrations keep them instead of dropping them."""
-        return self.exports.any_tier
+        return self.sessions.exports.any_tier
 
     @property
     def loaded(self) -> bool:
@@ -175,8 +136,7 @@ class WorkerService:
 
     @property
     def ready(self) -> bool:
-        registered = self.link is None or self.link.registered
-        return self.loaded and registered and not self._draining and not self._stopped.is_set()
+        return self.loaded and self.placement.registered and not self._draining and not self.stopped.is_set()
 
     @property
     def draining(self) -> bool:
@@ -185,11 +145,11 @@ class WorkerService:
     @property
     def loading(self) -> bool:
         """The runtime is still loading on the forward thread (a load cannot be interrupted)."""
-        return self.forward.loading
+        return self.sessions.forward.loading
 
     @property
     def stopped(self) -> asyncio.Event:
-        return self._stopped
+        return self.sessions.stopped
 
     async def start(self) -> None:
         """Load the runtime and register, in the background: the HTTP server answers /healthz meanwhile."""
@@ -197,13 +157,13 @@ class WorkerService:
 
     async def _load_and_register(self) -> None:
         try:
-            runtime = await self.forward.load(self._loader)
+            runtime = await self.sessions.forward.load(self._loader)
             cap = self.settings.session_capacity
-            self.books.capacity = runtime.capacity if cap is None else min(runtime.capacity, cap)
+            self.sessions.books.capacity = runtime.capacity if cap is None else min(runtime.capacity, cap)
             if self.settings.compute_utilisation > 0:  # before the pod is ready (standalone) or registers
-                await self._warm_up(runtime)
+                await warm_up(runtime, self.family, self.sessions.forward, self.tick_estimate)
                 self._report_compute()
-            self.forward.runtime = runtime
+            self.sessions.forward.runtime = runtime
             self.metrics.capacity.set(self.capacity)
             log.info(
                 "runtime loaded: capacity=%d (runner %d) frame_size=%s",
@@ -211,86 +171,43 @@ class WorkerService:
                 runtime.capacity,
                 runtime.frame_size,
             )
-            if self.link is not None:
-                self.link.exports = self.exports_sessions and runtime.supports_export
-                await self.link.register(self.capacity)
-                link = self.link
-                self._tasks.supervise("heartbeat", lambda: link.heartbeat_forever(self._fence))
-                self._tasks.supervise("events", lambda: link.events_forever(self.on_event))
-                if self.exports_sessions:
-                    self._tasks.supervise("tier-sweep", self.continuity.sweep_tier_forever)
+            membership = Membership(
+                self.capacity,
+                exports=self.exports_sessions and runtime.supports_export,
+                tasks=self._tasks,
+                on_fenced=self.sessions.fence,
+                on_event=self.on_event,
+                sweep=self.continuity.sweep_tier_forever if self.exports_sessions else None,
+            )
+            await self.placement.join(membership)
         except Exception as exc:
             if isinstance(exc, ArdiffError):  # a user error (bad model, bad settings): no traceback
                 log.error("worker failed to start: %s", exc)
             else:
                 log.exception("worker failed to start")
-            self.failure = exc
-            self._stopped.set()
-
-    async def _warm_up(self, runtime: SessionRuntime) -> None:
-        """Forwards of a throwaway session at the pool's resolution, closed after, so that the pod's first
-        registration carries its tick time: LingBot ticks (the schema's example). A family whose ticks are
-        another body (DreamZero's carry an observation) is measured by its real ticks only."""
-        if not issubclass(self.family.tick_body, TickBody):
-            return
-        conditioning = Conditioning(seed=0, prompt="warm-up", image=b"")
-        try:
-            for index in range(WARM_UP_CHUNKS):
-                body = {**EXAMPLE_TICK, "request_id": f"{WARM_UP_SESSION}-{index}", "chunk_index": index}
-                prepared = await asyncio.to_thread(
-                    runtime.prepare, self.family.parse_tick(WARM_UP_SESSION, body), conditioning
-                )
-                async with self.forward.lock.hold():
-                    started = time.perf_counter()
-                    output = await self.forward.run(runtime.forward, prepared)
-                    busy = time.perf_counter() - started
-                if index > 0:
-                    self.tick_estimate.add(busy, len(output.frames))
-        finally:
-            async with self.forward.lock.hold():
-                await self.forward.run(runtime.close, WARM_UP_SESSION)
-        log.info("warm-up: %.1f ms per full chunk", self.tick_estimate.tick_s * 1000)
+            self.sessions.stop(exc)
 
     def _report_compute(self) -> None:
         """The tick estimate and the frames/s it admits, to the metrics and the pod's record (placement)."""
         compute_fps = self.tick_estimate.compute_fps
         self.metrics.tick_seconds.set(self.tick_estimate.tick_s)
         self.metrics.compute_fps.set(compute_fps)
-        if self.link is not None:
-            self.link.compute_fps = compute_fps
-            self.link.tick_ms = self.tick_estimate.tick_s * 1000
-
-    def _fence(self) -> None:
-        self.failure = RuntimeError("fenced: a newer incarnation of this pod registered")
-        self._stopped.set()
+        self.placement.report_compute(compute_fps, self.tick_estimate.tick_s * 1000)
 
     async def drain(self) -> None:
         """SIGTERM: no new placements, new ticks get 503, the ticks already accepted finish."""
         if self._draining:
             return
         self._draining = True
-        log.info("draining: %d tick(s) in flight", len(self.books.in_flight))
-        if self.link is not None and self.link.registered:
-            try:
-                await self.link.set_draining()
-            except Exception as exc:
-                log.warning("could not mark pod draining in the placement store: %s", exc)
-        await self.books.idle.wait()
-        await self.transfer.spill_host_tier()
-        await self.transfer.await_handoffs()
+        log.info("draining: %d tick(s) in flight", len(self.sessions.books.in_flight))
+        await self.sessions.drain()
 
     async def stop(self) -> None:
         await self._tasks.stop()
-        if self.link is not None:
-            await self.link.close()
-        if self.loading:  # stopped while the model loads: the process exits without waiting (server.serve)
-            self.forward.abandon()
-            return
-        if self.runtime is not None:
-            await self.forward.run(self.runtime.shutdown)
-        await self.transfer.close()
-        self._decoder.shutdown(wait=True)
-        self.forward.shutdown()
+        loading = self.loading  # stopped while the model loads: the process exits without waiting
+        await self.sessions.shutdown()
+        if not loading:
+            self._decoder.shutdown(wait=True)
 
     def _require_loaded(self) -> SessionRuntime:
         """The runtime once the model is loaded (close and describe also serve while draining)."""
@@ -355,11 +272,11 @@ class WorkerService:
             self._forget_released_playouts()
         playout = self.playouts.of(session_id, target_of(record, self.settings), arrived)
         deadline = playout.deadline(arrived, body.get("buffer_ms"))
-        prefetch = self.transfer.prefetch_of(session_id)
+        prefetch = self.sessions.transfer.prefetch_of(session_id)
         if prefetch is not None:  # the session is being pulled here already: its tick waits for that
             await asyncio.shield(prefetch)
-        with self.books.exclusive(session_id):
-            book = self.books.get(session_id)
+        with self.sessions.books.exclusive(session_id):
+            book = self.sessions.books.get(session_id)
             resumed = (
                 record is not None and bool(record.resume_from) and (book is None or not book.holds_slot)
             )
@@ -374,7 +291,7 @@ class WorkerService:
                     "continue from there (the same controls give the same frames)",
                     expected_chunk_index=book.next_chunk_index,
                 )
-            self._check_order(tick, book, record)
+            check_order(tick, book, record)
             prompt = tick.prompt if tick.prompt is not None else record.prompt if record else ""
             if not prompt.strip():
                 raise InvalidTick(
@@ -386,36 +303,39 @@ class WorkerService:
             loop = asyncio.get_running_loop()
             tick = await loop.run_in_executor(self._decoder, self.family.decode_tick, tick)
             prepared = await asyncio.to_thread(runtime.prepare, tick, conditioning)
-            await self.guard.admit(session_id, record)
-            async with self.forward.lock.hold(deadline):
+            await self.sessions.admit(session_id, record)
+            async with self.sessions.forward.lock.hold(deadline):
                 started = time.perf_counter()
                 queued = started - arrived
-                book = self.books.get(session_id)
+                book = self.sessions.books.get(session_id)
                 if book is None:
                     raise SessionEvicted(f"session {session_id!r} was released while its tick was queued")
-                self._check_order(tick, book, None)
+                check_order(tick, book, None)
                 if tick.reset:  # the session starts over: its kept history is of another world
-                    self.exports.history.drop(session_id)
+                    self.sessions.exports.history.drop(session_id)
                 try:
-                    output = await self.forward.run(runtime.forward, prepared, inject_fault=inject_fault)
+                    output = await self.sessions.forward.run(
+                        runtime.forward, prepared, inject_fault=inject_fault
+                    )
                 except Exception as exc:
                     log.warning(
                         "forward of session %s chunk %d failed: %r", session_id, tick.chunk_index, exc
                     )
-                    self.books[session_id] = book.failed()
-                    self.exports.history.drop(session_id)
+                    await self.sessions.release_held(session_id, "failed", keep=True)
                     failure: Exception | None = exc
                 else:
                     failure = None
                     chunk = CachedChunk(
                         tick.request_id, tick.chunk_index, output.frames, output.metadata, output.actions
                     )
-                    advanced = self.books[session_id] = book.advanced(chunk, closed=tick.close_session)
+                    advanced = self.sessions.books[session_id] = book.advanced(
+                        chunk, closed=tick.close_session
+                    )
                     busy = time.perf_counter() - started
                     keep = record.history_keep_chunks if record is not None and not tick.close_session else 0
                     kept = await self._keep_boundary(session_id, advanced, keep) if keep else None
             if failure is not None:
-                await self.guard.mark_reset_required(session_id)
+                await self.sessions.mark_reset_required(session_id)
                 raise ForwardFailed(
                     f"the forward of chunk {tick.chunk_index} failed ({type(failure).__name__}); the session "
                     "was closed and needs reset=true, chunk_index=0"
@@ -443,41 +363,15 @@ class WorkerService:
         the boundaries kept now. One that does not fit the budget, or fails to export, is not kept (logged,
         counted): the tick goes on."""
         try:
-            await self.forward.run(self.exports.keep_boundary, session_id, book, keep_chunks)
+            await self.sessions.forward.run(
+                self.sessions.exports.keep_boundary, session_id, book, keep_chunks
+            )
         except Exception as exc:
             log.warning("chunk %d of session %s not kept: %s", book.next_chunk_index, session_id, exc)
             self.metrics.history_dropped.inc()
         else:
             self.metrics.history_kept.inc()
-        return self.exports.history.chunks(session_id)
-
-    @staticmethod
-    def _check_order(tick: Any, book: SessionBook | None, record: SessionRecord | None) -> None:
-        if book is not None and book.status is SessionStatus.CLOSED:
-            raise SessionClosed(f"session {tick.session_id!r} was closed on this worker")
-        needs_reset = (book is not None and book.status is SessionStatus.RESET_REQUIRED) or (
-            record is not None and record.reset_required
-        )
-        if tick.reset:
-            if tick.chunk_index != 0:
-                raise ChunkOutOfOrder(
-                    "a reset tick starts the session over at chunk 0", expected_chunk_index=0
-                )
-        elif needs_reset:
-            raise ResetRequired(
-                f"session {tick.session_id!r} lost its state; send reset=true with chunk_index=0"
-            )
-        else:
-            expected = book.next_chunk_index if book is not None else 0
-            if tick.chunk_index != expected:
-                raise ChunkOutOfOrder(
-                    f"expected chunk_index {expected}, got {tick.chunk_index}", expected_chunk_index=expected
-                )
-        if record is not None and record.max_chunks and tick.chunk_index >= record.max_chunks:
-            raise MaxChunksReached(
-                f"session {tick.session_id!r} is limited to {record.max_chunks} chunks",
-                max_chunks=record.max_chunks,
-            )
+        return self.sessions.exports.history.chunks(session_id)
 
     async def respond(self, outcome: TickOutcome, media_type: MediaType | str) -> TickResponse:
         """The HTTP answer of a tick as `media_type` (the family's encoding: frames, actions), the metadata
@@ -492,7 +386,7 @@ class WorkerService:
         headers = {
             "ardiff-chunk-metadata": json.dumps(chunk.metadata, ensure_ascii=True, separators=(",", ":")),
             **shapes,
-            "server-timing": _timing_header(outcome.timing(encode=encode)),
+            "server-timing": timing_header(outcome.timing(encode=encode)),
         }
         return TickResponse(body, media_type, headers)  # type: ignore[arg-type]
 
@@ -500,20 +394,23 @@ class WorkerService:
 
     async def claim_transfer(self, session_id: str, authorization: str | None) -> HeldForTransfer | HostCopy:
         """What a pull of the session from this pod gets (`Transfer.claim`)."""
-        return await self.transfer.claim(session_id, authorization)
+        return await self.sessions.transfer.claim(session_id, authorization)
 
     def send_transfer(self, session_id: str, held: HeldForTransfer | HostCopy) -> AsyncIterator[bytes]:
         """The body of that pull (`Transfer.send`)."""
-        return self.transfer.send(session_id, held)
+        return self.sessions.transfer.send(session_id, held)
+
+    def send_kept(self, session_id: str, chunk: int, authorization: str | None) -> AsyncIterator[bytes]:
+        """The body of a pull of the session's kept chunk by the pod a fork of it was placed on."""
+        return self.sessions.transfer.send_kept(session_id, chunk, authorization)
 
     def prefetch(self, session_id: str, authorization: str | None) -> None:
         """The pod holding a migrated session placed here offers it: pull it now, in the background."""
-        self.transfer.prefetch(session_id, authorization, self._prefetch)
+        self.sessions.transfer.prefetch(session_id, authorization, self._prefetch)
 
     async def _prefetch(self, session_id: str) -> None:
-        if self.link is None or not self.ready:
-            return
-        await self.continuity.resume_offered(session_id)
+        if self.ready:  # standalone, nothing is offered: no record places it here
+            await self.continuity.resume_offered(session_id)
 
     # ---------------------------------------------------------------- other routes
 
@@ -524,25 +421,16 @@ class WorkerService:
         pod: one it holds a book for, or one placed here. Any other (suspended, evicted, lost, deleted
         through whichever pod its client asked) gets no `close` event here, so its book would outlive it and
         answer 410 to a later session of the same name placed here."""
-        runtime = self._require_loaded()
+        self._require_loaded()
         record = await self.guard.placed_record(session_id, authorization, any_state=True)
-        self.transfer.discard_held(session_id)  # deleted while held for a transfer: nothing to pull
-        async with self.forward.lock.hold():
-            await self.forward.run(runtime.close, session_id)
-            self.exports.history.drop(session_id)
-            book = self.books.get(session_id) or SessionBook(session_id)
-            ours = session_id in self.books or (record is not None and self.link.is_here(record))
-            if self.link is not None and ours:
-                self.books[session_id] = book.closed()
-            else:
-                self.books.pop(session_id, None)  # standalone, or not this pod's: the id is free again
+        closed = await self.sessions.close(session_id, record)
         view = {
-            **book.closed().describe(),
+            **closed.describe(),
             "resident": False,
             "in_flight": False,
             "playout": self._playout_view(session_id, record),
         }
-        if session_id not in self.books:
+        if session_id not in self.sessions.books:
             self.playouts.pop(session_id, None)
         return view
 
@@ -559,9 +447,9 @@ class WorkerService:
         """`rewind` once `admitted` (the checks of a tick that need no body)."""
         session_id, record = admitted.session_id, admitted.record
         runtime = self._require_loaded()
-        history = self.exports.history
-        with self.books.exclusive(session_id):
-            book = self.books.get(session_id)
+        history = self.sessions.exports.history
+        with self.sessions.books.exclusive(session_id):
+            book = self.sessions.books.get(session_id)
             if book is None and record is None:
                 raise UnknownSession(f"no session {session_id!r} on this worker")
             if book is not None and book.status is SessionStatus.CLOSED:
@@ -574,21 +462,22 @@ class WorkerService:
                     "spec.history.keepChunks boundaries, never its start: reset for chunk 0)",
                     kept_chunks=kept,
                 )
-            async with self.forward.lock.hold():
-                await self.forward.run(runtime.close, session_id)
+            async with self.sessions.forward.lock.hold():
+                await self.sessions.release_held(session_id, "rewind")
                 try:
-                    installed = await self.forward.run(runtime.import_session, copy.reader())
+                    installed = await self.sessions.forward.run(runtime.import_session, copy.reader())
                 except SessionExportError as exc:
                     log.warning("rewind of session %s to chunk %d failed: %s", session_id, chunk, exc)
-                    self.books[session_id] = book.failed()
-                    history.drop(session_id)
+                    await self.sessions.release_held(session_id, "failed", keep=True)
                     failure: SessionExportError | None = exc
                 else:
                     failure = None
-                    self.books[session_id] = dataclasses.replace(installed, token_sha256=book.token_sha256)
+                    self.sessions.books[session_id] = dataclasses.replace(
+                        installed, token_sha256=book.token_sha256
+                    )
                     kept = history.drop_after(session_id, chunk)
             if failure is not None:
-                await self.guard.mark_reset_required(session_id)
+                await self.sessions.mark_reset_required(session_id)
                 raise ResetRequired(
                     f"session {session_id!r} could not be rewound ({failure.code}); send reset=true with "
                     "chunk_index=0"
@@ -599,20 +488,16 @@ class WorkerService:
         return {"session": session_id, "chunk_index": chunk, "kept_chunks": kept}
 
     async def reset(self, session_id: str, authorization: str | None) -> dict[str, Any]:
-        runtime = self.require_ready()
+        self.require_ready()
         with self.guard.counted(session_id, authorization):
             record = await self.guard.placed_record(session_id, authorization)
-        with self.books.exclusive(session_id):
-            book = self.books.get(session_id)
+        with self.sessions.books.exclusive(session_id):
+            book = self.sessions.books.get(session_id)
             if book is None and record is None:
                 raise UnknownSession(f"no session {session_id!r} on this worker")
             if book is not None and book.status is SessionStatus.CLOSED:
                 raise SessionClosed(f"session {session_id!r} was closed on this worker")
-            async with self.forward.lock.hold():
-                await self.forward.run(runtime.reset, session_id)
-                self.exports.history.drop(session_id)
-                if book is not None:
-                    book = self.books[session_id] = book.after_reset()
+            book = (await self.sessions.release(session_id, "reset", keep=True)).after
             await self.guard.touch(session_id, chunk_index=0, reset_done=True)
         return self._describe(session_id, book, record)
 
@@ -620,7 +505,7 @@ class WorkerService:
         self._require_loaded()
         with self.guard.counted(session_id, authorization):
             record = await self.guard.placed_record(session_id, authorization)
-        if session_id not in self.books and record is None:
+        if session_id not in self.sessions.books and record is None:
             raise UnknownSession(f"no session {session_id!r} on this worker")
         return self._view(session_id, record)
 
@@ -632,7 +517,7 @@ class WorkerService:
         return OpenedStream(self._view(session_id, record), record)
 
     def _view(self, session_id: str, record: SessionRecord | None) -> dict[str, Any]:
-        book = self.books.get(session_id)
+        book = self.sessions.books.get(session_id)
         view = self._describe(session_id, book, record)
         if record is not None and record.reset_required and book is None:
             view["state"] = SessionStatus.RESET_REQUIRED.value
@@ -648,7 +533,7 @@ class WorkerService:
         return {
             **view,
             "resident": resident,
-            "in_flight": session_id in self.books.in_flight,
+            "in_flight": session_id in self.sessions.books.in_flight,
             "playout": self._playout_view(session_id, record),
         }
 
@@ -664,31 +549,29 @@ class WorkerService:
         """The pod's capacity and KV blocks for anyone (the numbers `/metrics` serves); the sessions it
         holds only to the pool's transfer token (401 for any other credential; a pool without one lists
         them to nobody), or to anyone standalone, where nothing is authenticated (issue 23 item 10)."""
-        named = self.link is None or authorization is not None
-        if self.link is not None and authorization is not None:
-            check_pool_token(self.settings.transfer_token, authorization)
+        named = self.placement.may_list_sessions(authorization)
         blocks = self.runtime.kv_blocks() if self.runtime is not None else None
         return {
             "ready": self.ready,
             "capacity": self.capacity,
-            "admitted": self.books.admitted(),
+            "admitted": self.sessions.books.admitted(),
             "kv_blocks": None if blocks is None else {"free": blocks.free, "total": blocks.total},
-            "sessions": [self._describe(sid, book) for sid, book in sorted(self.books.items())]
+            "sessions": [self._describe(sid, book) for sid, book in sorted(self.sessions.books.items())]
             if named
             else None,
         }
 
     def _forget_released_playouts(self) -> None:
         """Drop the playouts of sessions this pod no longer holds (released, moved, deleted)."""
-        self.playouts.keep_only(set(self.books) | self.books.in_flight)
+        self.playouts.keep_only(set(self.sessions.books) | self.sessions.books.in_flight)
 
     def render_metrics(self) -> bytes:
         self._forget_released_playouts()
-        playing = {session_id for session_id, book in self.books.items() if book.holds_slot}
-        self.metrics.history_bytes.set(self.exports.history.used_bytes)
+        playing = {session_id for session_id, book in self.sessions.books.items() if book.holds_slot}
+        self.metrics.history_bytes.set(self.sessions.exports.history.used_bytes)
         return self.metrics.render(
             self.runtime,
-            admitted=self.books.admitted(),
+            admitted=self.sessions.books.admitted(),
             ready=self.ready,
             playback_ratio=self.playouts.pod_cpr(time.perf_counter(), playing),
         )

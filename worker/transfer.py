@@ -17,9 +17,9 @@ in host memory for the transfer. The export's own SHA-256 covers the transfer: a
 `Transfer`'s job is the holder's side (sessions held for their new pod, offers, claims and sends, a draining
 pod's wait for its handoffs and the spill of its host tier to the shared tier) and the puller's (where to pull
 from, the pull, the offers it accepts). It keeps the held sessions, the sends under way and the prefetches;
-it touches the runtime only through the forward thread (worker/pod_state.py), and never a session's book:
-holding, resuming and releasing sessions is the continuity's (worker/continuity.py) and the placement
-guard's (worker/placement_guard.py).
+it is owned by, and reaches the runtime (on the forward thread), the exports and the placement port only
+through, the pod's sessions (worker/pod_sessions.py), and never touches a session's book: holding, resuming
+and releasing sessions is the continuity's (worker/continuity.py) and their owner's.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -49,14 +49,15 @@ from ardiff.worker.errors import (
     Unauthorized,
     UnknownSession,
 )
-from ardiff.worker.exports import Exports
 from ardiff.worker.host_tier import HostCopy, copy_needed, host_holder
 from ardiff.worker.metrics import WorkerMetrics
 from ardiff.worker.pieces import BodyReader, PieceCollector
-from ardiff.worker.pod_state import ForwardThread
 from ardiff.worker.session_book import SessionBook
 from ardiff.worker.settings import WorkerSettings
 from ardiff.worker.shared_tier import direct_source
+
+if TYPE_CHECKING:
+    from ardiff.worker.pod_sessions import PodSessions
 
 log = logging.getLogger(__name__)
 
@@ -189,23 +190,19 @@ class HeldForTransfer:
 
 
 class Transfer:
-    """Both ends of pod-to-pod transfers on this pod (the module's docstring). `held` (read by the placement
-    guard: a held session makes room for an admitted one, and is waited for by its next tick) is changed only
-    here."""
+    """Both ends of pod-to-pod transfers on this pod (the module's docstring). `held` (read by the pod's
+    sessions: a held session makes room for an admitted one, and is waited for by its next tick) is changed
+    only here."""
 
     def __init__(
         self,
         settings: WorkerSettings,
-        link: Any,  # a PodLink in placement mode, None standalone
-        forward: ForwardThread,
-        exports: Exports,
+        sessions: PodSessions,  # their owner, which owns this too
         metrics: WorkerMetrics,
         tasks: Background,
     ) -> None:
         self.settings = settings
-        self.link = link
-        self.forward = forward
-        self.exports = exports
+        self.sessions = sessions
         self.metrics = metrics
         self._tasks = tasks
         self.held: dict[str, HeldForTransfer] = {}  # migrated sessions its new pod may pull from here
@@ -241,12 +238,11 @@ class Transfer:
         """While sessions are held here: as soon as the store places one on another pod, ask that pod to pull
         it now (`POST …/prefetch`) rather than at its first tick, so the move does not wait for the client
         and this pod, which is usually going, need not wait either."""
-        assert self.link is not None
         offered: set[tuple[str, str]] = set()
         async with self._peer_client(OFFER_TIMEOUT) as client:
             while self.held:
                 try:
-                    bindings = await self.link.bindings(list(self.held))
+                    bindings = await self.sessions.placement.bindings(list(self.held))
                 except Exception as exc:
                     log.warning("could not check the held sessions' placements: %s", exc)
                     bindings = {}
@@ -254,7 +250,7 @@ class Transfer:
                     held = self.held.get(session_id)
                     if held is None or binding is None or binding.resume_from != held.location:
                         continue
-                    if binding.pod == self.link.pod or (session_id, binding.pod) in offered:
+                    if binding.pod == self.sessions.placement.pod or (session_id, binding.pod) in offered:
                         continue
                     offered.add((session_id, binding.pod))
                     await self._offer(client, session_id, binding.pod)
@@ -263,7 +259,7 @@ class Transfer:
     async def _offer(self, client: httpx.AsyncClient, session_id: str, pod: str) -> None:
         token = self.settings.transfer_token
         try:
-            endpoint = await self.link.endpoint_of(pod) if self.link is not None else None
+            endpoint = await self.sessions.placement.endpoint_of(pod)
             if endpoint is None or token is None:
                 return
             url = endpoint.rstrip("/") + PREFETCH_PATH.format(session_id=session_id)
@@ -280,11 +276,10 @@ class Transfer:
 
     async def drop_held(self, session_id: str, why: str) -> None:
         """Release a held session's state (its shared-tier copy stays: the new pod resumes from that)."""
-        runtime = self.forward.runtime
+        runtime = self.sessions.forward.runtime
         if self.held.pop(session_id, None) is None or runtime is None:
             return
-        async with self.forward.lock.hold():
-            await self.forward.run(runtime.close, session_id)
+        await self.sessions.release(session_id, "unheld")
         log.info("released session %s held for a transfer (%s)", session_id, why)
 
     def discard_held(self, session_id: str) -> None:
@@ -297,7 +292,7 @@ class Transfer:
         any more: it is dropped)."""
         check_pool_token(self.settings.transfer_token, authorization)
         held: HeldForTransfer | HostCopy | None = self.held.pop(session_id, None)
-        host_tier = self.exports.host_tier
+        host_tier = self.sessions.exports.host_tier
         if held is None and host_tier is not None:
             held = host_tier.copy_of(session_id)
             if held is not None and not await self._copy_still_needed(held):
@@ -310,17 +305,15 @@ class Transfer:
     async def _copy_still_needed(self, copy: HostCopy) -> bool:
         """Whether the store still points at a host-tier copy (`copy_needed`); one it no longer does is
         dropped. A store that cannot be asked is no verdict: the copy stays."""
-        assert self.exports.host_tier is not None
-        if self.link is None:
-            return True
+        assert self.sessions.exports.host_tier is not None
         try:
-            binding = (await self.link.bindings([copy.session_id]))[copy.session_id]
+            binding = (await self.sessions.placement.bindings([copy.session_id]))[copy.session_id]
         except Exception as exc:
             log.warning("could not check session %s's host-tier copy: %s", copy.session_id, exc)
             return True
         if copy_needed(binding, copy.location):
             return True
-        self.exports.host_tier.remove(copy.location)
+        self.sessions.exports.host_tier.remove(copy.location)
         log.info("dropped session %s's host-tier copy: nothing points at it any more", copy.session_id)
         return False
 
@@ -345,15 +338,17 @@ class Transfer:
         self._tasks.spawn(self._drop_copy_once_resumed(copy), f"sent-{copy.session_id}")
 
     async def _send_held(self, session_id: str, held: HeldForTransfer) -> AsyncIterator[bytes]:
-        runtime = self.forward.runtime
+        runtime = self.sessions.forward.runtime
         assert runtime is not None
         collector = PieceCollector(sys.maxsize)
         try:
-            async with self.forward.lock.hold():
+            async with self.sessions.forward.lock.hold():
                 try:
-                    await self.forward.run(runtime.export_session, session_id, collector, book=held.book)
+                    await self.sessions.forward.run(
+                        runtime.export_session, session_id, collector, book=held.book
+                    )
                 finally:
-                    await self.forward.run(runtime.close, session_id)
+                    await self.sessions.forward.run(runtime.close, session_id)
         except BaseException:
             self._record_sent(session_id, "failed", 0, 0.0)
             raise
@@ -364,9 +359,9 @@ class Transfer:
         """The body of a pull of the session's kept chunk `chunk` (a fork placed on another pod, issue 26),
         for the pool's transfer token: its pieces as they lie in memory, kept (a fork consumes nothing)."""
         check_pool_token(self.settings.transfer_token, authorization)
-        copy = self.exports.history.get(session_id, chunk)
+        copy = self.sessions.exports.history.get(session_id, chunk)
         if copy is None:
-            kept = self.exports.history.chunks(session_id)
+            kept = self.sessions.exports.history.chunks(session_id)
             raise ChunkNotKept(
                 f"this pod keeps no chunk {chunk} of session {session_id!r} (it keeps {kept})",
                 kept_chunks=kept,
@@ -408,8 +403,8 @@ class Transfer:
         """Draining: the host tier's copies die with this pod, so each one the store still points at is copied
         to the shared tier first. Without a shared tier they stay for pulls under way (`await_handoffs`);
         the others' sessions resume from their snapshot or need a reset (contracts §2)."""
-        host_tier, tier = self.exports.host_tier, self.exports.tier
-        if host_tier is None or tier is None or self.link is None:
+        host_tier, tier = self.sessions.exports.host_tier, self.sessions.exports.tier
+        if host_tier is None or tier is None:
             return
         for copy in host_tier.copies():
             try:
@@ -418,7 +413,7 @@ class Transfer:
                 log.warning("could not move session %s's host-tier export: %s", copy.session_id, exc)
                 continue
             try:
-                moved = await self.link.relocate_export(
+                moved = await self.sessions.placement.relocate_export(
                     copy.session_id, from_location=copy.location, to_location=location
                 )
             except Exception as exc:
@@ -434,12 +429,11 @@ class Transfer:
         """Draining (the pod goes): keep the held sessions whose new pod is about to pull them, each until its
         hold ends; a session nobody was placed for within `HANDOFF_PLACEMENT_SECONDS` resumes from the shared
         tier. Then wait for the pulls under way."""
-        assert self.link is not None or not self.held
         placement_deadline = time.monotonic() + HANDOFF_PLACEMENT_SECONDS
         while self.held:
             now = time.monotonic()
             try:
-                bindings = await self.link.bindings(list(self.held))
+                bindings = await self.sessions.placement.bindings(list(self.held))
             except Exception as exc:
                 log.warning("could not check the held sessions' placements: %s", exc)
                 bindings = {}
@@ -458,13 +452,13 @@ class Transfer:
     async def _await_host_pulls(self) -> None:
         """Draining without a shared tier: wait (up to `transfer_hold_seconds`) while host-tier copies are
         about to be pulled by the pods their sessions were placed on, or wait to be placed (a migration)."""
-        host_tier = self.exports.host_tier
-        if host_tier is None or self.exports.tier is not None or self.link is None:
+        host_tier = self.sessions.exports.host_tier
+        if host_tier is None or self.sessions.exports.tier is not None:
             return
         deadline = time.monotonic() + self.settings.transfer_hold_seconds
         while time.monotonic() < deadline and (copies := host_tier.copies()):
             try:
-                bindings = await self.link.bindings([copy.session_id for copy in copies])
+                bindings = await self.sessions.placement.bindings([copy.session_id for copy in copies])
             except Exception as exc:
                 log.warning("could not check the host tier's sessions: %s", exc)
                 return
@@ -503,7 +497,7 @@ class Transfer:
         """(pod, endpoint) of the pod a migration's export names as holding the session, when this worker may
         pull from it; None to read the shared tier instead (no token, no holder, the holder gone)."""
         pod = host_holder(location) or direct_source(location)
-        if self.link is None or pod is None or pod == self.link.pod:
+        if pod is None or pod == self.sessions.placement.pod:
             return None
         endpoint = await self.endpoint_of(pod)
         if endpoint is None:
@@ -516,10 +510,10 @@ class Transfer:
     async def endpoint_of(self, pod: str) -> str | None:
         """The endpoint of another pod of the pool this worker may pull from; None without a transfer token,
         or when the pod is gone or cannot be looked up."""
-        if self.link is None or not self.settings.transfer_token:
+        if not self.settings.transfer_token:
             return None
         try:
-            return await self.link.endpoint_of(pod)
+            return await self.sessions.placement.endpoint_of(pod)
         except Exception as exc:
             log.warning("could not look up pod %s for a direct transfer: %s", pod, exc)
             return None
@@ -532,7 +526,7 @@ class Transfer:
         then import it under the lock (`as_session`: a fork's kept chunk, as the fork). None (logged,
         counted) when that fails, so the caller reads the shared tier's copy instead; this worker's refusals
         (no room, another identity) are raised: no copy would do."""
-        runtime = self.forward.runtime
+        runtime = self.sessions.forward.runtime
         assert runtime is not None
         token = self.settings.transfer_token
         assert token is not None
@@ -543,10 +537,9 @@ class Transfer:
             if self._pull_client is None:
                 self._pull_client = self._peer_client(PULL_TIMEOUT)
             pieces, result = await download(self._pull_client, url, token, size=size)
-            async with self.forward.lock.hold():
-                book = await self.forward.run(
-                    runtime.import_session, BodyReader(iter(pieces)), as_session=as_session
-                )
+            book = await self.sessions.import_(
+                runtime.import_session, BodyReader(iter(pieces)), as_session=as_session
+            )
         except (ExportNoCapacity, ExportIdentityMismatch):
             raise  # this worker refuses the session: no other copy would do, and the holder's stays
         except Exception as exc:

@@ -41,7 +41,9 @@ async def service(redis_url):
         lease_seconds=5,
     )
     worker = WorkerService(
-        settings, lambda: load_runtime(settings), link=PodLink(PlacementStore.from_url(redis_url), settings)
+        settings,
+        lambda: load_runtime(settings),
+        placement=PodLink(PlacementStore.from_url(redis_url), settings),
     )
     await worker.start()
     for _ in range(200):
@@ -57,7 +59,7 @@ async def service(redis_url):
 
 
 async def test_full_worker_releases_a_session_the_store_moved_away_before_admitting(service, session_spec):
-    pool = service.link.pool
+    pool = service.placement.pool
     async with PlacementStore.from_url(service.settings.redis_url) as store:
         await store.place(pool, session_spec("first", TOKEN))
         await service.tick("first", tick(0), authorization=AUTH)
@@ -73,7 +75,7 @@ async def test_full_worker_releases_a_session_the_store_moved_away_before_admitt
 
 
 async def test_full_worker_refuses_a_session_it_cannot_make_room_for(service, session_spec):
-    pool = service.link.pool
+    pool = service.placement.pool
     async with PlacementStore.from_url(service.settings.redis_url) as store:
         await store.place(pool, session_spec("holder", TOKEN))
         await service.tick("holder", tick(0), authorization=AUTH)
@@ -81,9 +83,9 @@ async def test_full_worker_refuses_a_session_it_cannot_make_room_for(service, se
         await store.heartbeat(
             pool,
             "admit-pod",
-            epoch=service.link.epoch,
+            epoch=service.placement.epoch,
             capacity=2,
-            endpoint=service.link.endpoint,
+            endpoint=service.placement.endpoint,
             lease_ms=5000,
         )
         assert (await store.place(pool, session_spec("newcomer", TOKEN))).placement.pod == "admit-pod"
