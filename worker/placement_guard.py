@@ -117,7 +117,7 @@ class PlacementGuard:
             raise SessionEvicted(f"session {session_id!r} was moved off this pod during its {what}") from None
         except placement.PodFenced:
             self.sessions.fence()
-            raise NotReady("this pod was fenced by a newer incarnation") from None
+            raise NotReady("this pod was fenced (a newer incarnation, or its lease was reaped)") from None
         except Exception as exc:  # Redis away or not answering: the chunk stands, a retry of it replays it
             log.warning("could not record session %s's %s in the placement store: %s", session_id, what, exc)
             raise NotReady(

@@ -129,8 +129,8 @@ class PodLink:
                     tick_ms=self.tick_ms,
                     address=self.address,
                 )
-            except PodFenced:
-                log.error("pod %s epoch %s was fenced by a newer incarnation; stopping", self.pod, self.epoch)
+            except PodFenced as fenced:  # a newer incarnation, or this one's lapsed lease was reaped
+                log.error("%s; stopping", fenced)
                 on_fenced()
                 return
             except Exception as exc:  # Redis away: keep trying, the lease decides when the pod counts as dead
