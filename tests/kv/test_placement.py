@@ -44,6 +44,14 @@ async def register(
     )
 
 
+async def heartbeat(
+    store: PlacementStore, pool: PoolId, pod: str, epoch: int, capacity: int
+) -> PodRegistration:
+    return await store.heartbeat(
+        pool, pod, epoch=epoch, capacity=capacity, endpoint=f"http://{pod}.workers:8000", lease_ms=LEASE_MS
+    )
+
+
 async def placed_pods(store: PlacementStore, pool: PoolId, names: list[str]) -> dict[str, str]:
     records = await store.get_sessions(pool, names)
     return {name: record.pod for name, record in records.items() if record.state is SessionState.PLACED}
@@ -458,38 +466,17 @@ async def test_a_heartbeat_after_the_lease_was_reaped_is_fenced_not_recreated(
     assert set(await store.reap_expired(pool)) == {"w-cut"}
     assert await store.client.zrange(f"{pool.tag}:reaped", 0, -1) == [b"w-cut"]
     with pytest.raises(PodFenced, match="lease lapsed") as fenced:
-        await store.heartbeat(
-            pool,
-            "w-cut",
-            epoch=reaped.epoch,
-            capacity=1,
-            endpoint="http://w-cut.workers:8000",
-            lease_ms=LEASE_MS,
-        )
+        await heartbeat(store, pool, "w-cut", reaped.epoch, capacity=1)
     assert fenced.value.current_epoch == 0
     assert await store.get_pod(pool, "w-cut") is None
     restarted = await register(store, pool, "w-cut", capacity=1)
     assert restarted.epoch > reaped.epoch
     assert await store.client.zrange(f"{pool.tag}:reaped", 0, -1) == []
-    renewed = await store.heartbeat(
-        pool,
-        "w-cut",
-        epoch=restarted.epoch,
-        capacity=1,
-        endpoint="http://w-cut.workers:8000",
-        lease_ms=LEASE_MS,
-    )
+    renewed = await heartbeat(store, pool, "w-cut", restarted.epoch, capacity=1)
     assert renewed == PodRegistration(epoch=restarted.epoch)
     # Redis losing its data loses the index too: a heartbeat then re-creates the record, as before.
     await store.client.delete(f"{pool.tag}:pod:w-cut", f"{pool.tag}:pods")
-    recreated = await store.heartbeat(
-        pool,
-        "w-cut",
-        epoch=restarted.epoch,
-        capacity=1,
-        endpoint="http://w-cut.workers:8000",
-        lease_ms=LEASE_MS,
-    )
+    recreated = await heartbeat(store, pool, "w-cut", restarted.epoch, capacity=1)
     assert (recreated.epoch, recreated.recreated) == (restarted.epoch, True)
 
 
