@@ -286,9 +286,10 @@ class ScriptRunner:
                     raise FunctionsNotLoaded(self.library.name, name) from None
                 await self.load_library()
                 continue
-            if wait and int(reply[0]) != ScriptStatus.STALE_PLAN and int(acked) < self.wait_replicas:
+            wrote = int(reply[0]) != ScriptStatus.STALE_PLAN  # a stale plan wrote nothing (it is repeated)
+            if wait and wrote and int(acked) < self.wait_replicas:
                 raise NotReplicated(name, int(acked), self.wait_replicas, self.wait_timeout_ms)
-            if command == "FCALL":
+            if wrote and command == "FCALL" and crash_points.CRASH_POINTS.on:
                 crash_points.passed(f"redis:{name}")
             return reply
         raise PlacementError(f"placement {name}: unreachable")  # the loop returns or raises

@@ -9,8 +9,8 @@
 --
 -- Each pod's record and event stream are deleted; its sessions (placed or suspending) become `lost` (records kept,
 -- slots gone). An expired pod enters the reaped index, so that its incarnation's heartbeat is fenced rather than
--- re-created (register_pod.lua); entries older than REAPED_KEEP_MS go (a pod away that long restarts anyway). A
--- named pod (deleted) leaves it.
+-- re-created (register_pod.lua); entries older than REAPED_KEEP_MS go, so the index stays bounded (a pod cut off
+-- longer than that is re-created as a Redis data loss would be). A named pod (deleted) leaves it.
 -- Returns {OK, {pod, {sessions}, pod, {sessions}, ...}} | {STALE_PLAN, {pods}, {sessions}}
 local k = {pods_key = KEYS[1], open_key = KEYS[2], leases_key = KEYS[3], draining_key = KEYS[4],
   residents_key = KEYS[5], lru_key = KEYS[6], suspending_key = KEYS[7], headroom_key = KEYS[8],
