@@ -105,14 +105,15 @@ def run_model(
     import torch
 
     from ardiff.worker import tick_rules
-    from ardiff.worker.conditioning import Conditioning
+    from ardiff.worker.conditioning import Conditioning, conditioning_image
     from ardiff.worker.settings import WorkerSettings, resolve_model
     from ardiff.worker.vllm_runtime import load_vllm_runtime
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     buffer = io.BytesIO()
     PIL.Image.fromarray(world.start_image()).save(buffer, format="PNG")
-    conditioning = Conditioning(seed=0, prompt=world.PROMPT, image=buffer.getvalue())
+    picture = conditioning_image(buffer.getvalue(), 0, world.HEIGHT, world.WIDTH)
+    conditioning = Conditioning(seed=0, prompt=world.PROMPT, picture=picture)
     adapter = load_vllm_runtime(
         WorkerSettings(
             model=resolve_model(model), height=world.HEIGHT, width=world.WIDTH, model_cache=model_cache

@@ -61,7 +61,8 @@ WORKER_SCRIPTS = (
 )
 # What the worker sends besides the functions' own commands: FCALL (never FUNCTION LOAD: a library missing is
 # `FunctionsNotLoaded`, a 503 until the operator loads it; never EVAL), WAIT after a write when its URL asks
-# for replicas, the event stream (its consumer group made on first read), a session record, a pod record or
+# for replicas, the event stream (its consumer group made on first read), a session record (on each tick all
+# but its image, HMGET; the image once per session, HGET), a pod record or
 # its endpoint, PING (a URL's health_check_interval), SELECT (a URL naming a database but 0; the key patterns
 # hold in every database), and what redis-py's cluster client asks any node it connects to.
 WORKER_CALLS = (
@@ -71,6 +72,7 @@ WORKER_CALLS = (
     "xgroup|create",
     "xack",
     "hgetall",
+    "hmget",
     "hget",
     "ping",
     "select",

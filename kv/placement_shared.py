@@ -25,6 +25,7 @@ from ardiff.kv.errors import (
 from ardiff.kv.invariants import read_violations
 from ardiff.kv.keys import PoolKeys
 from ardiff.kv.records import (
+    SESSION_FIELDS_BUT_IMAGE,
     PodRecord,
     PoolId,
     SessionBinding,
@@ -94,20 +95,38 @@ class PlacementShared(ScriptRunner):
             raise UnknownPod(pod)
         return int(reply[0]) == 1
 
-    async def get_session(self, pool: PoolId, name: str) -> SessionRecord | None:
-        return (await self.get_sessions(pool, [name])).get(name)
+    async def get_session(self, pool: PoolId, name: str, *, image: bool = True) -> SessionRecord | None:
+        return (await self.get_sessions(pool, [name], image=image)).get(name)
 
-    async def get_sessions(self, pool: PoolId, names: Iterable[str]) -> dict[str, SessionRecord]:
-        """The records of `names` that exist (one round trip)."""
+    async def get_sessions(
+        self, pool: PoolId, names: Iterable[str], *, image: bool = True
+    ) -> dict[str, SessionRecord]:
+        """The records of `names` that exist (one round trip); `image=False` leaves out the image (a worker's
+        read on every tick: `SESSION_FIELDS_BUT_IMAGE`, its `image` empty)."""
         keys = PoolKeys(check_pool(pool))
         names = [check_name("session", name) for name in names]
+        fields = SESSION_FIELDS_BUT_IMAGE
         async with self.client.pipeline(transaction=False) as pipe:
             for name in names:
-                pipe.hgetall(keys.session(name))
-            raws = await pipe.execute()
+                if image:
+                    pipe.hgetall(keys.session(name))
+                else:
+                    pipe.hmget(keys.session(name), fields)
+            replies = await pipe.execute()
+        if not image:
+            keys_but_image = [field.encode() for field in fields]
+            replies = [
+                {key: value for key, value in zip(keys_but_image, got, strict=True) if value is not None}
+                for got in replies
+            ]
         return {
-            name: SessionRecord.from_hash(name, raw) for name, raw in zip(names, raws, strict=True) if raw
+            name: SessionRecord.from_hash(name, raw) for name, raw in zip(names, replies, strict=True) if raw
         }
+
+    async def get_session_image(self, pool: PoolId, name: str) -> bytes:
+        """The session's first image (PNG/JPEG, up to 1 MiB; empty: none, or no record)."""
+        keys = PoolKeys(check_pool(pool))
+        return await self.client.hget(keys.session(check_name("session", name)), "image") or b""
 
     async def get_bindings(self, pool: PoolId, names: Iterable[str]) -> dict[str, SessionBinding]:
         """The bindings of `names` that have a record: state, pod, pod_epoch, reset_required, chunk_index and

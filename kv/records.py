@@ -406,6 +406,7 @@ class SessionRecord:
 
     @classmethod
     def from_hash(cls, name: str, raw: dict[bytes, bytes]) -> SessionRecord:
+        """From the record's hash; `image` empty when the hash lacks it (`SESSION_FIELDS_BUT_IMAGE` read)."""
         policy = _text(raw, "eviction_policy", "LRU")
         return cls(
             name=name,
@@ -467,6 +468,19 @@ _BINDING_FIELDS: FieldTable = (
 )
 _BINDING_NAMES = tuple(name for name, _, _ in _BINDING_FIELDS)
 _BINDING_KEYS = tuple(name.encode() for name in _BINDING_NAMES)
+# The hash fields `SessionRecord.from_hash` reads but the image: what a worker reads of a session's record on
+# each tick (the image, up to 1 MiB, once per session: `PlacementStore.get_session_image`).
+SESSION_FIELDS_BUT_IMAGE = (
+    "pool",
+    "token_sha256",
+    "seed",
+    "prompt",
+    "max_chunks",
+    "priority",
+    "eviction_policy",
+    "fork_from",
+    *_BINDING_NAMES,
+)
 
 
 @dataclass(frozen=True)

@@ -321,15 +321,14 @@ def create_app(service: WorkerService) -> FastAPI:
         fault: Annotated[str | None, Header(alias=FAULT_HEADER, include_in_schema=False)] = None,
     ) -> Response:
         media_type = family.choose_media_type(accept)
-        values = body.model_dump(by_alias=True)
-        if values.get("return_frames") and media_type != RAW:
+        if getattr(body, "return_frames", False) and media_type != RAW:
             raise InvalidTick(
                 "predicted frames come in the raw answer (Accept: application/octet-stream)",
                 param="return_frames",
             )
         outcome = await service.tick_admitted(
             request.state.admitted,
-            values,
+            body,
             inject_fault=service.settings.test_faults and fault == "forward",
         )
         result = await service.respond(outcome, media_type)

@@ -1,7 +1,8 @@
 """What conditions a session: its seed, its prompt and its first image, all from the session record.
 
-The image arrives as PNG/JPEG bytes (≤ 1 MiB, resolved by the operator from the CR); a session without one
-gets a deterministic image derived from its seed, so a rollout is reproducible from the record alone.
+The image arrives as PNG/JPEG bytes (≤ 1 MiB, resolved by the operator from the CR) and is decoded once per
+session on a pod (`SessionPictures`); a session without one gets a deterministic image derived from its seed,
+so a rollout is reproducible from the record alone.
 """
 
 from __future__ import annotations
@@ -20,17 +21,53 @@ MAX_SOURCE_PIXELS = 4096 * 4096
 
 @dataclass(frozen=True)
 class Conditioning:
-    """The inputs of one tick that come from the session record (the prompt may be overridden per tick)."""
+    """The inputs of one tick that come from the session record (the prompt may be overridden per tick):
+    its seed, its prompt and its first picture at the tick resolution (`conditioning_image` of the record's
+    image; None: the seed's own, `seed_image`)."""
 
     seed: int
     prompt: str
-    image: bytes = b""
+    picture: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"conditioning seed must be a non-negative integer, got {self.seed!r}")
         if not isinstance(self.prompt, str) or not self.prompt.strip():
             raise ValueError(f"conditioning prompt must contain non-empty text, got {self.prompt!r}")
+        picture = self.picture
+        if picture is not None and (picture.dtype != np.uint8 or picture.ndim != 3 or picture.shape[2] != 3):
+            raise ValueError(f"conditioning picture must be uint8 HxWx3, got {picture.dtype} {picture.shape}")
+
+    def picture_at(self, height: int, width: int) -> np.ndarray:
+        """The first picture as uint8 `height x width x 3` (the tick resolution)."""
+        if self.picture is None:
+            return seed_image(self.seed, height, width)
+        if self.picture.shape[:2] != (height, width):
+            raise ValueError(f"conditioning picture is {self.picture.shape[:2]}, the ticks {(height, width)}")
+        return self.picture
+
+
+class SessionPictures:
+    """Each session's first picture, read from the store and decoded once per session on this pod (the
+    record's image is up to 1 MiB of PNG/JPEG), not on every tick. `PodSessions` keeps one for each session
+    it admitted (so at most its capacity) and drops it whenever the session is released: a session placed
+    here again reads its record's image again."""
+
+    def __init__(self) -> None:
+        self._pictures: dict[str, tuple[int, np.ndarray]] = {}  # session -> (seed, picture)
+
+    def get(self, session_id: str, seed: int) -> np.ndarray | None:
+        kept = self._pictures.get(session_id)
+        return kept[1] if kept is not None and kept[0] == seed else None
+
+    def keep(self, session_id: str, seed: int, picture: np.ndarray) -> None:
+        self._pictures[session_id] = (seed, picture)
+
+    def drop(self, session_id: str) -> None:
+        self._pictures.pop(session_id, None)
+
+    def __len__(self) -> int:
+        return len(self._pictures)
 
 
 def seed_image(seed: int, height: int, width: int) -> np.ndarray:

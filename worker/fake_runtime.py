@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ardiff.worker import tick_rules
-from ardiff.worker.conditioning import Conditioning, conditioning_image
+from ardiff.worker.conditioning import Conditioning
 from ardiff.worker.errors import (
     ExportCorrupt,
     ExportDuplicateSession,
@@ -127,7 +127,7 @@ class FakeRuntime:
         return self._height, self._width
 
     def prepare(self, tick: Any, conditioning: Conditioning) -> PreparedTick:
-        image = conditioning_image(conditioning.image, conditioning.seed, self._height, self._width)
+        image = conditioning.picture_at(self._height, self._width)
         return PreparedTick(tick.session_id, FakeRequest(tick, conditioning, image))
 
     def forward(self, prepared: PreparedTick, *, inject_fault: bool = False) -> ChunkOutput:

@@ -107,7 +107,11 @@ class PlacementPort(Protocol):
 
     def is_here(self, record: SessionRecord | SessionBinding) -> bool: ...
 
-    async def session(self, session: str) -> SessionRecord | None: ...
+    async def session(self, session: str) -> SessionRecord | None:
+        """The session's record but its image (`image` empty: read once per session, `session_image`)."""
+        ...
+
+    async def session_image(self, session: str) -> bytes: ...
 
     async def bindings(self, sessions: Iterable[str]) -> dict[str, SessionBinding | None]: ...
 
@@ -180,6 +184,9 @@ class Standalone:
 
     async def session(self, session: str) -> SessionRecord | None:
         return None
+
+    async def session_image(self, session: str) -> bytes:
+        return b""
 
     async def bindings(self, sessions: Iterable[str]) -> dict[str, SessionBinding | None]:
         return dict.fromkeys(sessions)

@@ -334,7 +334,10 @@ class PodLink:
         return bound and record.pod == self.pod and record.pod_epoch == self.epoch
 
     async def session(self, session: str) -> SessionRecord | None:
-        return await self.store.get_session(self.pool, session)
+        return await self.store.get_session(self.pool, session, image=False)
+
+    async def session_image(self, session: str) -> bytes:
+        return await self.store.get_session_image(self.pool, session)
 
     async def bindings(self, sessions: Iterable[str]) -> dict[str, SessionBinding | None]:
         """Where each session is placed (its binding only: no prompt, image or token hash to read)."""

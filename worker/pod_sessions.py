@@ -3,7 +3,8 @@
 It holds what a session is made of on this pod: its book (worker/session_book.py, in `SessionBooks`), its
 state in the runtime behind the forward thread and its lock (worker/pod_state.py), the exports the pod writes
 and answers for (worker/exports.py) and the sessions held for their new pod to pull (worker/transfer.py), and
-the pod's placement port (worker/placement_port.py). The placement guard, the continuity and the transfer
+the pod's placement port (worker/placement_port.py), and each admitted session's first picture, decoded once
+(worker/conditioning.py `SessionPictures`). The placement guard, the continuity and the transfer
 reach a session's state only through it.
 
 A session gets a slot by `admit` (never more than capacity: the runner would evict its least recently used
@@ -27,6 +28,7 @@ from typing import Any, Literal, TypeVar
 
 from ardiff.kv.records import SessionRecord
 from ardiff.worker.background import Background
+from ardiff.worker.conditioning import SessionPictures
 from ardiff.worker.errors import AtCapacity
 from ardiff.worker.exports import Exports
 from ardiff.worker.metrics import WorkerMetrics
@@ -110,6 +112,7 @@ class PodSessions:
         self.forward = ForwardThread(settings.tick_order)
         self.books = SessionBooks()
         self.exports = Exports(settings, self.forward)
+        self.pictures = SessionPictures()  # the admitted sessions' first pictures, decoded once
         self.transfer = Transfer(settings, self, metrics, tasks)
         self.stopped = asyncio.Event()  # set when the worker must exit on its own (fenced, load failed)
         self.failure: BaseException | None = None
@@ -162,11 +165,11 @@ class PodSessions:
 
     # ---------------------------------------------------------------- admission and release
 
-    async def admit(self, session_id: str, record: SessionRecord | None) -> None:
-        """Give the session a slot; never more than `capacity` (the runner would evict silently)."""
+    async def admit(self, session_id: str, record: SessionRecord | None) -> SessionBook:
+        """Give the session a slot; never more than `capacity` (the runner would evict silently). Its book."""
         book = self.books.get(session_id)
         if book is not None and book.holds_slot:
-            return
+            return book
         capacity = self.books.capacity
         if self.books.admitted() >= capacity:
             await self._release_stale()
@@ -176,7 +179,9 @@ class PodSessions:
         held = self.transfer.held
         while held and self.books.admitted() + len(held) >= capacity:
             await self.transfer.drop_held(next(iter(held)), "its room in the runner is needed")
-        self.books[session_id] = SessionBook(session_id, token_sha256=record.token_sha256 if record else "")
+        book = SessionBook(session_id, token_sha256=record.token_sha256 if record else "")
+        self.books[session_id] = book
+        return book
 
     async def _release_stale(self) -> None:
         """Close sessions the store no longer places here (an evict event may not be consumed yet)."""
@@ -208,6 +213,7 @@ class PodSessions:
             await self.forward.run(runtime.close, session_id)
         elif rule.runner == "reset":
             await self.forward.run(runtime.reset, session_id)
+        self.pictures.drop(session_id)
         before = self.books.get(session_id)
         kept = before if before is not None or not rule.stand_in else SessionBook(session_id)
         after = kept
@@ -230,6 +236,7 @@ class PodSessions:
         """A migrated session's slot is freed (the store freed it), its state kept in the runner for its new
         pod to pull (`Transfer.hold`): released but for its state, which the transfer releases later."""
         self.books.pop(session_id, None)
+        self.pictures.drop(session_id)
         self.exports.snapshots.pop(session_id, None)  # its new pod adopts the snapshot
         self.exports.history.drop(session_id)  # kept chunks never travel: they stay with the pod
         self.metrics.evictions.labels("suspend").inc()

@@ -27,10 +27,12 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from pydantic import BaseModel
+
 from ardiff.errors import ArdiffError
 from ardiff.kv.records import SessionRecord
 from ardiff.worker.background import Background
-from ardiff.worker.conditioning import Conditioning
+from ardiff.worker.conditioning import Conditioning, conditioning_image
 from ardiff.worker.continuity import Continuity
 from ardiff.worker.encoding import RAW, MediaType
 from ardiff.worker.errors import (
@@ -58,6 +60,7 @@ from ardiff.worker.settings import WorkerSettings
 from ardiff.worker.ticks import (
     AdmittedTick,
     OpenedStream,
+    TickInput,
     TickOutcome,
     TickResponse,
     check_order,
@@ -250,7 +253,7 @@ class WorkerService:
     async def tick(
         self,
         session_id: str,
-        body: dict[str, Any],
+        body: TickInput,
         *,
         authorization: str | None,
         inject_fault: bool = False,
@@ -261,17 +264,20 @@ class WorkerService:
             return await self.tick_admitted(admitted, body, inject_fault=inject_fault)
 
     async def tick_admitted(
-        self, admitted: AdmittedTick, body: dict[str, Any], *, inject_fault: bool = False
+        self, admitted: AdmittedTick, body: TickInput, *, inject_fault: bool = False
     ) -> TickOutcome:
-        """`tick` once `admitted`: the body's shape, one tick in flight, the chunk order (cheap checks
-        first), then the family's decoding (pictures) in the decode pool, then the forward."""
+        """`tick` once `admitted`: the body parsed (once), one tick in flight, the chunk order (cheap checks
+        first, checked once: again under the forward lock only if the book changed while the tick waited),
+        then the family's decoding (pictures) and the session's first picture (read from the store and decoded
+        on its first tick here) in the decode pool, then the forward."""
         session_id, record, arrived = admitted.session_id, admitted.record, admitted.arrived
         runtime = self._require_loaded()
         tick = self.family.parse_tick(session_id, body)
         if session_id not in self.playouts:
             self._forget_released_playouts()
         playout = self.playouts.of(session_id, target_of(record, self.settings), arrived)
-        deadline = playout.deadline(arrived, body.get("buffer_ms"))
+        fields = vars(body) if isinstance(body, BaseModel) else body
+        deadline = playout.deadline(arrived, fields.get("buffer_ms"))
         prefetch = self.sessions.transfer.prefetch_of(session_id)
         if prefetch is not None:  # the session is being pulled here already: its tick waits for that
             await asyncio.shield(prefetch)
@@ -297,20 +303,27 @@ class WorkerService:
                 raise InvalidTick(
                     "prompt must contain non-empty text (the tick's, else the session's)", param="prompt"
                 )
-            conditioning = Conditioning(
-                seed=record.seed if record else 0, prompt=prompt, image=record.image if record else b""
-            )
+            seed = record.seed if record else 0
             loop = asyncio.get_running_loop()
             tick = await loop.run_in_executor(self._decoder, self.family.decode_tick, tick)
+            picture = self.sessions.pictures.get(session_id, seed)
+            if picture is None:
+                image = await self._session_image(session_id) if record else b""
+                picture = await loop.run_in_executor(
+                    self._decoder, conditioning_image, image, seed, *runtime.frame_size
+                )
+            conditioning = Conditioning(seed=seed, prompt=prompt, picture=picture)
             prepared = await asyncio.to_thread(runtime.prepare, tick, conditioning)
-            await self.sessions.admit(session_id, record)
+            admitted_book = await self.sessions.admit(session_id, record)
+            self.sessions.pictures.keep(session_id, seed, picture)
             async with self.sessions.forward.lock.hold(deadline):
                 started = time.perf_counter()
                 queued = started - arrived
                 book = self.sessions.books.get(session_id)
                 if book is None:
                     raise SessionEvicted(f"session {session_id!r} was released while its tick was queued")
-                check_order(tick, book, None)
+                if book is not admitted_book:  # closed, reset or rewound while the tick was queued
+                    check_order(tick, book, None)
                 if tick.reset:  # the session starts over: its kept history is of another world
                     self.sessions.exports.history.drop(session_id)
                 try:
@@ -357,6 +370,12 @@ class WorkerService:
                 self.tick_estimate.add(busy, len(output.frames))
                 self._report_compute()
             return TickOutcome(chunk, queue=queued, forward=output.forward_s, decode=output.decode_s)
+
+    async def _session_image(self, session_id: str) -> bytes:
+        try:
+            return await self.placement.session_image(session_id)
+        except Exception as exc:
+            raise NotReady(f"placement store unavailable: {exc}") from exc
 
     async def _keep_boundary(self, session_id: str, book: SessionBook, keep_chunks: int) -> list[int]:
         """In the tick's forward lock hold: keep the session's state at its new boundary (worker/history.py);

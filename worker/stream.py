@@ -209,12 +209,12 @@ class SessionStream(SessionSocket):
             message = await self.websocket.receive()
             if message["type"] == "websocket.disconnect":
                 return
-            rewind = self._rewind_message(message)
-            if rewind is not None:
-                if not await self._rewind(rewind, authorization):
+            value = self._json_of(message)
+            if isinstance(value, dict) and value.get("type") == "rewind":
+                if not await self._rewind(value, authorization):
                     return
                 continue
-            tick = await self._tick_message(message)
+            tick = await self._tick_message(message, value)
             if tick is None:
                 continue
             if not await self._tick(tick, authorization, frame_format):
@@ -243,17 +243,16 @@ class SessionStream(SessionSocket):
         return f"Bearer {auth.token}"
 
     @staticmethod
-    def _rewind_message(message: dict[str, Any]) -> dict[str, Any] | None:
-        """The JSON of a message whose `type` is `rewind` (None: any other, a tick's or a malformed one, which
-        `_tick_message` answers)."""
+    def _json_of(message: dict[str, Any]) -> Any:
+        """A text message's JSON, parsed once for both kinds (a rewind, a tick); None when it is not one
+        (binary, too large, malformed: `_tick_message` answers those)."""
         raw = message.get("text")
         if raw is None or len(raw.encode()) > MAX_MESSAGE_BYTES:
             return None
         try:
-            value = json.loads(raw)
+            return json.loads(raw)
         except ValueError:
             return None
-        return value if isinstance(value, dict) and value.get("type") == "rewind" else None
 
     async def _rewind(self, value: dict[str, Any], authorization: str | None) -> bool:
         """Answer a rewind (issue 26) with a `rewound` message or an error; False once the connection is
@@ -275,8 +274,9 @@ class SessionStream(SessionSocket):
         await self.send_json({"type": "rewound", **answer})
         return True
 
-    async def _tick_message(self, message: dict[str, Any]) -> dict[str, Any] | None:
-        """The tick a message carries, validated like the HTTP body; None after answering an error."""
+    async def _tick_message(self, message: dict[str, Any], value: Any) -> StreamTick | None:
+        """The tick a message carries (`value`: its JSON), validated like the HTTP body; None after
+        answering an error."""
         raw = message.get("text")
         if raw is None:
             await self.send_error(InvalidTick("tick messages are JSON text, not binary", param="body"))
@@ -284,18 +284,18 @@ class SessionStream(SessionSocket):
         if len(raw.encode()) > MAX_MESSAGE_BYTES:
             await self.send_error(BodyTooLarge(f"a tick message holds at most {MAX_MESSAGE_BYTES} bytes"))
             return None
+        if value is None and raw.strip() != "null":
+            await self.send_error(InvalidTick("body: Invalid JSON", param="body"))
+            return None
         try:
-            tick = StreamTick.model_validate_json(raw)
+            return StreamTick.model_validate(value)
         except ValidationError as exc:
             first = exc.errors()[0]
             param = ".".join(str(part) for part in first.get("loc", ())) or "body"
-            if first.get("type") == "json_invalid":
-                param = "body"
             await self.send_error(InvalidTick(f"{param}: {first.get('msg', 'invalid')}", param=param))
             return None
-        return tick.model_dump(by_alias=True, exclude={"type"})
 
-    async def _tick(self, body: dict[str, Any], authorization: str | None, frame_format: FrameFormat) -> bool:
+    async def _tick(self, body: StreamTick, authorization: str | None, frame_format: FrameFormat) -> bool:
         """Answer one tick; False once the connection is over."""
         try:
             outcome = await self.service.tick(
@@ -323,7 +323,7 @@ class SessionStream(SessionSocket):
         )
         for image in images:
             await self._send(image)
-        if body["close_session"]:
+        if body.close_session:
             await self.close(CLOSE_NORMAL, "session closed")
             return False
         return True

@@ -3,7 +3,8 @@
 `vllm_omni/experimental/ar_diffusion/tick_protocol.py` depends on the standard library only, but importing it
 through its package runs `vllm_omni/__init__`, which loads ~600 vllm modules and torch. The `fake` runtime
 must stay torch-free, so the file is loaded on its own from the installed package: the rules are vllm-omni's,
-byte for byte, on both runtimes. The runner re-parses the same `to_extra_args()` dict with its own copy.
+byte for byte, on both runtimes. The runner re-parses the same `to_extra_args()` dict with its own copy (the
+engine's transport, not ours).
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from pydantic import BaseModel
 
 from ardiff.worker.errors import InvalidTick
 
@@ -50,6 +54,7 @@ def _load_protocol() -> ModuleType:
 
 protocol = _load_protocol()
 TickRequest = protocol.ARDiffusionTickRequest
+ControlInput = protocol.ARDiffusionControlInput
 ChunkMetadata = protocol.ARDiffusionChunkMetadata
 TICK_KEY: str = protocol.AR_DIFFUSION_TICK_KEY
 
@@ -67,10 +72,28 @@ def param_for(message: str, default: str) -> str:
     return "controls" if name == "control" else name
 
 
-def parse_tick(session_id: str, body: dict[str, Any]) -> Any:
-    """The body as vllm-omni's `ARDiffusionTickRequest`, validated by `from_extra_args`; or `InvalidTick`."""
-    payload = {"session_id": session_id, **{name: body[name] for name in TICK_FIELDS if name in body}}
+def parse_tick(session_id: str, body: Mapping[str, Any] | BaseModel) -> Any:
+    """vllm-omni's `ARDiffusionTickRequest` of a tick, or `InvalidTick`. A body the worker's schema already
+    validated (`TickBody`, `RobotTickBody`: the HTTP tick, the stream's) is read as it is and the request
+    built by its constructor, where vllm-omni's checks run; a mapping (the realtime stream's chunks, OpenPI's
+    observations, the warm-up) goes through vllm-omni's own `from_extra_args`. Either way the tick is
+    parsed once."""
     try:
+        if isinstance(body, BaseModel):
+            return TickRequest(
+                session_id=session_id,
+                request_id=body.request_id,  # type: ignore[attr-defined]
+                chunk_index=body.chunk_index,  # type: ignore[attr-defined]
+                applied_event_ids=tuple(body.applied_event_ids),  # type: ignore[attr-defined]
+                prompt=body.prompt,  # type: ignore[attr-defined]
+                controls=tuple(
+                    ControlInput(control.track, control.schema_, control.data)
+                    for control in getattr(body, "controls", ())
+                ),
+                reset=body.reset,  # type: ignore[attr-defined]
+                close_session=body.close_session,  # type: ignore[attr-defined]
+            )
+        payload = {"session_id": session_id, **{name: body[name] for name in TICK_FIELDS if name in body}}
         return TickRequest.from_extra_args({TICK_KEY: payload})
     except ValueError as exc:
         raise InvalidTick(str(exc), param=param_for(str(exc), "body")) from None

@@ -7,13 +7,20 @@ route (`OpenedStream`: a stream's session as it opens), with `timing_header` for
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from pydantic import BaseModel
 
 from ardiff.kv.records import SessionRecord
 from ardiff.worker.encoding import MediaType
 from ardiff.worker.errors import ChunkOutOfOrder, MaxChunksReached, ResetRequired, SessionClosed
 from ardiff.worker.session_book import CachedChunk, SessionBook, SessionStatus
+
+# A tick's body as it reaches the service: the family's `tick_body` as validated (the HTTP tick, the stream),
+# or a mapping (the realtime stream's chunks, OpenPI, the warm-up); the family parses it once.
+TickInput = Mapping[str, Any] | BaseModel
 
 
 @dataclass(frozen=True)

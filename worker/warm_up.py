@@ -30,7 +30,7 @@ async def warm_up(
     another body (DreamZero's carry an observation) is measured by its real ticks only."""
     if not issubclass(family.tick_body, TickBody):
         return
-    conditioning = Conditioning(seed=0, prompt="warm-up", image=b"")
+    conditioning = Conditioning(seed=0, prompt="warm-up")
     try:
         for index in range(WARM_UP_CHUNKS):
             body = {**EXAMPLE_TICK, "request_id": f"{WARM_UP_SESSION}-{index}", "chunk_index": index}

@@ -40,7 +40,7 @@ def robot_tick(session: str, chunk: int, seed: int, *, return_frames: bool = Fal
 
 
 def forward(runtime: FakeRuntime, tick, seed: int = 1):
-    return runtime.forward(runtime.prepare(tick, Conditioning(prompt="stack the cups", seed=seed, image=b"")))
+    return runtime.forward(runtime.prepare(tick, Conditioning(prompt="stack the cups", seed=seed)))
 
 
 def test_a_dreamzero_pool_gets_the_robot_mode() -> None:

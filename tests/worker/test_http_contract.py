@@ -140,6 +140,39 @@ async def test_the_record_image_conditions_the_frames(worker, place):
     assert not np.array_equal(image, seed_image(5, 64, 64))
 
 
+async def test_a_sessions_image_is_read_from_the_store_once_not_on_every_tick(worker, place, redis_url):
+    """Issue 41: a tick reads its session's record but the image (up to 1 MiB); the image is read and decoded
+    once per session on the pod, and still conditions every chunk."""
+    import io
+
+    import PIL.Image
+
+    from ardiff.kv.records import MAX_IMAGE_BYTES
+    from ardiff.worker.conditioning import conditioning_image
+
+    png = io.BytesIO()
+    noise = np.random.default_rng(41).integers(0, 256, (440, 760, 3), dtype=np.uint8)  # PNG cannot shrink it
+    PIL.Image.fromarray(noise).save(png, format="PNG", compress_level=0)
+    assert MAX_IMAGE_BYTES // 2 < len(png.getvalue()) <= MAX_IMAGE_BYTES
+    session = await place(seed=7, prompt="static", image=png.getvalue())
+    assert worker.tick(session, 0, token=TOKEN).status_code == 200  # the first tick here reads the image
+    client = aioredis.from_url(redis_url)
+    try:
+        sent_before = int((await client.info("stats"))["total_net_output_bytes"])
+        for chunk_index in (1, 2, 3):
+            response = worker.tick(session, chunk_index, token=TOKEN)
+            assert response.status_code == 200, response.text
+        sent = int((await client.info("stats"))["total_net_output_bytes"]) - sent_before
+    finally:
+        await client.aclose()
+    # Three ticks' record reads, touches and the pods' heartbeats meanwhile: a few KB (one image is 0.5 MiB+).
+    assert sent < 3 * 32 * 1024, f"Redis sent {sent} bytes for 3 ticks"
+    tick = parse_tick(session, {"request_id": "x", "chunk_index": 3, "controls": [CAMERA]})
+    picture = conditioning_image(png.getvalue(), 7, 64, 64)
+    expected = fake_frames(Conditioning(seed=7, prompt="static"), picture, tick)
+    np.testing.assert_array_equal(np.frombuffer(response.content, np.uint8).reshape(expected.shape), expected)
+
+
 async def test_mp4_by_accept_header(worker, place):
     import av
 

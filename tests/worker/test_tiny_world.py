@@ -85,7 +85,7 @@ def test_the_name_resolves_to_the_shipped_checkpoint() -> None:
 @pytest.mark.slow
 def test_the_shipped_checkpoint_loads_and_ticks(tmp_path) -> None:
     from ardiff.worker import tick_rules
-    from ardiff.worker.conditioning import Conditioning
+    from ardiff.worker.conditioning import Conditioning, conditioning_image
     from ardiff.worker.vllm_runtime import load_vllm_runtime
 
     adapter = load_vllm_runtime(
@@ -94,7 +94,8 @@ def test_the_shipped_checkpoint_loads_and_ticks(tmp_path) -> None:
     try:
         png = io.BytesIO()
         PIL.Image.fromarray(world.start_image()).save(png, format="PNG")
-        conditioning = Conditioning(seed=0, prompt=world.PROMPT, image=png.getvalue())
+        picture = conditioning_image(png.getvalue(), 0, world.HEIGHT, world.WIDTH)
+        conditioning = Conditioning(seed=0, prompt=world.PROMPT, picture=picture)
         control = {
             "track": "camera",
             "schema": "lingbot.camera_actions.v1",

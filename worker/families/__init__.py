@@ -17,7 +17,7 @@ its own pipeline's members (decoders, private keys) through `FamilyAdapter.pipel
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
@@ -104,8 +104,9 @@ class ModelFamily(Protocol):
         """The pipeline's session state in an export (imported when asked); None: its sessions do not export
         (they keep reset-on-evict)."""
 
-    def parse_tick(self, session_id: str, body: dict[str, Any]) -> Any:
-        """The tick's cheap checks (a 400 names the field); run on the event loop, before the order checks."""
+    def parse_tick(self, session_id: str, body: Mapping[str, Any] | BaseModel) -> Any:
+        """The tick's cheap checks (a 400 names the field); run on the event loop, before the order checks.
+        `body`: its `tick_body` as validated (read as it is), or a mapping; parsed once either way."""
 
     def decode_tick(self, tick: Any) -> Any:
         """What is dear to read (pictures): run in the worker's decode pool once the tick passed its order

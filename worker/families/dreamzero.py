@@ -20,11 +20,12 @@ import dataclasses
 import io
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import BaseModel
 
 from ardiff.model_families import pipelines_of
 from ardiff.wire import JSON, OCTET_STREAM, parse_accept
@@ -137,11 +138,15 @@ class RobotTick:
         return getattr(self.tick, item)
 
 
-def parse_tick(session_id: str, body: dict[str, Any]) -> RobotTick:
+def parse_tick(session_id: str, body: Mapping[str, Any] | BaseModel) -> RobotTick:
     """vllm-omni's tick rules, then the observation's cheap part: all three cameras present, the vectors.
-    No picture is read here: the worker decodes them (`decode_tick`) once the tick passed its checks."""
+    No picture is read here: the worker decodes them (`decode_tick`) once the tick passed its checks. A
+    validated `RobotTickBody` (HTTP) is read as it is (its fields, `vars`), an OpenPI mapping by key."""
     tick = tick_rules.parse_tick(session_id, body)
-    observation = body.get("observation")
+    fields = vars(body) if isinstance(body, BaseModel) else body
+    observation = fields.get("observation")
+    if isinstance(observation, BaseModel):
+        observation = vars(observation)
     if not isinstance(observation, dict):
         raise InvalidTick("observation is required", param="observation")
     images = observation.get("images") or {}
@@ -154,7 +159,7 @@ def parse_tick(session_id: str, body: dict[str, Any]) -> RobotTick:
     for field, size in (("joint_position", 7), ("cartesian_position", 6), ("gripper_position", 1)):
         robot_obs[f"observation/{field}"] = vector(observation.get(field), field, size)
     cameras = {camera: images[camera] for camera in CAMERAS}
-    return RobotTick(tick, robot_obs, bool(body.get("return_frames", False)), cameras)
+    return RobotTick(tick, robot_obs, bool(fields.get("return_frames", False)), cameras)
 
 
 def decode_tick(tick: RobotTick) -> RobotTick:
@@ -177,6 +182,8 @@ def decode_image(camera: str, image: dict[str, Any]) -> np.ndarray:
     """A camera's uint8 `(H, W, 3)` or `(T, H, W, 3)` pixels; `InvalidTick` names what is wrong. An array
     (the openpi WebSocket's msgpack-numpy) is checked like raw pixels."""
     param = f"observation.images.{camera}"
+    if isinstance(image, BaseModel):  # a validated `CameraImage`: its fields as they are
+        image = vars(image)
     if isinstance(image, np.ndarray):
         if image.dtype != np.uint8:
             raise InvalidTick(f"{param} must be uint8, got {image.dtype}", param=f"{param}.dtype")

@@ -10,15 +10,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import BaseModel
 
 from ardiff.model_families import pipelines_of
 from ardiff.worker import tick_rules
-from ardiff.worker.conditioning import Conditioning, conditioning_image
+from ardiff.worker.conditioning import Conditioning
 from ardiff.worker.encoding import RAW, encode_frames
 from ardiff.worker.encoding import choose_media_type as _choose_media_type
 from ardiff.worker.errors import InvalidTick
@@ -82,7 +83,7 @@ def session_state() -> SessionState:
     return lingbot_state
 
 
-def parse_tick(session_id: str, body: dict[str, Any]) -> Any:
+def parse_tick(session_id: str, body: Mapping[str, Any] | BaseModel) -> Any:
     return tick_rules.parse_tick(session_id, body)
 
 
@@ -109,7 +110,7 @@ def prepare(adapter: FamilyAdapter, tick: Any, conditioning: Conditioning) -> Pr
     from vllm_omni.inputs.data import OmniDiffusionSamplingParams
 
     height, width = adapter.frame_size
-    image = conditioning_image(conditioning.image, conditioning.seed, height, width)
+    image = conditioning.picture_at(height, width)
     runner_tick = dataclasses.replace(tick, prompt=conditioning.prompt, close_session=False)
     sampling = OmniDiffusionSamplingParams(
         height=height,
