@@ -320,18 +320,12 @@ def create_app(service: WorkerService) -> FastAPI:
         accept: Annotated[str | None, Header()] = None,
         fault: Annotated[str | None, Header(alias=FAULT_HEADER, include_in_schema=False)] = None,
     ) -> Response:
-        media_type = family.choose_media_type(accept)
-        if getattr(body, "return_frames", False) and media_type != RAW:
-            raise InvalidTick(
-                "predicted frames come in the raw answer (Accept: application/octet-stream)",
-                param="return_frames",
-            )
-        outcome = await service.tick_admitted(
+        result = await service.tick_answer(
             request.state.admitted,
             body,
+            family.choose_media_type(accept),
             inject_fault=service.settings.test_faults and fault == "forward",
         )
-        result = await service.respond(outcome, media_type)
         return Response(result.body, media_type=result.media_type, headers=result.headers)
 
     post_tick.__annotations__["body"] = family.tick_body

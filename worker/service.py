@@ -392,9 +392,23 @@ class WorkerService:
             self.metrics.history_kept.inc()
         return self.sessions.exports.history.chunks(session_id)
 
-    async def respond(self, outcome: TickOutcome, media_type: MediaType | str) -> TickResponse:
-        """The HTTP answer of a tick as `media_type` (the family's encoding: frames, actions), the metadata
-        and timings in headers."""
+    async def tick_answer(
+        self,
+        admitted: AdmittedTick,
+        body: TickInput,
+        media_type: MediaType | str,
+        *,
+        inject_fault: bool = False,
+    ) -> TickResponse:
+        """The HTTP tick once `admitted` (the route admits it before its body is read): `tick_admitted`, then
+        its answer as `media_type` (the family's encoding: frames, actions), the metadata and timings in
+        headers."""
+        if getattr(body, "return_frames", False) and media_type != RAW:
+            raise InvalidTick(
+                "predicted frames come in the raw answer (Accept: application/octet-stream)",
+                param="return_frames",
+            )
+        outcome = await self.tick_admitted(admitted, body, inject_fault=inject_fault)
         chunk = outcome.chunk
         started = time.perf_counter()
         if media_type == RAW or chunk.actions is not None:  # a copy or small JSON: not worth a thread hop
