@@ -471,14 +471,7 @@ _BINDING_KEYS = tuple(name.encode() for name in _BINDING_NAMES)
 # The hash fields `SessionRecord.from_hash` reads but the image: what a worker reads of a session's record on
 # each tick (the image, up to 1 MiB, once per session: `PlacementStore.get_session_image`).
 SESSION_FIELDS_BUT_IMAGE = (
-    "pool",
-    "token_sha256",
-    "seed",
-    "prompt",
-    "max_chunks",
-    "priority",
-    "eviction_policy",
-    "fork_from",
+    *("pool", "token_sha256", "seed", "prompt", "max_chunks", "priority", "eviction_policy", "fork_from"),
     *_BINDING_NAMES,
 )
 

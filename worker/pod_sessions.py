@@ -23,13 +23,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+import numpy as np
+
 from ardiff.kv.records import SessionRecord
 from ardiff.worker.background import Background
-from ardiff.worker.conditioning import SessionPictures
-from ardiff.worker.errors import AtCapacity
+from ardiff.worker.conditioning import SessionPictures, conditioning_image
+from ardiff.worker.errors import AtCapacity, NotReady
 from ardiff.worker.exports import Exports
 from ardiff.worker.metrics import WorkerMetrics
 from ardiff.worker.placement_port import PlacementPort
@@ -182,6 +185,23 @@ class PodSessions:
         book = SessionBook(session_id, token_sha256=record.token_sha256 if record else "")
         self.books[session_id] = book
         return book
+
+    async def picture(
+        self, session_id: str, record: SessionRecord | None, frame_size: tuple[int, int], decoder: Executor
+    ) -> np.ndarray:
+        """The session's first picture at `frame_size`: the one kept since its first tick here (`pictures`,
+        kept by its tick once admitted), else its record's image read from the store and decoded in
+        `decoder` (standalone, and a session without an image: its seed's)."""
+        seed = record.seed if record is not None else 0
+        picture = self.pictures.get(session_id, seed)
+        if picture is not None:
+            return picture
+        try:
+            image = await self.placement.session_image(session_id) if record is not None else b""
+        except Exception as exc:
+            raise NotReady(f"placement store unavailable: {exc}") from exc
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(decoder, conditioning_image, image, seed, *frame_size)
 
     async def _release_stale(self) -> None:
         """Close sessions the store no longer places here (an evict event may not be consumed yet)."""

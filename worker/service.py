@@ -32,7 +32,7 @@ from pydantic import BaseModel
 from ardiff.errors import ArdiffError
 from ardiff.kv.records import SessionRecord
 from ardiff.worker.background import Background
-from ardiff.worker.conditioning import Conditioning, conditioning_image
+from ardiff.worker.conditioning import Conditioning
 from ardiff.worker.continuity import Continuity
 from ardiff.worker.encoding import RAW, MediaType
 from ardiff.worker.errors import (
@@ -306,12 +306,7 @@ class WorkerService:
             seed = record.seed if record else 0
             loop = asyncio.get_running_loop()
             tick = await loop.run_in_executor(self._decoder, self.family.decode_tick, tick)
-            picture = self.sessions.pictures.get(session_id, seed)
-            if picture is None:
-                image = await self._session_image(session_id) if record else b""
-                picture = await loop.run_in_executor(
-                    self._decoder, conditioning_image, image, seed, *runtime.frame_size
-                )
+            picture = await self.sessions.picture(session_id, record, runtime.frame_size, self._decoder)
             conditioning = Conditioning(seed=seed, prompt=prompt, picture=picture)
             prepared = await asyncio.to_thread(runtime.prepare, tick, conditioning)
             admitted_book = await self.sessions.admit(session_id, record)
@@ -370,12 +365,6 @@ class WorkerService:
                 self.tick_estimate.add(busy, len(output.frames))
                 self._report_compute()
             return TickOutcome(chunk, queue=queued, forward=output.forward_s, decode=output.decode_s)
-
-    async def _session_image(self, session_id: str) -> bytes:
-        try:
-            return await self.placement.session_image(session_id)
-        except Exception as exc:
-            raise NotReady(f"placement store unavailable: {exc}") from exc
 
     async def _keep_boundary(self, session_id: str, book: SessionBook, keep_chunks: int) -> list[int]:
         """In the tick's forward lock hold: keep the session's state at its new boundary (worker/history.py);
