@@ -11,6 +11,7 @@ standard library and the shared error base are imported: every component can dep
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 from http import HTTPStatus
 from typing import Any, ClassVar
@@ -37,6 +38,38 @@ FRONT_DOOR_POOLS = "pools"
 # Set by the front door on every request it forwards (a client's own copy is replaced): the worker then names
 # no Pod address in its answers (a `misdirected` error's `endpoint`).
 FRONT_DOOR_HEADER = "ardiff-front-door"
+
+
+# Every answer of a session route names the Pod and its incarnation (epoch) that served it, so a history of
+# answers tells a stale Pod's from its successor's (issue 40): `<pod>/<epoch>`, epoch 0 before the Pod
+# registered and on a standalone worker. The streams carry the same in each chunk's metadata (`served_by`).
+SERVED_BY_HEADER = "ardiff-served-by"
+
+
+@dataclass(frozen=True)
+class ServedBy:
+    """The Pod and the epoch (its incarnation in the placement store; 0: none) that answered."""
+
+    pod: str
+    epoch: int
+
+    def __post_init__(self) -> None:
+        if not self.pod or "/" in self.pod:
+            raise ValueError(f"served-by pod must be a non-empty name without '/', got {self.pod!r}")
+        if isinstance(self.epoch, bool) or not isinstance(self.epoch, int) or self.epoch < 0:
+            raise ValueError(f"served-by epoch must be a non-negative integer, got {self.epoch!r}")
+
+    @property
+    def header(self) -> str:
+        return f"{self.pod}/{self.epoch}"
+
+    @classmethod
+    def parse(cls, value: str) -> ServedBy:
+        """From a `SERVED_BY_HEADER` value; ValueError when it is not one."""
+        pod, slash, epoch = value.rpartition("/")
+        if not slash or not epoch.isdigit():
+            raise ValueError(f"{SERVED_BY_HEADER} must be <pod>/<epoch>, got {value!r}")
+        return cls(pod, int(epoch))
 
 
 def front_door_url(public_url: str, namespace: str, pool: str) -> str:

@@ -21,10 +21,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ardiff import __version__
-from ardiff.wire import FRONT_DOOR_HEADER
+from ardiff.wire import FRONT_DOOR_HEADER, SERVED_BY_HEADER
 from ardiff.worker.encoding import MP4, RAW
 from ardiff.worker.errors import VIA_FRONT_DOOR, BodyTooLarge, InvalidTick, WorkerError
 from ardiff.worker.messages import RewindBody
+from ardiff.worker.placement_port import PlacementPort
 from ardiff.worker.realtime import RealtimeVideoStream
 from ardiff.worker.service import WorkerService
 from ardiff.worker.stream import SessionStream, SessionStreams
@@ -214,6 +215,32 @@ class FrontDoorMark:
             VIA_FRONT_DOOR.reset(token)
 
 
+class ServedByHeader:
+    """Every answer of a session route (`/v1/sessions/...`), errors included, names the Pod and epoch that
+    served it (`ardiff.wire.SERVED_BY_HEADER`): a client's history tells a stale Pod's answers from its
+    successor's."""
+
+    _PREFIX = "/v1/sessions/"
+    _HEADER = SERVED_BY_HEADER.encode()
+
+    def __init__(self, app: ASGIApp, placement: PlacementPort) -> None:
+        self.app = app
+        self.placement = placement
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(self._PREFIX):
+            await self.app(scope, receive, send)
+            return
+
+        async def named(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                served_by = self.placement.served_by.header.encode()
+                message["headers"] = [*message.get("headers", ()), (self._HEADER, served_by)]
+            await send(message)
+
+        await self.app(scope, receive, named)
+
+
 class BodyOverflow(StarletteHTTPException):
     """Raised from `receive`: an HTTPException, so FastAPI's body reading passes it on (it turns any other
     exception into a 400) and `create_app` answers it as `BodyTooLarge`."""
@@ -278,6 +305,7 @@ def create_app(service: WorkerService) -> FastAPI:
     family = service.family
     app.add_middleware(BodyGuard, limit=max(MAX_BODY_BYTES, family.max_body_bytes))
     app.add_middleware(FrontDoorMark)
+    app.add_middleware(ServedByHeader, placement=service.placement)
 
     # -------------------------------------------------------------- the one exception -> status mapping
     def count(error: WorkerError) -> JSONResponse:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from ardiff.kv.records import PodEvent, SessionBinding, SessionRecord, token_sha256
+from ardiff.wire import ServedBy
 from ardiff.worker.background import Background
 from ardiff.worker.settings import WorkerSettings
 
@@ -62,6 +63,11 @@ class PlacementPort(Protocol):
     """This pod's side of the placement store (docs/contracts.md §2, §4); `pod` is this pod's name."""
 
     pod: str
+
+    @property
+    def served_by(self) -> ServedBy:
+        """This pod and its epoch (0 until it registered; standalone always), named in every answer."""
+        ...
 
     @property
     def registered(self) -> bool:
@@ -145,6 +151,10 @@ class Standalone:
 
     def __init__(self, settings: WorkerSettings) -> None:
         self.pod = settings.pod_name
+
+    @property
+    def served_by(self) -> ServedBy:
+        return ServedBy(self.pod, 0)
 
     @property
     def registered(self) -> bool:

@@ -19,6 +19,7 @@ from typing import NoReturn
 from ardiff.kv.errors import PodFenced
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionBinding, SessionRecord, SessionState, check_name
+from ardiff.wire import ServedBy
 from ardiff.worker.errors import (
     Misdirected,
     NotReady,
@@ -70,6 +71,10 @@ class PodLink:
     @property
     def registered(self) -> bool:
         return self.epoch is not None
+
+    @property
+    def served_by(self) -> ServedBy:
+        return ServedBy(self.pod, self.epoch or 0)
 
     async def register(self, capacity: int) -> None:
         self.capacity = capacity

@@ -495,6 +495,7 @@ class RealtimeVideoStream(SessionSocket):
             "active_event_ids": chunk.active if chunk else [],
             "completed_event_ids": chunk.completed if chunk else [],
             "transport_chunk_index": self.chunks_sent,
+            "served_by": self.service.placement.served_by.header,  # ours (issue 40): the Pod and its epoch
         }
         await self._send(as_json(metadata), segment)
         self.chunks_sent += 1

@@ -314,7 +314,7 @@ class SessionStream(SessionSocket):
         await self.send_json(
             {
                 "type": "chunk",
-                "metadata": outcome.chunk.metadata,
+                "metadata": {**outcome.chunk.metadata, "served_by": self.service.placement.served_by.header},
                 "frame_shape": list(frames.shape),
                 "frames": len(images),
                 "media_type": FRAME_FORMATS[frame_format],

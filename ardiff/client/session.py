@@ -24,7 +24,7 @@ from ardiff.client.errors import (
     error_from_response,
 )
 from ardiff.client.media import decode_frames
-from ardiff.wire import OCTET_STREAM
+from ardiff.wire import OCTET_STREAM, SERVED_BY_HEADER, ServedBy
 
 MAX_MISDIRECTIONS = 3
 DEFAULT_RETRY_SECONDS = 30.0  # how long SessionClient retries retryable answers (503) before it gives up
@@ -63,6 +63,12 @@ class ChunkMetadata:
         )
 
 
+def served_by_of(response: httpx.Response) -> ServedBy | None:
+    """The Pod and epoch an answer names (`SERVED_BY_HEADER`); None when it names none."""
+    value = response.headers.get(SERVED_BY_HEADER)
+    return ServedBy.parse(value) if value else None
+
+
 @dataclass(frozen=True)
 class Chunk:
     """One tick's output: its frames, the metadata echo, the worker's timings (ms) and the round trip (s)."""
@@ -72,6 +78,7 @@ class Chunk:
     server_timing: Mapping[str, float]
     latency_s: float
     endpoint: str
+    served_by: ServedBy | None = None  # the Pod and epoch that answered (None: a worker from before it)
 
     @property
     def server_ms(self) -> float:
@@ -88,6 +95,7 @@ class RobotChunk:
     metadata: ChunkMetadata
     server_timing: Mapping[str, float]
     latency_s: float
+    served_by: ServedBy | None = None
 
 
 @dataclass(frozen=True)
@@ -256,6 +264,7 @@ class SessionClient:
             server_timing=parse_server_timing(response.headers.get("server-timing", "")),
             latency_s=latency,
             endpoint=self.endpoint,
+            served_by=served_by_of(response),
         )
         self.next_chunk_index = metadata.chunk_index + 1
         return chunk
@@ -280,7 +289,11 @@ class SessionClient:
         actions = np.asarray(answer["actions"], dtype=np.float32).reshape(answer["action_shape"])
         self.next_chunk_index = metadata.chunk_index + 1
         return RobotChunk(
-            actions, metadata, parse_server_timing(response.headers.get("server-timing", "")), latency
+            actions,
+            metadata,
+            parse_server_timing(response.headers.get("server-timing", "")),
+            latency,
+            served_by_of(response),
         )
 
     def reset(self) -> dict[str, Any]:

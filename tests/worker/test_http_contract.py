@@ -173,6 +173,29 @@ async def test_a_sessions_image_is_read_from_the_store_once_not_on_every_tick(wo
     np.testing.assert_array_equal(np.frombuffer(response.content, np.uint8).reshape(expected.shape), expected)
 
 
+async def test_every_answer_of_a_session_route_names_the_pod_and_epoch_that_served_it(worker, place, store):
+    """Issue 40 item 3: a history of answers tells which incarnation of which Pod gave each one."""
+    from ardiff.client import SessionClient
+    from ardiff.wire import SERVED_BY_HEADER, ServedBy
+
+    record = await store.get_pod(POOL, POD)
+    assert record is not None
+    expected = ServedBy(POD, record.epoch)
+    assert record.epoch > 0
+    session = await place()
+    answers = [
+        worker.tick(session, 0, token=TOKEN),  # 200
+        worker.tick(session, 5, token=TOKEN),  # 409 out of order
+        worker.tick(session, 1, token="wrong"),  # 401
+        worker.client.get(f"{worker.url}/v1/sessions/{session}", headers=worker.headers(TOKEN)),
+    ]
+    assert [a.status_code for a in answers] == [200, 409, 401, 200]
+    assert {ServedBy.parse(a.headers[SERVED_BY_HEADER]) for a in answers} == {expected}
+    assert SERVED_BY_HEADER not in worker.client.get(f"{worker.url}/healthz").headers  # not a session route
+    with SessionClient(session, worker.url, TOKEN, next_chunk_index=1) as client:
+        assert client.tick([CAMERA]).served_by == expected
+
+
 async def test_mp4_by_accept_header(worker, place):
     import av
 

@@ -24,6 +24,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from ardiff.kv.records import PoolId
+from ardiff.wire import ServedBy
 from ardiff.worker.encoding import encode_images
 from tests.worker.conftest import CAMERA, launch_fake_pod
 from tests.worker.test_http_contract import first_chunk, wait_for
@@ -145,6 +146,8 @@ async def test_ticks_stream_their_frames_as_jpeg_with_the_metadata_echo(worker, 
         }
         await ws.send(tick_message(0, applied_event_ids=[4]))
         message, images = await chunk(ws)
+        served_by = ServedBy.parse(message["metadata"].pop("served_by"))  # issue 40: who served it
+        assert (served_by.pod, served_by.epoch > 0) == (POD, True)
         assert message["metadata"] == {
             "session_id": session,
             "request_id": "r-0",
