@@ -92,7 +92,7 @@ class FakeTicks:
     def decode(self, prepared: PreparedTick, output: FakeChunk, forward_s: float) -> ChunkOutput:
         return ChunkOutput(
             frames=output.frames if prepared.return_frames else output.frames[:0],
-            metadata=prepared.metadata,
+            metadata=dict(prepared.metadata),
             forward_s=forward_s,
             decode_s=0.0,
             actions=output.actions,

@@ -63,7 +63,8 @@ class FamilyRunner(Protocol):
     """A family bound to one loaded pipeline (`ModelFamily.bind`): it owns a tick's preparation and its
     chunk's decoding. It holds no session state of its own and never calls the runtime that holds it."""
 
-    geometry: TickGeometry
+    @property
+    def geometry(self) -> TickGeometry: ...
 
     def prepare(self, tick: Any, conditioning: Conditioning) -> PreparedTick:
         """The engine request of a tick, through the pipeline's own pre-process; `InvalidTick` names the
