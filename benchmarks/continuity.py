@@ -53,6 +53,7 @@ def measure(size: int, repeats: int, model_cache: str) -> dict[str, Any]:
     from ardiff.worker import tick_rules
     from ardiff.worker.conditioning import Conditioning
     from ardiff.worker.host_tier import HostTier
+    from ardiff.worker.runtime import run_tick
     from ardiff.worker.session_book import CachedChunk, SessionBook
     from ardiff.worker.session_export import ITEM_SIZES, ExportReader
     from ardiff.worker.settings import WorkerSettings
@@ -64,7 +65,7 @@ def measure(size: int, repeats: int, model_cache: str) -> dict[str, Any]:
 
     def tick(session: str, chunk: int) -> Any:
         body = {"request_id": f"{session}-{chunk}", "chunk_index": chunk, "controls": [CAMERA]}
-        return runtime.forward(runtime.prepare(tick_rules.parse_tick(session, body), conditioning))
+        return run_tick(runtime, runtime.ticks.prepare(tick_rules.parse_tick(session, body), conditioning))
 
     book = SessionBook("a")
     for chunk in range(CHUNKS):

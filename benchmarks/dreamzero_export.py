@@ -47,6 +47,7 @@ FREE_BYTES, FRACTION = 2 << 30, 0.7  # two sessions' model-owned state, as tests
 def measure(chunks: int, repeats: int, model_cache: str) -> list[dict[str, Any]]:
     from ardiff.worker.conditioning import Conditioning
     from ardiff.worker.families import dreamzero
+    from ardiff.worker.runtime import run_tick
     from ardiff.worker.session_book import CachedChunk, SessionBook
     from ardiff.worker.session_export import ITEM_SIZES, ExportReader
     from ardiff.worker.settings import WorkerSettings
@@ -67,7 +68,7 @@ def measure(chunks: int, repeats: int, model_cache: str) -> list[dict[str, Any]]
         body = {"request_id": f"arm-{chunk}", "chunk_index": chunk, "observation": robot_observation(chunk)}
         tick = dreamzero.decode_tick(dreamzero.parse_tick("arm", body))
         started = time.perf_counter()
-        output = runtime.forward(runtime.prepare(tick, conditioning))
+        output = run_tick(runtime, runtime.ticks.prepare(tick, conditioning))
         tick_s = time.perf_counter() - started
         book = book.advanced(
             CachedChunk(f"arm-{chunk}", chunk, output.frames, output.metadata, output.actions)

@@ -52,6 +52,7 @@ with instrumented:
 from ardiff.worker import tick_rules  # noqa: E402 (the fuzzed modules are imported instrumented, first)
 from ardiff.worker.conditioning import Conditioning  # noqa: E402
 from ardiff.worker.fake_runtime import FakeRuntime  # noqa: E402
+from ardiff.worker.runtime import run_tick  # noqa: E402
 from ardiff.worker.session_book import CachedChunk, SessionBook  # noqa: E402
 
 FRAME = 8  # the fake runtime's frame side: small exports, so mutations reach every section
@@ -92,7 +93,7 @@ def fuzz_openpi(data: bytes) -> None:
 
 def export_seed(runtime: FakeRuntime) -> bytes:
     tick = tick_rules.parse_tick("s", {"request_id": "s-0", "chunk_index": 0})
-    output = runtime.forward(runtime.prepare(tick, Conditioning(seed=1, prompt="a forest")))
+    output = run_tick(runtime, runtime.ticks.prepare(tick, Conditioning(seed=1, prompt="a forest")))
     book = SessionBook("s", token_sha256="ab" * 32).advanced(
         CachedChunk("s-0", 0, output.frames, output.metadata)
     )

@@ -63,6 +63,7 @@ def measure(size: int, ticks: int, warmup: int, model_cache: str) -> dict[str, A
     from ardiff.worker import tick_rules
     from ardiff.worker.app import create_app
     from ardiff.worker.conditioning import Conditioning
+    from ardiff.worker.runtime import run_tick
     from ardiff.worker.service import WorkerService
     from ardiff.worker.settings import WorkerSettings
     from ardiff.worker.vllm_runtime import load_vllm_runtime
@@ -95,7 +96,7 @@ def measure(size: int, ticks: int, warmup: int, model_cache: str) -> dict[str, A
     def in_process(chunk: int) -> tuple[float, float, int]:
         started = time.perf_counter()
         tick = tick_rules.parse_tick("inproc", body(chunk))
-        output = runtime.forward(runtime.prepare(tick, Conditioning(seed=0, prompt=PROMPT)))
+        output = run_tick(runtime, runtime.ticks.prepare(tick, Conditioning(seed=0, prompt=PROMPT)))
         frames = output.frames.tobytes()  # what a caller holding the frames as bytes gets
         wall = time.perf_counter() - started
         return wall, output.forward_s + output.decode_s, len(frames) // (size * size * 3)
@@ -153,6 +154,7 @@ def measure_robot(size: int, ticks: int, warmup: int, model_cache: str) -> dict[
     from ardiff.worker.app import create_app
     from ardiff.worker.conditioning import Conditioning
     from ardiff.worker.families import dreamzero
+    from ardiff.worker.runtime import run_tick
     from ardiff.worker.service import WorkerService
     from ardiff.worker.settings import WorkerSettings
     from ardiff.worker.vllm_runtime import load_vllm_runtime
@@ -194,7 +196,9 @@ def measure_robot(size: int, ticks: int, warmup: int, model_cache: str) -> dict[
 
     def in_process(chunk: int) -> tuple[float, float, int]:
         started = time.perf_counter()
-        output = runtime.forward(runtime.prepare(parsed[chunk], Conditioning(seed=0, prompt=ROBOT_PROMPT)))
+        output = run_tick(
+            runtime, runtime.ticks.prepare(parsed[chunk], Conditioning(seed=0, prompt=ROBOT_PROMPT))
+        )
         actions = output.actions.tobytes()  # what a caller holding the actions as bytes gets
         wall = time.perf_counter() - started
         return wall, output.forward_s + output.decode_s, len(actions)

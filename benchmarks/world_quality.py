@@ -106,6 +106,7 @@ def run_model(
 
     from ardiff.worker import tick_rules
     from ardiff.worker.conditioning import Conditioning, conditioning_image
+    from ardiff.worker.runtime import run_tick
     from ardiff.worker.settings import WorkerSettings, resolve_model
     from ardiff.worker.vllm_runtime import load_vllm_runtime
 
@@ -138,7 +139,7 @@ def run_model(
                     "close_session": chunk == len(actions) - 1,
                 }
                 tick = tick_rules.parse_tick(session, body)
-                frames.append(adapter.forward(adapter.prepare(tick, conditioning)).frames)
+                frames.append(run_tick(adapter, adapter.ticks.prepare(tick, conditioning)).frames)
             generated = generated_frames[name] = np.concatenate(frames)
             truth = world.render_session(actions)
             slices = world.chunk_frame_slices(N_CHUNKS)

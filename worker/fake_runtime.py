@@ -35,7 +35,8 @@ from ardiff.worker.errors import (
     ExportNoCapacity,
     ExportNotIdle,
 )
-from ardiff.worker.runtime import ChunkOutput, KVBlocks, PreparedTick
+from ardiff.worker.families import TickGeometry
+from ardiff.worker.runtime import ChunkOutput, Forwarded, KVBlocks, PreparedTick
 from ardiff.worker.session_book import SessionBook
 from ardiff.worker.session_export import (
     ExportReader,
@@ -60,6 +61,42 @@ class FakeRequest:
     tick: Any  # vllm-omni's ARDiffusionTickRequest
     conditioning: Conditioning
     image: np.ndarray
+
+
+@dataclass(frozen=True)
+class FakeChunk:
+    """One forward's raw output: frames whether or not the tick asks (as DreamZero's video)."""
+
+    frames: np.ndarray
+    actions: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class FakeTicks:
+    """The fake runtime's family runner: its request is the tick, the conditioning and the picture; a chunk is
+    the forward's frames (a robot tick's only on `return_frames`) and actions, the tick's metadata."""
+
+    geometry: TickGeometry
+    robot: bool  # DreamZero mode: the tick carries an observation and `return_frames`
+
+    def prepare(self, tick: Any, conditioning: Conditioning) -> PreparedTick:
+        image = conditioning.picture_at(*self.geometry.frame_size)
+        return PreparedTick(
+            tick.session_id,
+            FakeRequest(tick, conditioning, image),
+            close_after=tick.close_session,
+            metadata=tick_rules.metadata_of(tick),
+            return_frames=tick.return_frames if self.robot else True,
+        )
+
+    def decode(self, prepared: PreparedTick, output: FakeChunk, forward_s: float) -> ChunkOutput:
+        return ChunkOutput(
+            frames=output.frames if prepared.return_frames else output.frames[:0],
+            metadata=dict(prepared.metadata),
+            forward_s=forward_s,
+            decode_s=0.0,
+            actions=output.actions,
+        )
 
 
 def fake_frames(conditioning: Conditioning, image: np.ndarray, tick: Any) -> np.ndarray:
@@ -110,7 +147,9 @@ class FakeRuntime:
             raise ValueError(f"fake runtime family must be one of {list(FAMILIES)}, got {family!r}")
         self._family = family
         self._branches = 2 if family == "dreamzero" else 1  # positive and negative (CFG)
-        self._height, self._width = height, width
+        # LingBot's AR block: 3 latent frames, 9 frames through the VAE's time factor (the first chunk's).
+        geometry = TickGeometry(height, width, FIRST_CHUNK_FRAMES, BLOCKS_PER_CHUNK)
+        self._ticks = FakeTicks(geometry, robot=family == "dreamzero")
         self._capacity = capacity
         self._tick_seconds = tick_seconds
         self._tick_spread = tick_spread
@@ -124,13 +163,13 @@ class FakeRuntime:
 
     @property
     def frame_size(self) -> tuple[int, int]:
-        return self._height, self._width
+        return self._ticks.geometry.frame_size
 
-    def prepare(self, tick: Any, conditioning: Conditioning) -> PreparedTick:
-        image = conditioning.picture_at(self._height, self._width)
-        return PreparedTick(tick.session_id, FakeRequest(tick, conditioning, image))
+    @property
+    def ticks(self) -> FakeTicks:
+        return self._ticks
 
-    def forward(self, prepared: PreparedTick, *, inject_fault: bool = False) -> ChunkOutput:
+    def forward(self, prepared: PreparedTick, *, inject_fault: bool = False) -> Forwarded:
         request: FakeRequest = prepared.request
         tick, session_id = request.tick, prepared.session_id
         started = time.perf_counter()
@@ -151,27 +190,14 @@ class FakeRuntime:
                 time.sleep(self.tick_time())
             if inject_fault:
                 raise RuntimeError("injected forward fault (ARDIFF_TEST_FAULTS)")
-            actions = None
-            if self._family == "dreamzero":
-                actions = fake_actions(request.conditioning, tick)
-                frames = fake_frames(request.conditioning, request.image, tick)
-                frames = frames if tick.return_frames else frames[:0]
-            else:
-                frames = fake_frames(request.conditioning, request.image, tick)
+            actions = fake_actions(request.conditioning, tick) if self._family == "dreamzero" else None
+            chunk = FakeChunk(fake_frames(request.conditioning, request.image, tick), actions)
         except Exception:
             self.close(session_id)  # fail closed, like the runner's bound session
             raise
         with self._lock:
             self._next_chunk[session_id] = expected + 1
-        if tick.close_session:
-            self.close(session_id)
-        return ChunkOutput(
-            frames=frames,
-            metadata=tick_rules.metadata_of(tick),
-            forward_s=time.perf_counter() - started,
-            decode_s=0.0,
-            actions=actions,
-        )
+        return Forwarded(chunk, time.perf_counter() - started)
 
     def tick_time(self) -> float:
         """The next forward's time: `tick_seconds` x a lognormal draw of sigma `tick_spread` (median 1)."""
@@ -200,7 +226,8 @@ class FakeRuntime:
 
     @property
     def identity(self) -> dict[str, Any]:
-        identity: dict[str, Any] = {"runtime": "fake", "height": self._height, "width": self._width}
+        height, width = self.frame_size
+        identity: dict[str, Any] = {"runtime": "fake", "height": height, "width": width}
         if self._family != "lingbot":
             identity["family"] = self._family
         return identity

@@ -3,22 +3,28 @@
 Two implementations: the vllm-omni session adapter (`ardiff.worker.session_adapter`, the real paged-KV runner)
 and `ardiff.worker.fake_runtime` (deterministic frames, no torch) for control-plane tests.
 
-Threading contract: `forward`, `reset`, `close`, `export_session` and `import_session` are only ever called
-from the worker's one forward thread, one at a time (so an export always sees a session between ticks);
-`prepare` may run on any thread concurrently with them and must not touch session state; `resident_sessions`
-and `kv_blocks` are cheap snapshots safe to read from the event loop.
+A tick's path: the runtime's family runner (`ticks`, `ardiff.worker.families.FamilyRunner`) prepares it, then
+`run_tick` runs the runtime's `forward` and the runner's `decode` on the forward thread; that function is the
+one place where a forward and its decode meet, and where a failed tick closes its session.
+
+Threading contract: `forward`, `reset`, `close`, `export_session` and `import_session` (and so `run_tick`)
+are only ever called from the worker's one forward thread, one at a time (so an export always sees a session
+between ticks); `ticks.prepare` may run on any thread concurrently with them and must not touch session
+state; `resident_sessions` and `kv_blocks` are cheap snapshots safe to read from the event loop.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ardiff.worker.conditioning import Conditioning
 from ardiff.worker.session_book import SessionBook
 from ardiff.worker.session_export import Readable, Writable
+
+if TYPE_CHECKING:
+    from ardiff.worker.families import FamilyRunner
 
 
 @dataclass(frozen=True)
@@ -62,10 +68,24 @@ class ChunkOutput:
 
 @dataclass(frozen=True)
 class PreparedTick:
-    """A tick that passed the pipeline's own pre-process; only `forward` looks inside `request`."""
+    """A tick that passed the pipeline's own pre-process, and what its chunk's decode needs of it."""
 
     session_id: str
-    request: Any
+    request: Any  # what the runtime's forward runs: the engine request (the fake runtime's own request)
+    # Close the session once the chunk is decoded: the runner would close (and drop the session's streaming
+    # decoder) before the decode, so the runner's request never asks it.
+    close_after: bool = False
+    # The chunk's metadata where the runner's output does not echo it (DreamZero, the fake): the tick's.
+    metadata: dict[str, Any] = field(default_factory=dict)
+    return_frames: bool = True  # DreamZero decodes its predicted frames only when the tick asks
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """The runner's raw output of one forward, and how long the forward took."""
+
+    output: Any
+    forward_s: float
 
 
 @runtime_checkable
@@ -82,12 +102,13 @@ class SessionRuntime(Protocol):
         """(height, width) of every frame, fixed at load."""
         ...
 
-    def prepare(self, tick: Any, conditioning: Conditioning) -> PreparedTick:
-        """Check a vllm-omni tick with the pipeline's own pre-process; `InvalidTick` names the field."""
+    @property
+    def ticks(self) -> FamilyRunner:
+        """The family runner this runtime was loaded with: it prepares ticks and decodes their chunks."""
         ...
 
-    def forward(self, prepared: PreparedTick, *, inject_fault: bool = False) -> ChunkOutput:
-        """Run one AR block and decode it. Fails closed: on any error the session's state is released.
+    def forward(self, prepared: PreparedTick, *, inject_fault: bool = False) -> Forwarded:
+        """Run one AR block; its raw output, not decoded (`run_tick` runs both). A failed forward raises.
 
         `inject_fault` (tests only, behind ARDIFF_TEST_FAULTS) makes the model forward itself raise.
         """
@@ -140,3 +161,18 @@ class SessionRuntime(Protocol):
         ...
 
     def shutdown(self) -> None: ...
+
+
+def run_tick(runtime: SessionRuntime, prepared: PreparedTick, *, inject_fault: bool = False) -> ChunkOutput:
+    """On the forward thread: the runner's forward of a prepared tick, then its family's decode; fails closed
+    (the session is closed on any error), and closes it after the chunk when the tick asked."""
+    try:
+        forwarded = runtime.forward(prepared, inject_fault=inject_fault)
+        chunk = runtime.ticks.decode(prepared, forwarded.output, forwarded.forward_s)
+    except Exception:
+        # The runner already released a failed forward's KV; a failed decode leaves it: close either way.
+        runtime.close(prepared.session_id)
+        raise
+    if prepared.close_after:
+        runtime.close(prepared.session_id)
+    return chunk

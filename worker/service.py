@@ -54,7 +54,7 @@ from ardiff.worker.placement_guard import PlacementGuard
 from ardiff.worker.placement_port import Membership, PlacementPort, Standalone
 from ardiff.worker.playout import Playouts, TickEstimate, target_of, target_view
 from ardiff.worker.pod_sessions import PodSessions
-from ardiff.worker.runtime import SessionRuntime
+from ardiff.worker.runtime import SessionRuntime, run_tick
 from ardiff.worker.session_book import CachedChunk, SessionBook, SessionStatus
 from ardiff.worker.settings import WorkerSettings
 from ardiff.worker.ticks import (
@@ -308,7 +308,7 @@ class WorkerService:
             tick = await loop.run_in_executor(self._decoder, self.family.decode_tick, tick)
             picture = await self.sessions.picture(session_id, record, runtime.frame_size, self._decoder)
             conditioning = Conditioning(seed=seed, prompt=prompt, picture=picture)
-            prepared = await asyncio.to_thread(runtime.prepare, tick, conditioning)
+            prepared = await asyncio.to_thread(runtime.ticks.prepare, tick, conditioning)
             admitted_book = await self.sessions.admit(session_id, record)
             self.sessions.pictures.keep(session_id, seed, picture)
             async with self.sessions.forward.lock.hold(deadline):
@@ -323,7 +323,7 @@ class WorkerService:
                     self.sessions.exports.history.drop(session_id)
                 try:
                     output = await self.sessions.forward.run(
-                        runtime.forward, prepared, inject_fault=inject_fault
+                        run_tick, runtime, prepared, inject_fault=inject_fault
                     )
                 except Exception as exc:
                     log.warning(

@@ -6,15 +6,17 @@ chunk counter, RNG state, camera tail, encoder cache, the per-session streaming 
 worker needs (run a tick, decode its frames, reset, close, list residents, count free KV blocks) goes through
 `ARDiffusionSessionAdapter`, so suspend/resume/migrate (DESIGN §10) has one place to export and import from.
 What differs per model family is the family module's (`ardiff.worker.families`, the `ModelFamily` seam): the
-request a tick becomes, what a chunk gives back (it reads the pipeline's own decoders through `pipeline`),
-and the pipeline's own session state in an export (`SessionState`: `families/lingbot_state.py`,
-`families/dreamzero_state.py`).
+adapter binds the family to the loaded pipeline once (`ticks`, its `FamilyRunner`: the request a tick
+becomes, what a chunk gives back) and never calls the family on a tick; `ardiff.worker.runtime.run_tick`
+runs this adapter's `forward` and then the runner's `decode`. The pipeline's own session state in an export
+is the family's too (`SessionState`: `families/lingbot_state.py`, `families/dreamzero_state.py`).
 
-It implements `ardiff.worker.runtime.SessionRuntime`. Private vllm-omni members used here, on purpose:
-`runner._sessions`, `runner._session_capacity`, `runner._ar_diffusion_kv_cache_spec`; for export and import
-(docs/contracts.md §9) also `runner._get_or_create_session`, `runner._release_session`, the KV state's
-`_closed`, `_paged_pending` (its contexts' `commit_current` and `_committed`) and `_committed`, the adapters'
-`_prefill` and the pipeline's `_ar_diffusion_kv_state`. Export reads one idle session (between ticks) part by
+It implements `ardiff.worker.runtime.SessionRuntime`. Private vllm-omni members used here, on purpose (the
+runner has no public view of its sessions): `runner._sessions` (the residents, their KV branches); for
+export and import (docs/contracts.md §9) also `runner._get_or_create_session`, `runner._release_session`,
+the KV state's `_closed`, `_paged_pending` (its contexts' `commit_current` and `_committed`) and
+`_committed`, the adapters' `_prefill` and the pipeline's `_ar_diffusion_kv_state`. The capacity and the KV
+geometry are the KV cache's public members. Export reads one idle session (between ticks) part by
 part; import installs the KV straight into the pool as each part arrives and the rest once the checksum held.
 What a session is made of and why each piece is needed: `shared/reference/session-migration/README.md`.
 """
@@ -33,12 +35,9 @@ from typing import Any
 import torch
 import vllm_omni
 from vllm_omni.diffusion.data import OmniDiffusionConfig
-from vllm_omni.diffusion.registry import get_diffusion_pre_process_func
-from vllm_omni.diffusion.request import OmniDiffusionRequest
 from vllm_omni.diffusion.worker.diffusion_worker import DiffusionWorker
 
 from ardiff.worker import block_share
-from ardiff.worker.conditioning import Conditioning
 from ardiff.worker.errors import (
     ExportCorrupt,
     ExportDuplicateSession,
@@ -47,8 +46,8 @@ from ardiff.worker.errors import (
     ExportUnsupported,
     SessionExportError,
 )
-from ardiff.worker.families import ModelFamily, SessionState, family_for
-from ardiff.worker.runtime import ChunkOutput, KVBlocks, PreparedTick
+from ardiff.worker.families import FamilyRunner, ModelFamily, SessionState, TickGeometry, family_for
+from ardiff.worker.runtime import Forwarded, KVBlocks, PreparedTick
 from ardiff.worker.session_book import SessionBook
 from ardiff.worker.session_export import (
     ExportReader,
@@ -92,8 +91,8 @@ class ARDiffusionSessionAdapter:
     ) -> None:
         runner = worker.model_runner
         pipeline = runner.pipeline if runner is not None else None
-        spec = getattr(runner, "_ar_diffusion_kv_cache_spec", None)
-        if runner is None or runner.kv_cache is None or spec is None:
+        kv = getattr(runner, "kv_cache", None)
+        if kv is None:
             raise TypeError("the worker's runner is not an ARDiffusionModelRunner with a KV cache")
         self._family = family or family_for(type(pipeline).__name__)
         self._family.check_pipeline(pipeline)
@@ -102,16 +101,20 @@ class ARDiffusionSessionAdapter:
         self._od_config = od_config
         self._runner = runner
         self._pipeline = pipeline
-        self._pre_process = get_diffusion_pre_process_func(od_config)
         model_config = od_config.model_config
-        self._height, self._width = self._family.frame_size or (
+        height, width = self._family.frame_size or (
             int(model_config["ar_diffusion_height"]),
             int(model_config["ar_diffusion_width"]),
         )
         # One request is one AR block: `frames_per_block` latent frames through the causal VAE's time factor.
-        self._latent_frames = spec.frames_per_block
         temporal = int(getattr(pipeline, "vae_scale_factor_temporal", 4))
-        self._num_frames = (spec.frames_per_block - 1) * temporal + 1
+        geometry = TickGeometry(
+            height=height,
+            width=width,
+            frames_per_tick=(kv.frames_per_block - 1) * temporal + 1,
+            latent_frames_per_tick=kv.frames_per_block,
+        )
+        self._ticks = self._family.bind(pipeline, od_config, geometry)
         self._resident: tuple[str, ...] = ()
         log.info(
             "session adapter: %s (%s) capacity=%d kv_blocks=%d frames_per_tick=%d at %dx%d",
@@ -119,61 +122,35 @@ class ARDiffusionSessionAdapter:
             self._family.name,
             self.capacity,
             self.kv_blocks().total,
-            self._num_frames,
-            self._height,
-            self._width,
+            geometry.frames_per_tick,
+            height,
+            width,
         )
 
     # ---------------------------------------------------------------- SessionRuntime
 
     @property
     def capacity(self) -> int:
-        return int(self._runner._session_capacity)
+        return int(self._runner.kv_cache.session_capacity)
 
     @property
     def frame_size(self) -> tuple[int, int]:
-        return self._height, self._width
+        return self._ticks.geometry.frame_size
 
-    def prepare(self, tick: Any, conditioning: Conditioning) -> PreparedTick:
-        return self._family.prepare(self, tick, conditioning)
+    @property
+    def ticks(self) -> FamilyRunner:
+        return self._ticks
 
-    def forward(self, prepared: PreparedTick, *, inject_fault: bool = False) -> ChunkOutput:
-        session_id, family = prepared.session_id, self._family
+    def forward(self, prepared: PreparedTick, *, inject_fault: bool = False) -> Forwarded:
         started = time.perf_counter()
         try:
             with self._failing_pipeline() if inject_fault else contextlib.nullcontext():
-                output = self._worker.execute_model(family.request_of(prepared), self._od_config)
-            if getattr(output, "error", None):
-                raise RuntimeError(f"the runner reported: {output.error}")
-            with torch.inference_mode():
-                chunk = family.chunk_output(self, session_id, output, started, prepared)
-        except Exception:
-            # The runner already released a failed forward's KV; a failed decode leaves it: close either way.
-            self.close(session_id)
-            raise
-        if family.close_after(prepared):
-            self.close(session_id)
-        self._refresh()
-        return chunk
-
-    # ---------------------------------------------------------------- what families ask of the pipeline
-
-    @property
-    def frames_per_tick(self) -> int:
-        return self._num_frames
-
-    @property
-    def latent_frames_per_tick(self) -> int:
-        return self._latent_frames
-
-    @property
-    def pipeline(self) -> Any:
-        """The pipeline, for its family module's own members (`ardiff.worker.families`)."""
-        return self._pipeline
-
-    def pre_process(self, request: OmniDiffusionRequest) -> OmniDiffusionRequest:
-        """The pipeline's own pre-process (`get_diffusion_pre_process_func`), where it has one."""
-        return request if self._pre_process is None else self._pre_process(request)
+                output = self._worker.execute_model(prepared.request, self._od_config)
+        finally:
+            self._refresh()  # the runner may have created, evicted or released a session
+        if getattr(output, "error", None):
+            raise RuntimeError(f"the runner reported: {output.error}")
+        return Forwarded(output, time.perf_counter() - started)
 
     def branch_blocks(self, session_id: str) -> dict[str, int]:
         """KV blocks each branch of a resident session holds now (empty when it is not resident)."""
@@ -251,23 +228,23 @@ class ARDiffusionSessionAdapter:
     @functools.cached_property
     def identity(self) -> dict[str, Any]:
         """What an importing worker must match (docs/contracts.md §9); the weights are hashed once."""
-        kv, spec = self._runner.kv_cache, self._runner._ar_diffusion_kv_cache_spec
+        kv, (height, width) = self._runner.kv_cache, self.frame_size
         model_dir = Path(self._od_config.model)
         return {
             "runtime": "vllm-omni",
             "versions": {"vllm_omni": vllm_omni.__version__},
             "model": model_dir.name,
             "pipeline": type(self._pipeline).__name__,
-            "height": self._height,
-            "width": self._width,
+            "height": height,
+            "width": width,
             "dtype": str(kv.dtype).removeprefix("torch."),
             "weights_sha256": model_fingerprint(model_dir),
             "geometry": {
-                "num_layers": int(spec.num_layers),
-                "num_kv_heads": int(spec.num_kv_heads),
-                "head_size": int(spec.head_size),
-                "tokens_per_frame": int(spec.tokens_per_frame),
-                "frames_per_block": int(spec.frames_per_block),
+                "num_layers": int(kv.num_layers),
+                "num_kv_heads": int(kv.num_kv_heads),
+                "head_size": int(kv.head_size),
+                "tokens_per_frame": int(kv.block_size),  # the runner's pages are one frame's tokens
+                "frames_per_block": int(kv.frames_per_block),
                 "block_size": int(kv.block_size),
                 "sink_chunks": int(kv.spec.sink_chunks),
                 "window_chunks": int(kv.spec.window_chunks),
@@ -285,6 +262,11 @@ class ARDiffusionSessionAdapter:
     @property
     def family(self) -> ModelFamily:
         return self._family
+
+    @property
+    def pipeline(self) -> Any:
+        """The loaded pipeline (tests read its members)."""
+        return self._pipeline
 
     @property
     def supports_export(self) -> bool:

@@ -13,7 +13,7 @@ from ardiff.worker.families import ModelFamily
 from ardiff.worker.messages import EXAMPLE_TICK, TickBody
 from ardiff.worker.playout import TickEstimate
 from ardiff.worker.pod_state import ForwardThread
-from ardiff.worker.runtime import SessionRuntime
+from ardiff.worker.runtime import SessionRuntime, run_tick
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +35,11 @@ async def warm_up(
         for index in range(WARM_UP_CHUNKS):
             body = {**EXAMPLE_TICK, "request_id": f"{WARM_UP_SESSION}-{index}", "chunk_index": index}
             prepared = await asyncio.to_thread(
-                runtime.prepare, family.parse_tick(WARM_UP_SESSION, body), conditioning
+                runtime.ticks.prepare, family.parse_tick(WARM_UP_SESSION, body), conditioning
             )
             async with forward.lock.hold():
                 started = time.perf_counter()
-                output = await forward.run(runtime.forward, prepared)
+                output = await forward.run(run_tick, runtime, prepared)
                 busy = time.perf_counter() - started
             if index > 0:
                 estimate.add(busy, len(output.frames))

@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ardiff.worker.conditioning import Conditioning
+from ardiff.worker.runtime import run_tick as run_prepared
 from ardiff.worker.session_book import CachedChunk, SessionBook
 from ardiff.worker.settings import WorkerSettings
 
@@ -87,8 +88,8 @@ def run_tick(adapter, session: str, chunk: int, seed: int, *, reset: bool = Fals
     tick = dreamzero.decode_tick(
         dreamzero.parse_tick(session, {**body, "observation": observation(seed, chunk)})
     )
-    prepared = adapter.prepare(tick, Conditioning(seed=seed, prompt="pick up the red cup"))
-    return adapter.forward(prepared)
+    prepared = adapter.ticks.prepare(tick, Conditioning(seed=seed, prompt="pick up the red cup"))
+    return run_prepared(adapter, prepared)
 
 
 def test_capacity_is_the_planners(adapter):

@@ -12,6 +12,7 @@ import pytest
 from ardiff.worker.conditioning import Conditioning
 from ardiff.worker.fake_runtime import FakeRuntime
 from ardiff.worker.families import dreamzero
+from ardiff.worker.runtime import run_tick
 from ardiff.worker.server import load_runtime
 from ardiff.worker.session_book import CachedChunk, SessionBook
 from ardiff.worker.settings import WorkerSettings
@@ -40,7 +41,7 @@ def robot_tick(session: str, chunk: int, seed: int, *, return_frames: bool = Fal
 
 
 def forward(runtime: FakeRuntime, tick, seed: int = 1):
-    return runtime.forward(runtime.prepare(tick, Conditioning(prompt="stack the cups", seed=seed)))
+    return run_tick(runtime, runtime.ticks.prepare(tick, Conditioning(prompt="stack the cups", seed=seed)))
 
 
 def test_a_dreamzero_pool_gets_the_robot_mode() -> None:

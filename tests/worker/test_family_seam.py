@@ -5,11 +5,22 @@ it is looked up."""
 from __future__ import annotations
 
 import types
+from typing import Any
 
 import pytest
 
-from ardiff.worker import families
-from ardiff.worker.families import ModelFamily, SessionState, family_for, family_named, family_names
+from ardiff.worker import families, tick_rules
+from ardiff.worker.conditioning import Conditioning
+from ardiff.worker.fake_runtime import FakeRuntime
+from ardiff.worker.families import (
+    ModelFamily,
+    SessionState,
+    TickGeometry,
+    family_for,
+    family_named,
+    family_names,
+)
+from ardiff.worker.runtime import run_tick
 
 
 def test_every_family_module_satisfies_the_seam() -> None:
@@ -67,3 +78,26 @@ def test_dreamzero_session_state_is_the_export_seam() -> None:
         "dz/stitched_buffer/0",
         "dz/vae_enc_feat_map/1",
     }
+
+
+def test_tick_geometry_names_a_field_that_is_not_a_positive_int() -> None:
+    assert TickGeometry(48, 64, 9, 3).frame_size == (48, 64)
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match=rf"tick geometry latent_frames_per_tick .* got {bad!r}"):
+            TickGeometry(48, 64, 9, bad)  # type: ignore[arg-type]
+
+
+def test_run_tick_closes_the_session_when_the_decode_fails(monkeypatch) -> None:
+    """A forward that went through and a decode that did not: the session is closed all the same (the
+    runner would keep the KV of a chunk nobody saw)."""
+    runtime = FakeRuntime(height=8, width=8, capacity=1)
+    tick = tick_rules.parse_tick("s", {"request_id": "s-0", "chunk_index": 0})
+    prepared = runtime.ticks.prepare(tick, Conditioning(seed=1, prompt="a forest"))
+
+    def fail(prepared: Any, output: Any, forward_s: float) -> Any:
+        raise RuntimeError("decode failed")
+
+    monkeypatch.setattr(runtime, "_ticks", types.SimpleNamespace(decode=fail))
+    with pytest.raises(RuntimeError, match="decode failed"):
+        run_tick(runtime, prepared)
+    assert runtime.resident_sessions() == ()

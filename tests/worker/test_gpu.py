@@ -8,6 +8,7 @@ import pytest
 
 from ardiff.worker import tick_rules
 from ardiff.worker.conditioning import Conditioning
+from ardiff.worker.runtime import run_tick
 from ardiff.worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.gpu
@@ -37,7 +38,9 @@ def test_tiny_model_ticks_on_the_gpu_in_bf16_and_frees_its_blocks(tiny_model_cac
                 tick = tick_rules.parse_tick(
                     session, {"request_id": f"{session}{chunk}", "chunk_index": chunk, "controls": [CAMERA]}
                 )
-                output = runtime.forward(runtime.prepare(tick, Conditioning(seed=3, prompt="a forest")))
+                output = run_tick(
+                    runtime, runtime.ticks.prepare(tick, Conditioning(seed=3, prompt="a forest"))
+                )
                 assert output.frames.shape == ((9 if chunk == 0 else 12), 64, 64, 3)
                 assert output.latents.dtype == torch.bfloat16
                 latents[session, chunk] = output.latents.float().cpu()

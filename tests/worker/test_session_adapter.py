@@ -30,6 +30,7 @@ from ardiff.worker.errors import (
     ExportUnsupported,
     InvalidTick,
 )
+from ardiff.worker.runtime import run_tick
 from ardiff.worker.session_book import CachedChunk, SessionBook
 from ardiff.worker.settings import WorkerSettings
 from tests.worker.test_session_export import with_index
@@ -69,7 +70,7 @@ def run(adapter, session: str, chunk: int, *, reset: bool = False, fault: bool =
             "reset": reset,
         },
     )
-    return adapter.forward(adapter.prepare(tick, CONDITIONING[session]), inject_fault=fault)
+    return run_tick(adapter, adapter.ticks.prepare(tick, CONDITIONING[session]), inject_fault=fault)
 
 
 def test_a_session_alone_equals_the_same_session_interleaved_bit_for_bit(adapter):
@@ -170,7 +171,7 @@ def test_frames_come_from_the_sessions_streaming_decoder(adapter):
 def test_prepare_rejects_what_the_forward_would_fail_on(adapter, control, message):
     tick = tick_rules.parse_tick("c", {"request_id": "x", "chunk_index": 0, "controls": [control]})
     with pytest.raises(InvalidTick, match=message) as caught:
-        adapter.prepare(tick, CONDITIONING["a"])
+        adapter.ticks.prepare(tick, CONDITIONING["a"])
     assert caught.value.param == "controls"
     assert adapter.resident_sessions() == ()
 
@@ -335,7 +336,7 @@ def test_import_refuses_a_mismatch_a_duplicate_and_a_full_worker(adapter, export
     with pytest.raises(ExportDuplicateSession, match="'b' is already resident"):
         adapter.import_session(io.BytesIO(own_b))
     with monkeypatch.context() as patch:
-        patch.setattr(adapter._runner, "_session_capacity", 1)
+        patch.setattr(adapter._runner.kv_cache, "session_capacity", 1)
         with pytest.raises(ExportNoCapacity, match="holds 1 sessions"):
             adapter.import_session(io.BytesIO(blob))
     assert adapter.resident_sessions() == ("b",)
@@ -409,7 +410,7 @@ def run_as(adapter, session: str, chunk: int, conditioning: Conditioning):
         session,
         {"request_id": f"{session}-{chunk}", "chunk_index": chunk, "controls": [CAMERA[chunk % 3]]},
     )
-    return adapter.forward(adapter.prepare(tick, conditioning))
+    return run_tick(adapter, adapter.ticks.prepare(tick, conditioning))
 
 
 def self_kv_blocks(adapter, session: str) -> int:

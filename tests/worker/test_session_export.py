@@ -21,6 +21,7 @@ from ardiff.worker.errors import (
     ExportNotIdle,
 )
 from ardiff.worker.fake_runtime import FakeRuntime, fake_frames
+from ardiff.worker.runtime import run_tick
 from ardiff.worker.session_book import CachedChunk, SessionBook
 from ardiff.worker.session_export import DIGEST_BYTES, ITEM_SIZES, ExportReader, TensorPart, write_export
 
@@ -29,7 +30,7 @@ CONDITIONING = Conditioning(seed=7, prompt="a forest")
 
 def tick(runtime: FakeRuntime, session: str, chunk: int):
     parsed = tick_rules.parse_tick(session, {"request_id": f"{session}-{chunk}", "chunk_index": chunk})
-    return runtime.forward(runtime.prepare(parsed, CONDITIONING))
+    return run_tick(runtime, runtime.ticks.prepare(parsed, CONDITIONING))
 
 
 def ticked(runtime: FakeRuntime, session: str, chunks: int) -> SessionBook:
@@ -68,7 +69,7 @@ def test_a_fake_session_moves_to_another_runtime_with_its_book() -> None:
     assert set(target.resident_sessions()) == {"s", "other"}
     continued = tick(target, "s", 2)  # the fake fails a forward whose chunk is not the session's next
     parsed = tick_rules.parse_tick("s", {"request_id": "s-2", "chunk_index": 2})
-    image = target.prepare(parsed, CONDITIONING).request.image
+    image = target.ticks.prepare(parsed, CONDITIONING).request.image
     np.testing.assert_array_equal(continued.frames, fake_frames(CONDITIONING, image, parsed))
 
 

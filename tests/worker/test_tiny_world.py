@@ -86,6 +86,7 @@ def test_the_name_resolves_to_the_shipped_checkpoint() -> None:
 def test_the_shipped_checkpoint_loads_and_ticks(tmp_path) -> None:
     from ardiff.worker import tick_rules
     from ardiff.worker.conditioning import Conditioning, conditioning_image
+    from ardiff.worker.runtime import run_tick
     from ardiff.worker.vllm_runtime import load_vllm_runtime
 
     adapter = load_vllm_runtime(
@@ -102,7 +103,7 @@ def test_the_shipped_checkpoint_loads_and_ticks(tmp_path) -> None:
             "data": {"mode": "frames", "frames": [[], ["j"], ["j"]]},
         }
         tick = tick_rules.parse_tick("w", {"request_id": "w-0", "chunk_index": 0, "controls": [control]})
-        chunk = adapter.forward(adapter.prepare(tick, conditioning))
+        chunk = run_tick(adapter, adapter.ticks.prepare(tick, conditioning))
         assert chunk.frames.shape == (9, world.HEIGHT, world.WIDTH, 3)
         assert chunk.frames.std() > 5  # a picture, not a flat field
     finally:

@@ -2,23 +2,28 @@
 
 The worker serves any pipeline with vllm-omni's AR-diffusion capability (`SupportsARDiffusionPipeline`);
 the runner, the paged KV, admission, order, idempotence, auth and placement are the same for all of them
-(`WorkerService`). A family module says what differs: the tick body and how it is validated, how a tick
-becomes the runner's request (pre-processing), what a chunk gives back (frames, actions), how the answer is
-encoded, the pipeline's own per-session state in an export (`SessionState`), the checkpoint layout and its
+(`WorkerService`). A family module says what differs: the tick body and how it is validated, how the answer
+is encoded, the pipeline's own per-session state in an export (`SessionState`), the checkpoint layout and its
 tiny config. `ModelFamily` is that seam; each family module satisfies it (`family_for` checks, a test too).
 A third family is one more module here, one line in `_families` and its pipelines in
 `ardiff.model_families` (the pipeline -> family map the operator reads without torch).
 
+The seam runs one way. Once the pipeline is loaded, the runtime binds its family to it (`ModelFamily.bind`)
+and gets a `FamilyRunner`: how a tick becomes the runner's request (the pipeline's own pre-process) and what
+a chunk gives back (frames, actions), from the pipeline and the `TickGeometry` alone. The runtime calls it;
+it never calls back into the runtime. `ardiff.worker.runtime.run_tick` is where a forward and its decode meet.
+
 Family modules are light: the HTTP layer imports them (for the tick body) before any torch import; whatever
 needs torch or vllm-omni is imported inside the function that needs it (LingBot's session state is its own
-heavy module, `lingbot_state`). Only the session adapter touches the runner's private state; a family reads
-its own pipeline's members (decoders, private keys) through `FamilyAdapter.pipeline`.
+heavy module, `lingbot_state`). Only the session adapter touches the runner's private state; a family's
+runner reads its own pipeline's members (decoders, private keys).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
@@ -34,22 +39,42 @@ if TYPE_CHECKING:
     from ardiff.worker.settings import WorkerSettings
 
 
-class FamilyAdapter(Protocol):
-    """What a family may ask of the session adapter while it prepares a tick or reads a chunk."""
+@dataclass(frozen=True)
+class TickGeometry:
+    """One tick on the loaded pipeline: its frames' size, and the frames one AR block asks of the model (pixel
+    frames through the causal VAE's time factor, and latent frames)."""
+
+    height: int
+    width: int
+    frames_per_tick: int
+    latent_frames_per_tick: int
+
+    def __post_init__(self) -> None:
+        for field, value in vars(self).items():
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"tick geometry {field} must be a positive int, got {value!r}")
 
     @property
-    def frame_size(self) -> tuple[int, int]: ...
+    def frame_size(self) -> tuple[int, int]:
+        return self.height, self.width
+
+
+class FamilyRunner(Protocol):
+    """A family bound to one loaded pipeline (`ModelFamily.bind`): it owns a tick's preparation and its
+    chunk's decoding. It holds no session state of its own and never calls the runtime that holds it."""
 
     @property
-    def frames_per_tick(self) -> int: ...
+    def geometry(self) -> TickGeometry: ...
 
-    @property
-    def latent_frames_per_tick(self) -> int: ...
+    def prepare(self, tick: Any, conditioning: Conditioning) -> PreparedTick:
+        """The engine request of a tick, through the pipeline's own pre-process; `InvalidTick` names the
+        field. May run on any thread, concurrently with a forward: it must not touch session state."""
+        ...
 
-    @property
-    def pipeline(self) -> Any: ...
-
-    def pre_process(self, request: Any) -> Any: ...
+    def decode(self, prepared: PreparedTick, output: Any, forward_s: float) -> ChunkOutput:
+        """The chunk of the runner's `output` for `prepared` (its forward took `forward_s`); on the forward
+        thread, right after that forward (the session's streaming decoder holds its state)."""
+        ...
 
 
 @runtime_checkable
@@ -112,15 +137,8 @@ class ModelFamily(Protocol):
         """What is dear to read (pictures): run in the worker's decode pool once the tick passed its order
         checks; a 400 names the field."""
 
-    def prepare(self, adapter: FamilyAdapter, tick: Any, conditioning: Conditioning) -> PreparedTick: ...
-
-    def chunk_output(
-        self, adapter: FamilyAdapter, session_id: str, output: Any, started: float, prepared: PreparedTick
-    ) -> ChunkOutput: ...
-
-    def request_of(self, prepared: PreparedTick) -> Any: ...
-
-    def close_after(self, prepared: PreparedTick) -> bool: ...
+    def bind(self, pipeline: Any, od_config: Any, geometry: TickGeometry) -> FamilyRunner:
+        """This family's ticks on the loaded `pipeline` (built from `od_config`), once per runtime."""
 
     def choose_media_type(self, accept: str | None) -> str: ...
 

@@ -37,7 +37,7 @@ from ardiff.worker.runtime import ChunkOutput, PreparedTick
 from ardiff.worker.session_book import CachedChunk
 
 if TYPE_CHECKING:
-    from ardiff.worker.families import FamilyAdapter, SessionState
+    from ardiff.worker.families import SessionState, TickGeometry
 
 name = "dreamzero"
 pipelines = pipelines_of(name)  # ardiff/model_families.py: the operator reads it too
@@ -259,59 +259,61 @@ def vector(value: Any, field: str, size: int) -> np.ndarray:
     return array.astype(np.float32)
 
 
+def bind(pipeline: Any, od_config: Any, geometry: TickGeometry) -> DreamZeroTicks:
+    """DreamZero's requests need no pre-process: its pipeline reads the observation from the extra args."""
+    return DreamZeroTicks(pipeline, geometry)
+
+
 @dataclasses.dataclass(frozen=True)
-class RunnerTick:
-    request: Any
-    close_after: bool
-    metadata: dict[str, Any]
-    return_frames: bool
+class DreamZeroTicks:
+    """DreamZero's ticks on one loaded pipeline (`FamilyRunner`): the observation goes in the request's extra
+    args; a chunk is its actions, and its predicted frames decoded by the pipeline's VAE when asked."""
 
+    pipeline: Any
+    geometry: TickGeometry
 
-def prepare(adapter: FamilyAdapter, tick: RobotTick, conditioning: Conditioning) -> PreparedTick:
-    """The engine request: the runner's tick plus `session_id` and `robot_obs` in the extra args."""
-    from vllm_omni.diffusion.request import OmniDiffusionRequest
-    from vllm_omni.inputs.data import OmniDiffusionSamplingParams
+    def prepare(self, tick: RobotTick, conditioning: Conditioning) -> PreparedTick:
+        """The engine request: the runner's tick plus `session_id` and `robot_obs` in the extra args."""
+        from vllm_omni.diffusion.request import OmniDiffusionRequest
+        from vllm_omni.inputs.data import OmniDiffusionSamplingParams
 
-    runner_tick = dataclasses.replace(tick.tick, prompt=conditioning.prompt, controls=(), close_session=False)
-    robot_obs = {**tick.robot_obs, "prompt": conditioning.prompt, "session_id": tick.session_id}
-    extra_args = {**runner_tick.to_extra_args(), "session_id": tick.session_id, "robot_obs": robot_obs}
-    request = OmniDiffusionRequest(
-        prompt=conditioning.prompt,
-        sampling_params=OmniDiffusionSamplingParams(seed=conditioning.seed, extra_args=extra_args),
-        request_id=tick.request_id,
-    )
-    metadata = tick_rules.metadata_of(tick.tick)
-    return PreparedTick(
-        tick.session_id, RunnerTick(request, tick.close_session, metadata, tick.return_frames)
-    )
+        runner_tick = dataclasses.replace(
+            tick.tick, prompt=conditioning.prompt, controls=(), close_session=False
+        )
+        robot_obs = {**tick.robot_obs, "prompt": conditioning.prompt, "session_id": tick.session_id}
+        extra_args = {**runner_tick.to_extra_args(), "session_id": tick.session_id, "robot_obs": robot_obs}
+        request = OmniDiffusionRequest(
+            prompt=conditioning.prompt,
+            sampling_params=OmniDiffusionSamplingParams(seed=conditioning.seed, extra_args=extra_args),
+            request_id=tick.request_id,
+        )
+        return PreparedTick(
+            tick.session_id,
+            request,
+            close_after=tick.close_session,
+            metadata=tick_rules.metadata_of(tick.tick),
+            return_frames=tick.return_frames,
+        )
 
+    def decode(self, prepared: PreparedTick, output: Any, forward_s: float) -> ChunkOutput:
+        import torch
 
-def close_after(prepared: PreparedTick) -> bool:
-    return prepared.request.close_after
-
-
-def request_of(prepared: PreparedTick) -> Any:
-    return prepared.request.request
-
-
-def chunk_output(
-    adapter: FamilyAdapter, session_id: str, output: Any, started: float, prepared: PreparedTick
-) -> ChunkOutput:
-    actions = np.ascontiguousarray(np.asarray(output.output["actions"], dtype=np.float32))
-    forwarded = time.perf_counter()
-    if prepared.request.return_frames:
-        frames = _predicted_frames(adapter.pipeline, output.output["video"])
-    else:
-        frames = np.zeros((0, *FRAME_SIZE, 3), dtype=np.uint8)
-    decoded = time.perf_counter()
-    return ChunkOutput(
-        frames=frames,
-        metadata=dict(prepared.request.metadata),
-        forward_s=forwarded - started,
-        decode_s=decoded - forwarded,
-        latents=output.output["video"],
-        actions=actions,
-    )
+        with torch.inference_mode():
+            actions = np.ascontiguousarray(np.asarray(output.output["actions"], dtype=np.float32))
+            started = time.perf_counter()
+            if prepared.return_frames:
+                frames = _predicted_frames(self.pipeline, output.output["video"])
+            else:
+                frames = np.zeros((0, *FRAME_SIZE, 3), dtype=np.uint8)
+            decoded = time.perf_counter()
+        return ChunkOutput(
+            frames=frames,
+            metadata=dict(prepared.metadata),
+            forward_s=forward_s,
+            decode_s=decoded - started,
+            latents=output.output["video"],
+            actions=actions,
+        )
 
 
 def _predicted_frames(pipeline: Any, video: Any) -> np.ndarray:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +28,7 @@ from ardiff.worker.runtime import ChunkOutput, PreparedTick
 from ardiff.worker.session_book import CachedChunk
 
 if TYPE_CHECKING:
-    from ardiff.worker.families import FamilyAdapter, SessionState
+    from ardiff.worker.families import SessionState, TickGeometry
 
 name = "lingbot"
 pipelines = pipelines_of(name)  # ardiff/model_families.py: the operator reads it too
@@ -92,106 +92,103 @@ def decode_tick(tick: Any) -> Any:
     return tick
 
 
+def bind(pipeline: Any, od_config: Any, geometry: TickGeometry) -> LingBotTicks:
+    from vllm_omni.diffusion.registry import get_diffusion_pre_process_func
+
+    return LingBotTicks(pipeline, geometry, get_diffusion_pre_process_func(od_config))
+
+
 @dataclasses.dataclass(frozen=True)
-class RunnerTick:
-    """What `forward` runs: the pre-processed engine request, and whether to close the session after it.
+class LingBotTicks:
+    """LingBot's ticks on one loaded pipeline (`FamilyRunner`): its pre-process builds the request, the
+    session's own streaming VAE decoder decodes the chunk."""
 
-    `close_session` is taken off the runner's tick and applied after the frames are decoded: the runner would
-    close (and drop the streaming decoder) before the adapter decodes.
-    """
+    pipeline: Any
+    geometry: TickGeometry
+    pre_process: Callable[[Any], Any] | None  # the pipeline's own (`get_diffusion_pre_process_func`), if any
 
-    request: Any
-    close_after: bool
+    def prepare(self, tick: Any, conditioning: Conditioning) -> PreparedTick:
+        """The engine request of a tick, through LingBot's own pre-process; `InvalidTick` names the field.
 
+        `close_session` is taken off the runner's tick and applied after the frames are decoded: the runner
+        would close (and drop the streaming decoder) before they are."""
+        from vllm_omni.diffusion.request import OmniDiffusionRequest
+        from vllm_omni.inputs.data import OmniDiffusionSamplingParams
 
-def prepare(adapter: FamilyAdapter, tick: Any, conditioning: Conditioning) -> PreparedTick:
-    """The engine request of a tick, through LingBot's own pre-process; `InvalidTick` names the field."""
-    from vllm_omni.diffusion.request import OmniDiffusionRequest
-    from vllm_omni.inputs.data import OmniDiffusionSamplingParams
+        height, width = self.geometry.frame_size
+        image = conditioning.picture_at(height, width)
+        runner_tick = dataclasses.replace(tick, prompt=conditioning.prompt, close_session=False)
+        sampling = OmniDiffusionSamplingParams(
+            height=height,
+            width=width,
+            num_frames=self.geometry.frames_per_tick,
+            output_type="latent",  # the tick path returns latents; decoded by the session's decoder
+            seed=conditioning.seed,
+            extra_args=runner_tick.to_extra_args(),
+        )
+        import PIL.Image
 
-    height, width = adapter.frame_size
-    image = conditioning.picture_at(height, width)
-    runner_tick = dataclasses.replace(tick, prompt=conditioning.prompt, close_session=False)
-    sampling = OmniDiffusionSamplingParams(
-        height=height,
-        width=width,
-        num_frames=adapter.frames_per_tick,
-        output_type="latent",  # the tick path returns latents; decoded by the session's decoder
-        seed=conditioning.seed,
-        extra_args=runner_tick.to_extra_args(),
-    )
-    import PIL.Image
+        request = OmniDiffusionRequest(
+            prompt={"prompt": conditioning.prompt, "multi_modal_data": {"image": PIL.Image.fromarray(image)}},
+            sampling_params=sampling,
+            request_id=tick.request_id,
+        )
+        try:
+            if self.pre_process is not None:
+                request = self.pre_process(request)
+            self._check_camera_geometry(request)
+        except ValueError as exc:
+            raise InvalidTick(str(exc), param=tick_rules.param_for(str(exc), "controls")) from None
+        return PreparedTick(tick.session_id, request, close_after=tick.close_session)
 
-    request = OmniDiffusionRequest(
-        prompt={"prompt": conditioning.prompt, "multi_modal_data": {"image": PIL.Image.fromarray(image)}},
-        sampling_params=sampling,
-        request_id=tick.request_id,
-    )
-    try:
-        request = adapter.pre_process(request)
-        _check_camera_geometry(adapter, request)
-    except ValueError as exc:
-        raise InvalidTick(str(exc), param=tick_rules.param_for(str(exc), "controls")) from None
-    return PreparedTick(tick.session_id, RunnerTick(request, close_after=tick.close_session))
+    def _check_camera_geometry(self, request: Any) -> None:
+        """What LingBot checks only inside its forward: a trajectory covers the tick's frames and yields a
+        valid camera embedding. Run here with the pipeline's own camera functions, so a malformed control is a
+        400 and never fails a forward (which would close the session). The trajectory is the one LingBot's
+        pre-process left in the request's extra args (under a private key)."""
+        import torch
+        from vllm_omni.diffusion.models.lingbot_world.camera import (
+            CameraTrajectory,
+            build_plucker_embedding,
+            interpolate_camera_trajectory,
+        )
+        from vllm_omni.diffusion.models.lingbot_world.pipeline import _PREPROCESSED_CAMERA_KEY
 
+        trajectory = request.sampling_params.extra_args.get(_PREPROCESSED_CAMERA_KEY)
+        if trajectory is None:
+            return
+        frames, needed = int(trajectory.poses.shape[0]), self.geometry.frames_per_tick
+        if frames < needed:
+            raise ValueError(f"camera trajectory needs at least {needed} frames per tick, got {frames}.")
+        clipped = CameraTrajectory(poses=trajectory.poses[:needed], intrinsics=trajectory.intrinsics[:needed])
+        height, width = self.geometry.frame_size
+        build_plucker_embedding(
+            interpolate_camera_trajectory(clipped, self.geometry.latent_frames_per_tick),
+            height=height,
+            width=width,
+            target_height=height,
+            target_width=width,
+            device=torch.device("cpu"),
+            dtype=torch.float32,
+        )
 
-def _check_camera_geometry(adapter: FamilyAdapter, request: Any) -> None:
-    """What LingBot checks only inside its forward: a trajectory covers the tick's frames and yields a valid
-    camera embedding. Run here with the pipeline's own camera functions, so a malformed control is a 400 and
-    never fails a forward (which would close the session). The trajectory is the one LingBot's pre-process
-    left in the request's extra args (under a private key)."""
-    import torch
-    from vllm_omni.diffusion.models.lingbot_world.camera import (
-        CameraTrajectory,
-        build_plucker_embedding,
-        interpolate_camera_trajectory,
-    )
-    from vllm_omni.diffusion.models.lingbot_world.pipeline import _PREPROCESSED_CAMERA_KEY
+    def decode(self, prepared: PreparedTick, output: Any, forward_s: float) -> ChunkOutput:
+        """The chunk's latents decoded by the session's own streaming VAE decoder (the pipeline's
+        `_decode_chunk_to_pixels`: uint8 F,H,W,3)."""
+        import torch
 
-    trajectory = request.sampling_params.extra_args.get(_PREPROCESSED_CAMERA_KEY)
-    if trajectory is None:
-        return
-    frames, needed = int(trajectory.poses.shape[0]), adapter.frames_per_tick
-    if frames < needed:
-        raise ValueError(f"camera trajectory needs at least {needed} frames per tick, got {frames}.")
-    clipped = CameraTrajectory(poses=trajectory.poses[:needed], intrinsics=trajectory.intrinsics[:needed])
-    height, width = adapter.frame_size
-    build_plucker_embedding(
-        interpolate_camera_trajectory(clipped, adapter.latent_frames_per_tick),
-        height=height,
-        width=width,
-        target_height=height,
-        target_width=width,
-        device=torch.device("cpu"),
-        dtype=torch.float32,
-    )
-
-
-def chunk_output(
-    adapter: FamilyAdapter, session_id: str, output: Any, started: float, prepared: PreparedTick
-) -> ChunkOutput:
-    """The chunk's latents decoded by the session's own streaming VAE decoder (the pipeline's
-    `_decode_chunk_to_pixels`: uint8 F,H,W,3), on the forward thread."""
-    latents = output.output["payload"]["latents"]
-    metadata = dict(output.output["metadata"]["ar_diffusion"])
-    forwarded = time.perf_counter()
-    frames = adapter.pipeline._decode_chunk_to_pixels(latents, session_id=session_id)
-    decoded = time.perf_counter()
-    return ChunkOutput(
-        frames=np.ascontiguousarray(frames),
-        metadata={**metadata, "applied_event_ids": list(metadata["applied_event_ids"])},
-        forward_s=forwarded - started,
-        decode_s=decoded - forwarded,
-        latents=latents,
-    )
-
-
-def close_after(prepared: PreparedTick) -> bool:
-    return prepared.request.close_after
-
-
-def request_of(prepared: PreparedTick) -> Any:
-    return prepared.request.request
+        latents = output.output["payload"]["latents"]
+        metadata = dict(output.output["metadata"]["ar_diffusion"])
+        started = time.perf_counter()
+        with torch.inference_mode():
+            frames = self.pipeline._decode_chunk_to_pixels(latents, session_id=prepared.session_id)
+        return ChunkOutput(
+            frames=np.ascontiguousarray(frames),
+            metadata={**metadata, "applied_event_ids": list(metadata["applied_event_ids"])},
+            forward_s=forward_s,
+            decode_s=time.perf_counter() - started,
+            latents=latents,
+        )
 
 
 def choose_media_type(accept: str | None) -> str:
