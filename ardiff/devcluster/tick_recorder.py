@@ -9,53 +9,55 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 
 import httpx
 
 from ardiff.client import SessionClient, hold
-
-
-@dataclass(frozen=True)
-class Answer:
-    sent: float  # monotonic time the request was sent
-    status: int  # 0: no answer (connection refused, reset)
-    code: str  # the error code; "" for a 200
-    chunk_index: int  # the chunk the tick asked for
+from ardiff.devcluster.history import Answer, History
 
 
 class TickRecorder(threading.Thread):
-    def __init__(self, session: SessionClient, *, keys: str = "w", pause_seconds: float = 0.1) -> None:
+    """Ticks `session` until stopped, each answer (or its absence) in `history` (its own, or one shared by
+    several recorders and clients: `ardiff.devcluster.history`)."""
+
+    def __init__(
+        self,
+        session: SessionClient,
+        *,
+        keys: str = "w",
+        pause_seconds: float = 0.1,
+        history: History | None = None,
+    ) -> None:
         super().__init__(daemon=True, name=f"ticks-{session.session_id}")
+        self.session_id = session.session_id
         self.url = f"{session.endpoint}/v1/sessions/{session.session_id}/ticks"
         self.headers = {"Authorization": f"Bearer {session.token}"}
         self.next_chunk = session.next_chunk_index
         self.control = hold(keys)
         self.pause_seconds = pause_seconds
-        self.answers: list[Answer] = []
+        self.history = history if history is not None else History()
         self._stopping = threading.Event()
 
+    @property
+    def answers(self) -> list[Answer]:
+        return self.history.of(self.session_id)
+
     def run(self) -> None:
-        with httpx.Client(timeout=120) as http:
+        with httpx.Client(timeout=120, event_hooks={"response": [self.history.record]}) as http:
             while not self._stopping.is_set():
                 index = self.next_chunk
-                body = {"request_id": f"rec-{index}", "chunk_index": index, "controls": [self.control]}
+                request_id = f"rec-{index}"
+                body = {"request_id": request_id, "chunk_index": index, "controls": [self.control]}
                 sent = time.monotonic()
                 try:
                     response = http.post(self.url, json=body, headers=self.headers)
                 except httpx.TransportError:
-                    self.answers.append(Answer(sent, 0, "unreachable", index))
+                    self.history.unanswered(self.session_id, index, request_id, sent)
                     time.sleep(self.pause_seconds)
                     continue
                 if response.status_code == 200:
-                    self.answers.append(Answer(sent, 200, "", index))
                     self.next_chunk += 1
                     continue
-                try:
-                    code = str(response.json()["error"]["code"])
-                except (ValueError, KeyError, TypeError):
-                    code = "no_envelope"
-                self.answers.append(Answer(sent, response.status_code, code, index))
                 time.sleep(self.pause_seconds)
 
     def stop(self) -> None:

@@ -27,9 +27,11 @@ import yaml
 from ardiff import client
 from ardiff.devcluster.cluster import DevCluster
 from ardiff.devcluster.faults import FaultInjector
+from ardiff.devcluster.history import History
 from ardiff.devcluster.network import short_pod_id
 from ardiff.devcluster.tick_recorder import TickRecorder
 from ardiff.devcluster.waiting import wait_until
+from ardiff.wire import ServedBy
 from tests.e2e.conftest import SHARED_TIER_CLAIM, Stack, build_pool, running_stack, with_shared_tier
 
 pytestmark = pytest.mark.slow
@@ -312,13 +314,24 @@ def test_a_worker_cut_off_from_redis_past_its_lease_loses_its_session_to_another
     restarts = stack.restart_count(cut_pod)
     namespace = network.pod_namespace(short_pod_id(stack.pods()[cut_pod]["metadata"]["uid"]))
     faults = FaultInjector(tmp_path / "faults.jsonl")
+    history = History()  # every answer of the session's routes, checked at the end
     with stack.connect(name) as session:
+        session.http.event_hooks["response"].append(history.record)
         for _ in range(3):
             session.tick([client.hold("w")])
-    at_old_pod = f"{session.endpoint}/v1/sessions/{name}"
-    with httpx.Client(headers={"Authorization": f"Bearer {session.token}"}, timeout=30) as old:
+    old_incarnation = ServedBy(cut_pod, before["podEpoch"])
+    at_old_pod = f"{session.endpoint}/v1/sessions/{name}/ticks"
+    headers = {"Authorization": f"Bearer {session.token}"}
+    with httpx.Client(headers=headers, timeout=30, event_hooks={"response": [history.record]}) as old:
+
+        def tick_old_pod() -> httpx.Response:
+            chunk = session.next_chunk_index
+            body = {"request_id": f"old-{chunk}", "chunk_index": chunk, "controls": [client.hold("w")]}
+            return old.post(at_old_pod, json=body)
+
         with faults.partition(namespace, network.host_ip, stack.redis.port):
-            assert old.get(at_old_pod).status_code == 503  # its placement cannot be checked: never a 200
+            cut_at = time.monotonic()
+            assert tick_old_pod().status_code == 503  # its placement cannot be checked: never a 200
 
             def placed_again() -> dict[str, Any] | None:
                 status = stack.sessions.status(name)
@@ -328,8 +341,9 @@ def test_a_worker_cut_off_from_redis_past_its_lease_loses_its_session_to_another
             status = wait_until(placed_again, timeout=WORKER_START_TIMEOUT, what="the session placed again")
             assert status["pod"] != cut_pod  # its pod is cut off: the other one took it
             assert status["resetRequired"] is False  # from its snapshot
-            assert old.get(at_old_pod).status_code == 503
+            assert tick_old_pod().status_code == 503
             with stack.connect(name) as moved:
+                moved.http.event_hooks["response"].append(history.record)
                 assert moved.endpoint != session.endpoint
                 assert_frames(moved.tick([client.hold("w")]), moved.next_chunk_index - 1)
             assert faults.faults == []  # still cut
@@ -338,7 +352,7 @@ def test_a_worker_cut_off_from_redis_past_its_lease_loses_its_session_to_another
 
         def answered() -> httpx.Response | None:
             try:
-                response = old.get(at_old_pod)
+                response = tick_old_pod()
             except httpx.TransportError:  # fenced on healing: its worker restarts
                 return None
             return response if response.status_code != 503 else None
@@ -362,6 +376,17 @@ def test_a_worker_cut_off_from_redis_past_its_lease_loses_its_session_to_another
         assert again is not None
         assert again.status_code == 421
     assert_consistent(stack, [name])
+    # The history (issue 40 item 3): the cut-off incarnation answered, but never with a chunk once cut, and the
+    # session's chunks form one line across the two pods.
+    assert history.violations(stale={old_incarnation: cut_at}) == []
+    by_old = {
+        (a.status, a.code) for a in history.answers if a.served_by == old_incarnation and a.sent >= cut_at
+    }
+    assert (503, "not_ready") in by_old
+    assert {a.served_by for a in history.answers if a.status == 200} == {
+        old_incarnation,
+        ServedBy(status["pod"], status["podEpoch"]),
+    }
 
 
 def test_operator_restart_and_redis_losing_its_data_converge(stack: Stack) -> None:

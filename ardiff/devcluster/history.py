@@ -1,0 +1,150 @@
+"""A history of the answers a test's clients got from session routes, and its checker (issue 40 item 3).
+
+Clients record every answer (`History.record`, an httpx response hook: the session, the chunk and request id
+asked for, the status and error code, the Pod and epoch that answered from `ardiff-served-by`, a digest of the
+body, the time); at the end `History.violations` says what went wrong over the whole run, as sentences a
+failing test prints:
+
+- *no split brain*: two incarnations (Pod and epoch) never both generate chunk *i* of a session unless the
+  client saw a reset or a rewind in between, and an incarnation known to be fenced or cut off (`stale`, with
+  the time from which it may serve nothing) never delivers a chunk;
+- *no silent fork*: within one line of a session (between resets and rewinds) every delivery of chunk *i* has
+  the same bytes (a retried request id answers the same chunk);
+- *nothing without a word*: no 5xx without an error code.
+
+The leak and convergence checks (nothing of a deleted session left, slots equal bindings) are the store's
+invariants (`kv/invariants.py`) and the tests' own `assert_consistent`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import httpx
+
+from ardiff.wire import SERVED_BY_HEADER, ServedBy
+
+# The answers after which a session's chunks start a new line: a reset (the tick asked for one) is recorded
+# with the tick; a rewind's 409 says the session went back to a kept or snapshot boundary.
+NEW_LINE_CODES = frozenset({"rewound"})
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One answer of a session route as its client saw it."""
+
+    session: str
+    chunk_index: int | None  # the chunk a tick asked for (None: another route)
+    request_id: str  # a tick's ("" for another route)
+    status: int  # 0: no answer (connection refused or reset: `History.unanswered`)
+    code: str  # the error's code ("" for a 2xx or an error without the envelope; "unreachable" for 0)
+    served_by: ServedBy | None  # None: the answer named no Pod (a proxy's, a worker from before it)
+    digest: str  # SHA-256 of a 200's body ("" otherwise)
+    sent: float  # time.monotonic() when the request was sent
+    at: float  # and when its answer arrived
+    reset: bool = False  # the tick asked to start the session over
+
+
+# `/v1/sessions/<id>/...` under any prefix (a front door's `/pools/<namespace>/<pool>`).
+_SESSION_ROUTE = re.compile(r"/v1/sessions/(?P<session>[^/]+)(?P<rest>/[^?]*)?$")
+
+
+@dataclass
+class History:
+    """The answers of a run, in the order they arrived (safe to record from several threads)."""
+
+    answers: list[Answer] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record(self, response: httpx.Response) -> Answer | None:
+        """Record an answer of a session route (other URLs: None): an httpx response hook, so every answer a
+        client gets is recorded, retries and redirections included (`client.event_hooks["response"]`). A
+        tick's chunk, request id and reset are read from its request's body."""
+        route = _SESSION_ROUTE.search(response.request.url.path)
+        if route is None:
+            return None
+        response.read()
+        chunk_index, request_id, reset = None, "", False
+        if route["rest"] == "/ticks" and response.request.method == "POST":
+            body = json.loads(response.request.content)
+            chunk_index, request_id = int(body["chunk_index"]), str(body["request_id"])
+            reset = bool(body.get("reset", False))
+        code = ""
+        if response.status_code >= 400:
+            try:
+                code = str(response.json()["error"]["code"])
+            except (ValueError, KeyError, TypeError):
+                code = ""
+        header = response.headers.get(SERVED_BY_HEADER)
+        at = time.monotonic()
+        try:
+            elapsed = response.elapsed.total_seconds()
+        except RuntimeError:  # a response no client sent (a test's)
+            elapsed = 0.0
+        answer = Answer(
+            session=route["session"],
+            chunk_index=chunk_index,
+            request_id=request_id,
+            status=response.status_code,
+            code=code,
+            served_by=ServedBy.parse(header) if header else None,
+            digest=hashlib.sha256(response.content).hexdigest() if response.status_code == 200 else "",
+            sent=at - elapsed,
+            at=at,
+            reset=reset,
+        )
+        with self._lock:
+            self.answers.append(answer)
+        return answer
+
+    def unanswered(self, session: str, chunk_index: int, request_id: str, sent: float) -> Answer:
+        """A tick sent at `sent` that got no answer (a transport error: refused, reset)."""
+        answer = Answer(session, chunk_index, request_id, 0, "unreachable", None, "", sent, time.monotonic())
+        with self._lock:
+            self.answers.append(answer)
+        return answer
+
+    def of(self, session: str) -> list[Answer]:
+        with self._lock:
+            return [answer for answer in self.answers if answer.session == session]
+
+    def violations(self, *, stale: Mapping[ServedBy, float] = {}) -> list[str]:
+        """What the run broke (empty: nothing). `stale`: incarnations that may serve nothing from a time on
+        (fenced, cut off from the store), by `time.monotonic()`."""
+        found: list[str] = []
+        lines: dict[str, int] = defaultdict(int)  # session -> its current line
+        # (session, line, chunk) -> the incarnations that delivered it, by request id; and the bodies
+        delivered: dict[tuple[str, int, int], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+        digests: dict[tuple[str, int, int], set[str]] = defaultdict(set)
+        for answer in self.answers:
+            if answer.reset or answer.code in NEW_LINE_CODES:
+                lines[answer.session] += 1
+            where = f"{answer.session} chunk {answer.chunk_index}"
+            if answer.status >= 500 and not answer.code:
+                found.append(f"{where}: a {answer.status} without a code")
+            if answer.status != 200 or answer.chunk_index is None:
+                continue
+            server = answer.served_by.header if answer.served_by is not None else "?"
+            since = stale.get(answer.served_by) if answer.served_by is not None else None
+            if since is not None and answer.at >= since:
+                found.append(f"{where}: 200 from {server}, stale for {answer.at - since:.1f} s")
+            key = (answer.session, lines[answer.session], answer.chunk_index)
+            delivered[key][answer.request_id].add(server)
+            digests[key].add(answer.digest)
+        for (session, line, chunk), by_request in delivered.items():
+            servers = set().union(*by_request.values())
+            # A retried request id may be answered again by the pod the session moved to (its book travelled
+            # with the chunk): the same chunk, replayed. Two requests generating it on two pods are not.
+            if len(by_request) > 1 and len(servers) > 1:
+                found.append(f"{session} chunk {chunk} (line {line}): split brain, made by {sorted(servers)}")
+            if len(digests[session, line, chunk]) > 1:
+                count = len(digests[session, line, chunk])
+                found.append(f"{session} chunk {chunk} (line {line}): a silent fork, {count} bodies")
+        return found

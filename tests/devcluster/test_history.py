@@ -1,0 +1,96 @@
+"""The history checker (issue 40 item 3) on histories written by hand: each violation it must find, and none
+where the answers are what the contracts allow (a retry replayed by the pod a session moved to, a new line
+after a reset or a rewind)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import httpx
+
+from ardiff.devcluster.history import Answer, History
+from ardiff.wire import SERVED_BY_HEADER, ServedBy
+
+Response = Callable[..., httpx.Response]
+A1, A2, B1 = ServedBy("pod-a", 1), ServedBy("pod-a", 2), ServedBy("pod-b", 1)
+
+
+def answer(status: int, served_by: ServedBy | None, body: bytes = b"", code: str = "") -> Response:
+    """What `history.record` of a tick `(session, chunk, request id)` records: a response to its request."""
+    headers = {SERVED_BY_HEADER: served_by.header} if served_by is not None else {}
+    if code:
+        body = json.dumps({"error": {"code": code, "message": "m"}}).encode()
+    return lambda session, chunk, request_id, reset=False: httpx.Response(
+        status,
+        headers=headers,
+        content=body,
+        request=httpx.Request(
+            "POST",
+            f"http://pod:8000/v1/sessions/{session}/ticks",
+            json={"request_id": request_id, "chunk_index": chunk, "reset": reset},
+        ),
+    )
+
+
+def tick(history: History, session: str, chunk: int, request_id: str, respond: Response, **kw) -> Answer:
+    recorded = history.record(respond(session, chunk, request_id, **kw))
+    assert recorded is not None
+    return recorded
+
+
+def test_a_clean_history_with_a_move_a_replayed_retry_a_rewind_and_a_reset_has_no_violation() -> None:
+    history = History()
+    tick(history, "s", 0, "r0", answer(200, A1, b"c0"))
+    tick(history, "s", 1, "r1", answer(200, A1, b"c1"))
+    tick(history, "s", 1, "r1", answer(200, B1, b"c1"))  # retried at the pod it moved to: replayed
+    tick(history, "s", 2, "r2", answer(503, A1, code="not_ready"))
+    tick(history, "s", 2, "r2", answer(200, B1, b"c2"))
+    tick(history, "s", 3, "r3", answer(409, B1, code="rewound"))  # B1 resumed it at chunk 2
+    tick(history, "s", 2, "r2b", answer(200, A2, b"c2"))  # a new line: chunk 2 again elsewhere
+    tick(history, "s", 0, "r0b", answer(200, A2, b"other"), reset=True)  # another world, another line
+    assert history.violations() == []
+
+
+def test_two_incarnations_generating_one_chunk_is_a_split_brain() -> None:
+    history = History()
+    tick(history, "s", 0, "r0", answer(200, A1, b"c0"))
+    tick(history, "s", 1, "r1", answer(200, A1, b"c1"))
+    tick(history, "s", 1, "r1-again", answer(200, A2, b"c1"))  # a new request for chunk 1, on another epoch
+    (violation,) = history.violations()
+    assert violation == "s chunk 1 (line 0): split brain, made by ['pod-a/1', 'pod-a/2']"
+
+
+def test_two_bodies_for_one_chunk_in_one_line_is_a_silent_fork() -> None:
+    history = History()
+    tick(history, "s", 0, "r0", answer(200, A1, b"c0"))
+    tick(history, "s", 0, "r0", answer(200, A1, b"not c0"))  # a retry that did not replay
+    assert history.violations() == ["s chunk 0 (line 0): a silent fork, 2 bodies"]
+
+
+def test_a_stale_incarnation_answering_200_and_a_5xx_without_a_code_are_violations() -> None:
+    history = History()
+    first = tick(history, "s", 0, "r0", answer(200, A1, b"c0"))
+    tick(history, "s", 1, "r1", answer(200, A1, b"c1"))
+    tick(history, "s", 2, "r2", answer(502, None, b"bad gateway"))
+    found = history.violations(stale={A1: first.at + 1e-9})
+    assert len(found) == 2
+    assert found[0].startswith("s chunk 1: 200 from pod-a/1, stale for ")
+    assert found[1] == "s chunk 2: a 502 without a code"
+    assert history.violations(stale={A1: first.at + 3600}) == ["s chunk 2: a 502 without a code"]
+
+
+def test_only_session_routes_are_recorded_and_a_describe_is_no_delivery() -> None:
+    history = History()
+    health = httpx.Response(200, request=httpx.Request("GET", "http://pod:8000/healthz"))
+    assert history.record(health) is None
+    view = httpx.Response(
+        200,
+        headers={SERVED_BY_HEADER: A1.header},
+        content=b"{}",
+        request=httpx.Request("GET", "http://door/pools/ns/p/v1/sessions/s"),
+    )
+    recorded = history.record(view)
+    assert recorded is not None
+    assert (recorded.session, recorded.chunk_index, recorded.served_by) == ("s", None, A1)
+    assert history.violations(stale={A1: 0.0}) == []  # a stale pod's view is not a chunk delivered
