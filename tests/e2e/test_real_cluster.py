@@ -376,8 +376,8 @@ def test_a_worker_cut_off_from_redis_past_its_lease_loses_its_session_to_another
         assert again is not None
         assert again.status_code == 421
     assert_consistent(stack, [name])
-    # The history (issue 40 item 3): the cut-off incarnation answered, but never with a chunk once cut, and the
-    # session's chunks form one line across the two pods.
+    # The history (issue 40 item 3): the cut-off incarnation answered, but never with a chunk once cut, and
+    # the session's chunks form one line across the two pods.
     assert history.violations(stale={old_incarnation: cut_at}) == []
     by_old = {
         (a.status, a.code) for a in history.answers if a.served_by == old_incarnation and a.sent >= cut_at
