@@ -37,6 +37,8 @@ from ardiff.kv.records import (
 )
 from ardiff.kv.scripts import ScriptRunner, as_text, as_texts
 
+# A session record's states while a pod holds the session (`get_session_image`).
+_BOUND_STATES = frozenset(state.value.encode() for state in (SessionState.PLACED, SessionState.SUSPENDING))
 BINDINGS_BATCH = 1_000  # sessions per read_bindings call: a few ms of Redis time each
 
 
@@ -123,10 +125,15 @@ class PlacementShared(ScriptRunner):
             name: SessionRecord.from_hash(name, raw) for name, raw in zip(names, replies, strict=True) if raw
         }
 
-    async def get_session_image(self, pool: PoolId, name: str) -> bytes:
-        """The session's first image (PNG/JPEG, up to 1 MiB; empty: none, or no record)."""
+    async def get_session_image(self, pool: PoolId, name: str) -> bytes | None:
+        """The session's first image (PNG/JPEG, up to 1 MiB; empty: it has none); None when the session is
+        not bound to a pod any more (a release drops the image: what was read before is stale)."""
         keys = PoolKeys(check_pool(pool))
-        return await self.client.hget(keys.session(check_name("session", name)), "image") or b""
+        key = keys.session(check_name("session", name))
+        state, image = await self.client.hmget(key, ["state", "image"])
+        if state not in _BOUND_STATES:
+            return None
+        return image or b""
 
     async def get_bindings(self, pool: PoolId, names: Iterable[str]) -> dict[str, SessionBinding]:
         """The bindings of `names` that have a record: state, pod, pod_epoch, reset_required, chunk_index and

@@ -341,7 +341,7 @@ class PodLink:
     async def session(self, session: str) -> SessionRecord | None:
         return await self.store.get_session(self.pool, session, image=False)
 
-    async def session_image(self, session: str) -> bytes:
+    async def session_image(self, session: str) -> bytes | None:
         return await self.store.get_session_image(self.pool, session)
 
     async def bindings(self, sessions: Iterable[str]) -> dict[str, SessionBinding | None]:

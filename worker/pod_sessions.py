@@ -32,7 +32,7 @@ import numpy as np
 from ardiff.kv.records import SessionRecord
 from ardiff.worker.background import Background
 from ardiff.worker.conditioning import SessionPictures, conditioning_image
-from ardiff.worker.errors import AtCapacity, NotReady
+from ardiff.worker.errors import AtCapacity, NotReady, SessionEvicted
 from ardiff.worker.exports import Exports
 from ardiff.worker.metrics import WorkerMetrics
 from ardiff.worker.placement_port import PlacementPort
@@ -200,6 +200,8 @@ class PodSessions:
             image = await self.placement.session_image(session_id) if record is not None else b""
         except Exception as exc:
             raise NotReady(f"placement store unavailable: {exc}") from exc
+        if image is None:  # released since its record was read: that record's image is gone
+            raise SessionEvicted(f"session {session_id!r} was released while its tick was read")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(decoder, conditioning_image, image, seed, *frame_size)
 

@@ -76,6 +76,25 @@ async def test_a_record_gives_back_the_spec_it_was_placed_with(store: PlacementS
     assert record.spec() == placed
 
 
+async def test_a_workers_read_leaves_the_image_out_and_the_image_is_there_only_while_the_session_is_bound(
+    store: PlacementStore, pool: PoolId
+) -> None:
+    """Issue 41: a tick reads the record but its image; the image is read once per session, and a release in
+    between (which drops the image) reads as None, not as "no image" (the worker would render the seed's)."""
+    await register(store, pool, "w-a", capacity=2)
+    placed = spec("s1", seed=3, prompt="a forest", image=b"\x89PNG" * 100)
+    await store.place(pool, placed)
+    whole, but_image = await store.get_session(pool, "s1"), await store.get_session(pool, "s1", image=False)
+    assert whole is not None
+    assert but_image == dataclasses.replace(whole, image=b"")
+    assert await store.get_session_image(pool, "s1") == placed.image
+    await store.place(pool, spec("s2", seed=4))
+    assert await store.get_session_image(pool, "s2") == b""  # no image: empty, not None
+    await store.release(pool, "s1", reason="deleted")
+    assert await store.get_session_image(pool, "s1") is None
+    assert await store.get_session_image(pool, "never-placed") is None
+
+
 async def test_a_pod_record_carries_the_compute_its_worker_reports(
     store: PlacementStore, pool: PoolId
 ) -> None:
