@@ -266,10 +266,9 @@ class WorkerService:
     async def tick_admitted(
         self, admitted: AdmittedTick, body: TickInput, *, inject_fault: bool = False
     ) -> TickOutcome:
-        """`tick` once `admitted`: the body parsed (once), one tick in flight, the chunk order (cheap checks
-        first, checked once: again under the forward lock only if the book changed while the tick waited),
-        then the family's decoding (pictures) and the session's first picture (read from the store and decoded
-        on its first tick here) in the decode pool, then the forward."""
+        """`tick` once `admitted`: the body parsed once, one tick in flight, the chunk order (checked once;
+        again only if the book changed meanwhile), then the family's decoding and the session's first picture
+        (on its first tick here) in the decode pool, then the forward."""
         session_id, record, arrived = admitted.session_id, admitted.record, admitted.arrived
         runtime = self._require_loaded()
         tick = self.family.parse_tick(session_id, body)
@@ -310,6 +309,8 @@ class WorkerService:
             conditioning = Conditioning(seed=seed, prompt=prompt, picture=picture)
             prepared = await asyncio.to_thread(runtime.ticks.prepare, tick, conditioning)
             admitted_book = await self.sessions.admit(session_id, record)
+            # The book the order was checked against, or admission's for a session that held no slot.
+            checked = book if book is not None and book.holds_slot else admitted_book
             self.sessions.pictures.keep(session_id, seed, picture)
             async with self.sessions.forward.lock.hold(deadline):
                 started = time.perf_counter()
@@ -317,7 +318,7 @@ class WorkerService:
                 book = self.sessions.books.get(session_id)
                 if book is None:
                     raise SessionEvicted(f"session {session_id!r} was released while its tick was queued")
-                if book is not admitted_book:  # closed, reset or rewound while the tick was queued
+                if book is not checked:  # closed, reset or rewound since the order was checked
                     check_order(tick, book, None)
                 if tick.reset:  # the session starts over: its kept history is of another world
                     self.sessions.exports.history.drop(session_id)

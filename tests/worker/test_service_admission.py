@@ -8,13 +8,14 @@ notice the release.
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 
 import pytest
 
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
-from ardiff.worker.errors import AtCapacity, SessionClosed
+from ardiff.worker.errors import AtCapacity, ChunkOutOfOrder, SessionClosed
 from ardiff.worker.pod_link import PodLink
 from ardiff.worker.server import load_runtime
 from ardiff.worker.service import WorkerService
@@ -71,6 +72,35 @@ async def test_full_worker_releases_a_session_the_store_moved_away_before_admitt
         assert service.metrics.evictions.labels("stale")._value.get() == 1
         with pytest.raises(SessionClosed):
             await service.tick("first", tick(1), authorization=AUTH)
+        await store.delete_pool(pool)
+
+
+async def test_a_tick_whose_session_is_deleted_while_it_is_prepared_never_runs(
+    service, session_spec, monkeypatch
+):
+    """Issue 41 checks the chunk order once: a DELETE between that check and the forward (while the tick's
+    pictures are decoded) leaves a closed book that admission replaces with a fresh one; the tick is checked
+    again against it (a book changed under it) and refused, never run as chunk 1 of a fresh session."""
+    pool = service.placement.pool
+    async with PlacementStore.from_url(service.settings.redis_url) as store:
+        await store.place(pool, session_spec("gone", TOKEN))
+        await service.tick("gone", tick(0), authorization=AUTH)
+        entered, proceed = threading.Event(), threading.Event()
+        decode = service.family.decode_tick
+
+        def held(parsed):
+            entered.set()
+            proceed.wait(10)
+            return decode(parsed)
+
+        monkeypatch.setattr(service.family, "decode_tick", held)
+        ticking = asyncio.create_task(service.tick("gone", tick(1), authorization=AUTH))
+        assert await asyncio.to_thread(entered.wait, 10)
+        await service.close("gone", AUTH)
+        proceed.set()
+        with pytest.raises(ChunkOutOfOrder):
+            await ticking
+        assert "gone" not in service.runtime.resident_sessions()
         await store.delete_pool(pool)
 
 
