@@ -5,11 +5,13 @@ asked for, the status and error code, the Pod and epoch that answered from `ardi
 body, the time); at the end `History.violations` says what went wrong over the whole run, as sentences a
 failing test prints:
 
-- *no split brain*: two incarnations (Pod and epoch) never both generate chunk *i* of a session unless the
-  client saw a reset or a rewind in between, and an incarnation known to be fenced or cut off (`stale`, with
-  the time from which it may serve nothing) never delivers a chunk;
+- *no split brain*: an incarnation (Pod and epoch) that served a session never delivers a chunk another one
+  reached after it (it served the session beside that one; a session that moves back to a pod goes on past
+  it), unless the client saw a reset or a rewind in between; and an incarnation known to be fenced or cut off
+  (`stale`, with the time from which it may serve nothing) never delivers a chunk;
 - *no silent fork*: within one line of a session (between resets and rewinds) every delivery of chunk *i* has
-  the same bytes (a retried request id answers the same chunk);
+  the same bytes (a retried request id answers the same chunk; a pod that resumed the session from a snapshot
+  makes it again, the same with the same controls);
 - *nothing without a word*: no 5xx without an error code.
 
 The leak and convergence checks (nothing of a deleted session left, slots equal bindings) are the store's
@@ -120,9 +122,9 @@ class History:
         (fenced, cut off from the store), by `time.monotonic()`."""
         found: list[str] = []
         lines: dict[str, int] = defaultdict(int)  # session -> its current line
-        # (session, line, chunk) -> the incarnations that delivered it, by request id; and the bodies
-        delivered: dict[tuple[str, int, int], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
-        digests: dict[tuple[str, int, int], set[str]] = defaultdict(set)
+        # (session, line) -> its deliveries so far: (incarnation, chunk), in order
+        deliveries: dict[tuple[str, int], list[tuple[str, int]]] = defaultdict(list)
+        digests: dict[tuple[str, int, int], set[str]] = defaultdict(set)  # (session, line, chunk) -> bodies
         for answer in self.answers:
             if answer.reset or answer.code in NEW_LINE_CODES:
                 lines[answer.session] += 1
@@ -135,16 +137,20 @@ class History:
             since = stale.get(answer.served_by) if answer.served_by is not None else None
             if since is not None and answer.at >= since:
                 found.append(f"{where}: 200 from {server}, stale for {answer.at - since:.1f} s")
-            key = (answer.session, lines[answer.session], answer.chunk_index)
-            delivered[key][answer.request_id].add(server)
-            digests[key].add(answer.digest)
-        for (session, line, chunk), by_request in delivered.items():
-            servers = set().union(*by_request.values())
-            # A retried request id may be answered again by the pod the session moved to (its book travelled
-            # with the chunk): the same chunk, replayed. Two requests generating it on two pods are not.
-            if len(by_request) > 1 and len(servers) > 1:
-                found.append(f"{session} chunk {chunk} (line {line}): split brain, made by {sorted(servers)}")
-            if len(digests[session, line, chunk]) > 1:
-                count = len(digests[session, line, chunk])
-                found.append(f"{session} chunk {chunk} (line {line}): a silent fork, {count} bodies")
+            seen = deliveries[answer.session, lines[answer.session]]
+            # An incarnation that served the session, then delivers a chunk another one had already reached
+            # after it, served it beside that one (a session that moves back to a pod goes on from there).
+            first = next((i for i, (other, _) in enumerate(seen) if other == server), len(seen))
+            ahead = [
+                other for other, chunk in seen[first:] if other != server and chunk >= answer.chunk_index
+            ]
+            if ahead:
+                found.append(f"{where}: split brain, {server} delivered it after {ahead[-1]} had")
+            seen.append((server, answer.chunk_index))
+            digests[answer.session, lines[answer.session], answer.chunk_index].add(answer.digest)
+        for (session, number, chunk), bodies in digests.items():
+            # A chunk delivered again (a retried request id; made again on the next pod from a snapshot, with
+            # the same controls) has the same bytes, or the session's line forked without a word.
+            if len(bodies) > 1:
+                found.append(f"{session} chunk {chunk} (line {number}): a silent fork, {len(bodies)} bodies")
         return found

@@ -13,7 +13,7 @@ from ardiff.devcluster.history import Answer, History
 from ardiff.wire import SERVED_BY_HEADER, ServedBy
 
 Response = Callable[..., httpx.Response]
-A1, A2, B1 = ServedBy("pod-a", 1), ServedBy("pod-a", 2), ServedBy("pod-b", 1)
+A1, A2, B1, B2 = ServedBy("pod-a", 1), ServedBy("pod-a", 2), ServedBy("pod-b", 1), ServedBy("pod-b", 2)
 
 
 def answer(status: int, served_by: ServedBy | None, body: bytes = b"", code: str = "") -> Response:
@@ -41,6 +41,9 @@ def tick(history: History, session: str, chunk: int, request_id: str, respond: R
 
 def test_a_clean_history_with_a_move_a_replayed_retry_a_rewind_and_a_reset_has_no_violation() -> None:
     history = History()
+    tick(history, "t", 0, "t0", answer(200, A1, b"t0"))
+    tick(history, "t", 1, "t1", answer(200, B1, b"t1"))  # migrated to pod-b
+    tick(history, "t", 2, "t2", answer(200, A1, b"t2"))  # and back to pod-a, going on
     tick(history, "s", 0, "r0", answer(200, A1, b"c0"))
     tick(history, "s", 1, "r1", answer(200, A1, b"c1"))
     tick(history, "s", 1, "r1", answer(200, B1, b"c1"))  # retried at the pod it moved to: replayed
@@ -48,17 +51,19 @@ def test_a_clean_history_with_a_move_a_replayed_retry_a_rewind_and_a_reset_has_n
     tick(history, "s", 2, "r2", answer(200, B1, b"c2"))
     tick(history, "s", 3, "r3", answer(409, B1, code="rewound"))  # B1 resumed it at chunk 2
     tick(history, "s", 2, "r2b", answer(200, A2, b"c2"))  # a new line: chunk 2 again elsewhere
+    tick(history, "s", 3, "r3b", answer(200, B2, b"c3"))
+    tick(history, "s", 3, "r3c", answer(200, B2, b"c3"))  # made again from a snapshot: the same bytes
     tick(history, "s", 0, "r0b", answer(200, A2, b"other"), reset=True)  # another world, another line
     assert history.violations() == []
 
 
-def test_two_incarnations_generating_one_chunk_is_a_split_brain() -> None:
+def test_an_incarnation_delivering_again_after_another_took_over_is_a_split_brain() -> None:
     history = History()
     tick(history, "s", 0, "r0", answer(200, A1, b"c0"))
-    tick(history, "s", 1, "r1", answer(200, A1, b"c1"))
-    tick(history, "s", 1, "r1-again", answer(200, A2, b"c1"))  # a new request for chunk 1, on another epoch
-    (violation,) = history.violations()
-    assert violation == "s chunk 1 (line 0): split brain, made by ['pod-a/1', 'pod-a/2']"
+    tick(history, "s", 1, "r1", answer(200, B1, b"c1"))  # moved to pod-b
+    tick(history, "s", 1, "r1", answer(200, A1, b"c1"))  # and pod-a still serves it
+    tick(history, "s", 2, "r2", answer(200, B1, b"c2"))
+    assert history.violations() == ["s chunk 1: split brain, pod-a/1 delivered it after pod-b/1 had"]
 
 
 def test_two_bodies_for_one_chunk_in_one_line_is_a_silent_fork() -> None:
