@@ -479,6 +479,8 @@ def test_while_redis_restarts_empty_ticks_are_only_told_to_retry(stack: Stack) -
         assert with_operator >= 3
         indexes = [a.chunk_index for a in answers if a.status == 200]
         assert indexes == list(range(indexes[0], indexes[0] + len(indexes)))  # never a reset, never a gap
+        assert recorder.history.violations() == []  # one incarnation, one line, every 5xx with its code
+        assert {a.served_by for a in answers if a.status == 200} == {ServedBy(*bindings["ride-a"])}
         assert [chunk.metadata.chunk_index for chunk in ticked] == [2]
         print(
             f"\nstore recovery window (restart -> first 200): Redis alone {alone:.2f} s, "
