@@ -118,7 +118,8 @@ class PlacementPort(Protocol):
         ...
 
     async def session_image(self, session: str) -> bytes | None:
-        """The session's first image (empty: none); None when it is no longer bound to a pod."""
+        """The session's first image (empty: none); None when it is no longer bound to a pod; `NotReady`
+        when the store cannot be read."""
         ...
 
     async def bindings(self, sessions: Iterable[str]) -> dict[str, SessionBinding | None]: ...

@@ -342,7 +342,10 @@ class PodLink:
         return await self.store.get_session(self.pool, session, image=False)
 
     async def session_image(self, session: str) -> bytes | None:
-        return await self.store.get_session_image(self.pool, session)
+        try:
+            return await self.store.get_session_image(self.pool, session)
+        except Exception as exc:
+            raise NotReady(f"placement store unavailable: {exc}") from exc
 
     async def bindings(self, sessions: Iterable[str]) -> dict[str, SessionBinding | None]:
         """Where each session is placed (its binding only: no prompt, image or token hash to read)."""

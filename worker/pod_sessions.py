@@ -32,7 +32,7 @@ import numpy as np
 from ardiff.kv.records import SessionRecord
 from ardiff.worker.background import Background
 from ardiff.worker.conditioning import SessionPictures, conditioning_image
-from ardiff.worker.errors import AtCapacity, NotReady, SessionEvicted
+from ardiff.worker.errors import AtCapacity, SessionEvicted
 from ardiff.worker.exports import Exports
 from ardiff.worker.metrics import WorkerMetrics
 from ardiff.worker.placement_port import PlacementPort
@@ -196,10 +196,7 @@ class PodSessions:
         picture = self.pictures.get(session_id, seed)
         if picture is not None:
             return picture
-        try:
-            image = await self.placement.session_image(session_id) if record is not None else b""
-        except Exception as exc:
-            raise NotReady(f"placement store unavailable: {exc}") from exc
+        image = await self.placement.session_image(session_id) if record is not None else b""
         if image is None:  # released since its record was read: that record's image is gone
             raise SessionEvicted(f"session {session_id!r} was released while its tick was read")
         loop = asyncio.get_running_loop()

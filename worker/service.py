@@ -27,10 +27,9 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from pydantic import BaseModel
-
 from ardiff.errors import ArdiffError
 from ardiff.kv.records import SessionRecord
+from ardiff.worker import tick_rules
 from ardiff.worker.background import Background
 from ardiff.worker.conditioning import Conditioning
 from ardiff.worker.continuity import Continuity
@@ -275,8 +274,7 @@ class WorkerService:
         if session_id not in self.playouts:
             self._forget_released_playouts()
         playout = self.playouts.of(session_id, target_of(record, self.settings), arrived)
-        fields = vars(body) if isinstance(body, BaseModel) else body
-        deadline = playout.deadline(arrived, fields.get("buffer_ms"))
+        deadline = playout.deadline(arrived, tick_rules.fields_of(body).get("buffer_ms"))
         prefetch = self.sessions.transfer.prefetch_of(session_id)
         if prefetch is not None:  # the session is being pulled here already: its tick waits for that
             await asyncio.shield(prefetch)

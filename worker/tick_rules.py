@@ -99,6 +99,11 @@ def parse_tick(session_id: str, body: Mapping[str, Any] | BaseModel) -> Any:
         raise InvalidTick(str(exc), param=param_for(str(exc), "body")) from None
 
 
+def fields_of(body: Mapping[str, Any] | BaseModel) -> Mapping[str, Any]:
+    """A tick body's fields by name, as they are: a validated body's own (`vars`), or the mapping."""
+    return vars(body) if isinstance(body, BaseModel) else body
+
+
 def metadata_of(tick: Any) -> dict[str, Any]:
     """vllm-omni's `ARDiffusionChunkMetadata` echo of a tick, as JSON-ready dict."""
     return ChunkMetadata.from_tick(tick).to_dict()

@@ -143,7 +143,7 @@ def parse_tick(session_id: str, body: Mapping[str, Any] | BaseModel) -> RobotTic
     No picture is read here: the worker decodes them (`decode_tick`) once the tick passed its checks. A
     validated `RobotTickBody` (HTTP) is read as it is (its fields, `vars`), an OpenPI mapping by key."""
     tick = tick_rules.parse_tick(session_id, body)
-    fields = vars(body) if isinstance(body, BaseModel) else body
+    fields = tick_rules.fields_of(body)
     observation = fields.get("observation")
     if isinstance(observation, BaseModel):
         observation = vars(observation)
