@@ -66,9 +66,6 @@ class SessionPictures:
     def drop(self, session_id: str) -> None:
         self._pictures.pop(session_id, None)
 
-    def __len__(self) -> int:
-        return len(self._pictures)
-
 
 def seed_image(seed: int, height: int, width: int) -> np.ndarray:
     """A deterministic uint8 HxWx3 picture for `seed`: smooth colour gradients plus a little texture."""
