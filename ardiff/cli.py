@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import sys
 from collections.abc import Sequence
@@ -20,10 +21,11 @@ COMMAND_MODULES = (
     "ardiff.kv.cli",
     "ardiff.worker.cli",
     "ardiff.operator.cli",
-    "ardiff.devcluster.cli",
     "ardiff.gateway.cli",
     "ardiff.client_cli",
 )
+# The dev harness's commands, in a checkout only: it is in no distribution or image (pyproject.toml).
+DEV_HARNESS_COMMAND_MODULES = ("ardiff.devcluster.cli", "ardiff.tiny_world.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMAND_MODULES:
         importlib.import_module(module).register(subparsers)
+    for module in DEV_HARNESS_COMMAND_MODULES:
+        if importlib.util.find_spec(module.rpartition(".")[0]) is not None:
+            importlib.import_module(module).register(subparsers)
     return parser
 
 

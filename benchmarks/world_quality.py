@@ -2,16 +2,16 @@
 
 For held-out control sequences (hold `j`, hold `l`, and random held-key turning from another seed than the
 training data's, skipping every sequence the measured model was trained on: its directory's `training.json`,
-`tiny.world_data.trained_on`), each model runs a session of 4 chunks from the world's start image through
+`tiny_world.data.trained_on`), each model runs a session of 4 chunks from the world's start image through
 the worker's normal path (`load_vllm_runtime` -> `ARDiffusionSessionAdapter.prepare/forward`: the real
 vllm-omni runner, paged KV, the session's streaming VAE decoder). Each chunk's frames are compared with the
-ray-caster's ground truth for the same camera path (`ardiff.worker.tiny.world`): PSNR and SSIM per chunk.
+ray-caster's ground truth for the same camera path (`ardiff.tiny_world.world`): PSNR and SSIM per chunk.
 Control response: for every (case, chunk) whose ground truth turns (its frames move over the chunk), the
 sign of the horizontal image shift from the chunk's first frame (chunk 0) or the previous chunk's last frame
-(later chunks) to the chunk's last frame (`tiny.world.horizontal_shift`: the move whose overlap differs
+(later chunks) to the chunk's last frame (`tiny_world.world.horizontal_shift`: the move whose overlap differs
 least), in the generated frames against the ground truth's; beside it, the stricter count of shifts the right
 way and at least half as far, and the turn read another way: between the yaws whose true views are nearest the
-two generated frames (`tiny.world.nearest_yaw`).
+two generated frames (`tiny_world.world.nearest_yaw`).
 
 Each model runs in its own child process (one vllm-omni worker per process), the same cases in the same run.
 
@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from ardiff.worker.tiny import world
+from ardiff.tiny_world import world
 
 N_CHUNKS = 4
 
@@ -205,8 +205,8 @@ def main() -> int:
         result = run_model(args.child, session_cases, args.model_cache, frames_out)
         Path(args.child_out).write_text(json.dumps(result))
         return 0
+    from ardiff.tiny_world.data import trained_on
     from ardiff.worker.settings import resolve_model
-    from ardiff.worker.tiny.world_data import trained_on
 
     training = trained_on(Path(resolve_model(args.model)))
     session_cases, skipped = world.held_out_cases(args.cases, args.seed, N_CHUNKS, training or [])

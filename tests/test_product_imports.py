@@ -1,9 +1,10 @@
-"""Product code stands alone (issue 11 item 9): `operator/`, `worker/` and `kv/` never import the dev harness;
-the layers import only downwards (issue 24 item 7): kv nothing of ours but the shared base, the base nothing
-but itself, the worker and the operator neither the harness nor the user-facing tools.
+"""Product code stands alone (issue 11 item 9): nothing the distribution ships imports the dev harness, which
+is in no distribution or image (issue 41 item 6); the layers import only downwards (issue 24 item 7): kv
+nothing of ours but the shared base, the base nothing but itself, the worker and the operator neither the
+harness nor the user-facing tools.
 
 Every module is parsed (not imported: the worker's need torch) and each `import`/`from ... import`, relative
-ones resolved against the module's package, is checked against `ardiff.devcluster`.
+ones resolved against the module's package, is checked against the harness's packages.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from ardiff.devcluster.images import DEV_HARNESS_DIRS
+
 ROOT = Path(__file__).resolve().parents[1]
 PRODUCT = {"operator": "ardiff.operator", "worker": "ardiff.worker", "kv": "ardiff.kv"}
-HARNESS = "ardiff.devcluster"
+# The harness's packages, from its folders as the images' build context leaves them out.
+HARNESS = tuple(folder.replace("/", ".") for folder in DEV_HARNESS_DIRS)
 
 
 def imported_modules(path: Path, package: str) -> list[tuple[int, str]]:
@@ -39,7 +43,7 @@ def imported_modules(path: Path, package: str) -> list[tuple[int, str]]:
 
 
 def _is_harness(module: str) -> bool:
-    return module == HARNESS or module.startswith(HARNESS + ".")
+    return any(module == harness or module.startswith(harness + ".") for harness in HARNESS)
 
 
 # The layers of ours (issue 24 item 7; a drawing tool cannot follow `ardiff.kv` to `kv/`, hence this scan):
@@ -65,7 +69,7 @@ def layer(module: str) -> str | None:
     name = parts[1] if len(parts) > 1 else ""
     if name in PRODUCT:
         return name
-    if name == "devcluster":
+    if f"ardiff.{name}" in HARNESS:
         return "harness"
     return "tools" if name in TOOLS else "base"
 
@@ -91,6 +95,7 @@ def test_layers_are_told_apart():
         "ardiff.worker": "worker",
         "ardiff.operator.specs": "operator",
         "ardiff.devcluster.kubelet": "harness",
+        "ardiff.tiny_world.train": "harness",
         "ardiff.client": "tools",
         "ardiff.viewer": "tools",
         "redis": None,
@@ -120,19 +125,33 @@ def test_the_scan_sees_every_import_form(tmp_path):
         "from .. import devcluster as dc\n"
         "def f():\n    from ..devcluster import cli\n"
         "import ardiff.worker.net\n"
+        "from ardiff.tiny_world import world\n"
     )
     hits = [line for line, module in imported_modules(sample, "ardiff.worker") if _is_harness(module)]
-    assert sorted(set(hits)) == [1, 2, 3, 4, 6]
+    assert sorted(set(hits)) == [1, 2, 3, 4, 6, 8]
 
 
-@pytest.mark.parametrize("folder", sorted(PRODUCT))
-def test_product_code_never_imports_the_dev_harness(folder):
-    modules = sorted((ROOT / folder).rglob("*.py"))
+def shipped_modules(folder: str) -> list[tuple[Path, str]]:
+    """(path, package) of every module under `folder` that the distribution ships (not the harness's)."""
+    root = ROOT / folder
+    package = PRODUCT.get(folder, "ardiff")
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        module_package = ".".join([package, *path.relative_to(root).parent.parts])
+        if not _is_harness(module_package):
+            found.append((path, module_package))
+    return found
+
+
+@pytest.mark.parametrize("folder", [*sorted(PRODUCT), "ardiff"])
+def test_nothing_shipped_imports_the_dev_harness(folder):
+    """The CLI loads the harness's commands by name, only where the harness is present (`ardiff.cli`)."""
+    modules = shipped_modules(folder)
     assert modules, f"no modules under {folder}/"
     offenders = [
         f"{path.relative_to(ROOT)}:{line} imports {module}"
-        for path in modules
-        for line, module in imported_modules(path, PRODUCT[folder])
+        for path, package in modules
+        for line, module in imported_modules(path, package)
         if _is_harness(module)
     ]
     assert offenders == []

@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ardiff.devcluster.images import CONTEXT_FILES, DEV_HARNESS_DIRS, SOURCE_DIRS
+
 CACHE_ROOT = Path(os.environ.get("ARDIFF_BUILDAH_CACHE", Path.home() / ".cache" / "ardiff" / "buildah"))
 PYTHON_BASE = "docker.io/library/python:3.11-slim-bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
@@ -30,8 +32,6 @@ PYTHON_BASE_PACKAGES = ("python3", "python3-pip", "python3-venv")
 MACHINE_CAS = Path("/usr/local/share/ca-certificates")
 KEY_LABEL = "dev.ardiff.inputs"
 RECIPE_VERSION = "1"
-# What the Dockerfiles COPY (their .dockerignore lets nothing else through).
-CONTEXT_PATHS = ("pyproject.toml", "README.md", "ardiff", "kv", "operator", "worker")
 
 
 class ImageBuildError(RuntimeError):
@@ -129,10 +129,12 @@ def ensure_python_base() -> str:
 
 
 def _context_digest(checkout: Path) -> str:
-    """The build context's files as the Dockerfiles see them: tracked and untracked-but-not-ignored files
-    under `CONTEXT_PATHS` (bytecode is ignored by both .gitignore and .dockerignore)."""
+    """The build context's files as the Dockerfiles see them: tracked and untracked-but-not-ignored files of
+    the context (`images.CONTEXT_FILES`, the package folders but the dev harness; bytecode is ignored by both
+    .gitignore and .dockerignore)."""
+    pathspecs = [*CONTEXT_FILES, *SOURCE_DIRS, *(f":(exclude){folder}" for folder in DEV_HARNESS_DIRS)]
     listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", *CONTEXT_PATHS],
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", *pathspecs],
         cwd=checkout,
         capture_output=True,
         check=True,

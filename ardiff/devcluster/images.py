@@ -53,9 +53,12 @@ GATEWAY_IMAGE = "ghcr.io/ardiff/ardiff-gateway"
 REDIS_IMAGE = "docker.io/library/redis"
 KUBE_PROXY_IMAGE = "registry.k8s.io/kube-proxy"
 COREDNS_IMAGE = "registry.k8s.io/coredns/coredns"
-# What the Dockerfiles COPY into the image's build context before `pip install`.
-_CONTEXT_FILES = ("pyproject.toml", "README.md")
-_SOURCE_DIRS = ("ardiff", "kv", "operator", "worker")
+# What the Dockerfiles COPY into the image's build context before `pip install` (.dockerignore lets nothing
+# else through): pyproject.toml, README.md and the package folders, but the dev harness, which runs from a
+# checkout and is in no distribution or image (issue 41 item 6).
+CONTEXT_FILES = ("pyproject.toml", "README.md")
+SOURCE_DIRS = ("ardiff", "kv", "operator", "worker")
+DEV_HARNESS_DIRS = ("ardiff/devcluster", "ardiff/tiny_world")
 
 
 def repository(reference: str) -> str:
@@ -183,19 +186,24 @@ def source_digest(checkout: Path) -> str:
 
 
 def _context_files(checkout: Path) -> list[Path]:
-    files = [checkout / name for name in _CONTEXT_FILES]
-    for folder in _SOURCE_DIRS:
+    files = [checkout / name for name in CONTEXT_FILES]
+    left_out = [checkout / folder for folder in DEV_HARNESS_DIRS]
+    for folder in SOURCE_DIRS:
         files += sorted(
             p
             for p in (checkout / folder).rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+            if p.is_file()
+            and "__pycache__" not in p.parts
+            and p.suffix != ".pyc"
+            and not any(p.is_relative_to(harness) for harness in left_out)
         )
     return files
 
 
 def build_context(checkout: Path, destination: Path) -> Path:
-    """The files the Dockerfiles COPY (pyproject.toml, README.md, the four package folders) in `destination`:
-    what `pip install .` sees there is what an image build sees, and the checkout gets no `build/` folder."""
+    """The files the Dockerfiles COPY (pyproject.toml, README.md, the package folders but the dev harness) in
+    `destination`: what `pip install .` sees there is what an image build sees, and the checkout gets no
+    `build/` folder."""
     for path in _context_files(checkout):
         target = destination / path.relative_to(checkout)
         target.parent.mkdir(parents=True, exist_ok=True)

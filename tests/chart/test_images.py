@@ -11,6 +11,7 @@ import tomllib
 import yaml
 
 from ardiff.devcluster.binaries import ENVOY_VERSION
+from ardiff.devcluster.images import CONTEXT_FILES, DEV_HARNESS_DIRS, SOURCE_DIRS
 from ardiff.operator.pods import WORKER_USER_ID
 
 # Nothing of the GPU stack may reach the operator image.
@@ -144,13 +145,16 @@ def test_gateway_image_is_slim_python_with_the_gateway_extra_and_the_pinned_envo
     assert _build_tag(dockerfile) == f"{values['gateway']['image']['repository']}:{app_version}"
 
 
-def test_docker_context_holds_exactly_the_package_folders(chart):
+def test_docker_context_holds_exactly_the_package_folders_but_the_harness(chart):
     root = chart.path.parents[1]
     package_dirs = set(_pyproject(chart)["tool"]["setuptools"]["package-dir"].values())
-    allowed = {
-        line[1:].rstrip("/") for line in (root / ".dockerignore").read_text().splitlines() if line[:1] == "!"
-    }
+    rules = [line for line in (root / ".dockerignore").read_text().splitlines() if line and line[0] != "#"]
+    allowed = {line[1:].rstrip("/") for line in rules if line[0] == "!"}
     assert allowed == package_dirs | {"pyproject.toml", "README.md"}
+    assert set(CONTEXT_FILES) | set(SOURCE_DIRS) == allowed  # the dev cluster's image builds agree
+    # After the allowed folders: the dev harness is left out again (a later rule wins).
+    left_out = [line.rstrip("/") for line in rules[rules.index("!worker/") + 1 :] if "*" not in line]
+    assert left_out == list(DEV_HARNESS_DIRS)
     for name in ("operator", "worker", "ardiff/gateway"):
         steps = _instructions(root / name / "Dockerfile")
         # COPYs from the build context (not `--from=` another stage: the gateway's Envoy)

@@ -10,8 +10,8 @@ import numpy as np
 import PIL.Image
 import pytest
 
+from ardiff.tiny_world import world
 from ardiff.worker.settings import TRAINED_WORLD_MODEL, build_settings
-from ardiff.worker.tiny import world
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,7 @@ def test_the_shipped_checkpoint_loads_and_ticks(tmp_path) -> None:
 def test_the_turn_weight_marks_exactly_the_latent_frames_whose_yaw_changes(vllm_omni_ready) -> None:
     """`train-tiny-world --turn-weight` weighs the latent frames `turning_frames` marks: those where LingBot's
     own action integration moves the yaw from the previous latent frame (held-key sessions as in training)."""
-    from ardiff.worker.tiny.world_data import N_CHUNKS, turning_frames
+    from ardiff.tiny_world.data import N_CHUNKS, turning_frames
 
     rng = np.random.default_rng(5)
     sessions = [world.sample_actions(rng, N_CHUNKS) for _ in range(6)] + [world.held_actions("j", N_CHUNKS)]
@@ -133,7 +133,7 @@ def test_long_turns_add_far_turning_sessions_and_never_a_held_out_case() -> None
     """`train-tiny-world --long-turns N`: the --sessions random sessions are the seed's `sample_actions`
     stream (unchanged by N), then N sessions that turn one way with pauses, reaching far from the start more
     often than held-key turning does; none of them is the benchmark's held-out hold-`j`/hold-`l` session."""
-    from ardiff.worker.tiny.world_data import N_CHUNKS, training_actions
+    from ardiff.tiny_world.data import N_CHUNKS, training_actions
 
     held = [world.held_actions(key, N_CHUNKS) for key in ("j", "l")]
     plain = training_actions(40, 7)
@@ -165,8 +165,8 @@ def test_the_quality_cases_are_never_sessions_the_shipped_model_was_trained_on(t
     """The shipped checkpoint records the options its training sessions were drawn with (`training.json`);
     `held_out_cases` (the quality benchmark's) skips every one of them, so its random cases are held out: with
     seed 1000 some draws are training sessions, and exactly those are replaced by later draws."""
+    from ardiff.tiny_world.data import N_CHUNKS, trained_on, training_actions, write_training_record
     from ardiff.worker.settings import resolve_model
-    from ardiff.worker.tiny.world_data import N_CHUNKS, trained_on, training_actions, write_training_record
 
     trained = trained_on(Path(resolve_model(TRAINED_WORLD_MODEL)))
     assert trained == training_actions(384, 7, long_turns=576)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ardiff.worker.tiny import world
+from ardiff.tiny_world import world
 
 N_CHUNKS = 4
 # In OUT_DIR/model: which sessions the model was trained on (the data options of the directory's last run;

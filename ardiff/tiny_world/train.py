@@ -1,4 +1,4 @@
-"""`ardiff worker train-tiny-world`: train the tiny LingBot-World checkpoint on the yaw-only world.
+"""`ardiff train-tiny-world`: train the tiny LingBot-World checkpoint on the yaw-only world.
 
 Two stages, each resumable from its last checkpoint in OUT_DIR (written every few minutes and at the end):
 
@@ -40,16 +40,16 @@ from typing import Any
 
 import numpy as np
 
-from ardiff.worker.tiny import training, world
-from ardiff.worker.tiny.training import SAVE_EVERY_SECONDS, Progress
-from ardiff.worker.tiny.world_data import (
+from ardiff.tiny_world import stages, world
+from ardiff.tiny_world.data import (
     N_CHUNKS,
     chunk_actions,
     make_dataset,
     turning_frames,
     write_training_record,
 )
-from ardiff.worker.tiny.world_vae import train_decoder, train_vae
+from ardiff.tiny_world.stages import SAVE_EVERY_SECONDS, Progress
+from ardiff.tiny_world.vae import train_decoder, train_vae
 
 
 def transformer_config() -> dict[str, Any]:
@@ -140,7 +140,7 @@ def train_dit(
 
     @torch.no_grad()
     def prep(ids: list[int]) -> tuple[Any, Any, Any]:
-        clip = training.to_tensor(clips[ids])
+        clip = stages.to_tensor(clips[ids])
         mu = pipe.vae.encode(clip).latent_dist.mode()
         mean, std = pipe._vae_latent_stats(mu)
         latents = (mu - mean) / std
@@ -195,7 +195,7 @@ def train_dit(
         t0 = time.monotonic()
         parts = [prep(list(range(s, min(n, s + 16)))) for s in range(0, n, 16)]
         lat_all, cond_all, cam_all = (torch.cat(p) for p in zip(*parts, strict=True))
-        training.atomic_torch_save((lat_all, cond_all, cam_all), cache_path)
+        stages.atomic_torch_save((lat_all, cond_all, cam_all), cache_path)
         print(
             f"dit: prepared {n} sessions in {time.monotonic() - t0:.0f}s: latents {tuple(lat_all.shape)} "
             f"std {float(lat_all.std()):.3f}, conditions {tuple(cond_all.shape)}, "
@@ -293,7 +293,7 @@ def train_dit(
     last_save = time.monotonic()
 
     def save() -> None:
-        training.atomic_torch_save(
+        stages.atomic_torch_save(
             {
                 "model": tr.state_dict(),
                 "opt": opt.state_dict(),
@@ -305,15 +305,15 @@ def train_dit(
             ckpt,
         )
         export_transformer(tr, weights)
-        state = training.load_state(out)
+        state = stages.load_state(out)
         prefix = stage.replace("-", "_")
         state.update({f"{prefix}_steps": step, f"{prefix}_seconds": round(progress.elapsed())})
-        training.save_state(out, state)
+        stages.save_state(out, state)
 
     context = set_forward_context(vllm_config=worker.vllm_config, omni_diffusion_config=od_config)
     with context:
         while progress.elapsed() < budget:
-            lr_now = training.cosine(lr, progress.elapsed() / budget, step)
+            lr_now = stages.cosine(lr, progress.elapsed() / budget, step)
             for group in opt.param_groups:
                 group["lr"] = lr_now
             own_context = self_forcing > 0 and rng.random() < self_forcing
@@ -337,7 +337,7 @@ def train_dit(
     progress.update(step, "done", force=True)
     progress.close()
     save()
-    print(f"{stage}: {step} steps in {training.clock(progress.elapsed())} -> {model_dir}", flush=True)
+    print(f"{stage}: {step} steps in {stages.clock(progress.elapsed())} -> {model_dir}", flush=True)
     worker.shutdown()
     return model_dir
 

@@ -1,5 +1,5 @@
 """Stage 1 of the tiny world's training: diffusers' `AutoencoderKLWan` in the tiny geometry on rendered
-clips (`train_vae`), and the optional decoder-only fine-tune (`train_decoder`). The recipe: `world_train`'s
+clips (`train_vae`), and the optional decoder-only fine-tune (`train_decoder`). The recipe: `train`'s
 docstring."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ardiff.worker.tiny import training
-from ardiff.worker.tiny.training import SAVE_EVERY_SECONDS, Progress
+from ardiff.tiny_world import stages
+from ardiff.tiny_world.stages import SAVE_EVERY_SECONDS, Progress
 
 VAE_CONFIG: dict[str, Any] = {
     "base_dim": 8,
@@ -34,7 +34,7 @@ def train_vae(out: Path, clips: np.ndarray, minutes: float, *, batch: int = 4, l
     from diffusers import AutoencoderKLWan
 
     vae_dir = out / "vae"
-    state = training.load_state(out)
+    state = stages.load_state(out)
     if state.get("vae_done"):
         return vae_dir
     torch.manual_seed(0)
@@ -56,7 +56,7 @@ def train_vae(out: Path, clips: np.ndarray, minutes: float, *, batch: int = 4, l
     last_save = time.monotonic()
 
     def save() -> None:
-        training.atomic_torch_save(
+        stages.atomic_torch_save(
             {
                 "model": vae.state_dict(),
                 "opt": opt.state_dict(),
@@ -69,14 +69,14 @@ def train_vae(out: Path, clips: np.ndarray, minutes: float, *, batch: int = 4, l
 
     vae.train()
     while progress.elapsed() < budget:
-        lr_now = training.cosine(lr, progress.elapsed() / budget, step)
+        lr_now = stages.cosine(lr, progress.elapsed() / budget, step)
         for group in opt.param_groups:
             group["lr"] = lr_now
         idx = rng.integers(0, n, batch)
         # Windows start on a latent boundary (frame 0 or 1 + 4k), as the pipeline's causal encoder sees them.
         starts = 1 + 4 * rng.integers(0, (length - 1 - span) // 4 + 1, batch)
         starts = np.where(rng.random(batch) < 0.3, 0, starts)
-        x = training.to_tensor(np.stack([clips[i, s : s + span] for i, s in zip(idx, starts, strict=True)]))
+        x = stages.to_tensor(np.stack([clips[i, s : s + span] for i, s in zip(idx, starts, strict=True)]))
         mu = vae.encode(x).latent_dist.mode()
         z = mu + 0.1 * mu.detach().std() * torch.randn_like(mu)
         y = vae.decode(z).sample
@@ -97,12 +97,12 @@ def train_vae(out: Path, clips: np.ndarray, minutes: float, *, batch: int = 4, l
     vae.eval()
     with torch.no_grad():
         mus = [
-            vae.encode(training.to_tensor(clips[rng.integers(0, n, 4), :9])).latent_dist.mode()
+            vae.encode(stages.to_tensor(clips[rng.integers(0, n, 4), :9])).latent_dist.mode()
             for _ in range(8)
         ]
         flat = torch.cat(mus).permute(1, 0, 2, 3, 4).reshape(16, -1)
         mean, std = flat.mean(1), flat.std(1)
-        x = training.to_tensor(clips[:4, :9])
+        x = stages.to_tensor(clips[:4, :9])
         y = vae.decode(vae.encode(x).latent_dist.mode()).sample.clamp(-1, 1)
         psnr = 10 * math.log10(4 / float(((y - x) ** 2).mean()))
     vae.register_to_config(latents_mean=mean.tolist(), latents_std=std.tolist())
@@ -110,9 +110,9 @@ def train_vae(out: Path, clips: np.ndarray, minutes: float, *, batch: int = 4, l
         shutil.rmtree(vae_dir)
     vae.save_pretrained(vae_dir, safe_serialization=True)
     print(f"vae: {step} steps, 9-frame reconstruction PSNR {psnr:.2f} dB -> {vae_dir}", flush=True)
-    state = training.load_state(out)
+    state = stages.load_state(out)
     state.update(vae_done=True, vae_steps=step, vae_psnr=round(psnr, 2))
-    training.save_state(out, state)
+    stages.save_state(out, state)
     return vae_dir
 
 
@@ -146,7 +146,7 @@ def train_decoder(out: Path, clips: np.ndarray, minutes: float, *, batch: int = 
     last_save = time.monotonic()
 
     def save() -> None:
-        training.atomic_torch_save(
+        stages.atomic_torch_save(
             {
                 "model": vae.state_dict(),
                 "opt": opt.state_dict(),
@@ -165,14 +165,14 @@ def train_decoder(out: Path, clips: np.ndarray, minutes: float, *, batch: int = 
 
     vae.train()
     while progress.elapsed() < budget:
-        lr_now = training.cosine(lr, progress.elapsed() / budget, step)
+        lr_now = stages.cosine(lr, progress.elapsed() / budget, step)
         for group in opt.param_groups:
             group["lr"] = lr_now
         idx = rng.integers(0, n, batch)
         # From the session's first frame, as the pipeline's streaming decoder sees the latents: chunk 0 alone
         # (9 frames) or chunks 0-1 (21 frames, the decoder's causal cache carried into a later chunk).
         span = 9 if step % 2 else 21
-        x = training.to_tensor(clips[idx, :span])
+        x = stages.to_tensor(clips[idx, :span])
         with torch.no_grad():
             mu = vae.encode(x).latent_dist.mode()
         z = mu + 0.1 * mu.std() * torch.randn_like(mu)
@@ -192,7 +192,7 @@ def train_decoder(out: Path, clips: np.ndarray, minutes: float, *, batch: int = 
     save()
     vae.eval()
     with torch.no_grad():
-        x = training.to_tensor(clips[:4, :9])
+        x = stages.to_tensor(clips[:4, :9])
         y = vae.decode(vae.encode(x).latent_dist.mode()).sample.clamp(-1, 1)
         psnr = 10 * math.log10(4 / float(((y - x) ** 2).mean()))
     print(f"decoder: {step} steps, 9-frame reconstruction PSNR {psnr:.2f} dB -> {vae_dir}", flush=True)
