@@ -16,7 +16,8 @@ export, moved at the measured tier bytes/s and at 100 Gb/s.
 
 Then the pod-to-pod transfer (issue 12 item 3): the transfer code alone on loopback (a synthetic export of
 `--wire-gib` through the holder's piece collector, uvicorn, the puller's download and the export reader with
-its SHA-256),
+its checksum; and the CPU the checksum costs per GB, the export's (XXH3-128) against SHA-256's (version 1's)
+on the same bytes),
 and a migration between two real worker processes per `--migrations` resolution (Redis, a shared tier, the
 transfer token): the pulled bytes/s (pull and import into the runner) and the stall of the client's next
 tick, in ticks.
@@ -232,8 +233,9 @@ def print_extrapolation(results: list[dict[str, Any]], wire: dict[str, Any] | No
 def measure_wire(total_bytes: int) -> dict[str, Any]:
     """The transfer code alone on loopback, without a runtime: a synthetic export of `total_bytes` (16 MiB
     tensors) written into the holder's `PieceCollector`, sent by a uvicorn `StreamingResponse`, downloaded
-    with `transfer.download` and read by an `ExportReader` (every tensor read and the SHA-256 checked), as the
-    worker does; timed from the request to the last tensor read."""
+    with `transfer.download` and read by an `ExportReader` (every tensor read, the checksum checked), as the
+    worker does; timed from the request to the last tensor read, with the process's CPU time (both ends run
+    in it) per GB pulled. Then the checksum alone on one piece, the export's against SHA-256 (version 1)."""
     import asyncio
     import sys
     import threading
@@ -246,7 +248,7 @@ def measure_wire(total_bytes: int) -> dict[str, Any]:
     from ardiff.devcluster.redis_server import free_port
     from ardiff.worker.pieces import BodyReader, PieceCollector
     from ardiff.worker.session_book import SessionBook
-    from ardiff.worker.session_export import ExportReader, TensorPart, write_export
+    from ardiff.worker.session_export import CHECKSUMS, VERSION, ExportReader, TensorPart, write_export
     from ardiff.worker.transfer import PULL_TIMEOUT, TRANSFER_PATH, download, transfer_url
 
     part = bytes(16 << 20)
@@ -270,7 +272,7 @@ def measure_wire(total_bytes: int) -> dict[str, Any]:
         time.sleep(0.05)
 
     async def pulls() -> list[float]:
-        rates = []
+        rates: list[float] = []
         async with httpx.AsyncClient(timeout=PULL_TIMEOUT) as client:
             for _ in range(3):
                 started = time.perf_counter()
@@ -282,10 +284,26 @@ def measure_wire(total_bytes: int) -> dict[str, Any]:
                 rates.append(size / (time.perf_counter() - started))
         return rates
 
+    cpu_started = time.process_time()
     rates = asyncio.run(pulls())
+    cpu_per_gb = (time.process_time() - cpu_started) / (len(rates) * size / 1e9)
     server.should_exit = True
     thread.join(timeout=10)
-    return {"bytes": size, "bytes_per_second": statistics.median(rates), "runs": len(rates)}
+
+    def checksum_cpu_per_gb(checksum: Any) -> float:
+        started = time.process_time()
+        for _ in range(8):
+            checksum(part).digest()
+        return (time.process_time() - started) / (8 * len(part) / 1e9)
+
+    return {
+        "bytes": size,
+        "bytes_per_second": statistics.median(rates),
+        "runs": len(rates),
+        "cpu_seconds_per_gb": cpu_per_gb,
+        "checksum_cpu_seconds_per_gb": checksum_cpu_per_gb(CHECKSUMS[VERSION][0]),
+        "sha256_cpu_seconds_per_gb": checksum_cpu_per_gb(CHECKSUMS[1][0]),
+    }
 
 
 def measure_migration(
@@ -381,8 +399,12 @@ def measure_migration(
 def print_transfer(wire: dict[str, Any] | None, migrations: list[dict[str, Any]]) -> None:
     if wire is not None:
         print(
-            f"\ntransfer code on loopback (synthetic {wire['bytes'] / 2**30:.2f} GiB export, SHA-256 both "
-            f"sides, no runtime): {wire['bytes_per_second'] / 1e9:.2f} GB/s (median of {wire['runs']})"
+            f"\ntransfer code on loopback (synthetic {wire['bytes'] / 2**30:.2f} GiB export, XXH3-128 "
+            f"checked, no runtime): {wire['bytes_per_second'] / 1e9:.2f} GB/s (median of {wire['runs']}), "
+            f"{wire['cpu_seconds_per_gb']:.2f} CPU s/GB (both ends)\n"
+            f"the checksum alone: XXH3-128 {wire['checksum_cpu_seconds_per_gb']:.3f} CPU s/GB, "
+            f"SHA-256 (version 1) {wire['sha256_cpu_seconds_per_gb']:.3f}: "
+            f"{wire['sha256_cpu_seconds_per_gb'] / wire['checksum_cpu_seconds_per_gb']:.1f}x"
         )
     if not migrations:
         return

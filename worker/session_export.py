@@ -1,7 +1,13 @@
 """The session export format (docs/contracts.md §9): one session at a tick boundary as a byte stream.
 
     magic "ARDSESS\\0" | u32 version | u64 H | header JSON (H bytes)
-    | safetensors document (u64 S | its JSON header | tensor data) | SHA-256 of every byte before it
+    | safetensors document (u64 S | its JSON header | tensor data) | checksum of every byte before it
+
+The checksum is XXH3-128 (version 2): it finds a body cut off, altered by a fault or mixed up, at a seventh of
+SHA-256's CPU per byte (issue 42), and a transfer's bytes are the most a migration pays for. Neither is a
+defence against a peer who forges an export (an unkeyed digest never was): the pool's transfer token decides
+who may send one, and a TLS pool's bytes are authenticated by TLS. Version 1 (SHA-256) is still read, so a
+session suspended before an upgrade resumes after it; any other version is refused.
 
 Written and read in parts: a writer is given each tensor's dtype and shape up front and its bytes one part
 at a time (`TensorPart.data` is called when the part is written, so at most one part is in host memory); a
@@ -24,13 +30,17 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
 
+import xxhash
+
 from ardiff.worker.errors import ExportCorrupt, ExportIdentityMismatch
 from ardiff.worker.session_book import SessionBook
 
 MAGIC = b"ARDSESS\x00"
-VERSION = 1
+VERSION = 2
 FORMAT = "ardiff-session-export"
-DIGEST_BYTES = 32
+# Each version's checksum (a hashlib-like constructor) and its size; a writer writes VERSION.
+CHECKSUMS: dict[int, tuple[Callable[[], Any], int]] = {1: (hashlib.sha256, 32), 2: (xxhash.xxh3_128, 16)}
+DIGEST_BYTES = CHECKSUMS[VERSION][1]
 # Bounds on the two JSON headers: a corrupted length must not make a reader allocate gigabytes.
 MAX_HEADER_BYTES = 64 << 20
 # A tensor is read in pieces of at most this size into a buffer that grows as they arrive: what a reader holds
@@ -146,7 +156,7 @@ def check_identity(export: Mapping[str, Any], worker: Mapping[str, Any]) -> None
 class _HashingWriter:
     def __init__(self, out: Writable) -> None:
         self._out = out
-        self.digest = hashlib.sha256()
+        self.digest = CHECKSUMS[VERSION][0]()
         self.written = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -225,14 +235,18 @@ class ExportReader:
 
     def __init__(self, source: Readable) -> None:
         self._source = source
-        self._digest = hashlib.sha256()
-        magic, version, header_len = _PREAMBLE.unpack(self._read(_PREAMBLE.size, "the preamble"))
+        preamble = self._read_exactly(_PREAMBLE.size, "the preamble")  # its version names the checksum
+        magic, version, header_len = _PREAMBLE.unpack(preamble)
         if magic != MAGIC:
             raise ExportCorrupt("not a session export (bad magic)")
-        if version != VERSION:
+        if version not in CHECKSUMS:
             raise ExportCorrupt(
-                f"session export version {version} is not supported (this worker reads {VERSION})"
+                f"session export version {version} is not supported (this worker reads "
+                f"{', '.join(map(str, sorted(CHECKSUMS)))})"
             )
+        checksum, self._digest_bytes = CHECKSUMS[version]
+        self._digest = checksum()
+        self._digest.update(preamble)
         header = self._json(header_len, "header")
         if not isinstance(header, dict) or header.get("format") != FORMAT:
             raise ExportCorrupt("session export header is not an object of the expected format")
@@ -262,8 +276,8 @@ class ExportReader:
                 self._book_tensors[entry.name] = data
                 continue
             yield ReadTensor(entry.name, entry.dtype, entry.shape, data)
-        digest = self._read_up_to(DIGEST_BYTES)
-        if len(digest) != DIGEST_BYTES:
+        digest = self._read_up_to(self._digest_bytes)
+        if len(digest) != self._digest_bytes:
             raise ExportCorrupt("session export is truncated (no checksum)")
         if digest != self._digest.digest():
             raise ExportCorrupt("session export checksum mismatch: the stream was altered")
@@ -322,10 +336,14 @@ class ExportReader:
             self._digest.update(chunk)
         return data
 
-    def _read(self, size: int, what: str) -> bytes:
+    def _read_exactly(self, size: int, what: str) -> bytes:
         data = self._read_up_to(size)
         if len(data) != size:
             raise ExportCorrupt(f"session export is truncated in {what} ({len(data)} of {size} bytes)")
+        return data
+
+    def _read(self, size: int, what: str) -> bytes:
+        data = self._read_exactly(size, what)
         self._digest.update(data)
         return data
 

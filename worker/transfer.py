@@ -11,7 +11,7 @@ not stall the other sessions' ticks. The holder writes the export (docs/contract
 under its lock (`PieceCollector`, worker/pieces.py: a copy of device memory, fast) and sends the pieces
 without it; the puller downloads the body into memory (`download`: at most the bytes the store recorded for
 the export, within `transfer_deadline_seconds`), then imports it under its lock. Each side holds one export
-in host memory for the transfer. The export's own SHA-256 covers the transfer: a body cut off or altered is
+in host memory for the transfer. The export's own checksum covers the transfer: a body cut off or altered is
 `export_corrupt` at the import, which releases whatever it built.
 
 `Transfer`'s job is the holder's side (sessions held for their new pod, offers, claims and sends, a draining

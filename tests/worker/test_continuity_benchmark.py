@@ -19,4 +19,7 @@ def test_the_continuity_benchmark_smoke_run_reports_the_tiers_and_the_transfer_c
     assert "synthetic 0.03 GiB export" in transfer
     assert "(median of 3)" in transfer
     assert float(transfer.split("): ")[1].split()[0]) > 0
+    assert float(transfer.split("), ")[-1].split()[0]) > 0  # CPU s/GB
+    (checksum,) = [line for line in lines if line.startswith("the checksum alone: XXH3-128 ")]
+    assert float(checksum.split("SHA-256 (version 1) ")[1].split(":")[0]) > 0
     assert any(line.startswith("LingBot-World 480x832 bf16:") for line in lines)

@@ -3,6 +3,7 @@ read part by part, a valid safetensors document inside, and every refusal typed.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import struct
@@ -10,6 +11,7 @@ import struct
 import numpy as np
 import pytest
 import safetensors.numpy
+import xxhash
 
 from ardiff.worker import tick_rules
 from ardiff.worker.conditioning import Conditioning
@@ -128,7 +130,7 @@ def test_the_tensor_section_is_a_safetensors_document_written_part_by_part() -> 
 
 
 def mangled_version(blob: bytes) -> bytes:
-    return blob[:8] + struct.pack("<I", 2) + blob[12:]
+    return blob[:8] + struct.pack("<I", 3) + blob[12:]
 
 
 def huge_header(blob: bytes) -> bytes:
@@ -138,7 +140,7 @@ def huge_header(blob: bytes) -> bytes:
 @pytest.mark.parametrize(
     ("mangle", "message"),
     [
-        (mangled_version, "version 2 is not supported"),
+        (mangled_version, "version 3 is not supported \\(this worker reads 1, 2\\)"),
         (huge_header, "claims 1099511627776 bytes"),
         (lambda blob: blob[:15], "truncated in the preamble"),
         (lambda blob: blob[:30], "truncated in the header"),
@@ -153,6 +155,23 @@ def test_a_corrupt_export_is_refused(mangle, message: str) -> None:
     with pytest.raises(ExportCorrupt, match=message):
         target.import_session(io.BytesIO(mangle(blob)))
     assert target.resident_sessions() == ()
+
+
+def test_an_export_of_version_1_sha_256_is_still_read() -> None:
+    """Version 2 checks with XXH3-128 (issue 42); a version 1 export (SHA-256), e.g. a session suspended into
+    the shared tier before an upgrade, still imports, and its checksum is still checked."""
+    source, target = FakeRuntime(height=8, width=8, capacity=2), FakeRuntime(height=8, width=8, capacity=2)
+    book = ticked(source, "s", 2)
+    blob = export(source, "s", book)
+    assert struct.unpack("<I", blob[8:12]) == (2,)
+    assert blob[-DIGEST_BYTES:] == xxhash.xxh3_128(blob[:-DIGEST_BYTES]).digest()
+    body = blob[:8] + struct.pack("<I", 1) + blob[12:-DIGEST_BYTES]
+    version_1 = body + hashlib.sha256(body).digest()
+    with pytest.raises(ExportCorrupt, match="checksum mismatch"):
+        target.import_session(io.BytesIO(version_1[:-1] + bytes([version_1[-1] ^ 1])))
+    assert target.resident_sessions() == ()
+    assert target.import_session(io.BytesIO(version_1)).to_dict() == book.to_dict()
+    np.testing.assert_array_equal(tick(target, "s", 2).frames, tick(source, "s", 2).frames)
 
 
 def test_import_refuses_a_foreign_a_duplicate_and_a_full_runtime() -> None:
