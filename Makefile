@@ -32,15 +32,17 @@ $(STAMP): pyproject.toml | $(BIN)/python
 # Debian packages: Redis for the placement store; iptables and conntrack for kube-proxy (in the dev cluster's
 # node namespaces); Chromium and its driver for the viewer's browser test; containerd, runc, the CNI plugins,
 # umoci and a static busybox for the real node, buildah and debootstrap for the images built from the Dockerfiles
-# (issue 39).
+# (issue 39); Prometheus for `promtool`, which checks and unit-tests the chart's alerting rules (issue 40).
 packages: $(STAMP)
 	@command -v redis-server >/dev/null && command -v chromium >/dev/null && command -v chromedriver >/dev/null && \
 		command -v iptables >/dev/null && command -v conntrack >/dev/null && command -v containerd >/dev/null && \
 		command -v runc >/dev/null && command -v umoci >/dev/null && test -x /usr/lib/cni/bridge && \
-		dpkg -s busybox-static >/dev/null 2>&1 && command -v buildah >/dev/null && command -v debootstrap >/dev/null || \
+		dpkg -s busybox-static >/dev/null 2>&1 && command -v buildah >/dev/null && command -v debootstrap >/dev/null && \
+		command -v promtool >/dev/null || \
 		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server chromium \
 			chromium-driver iptables conntrack containerd runc umoci containernetworking-plugins busybox-static \
-			buildah debootstrap; }
+			buildah debootstrap && \
+		$(SUDO) apt-get install -y -q --no-install-recommends prometheus; }
 	$(BIN)/python -m ardiff.devcluster.binaries --helm $(BIN) --envoy
 
 # The dev cluster's Kubernetes (kube-apiserver, controller-manager, scheduler, kube-proxy, kubelet, etcd, CoreDNS)

@@ -306,8 +306,10 @@ async def reconcile_pool_forever(
             except NotReplicated as exc:  # applied on the master only: the round stopped before reporting it
                 logger.warning(f"pool {pid} reconcile: {exc}; the round is repeated")
                 ctx.pools[pid].kick()  # at once (after the minimal gap), not a whole period later
+                observe_failed_round(ctx, pid, exc)
             except Exception as exc:  # one failed round must not end the loop; the next one retries
                 logger.exception(f"pool {pid} reconcile failed: {exc}")
+                observe_failed_round(ctx, pid, exc)
             await wait_for_kick(ctx, pid, started, stopped)
     finally:
         # Stopped (pool deleted, operator paused by a peer or exiting): its series would go stale here, and a
@@ -373,6 +375,11 @@ async def pool_round(
         observe_placements(ctx, pid, sessions)
         if (sample := ctx.pools[pid].sample) is not None:
             ctx.metrics.observe_pool(pid, pool_sample(ctx, sample, sessions))
+
+
+def observe_failed_round(ctx: OperatorContext, pool: PoolId, exc: Exception) -> None:
+    if ctx.metrics is not None:
+        ctx.metrics.observe_failed_round(pool, exc)
 
 
 def observe_placements(ctx: OperatorContext, pool: PoolId, sessions: list[SessionView]) -> None:

@@ -18,7 +18,10 @@ Gauges, labelled `namespace` and `pool` (and `phase` / `state` where named):
   `ardiff_pool_demand_fps` (the playout fps of the sessions holding slots: their pods' `demand_fps`),
   `ardiff_pool_compute_waiting_sessions` (sessions pending because a pod had a slot but no compute).
 Histograms: `ardiff_session_placement_seconds` (a session's admission to its first Ready status, cold starts
-included), `ardiff_pool_reconcile_seconds` (one reconcile round).
+included), `ardiff_pool_reconcile_seconds` (one reconcile round). Counter:
+`ardiff_pool_reconcile_failures_total{reason}`, the rounds that failed, by what failed (`store`: the placement
+store unreachable, or a write it did not replicate; `api`: the Kubernetes API; `other`), the alerts' signal
+that the operator cannot act (charts/ardiff/monitoring/).
 """
 
 from __future__ import annotations
@@ -28,16 +31,30 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+import aiohttp
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from redis.exceptions import RedisError
 
 from ardiff.errors import ArdiffError
+from ardiff.kv.errors import NotReplicated
 from ardiff.kv.records import PoolId
+from ardiff.operator.kube import KubeApiError
 
 PHASES = ("Pending", "Ready", "Lost", "Evicted", "Expired", "Failed", "Suspending", "Suspended")
 POD_STATES = ("ready", "starting", "stale")
 # Placement spans a warm slot (milliseconds) and a cold start of a GPU pod (minutes).
 PLACEMENT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
 ROUND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+FAILURE_REASONS = ("store", "api", "other")
+
+
+def failure_reason(exc: BaseException) -> str:
+    """What a failed round failed on (`FAILURE_REASONS`)."""
+    if isinstance(exc, RedisError | NotReplicated):
+        return "store"
+    if isinstance(exc, KubeApiError | aiohttp.ClientError):
+        return "api"
+    return "other"
 
 
 class MetricsAddressError(ArdiffError):
@@ -136,6 +153,12 @@ class OperatorMetrics:
             buckets=ROUND_BUCKETS,
             registry=r,
         )
+        self.failed_rounds = Counter(
+            "ardiff_pool_reconcile_failures",
+            "Reconcile rounds of a pool that failed, by what failed (store, api, other)",
+            [*pool, "reason"],
+            registry=r,
+        )
 
     def serve(self, url: str) -> None:
         host, port = parse_metrics_address(url)
@@ -163,6 +186,9 @@ class OperatorMetrics:
     def observe_round(self, pool: PoolId, seconds: float) -> None:
         self.rounds.labels(pool.namespace, pool.name).observe(seconds)
 
+    def observe_failed_round(self, pool: PoolId, exc: BaseException) -> None:
+        self.failed_rounds.labels(pool.namespace, pool.name, failure_reason(exc)).inc()
+
     def observe_placement(self, pool: PoolId, seconds: float) -> None:
         self.placement.labels(pool.namespace, pool.name).observe(seconds)
 
@@ -187,7 +213,11 @@ class OperatorMetrics:
         for metric in per_pool:
             with contextlib.suppress(KeyError):
                 metric.remove(*labels)
-        for metric, values in ((self.sessions, PHASES), (self.pods, POD_STATES)):
+        for metric, values in (
+            (self.sessions, PHASES),
+            (self.pods, POD_STATES),
+            (self.failed_rounds, FAILURE_REASONS),
+        ):
             for value in values:
                 with contextlib.suppress(KeyError):
                     metric.remove(*labels, value)

@@ -37,7 +37,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
     "bundled-redis-tls": {"redis": {"bundled": {"tls": {"secretName": "redis-tls"}}}},
     "cluster-wide": {"clusterWide": True, "operator": {"replicas": 2}},
-    "monitoring": {"monitoring": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
+    "monitoring": {
+        "monitoring": {
+            "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+            "grafanaDashboard": {"enabled": True},
+        }
+    },
     "default-pool": {"defaultPool": {"enabled": True, "spec": {"replicas": {"max": 3}}}},
     "multi-namespace": {
         "operator": {"replicas": 3, "watchNamespaces": ["team-a", "team-b"]},

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ardiff.devcluster.cluster import OPERATOR_COMMAND
+from ardiff.devcluster.prometheus import Prometheus
 from ardiff.devcluster.redis_server import free_port
 from ardiff.devcluster.waiting import wait_until
 from tests.operator.conftest import Cluster
@@ -155,3 +156,57 @@ def test_a_pool_scales_from_zero_and_back_and_its_metrics_say_so(
         finally:
             operator.stop()
             sys.stdout.write(f"\n----- operator log -----\n{operator.log()[-20000:]}\n")
+
+
+def test_a_pools_rounds_that_fail_on_the_store_are_counted_and_a_real_prometheus_alerts_on_them(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The alerts' signal (charts/ardiff/monitoring/: ArdiffPlacementStoreUnreachable): an operator whose
+    placement store does not answer (nothing listens at its address) counts each failed round of the pool
+    under `reason="store"`, and none under another reason; a real Prometheus scraping it with the chart's
+    rules holds that alert (pending: its `for` is minutes) and no other, and the dashboard's panel of failed
+    rounds shows the pool."""
+    url = f"http://127.0.0.1:{free_port()}/metrics"
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"
+    operator = cluster.operator(
+        unreachable, tmp_path / "operator.log", command=(*OPERATOR_COMMAND, "--metrics", url)
+    )
+    operator.start()
+    try:
+        cluster.create_pool(replicas={"min": 0, "max": 1})
+
+        def failed_on_the_store() -> dict | None:
+            try:
+                samples = scrape(url, cluster.namespace)
+            except httpx.HTTPError:  # the metrics server is not up yet
+                return None
+            counted = value(samples, "ardiff_pool_reconcile_failures_total", reason="store") or 0
+            return samples if counted >= 2 else None
+
+        with Prometheus([url]) as prometheus:
+            samples = wait_until(failed_on_the_store, timeout=60, what="two rounds failed on the store")
+            assert value(samples, "ardiff_pool_reconcile_failures_total", reason="api") is None
+            assert value(samples, "ardiff_pool_reconcile_failures_total", reason="other") is None
+
+            def alerted() -> list[dict] | None:
+                mine = [a for a in prometheus.alerts() if a["labels"].get("namespace") == cluster.namespace]
+                return mine or None
+
+            (alert,) = wait_until(alerted, timeout=60, what="the store alert")
+            assert alert["labels"] == {
+                "alertname": "ArdiffPlacementStoreUnreachable",
+                "namespace": cluster.namespace,
+                "pool": "pool",
+                "severity": "critical",
+            }
+            assert alert["state"] == "pending"
+            panel = (
+                "sum by (pool, reason) (increase(ardiff_pool_reconcile_failures_total"
+                f'{{namespace=~"{cluster.namespace}", pool=~"pool"}}[5m]))'
+            )
+            (series,) = prometheus.query(panel)
+            assert series["metric"] == {"pool": "pool", "reason": "store"}
+            assert float(series["value"][1]) > 0
+        assert operator.running
+    finally:
+        operator.stop()

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import re
 
+import aiohttp
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from redis.exceptions import ConnectionError as RedisConnectionError
 
+from ardiff.kv.errors import NotReplicated
 from ardiff.kv.records import PoolId
 from ardiff.operator.config import OperatorConfig
+from ardiff.operator.kube import KubeApiError
 from ardiff.operator.metrics import (
     MetricsAddressError,
     OperatorMetrics,
     PoolSample,
+    failure_reason,
     parse_metrics_address,
 )
 from ardiff.operator.status import Reason, SessionObservation, build_session_status, derive_session_phase
@@ -81,6 +86,33 @@ def test_a_rounds_sample_and_a_deleted_pools_series() -> None:
     left = {labels for _, labels in samples(metrics)}
     assert left
     assert all(("pool", "other") in labels for labels in left)
+
+
+def test_failed_rounds_are_counted_by_what_failed_and_forgotten_with_the_pool() -> None:
+    """The alerts' signal that the operator cannot act (charts/ardiff/monitoring/): a round that failed on the
+    placement store (unreachable, or a write not replicated), on the Kubernetes API, or on anything else."""
+    metrics = OperatorMetrics()
+    failures = [
+        RedisConnectionError("Connection refused"),
+        NotReplicated("place", 0, 1, 100),
+        KubeApiError(503, "PATCH", "/apis/x", "{}"),
+        aiohttp.ServerDisconnectedError(),
+        ValueError("a bug"),
+    ]
+    assert [failure_reason(exc) for exc in failures] == ["store", "store", "api", "api", "other"]
+    for exc in failures:
+        metrics.observe_failed_round(POOL, exc)
+    pool = (("namespace", "ns"), ("pool", "pool"))
+    got = samples(metrics)
+    failed = {
+        dict(labels)["reason"]: value
+        for (name, labels), value in got.items()
+        if name == "ardiff_pool_reconcile_failures_total"
+    }
+    assert failed == {"store": 2, "api": 2, "other": 1}
+    assert ("ardiff_pool_reconcile_failures_total", (*pool, ("reason", "store"))) in got
+    metrics.forget_pool(POOL)
+    assert not [name for name, _ in samples(metrics) if name.startswith("ardiff_pool_reconcile_failures")]
 
 
 def test_a_waiting_session_says_a_pod_is_starting_and_how_long_the_last_one_took() -> None:
