@@ -14,16 +14,13 @@ extrapolation to a LingBot-World 480x832 bf16 session: its self-attention KV fro
 (`lingbot-world-480x832`, pages per session x page bytes) divided by the self-KV share of the measured
 export, moved at the measured tier bytes/s and at 100 Gb/s.
 
-Then the pod-to-pod transfer (issue 12 item 3): the transfer code alone on loopback (a synthetic export of
-`--wire-gib` through the holder's piece collector, uvicorn, the puller's download and the export reader with
-its checksum; and the CPU the checksum costs per GB, the export's (XXH3-128) against SHA-256's (version 1's)
-on the same bytes),
-and a migration between two real worker processes per `--migrations` resolution (Redis, a shared tier, the
-transfer token): the pulled bytes/s (pull and import into the runner) and the stall of the client's next
-tick, in ticks.
+Then the pod-to-pod transfer (issue 12 item 3): a migration between two real worker processes per
+`--migrations` resolution (Redis, a shared tier, the transfer token): the pulled bytes/s (pull and import into
+the runner) and the stall of the client's next tick, in ticks. The transfer code alone, at sizes that matter,
+per side: benchmarks/transfer.py.
 
     .venv/bin/python benchmarks/continuity.py [--resolutions 64 128] [--repeats 20] [--threads 1]
-        [--migrations 64 128] [--wire-gib 1] [--smoke]
+        [--migrations 64 128] [--smoke]
 """
 
 from __future__ import annotations
@@ -199,10 +196,9 @@ def print_table(results: list[dict[str, Any]], threads: int) -> None:
         )
 
 
-def print_extrapolation(results: list[dict[str, Any]], wire: dict[str, Any] | None = None) -> None:
+def print_extrapolation(results: list[dict[str, Any]]) -> None:
     """A LingBot-World 480x832 bf16 session: the state the planner counts per session (KV pages, cross-
-    attention, model-owned state), moved at the measured tier rates, at the transfer code's loopback rate
-    and at 100 Gb/s."""
+    attention, model-owned state), moved at the measured tier rates and at 100 Gb/s."""
     from ardiff.kv.pod_plan import plan_for_pool
     from ardiff.kv.presets import get_preset
 
@@ -223,87 +219,10 @@ def print_extrapolation(results: list[dict[str, Any]], wire: dict[str, Any] | No
         f"{self_kv / 1e9:.1f} GB, {self_kv / total:.0%}); at the {largest['size']}^2 tier rates "
         f"{total / write:.0f} s to write and {total / read:.0f} s to read+import; "
         f"{total * 8 / 100e9:.1f} s over 100 Gb/s"
-        + (f"; {total / wire['bytes_per_second']:.0f} s at the transfer code's loopback rate" if wire else "")
     )
 
 
 # ------------------------------------------------------------------------------ pod-to-pod transfer (item 3)
-
-
-def measure_wire(total_bytes: int) -> dict[str, Any]:
-    """The transfer code alone on loopback, without a runtime: a synthetic export of `total_bytes` (16 MiB
-    tensors) written into the holder's `PieceCollector`, sent by a uvicorn `StreamingResponse`, downloaded
-    with `transfer.download` and read by an `ExportReader` (every tensor read, the checksum checked), as the
-    worker does; timed from the request to the last tensor read, with the process's CPU time (both ends run
-    in it) per GB pulled. Then the checksum alone on one piece, the export's against SHA-256 (version 1)."""
-    import asyncio
-    import sys
-    import threading
-
-    import httpx
-    import uvicorn
-    from fastapi import FastAPI
-    from fastapi.responses import StreamingResponse
-
-    from ardiff.devcluster.redis_server import free_port
-    from ardiff.worker.pieces import BodyReader, PieceCollector
-    from ardiff.worker.session_book import SessionBook
-    from ardiff.worker.session_export import CHECKSUMS, VERSION, ExportReader, TensorPart, write_export
-    from ardiff.worker.transfer import PULL_TIMEOUT, TRANSFER_PATH, download, transfer_url
-
-    part = bytes(16 << 20)
-    parts = [TensorPart(f"kv/{i}", "U8", (len(part),), lambda: part) for i in range(total_bytes // len(part))]
-    collector = PieceCollector(sys.maxsize)
-    size = write_export(
-        collector, session_id="wire", identity={}, book=SessionBook("wire"), state={}, tensors=parts
-    )
-    pieces = collector.finish()
-    app = FastAPI()
-
-    @app.get(TRANSFER_PATH)
-    async def export(session_id: str) -> StreamingResponse:
-        return StreamingResponse(iter(pieces), media_type="application/octet-stream")
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-
-    async def pulls() -> list[float]:
-        rates: list[float] = []
-        async with httpx.AsyncClient(timeout=PULL_TIMEOUT) as client:
-            for _ in range(3):
-                started = time.perf_counter()
-                url = transfer_url(f"http://127.0.0.1:{port}", "wire")
-                received, _ = await download(client, url, "-", size=size)
-                reader = ExportReader(BodyReader(iter(received)))
-                tensor_bytes = sum(len(t.data) for t in reader.tensors(lambda name, dtype, shape: None))
-                assert tensor_bytes == len(parts) * len(part)
-                rates.append(size / (time.perf_counter() - started))
-        return rates
-
-    cpu_started = time.process_time()
-    rates = asyncio.run(pulls())
-    cpu_per_gb = (time.process_time() - cpu_started) / (len(rates) * size / 1e9)
-    server.should_exit = True
-    thread.join(timeout=10)
-
-    def checksum_cpu_per_gb(checksum: Any) -> float:
-        started = time.process_time()
-        for _ in range(8):
-            checksum(part).digest()
-        return (time.process_time() - started) / (8 * len(part) / 1e9)
-
-    return {
-        "bytes": size,
-        "bytes_per_second": statistics.median(rates),
-        "runs": len(rates),
-        "cpu_seconds_per_gb": cpu_per_gb,
-        "checksum_cpu_seconds_per_gb": checksum_cpu_per_gb(CHECKSUMS[VERSION][0]),
-        "sha256_cpu_seconds_per_gb": checksum_cpu_per_gb(CHECKSUMS[1][0]),
-    }
 
 
 def measure_migration(
@@ -396,16 +315,7 @@ def measure_migration(
                 worker.stop()
 
 
-def print_transfer(wire: dict[str, Any] | None, migrations: list[dict[str, Any]]) -> None:
-    if wire is not None:
-        print(
-            f"\ntransfer code on loopback (synthetic {wire['bytes'] / 2**30:.2f} GiB export, XXH3-128 "
-            f"checked, no runtime): {wire['bytes_per_second'] / 1e9:.2f} GB/s (median of {wire['runs']}), "
-            f"{wire['cpu_seconds_per_gb']:.2f} CPU s/GB (both ends)\n"
-            f"the checksum alone: XXH3-128 {wire['checksum_cpu_seconds_per_gb']:.3f} CPU s/GB, "
-            f"SHA-256 (version 1) {wire['sha256_cpu_seconds_per_gb']:.3f}: "
-            f"{wire['sha256_cpu_seconds_per_gb'] / wire['checksum_cpu_seconds_per_gb']:.1f}x"
-        )
+def print_transfer(migrations: list[dict[str, Any]]) -> None:
     if not migrations:
         return
     print(
@@ -444,12 +354,6 @@ def main() -> None:
         help="resolutions of the two-worker migration (pod-to-pod transfer and stall); none to skip",
     )
     parser.add_argument(
-        "--wire-gib",
-        type=float,
-        default=1.0,
-        help="size of the synthetic export through the transfer code (0: skip)",
-    )
-    parser.add_argument(
         "--smoke",
         action="store_true",
         help="64x64, two repeats, a 32 MiB synthetic transfer, no migration (the test's run)",
@@ -457,22 +361,21 @@ def main() -> None:
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.smoke:
-        args.resolutions, args.repeats, args.migrations, args.wire_gib = [64], 2, [], 1 / 32
+        args.resolutions, args.repeats, args.migrations = [64], 2, []
     if args.child is not None:
         print(RESULT_MARKER + json.dumps(measure(args.child, args.repeats, args.model_cache)), flush=True)
         return
     model_cache = args.model_cache or str(Path(tempfile.gettempdir()) / "ardiff-bench-models")
     results = [run_child(size, args, model_cache) for size in args.resolutions]
     print_table(results, args.threads)
-    wire = measure_wire(int(args.wire_gib * 2**30)) if args.wire_gib > 0 else None
     migrations = []
     if args.migrations:
         from ardiff.devcluster.redis_server import RedisServer
 
         with RedisServer() as redis:
             migrations = [measure_migration(size, redis.url, args, model_cache) for size in args.migrations]
-    print_transfer(wire, migrations)
-    print_extrapolation(results, wire)
+    print_transfer(migrations)
+    print_extrapolation(results)
 
 
 if __name__ == "__main__":

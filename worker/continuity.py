@@ -34,6 +34,7 @@ from ardiff.worker.errors import (
     SessionExportError,
     TransferFailed,
 )
+from ardiff.worker.export_download import TransferResult
 from ardiff.worker.exports import UnreportedExport
 from ardiff.worker.host_tier import HostTierFull, copy_needed, host_holder
 from ardiff.worker.metrics import WorkerMetrics
@@ -41,7 +42,7 @@ from ardiff.worker.pod_sessions import PodSessions
 from ardiff.worker.session_book import SessionBook, SessionStatus
 from ardiff.worker.settings import WorkerSettings
 from ardiff.worker.shared_tier import direct_source
-from ardiff.worker.transfer import TransferResult, kept_url, transfer_url
+from ardiff.worker.transfer import kept_url, transfer_url
 
 log = logging.getLogger(__name__)
 

@@ -57,7 +57,7 @@ class HostCopy:
 
     session_id: str
     location: str
-    pieces: tuple[bytes, ...]
+    pieces: tuple[memoryview, ...]
 
     @property
     def size(self) -> int:

@@ -153,7 +153,6 @@ class PodSessions:
             return
         if self.runtime is not None:
             await self.forward.run(self.runtime.shutdown)
-        await self.transfer.close()
         self.forward.shutdown()
 
     # ---------------------------------------------------------------- what the placement checks ask

@@ -60,7 +60,7 @@ from ardiff.worker.session_export import (
     refuse_tensor,
     write_export,
 )
-from ardiff.worker.session_tensors import DTYPE_CODES, part, tensor
+from ardiff.worker.session_tensors import DTYPE_CODES, part, staged, tensor
 
 log = logging.getLogger(__name__)
 
@@ -405,7 +405,7 @@ class ARDiffusionSessionAdapter:
         for read in reader.tensors(check):
             if read.name.startswith("kv/"):
                 if read.name.removeprefix("kv/").rsplit("/", 2)[0] not in shared:
-                    pages.append((read.name, tensor(read)))
+                    pages.append((read.name, staged(read)))
             else:
                 rest[read.name] = tensor(read)
         for name, page in pages:

@@ -28,7 +28,7 @@ import math
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, runtime_checkable
 
 import xxhash
 
@@ -43,8 +43,8 @@ CHECKSUMS: dict[int, tuple[Callable[[], Any], int]] = {1: (hashlib.sha256, 32), 
 DIGEST_BYTES = CHECKSUMS[VERSION][1]
 # Bounds on the two JSON headers: a corrupted length must not make a reader allocate gigabytes.
 MAX_HEADER_BYTES = 64 << 20
-# A tensor is read in pieces of at most this size into a buffer that grows as they arrive: what a reader holds
-# is what the stream carried, whatever the index declared.
+# A `Readable`'s tensor is read in pieces of at most this size into a buffer that grows as they arrive: what a
+# reader holds is what the stream carried, whatever the index declared.
 READ_BYTES = 1 << 20
 # The most frames a cached chunk may hold (a LingBot chunk has 9 or 12; a DreamZero one none unless asked for)
 # and the most action values (DreamZero's chunk is 24 x 8): the book's tensors are bounded.
@@ -83,6 +83,15 @@ class Readable(Protocol):
     def read(self, size: int, /) -> bytes: ...
 
 
+@runtime_checkable
+class ViewSource(Protocol):
+    """A source whose bytes already lie in memory (a download, a host-tier copy): `view` answers the next
+    bytes, at most `size`, as a view of the buffer they lie in. A tensor lying whole in one writable buffer is
+    yielded as a view of it, not copied."""
+
+    def view(self, size: int, /) -> memoryview: ...
+
+
 @dataclass(frozen=True)
 class TensorPart:
     """One tensor of an export: dtype (a safetensors code), shape, and its little-endian bytes on demand."""
@@ -105,12 +114,13 @@ class TensorPart:
 
 @dataclass(frozen=True)
 class ReadTensor:
-    """A tensor as a reader yields it: a fresh writable buffer the caller may wrap without copying."""
+    """A tensor as a reader yields it: a writable buffer the caller may wrap without copying — its own, or a
+    view of the buffer it arrived in (a `ViewSource`'s), which a caller keeping it past the import copies."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
-    data: bytearray
+    data: bytearray | memoryview
 
 
 def refuse_tensor(name: str, dtype: str, shape: tuple[int, ...], expected: str) -> NoReturn:
@@ -233,7 +243,7 @@ def write_export(
 class ExportReader:
     """Reads an export from `source` in parts: the header at once, then `tensors()` one by one."""
 
-    def __init__(self, source: Readable) -> None:
+    def __init__(self, source: Readable | ViewSource) -> None:
         self._source = source
         preamble = self._read_exactly(_PREAMBLE.size, "the preamble")  # its version names the checksum
         magic, version, header_len = _PREAMBLE.unpack(preamble)
@@ -259,7 +269,7 @@ class ExportReader:
             raise ExportCorrupt(f"session export header lacks {exc}") from None
         (st_len,) = _U64.unpack(self._read(_U64.size, "the tensor index"))
         self._layout = self._tensor_layout(self._json(st_len, "tensor index"))
-        self._book_tensors: dict[str, bytearray] = {}
+        self._book_tensors: dict[str, bytearray | memoryview] = {}
         self._verified = False
 
     def tensor_shapes(self) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -281,7 +291,7 @@ class ExportReader:
             raise ExportCorrupt("session export is truncated (no checksum)")
         if digest != self._digest.digest():
             raise ExportCorrupt("session export checksum mismatch: the stream was altered")
-        if self._source.read(1):
+        if self._next(1):
             raise ExportCorrupt("session export has bytes after its checksum")
         self._verified = True
 
@@ -312,28 +322,38 @@ class ExportReader:
 
     # ---------------------------------------------------------------- parsing
 
+    def _next(self, size: int) -> bytes | memoryview:
+        """The source's next bytes, at most `size` (fewer where it has less at hand; none at its end): a view
+        source's as they lie, a `Readable`'s at most `READ_BYTES` at a time."""
+        if isinstance(self._source, ViewSource):
+            return self._source.view(size)
+        return self._source.read(min(size, READ_BYTES))
+
     def _read_up_to(self, size: int) -> bytes:
         """`size` bytes, fewer only at the end of the stream (a source may answer a read with less)."""
         chunks, left = [], size
         while left:
-            chunk = self._source.read(left)
+            chunk = self._next(left)
             if not chunk:
                 break
             chunks.append(chunk)
             left -= len(chunk)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return b"".join(chunks)
 
-    def _read_into(self, size: int, what: str) -> bytearray:
-        """`size` bytes into a fresh buffer that grows as they arrive, at most `READ_BYTES` a read (no joined
-        copy: a tensor part is the largest thing a reader holds, up to gigabytes at real sizes; and a stream
-        cut short never made the reader hold what it only declared)."""
+    def _read_into(self, size: int, what: str) -> bytearray | memoryview:
+        """`size` bytes: as the view they lie in when a `ViewSource` holds them whole in one writable buffer
+        (no copy: a download's), else into a fresh buffer that grows as they arrive (no joined copy: a tensor
+        part is the largest thing a reader holds, up to gigabytes at real sizes; and a stream cut short never
+        made the reader hold what it only declared)."""
         data = bytearray()
         while len(data) < size:
-            chunk = self._source.read(min(size - len(data), READ_BYTES))
+            chunk = self._next(size - len(data))
             if not chunk:
                 raise ExportCorrupt(f"session export is truncated in {what} ({len(data)} of {size} bytes)")
-            data += chunk
             self._digest.update(chunk)
+            if len(chunk) == size and isinstance(chunk, memoryview) and not chunk.readonly:
+                return chunk
+            data += chunk
         return data
 
     def _read_exactly(self, size: int, what: str) -> bytes:

@@ -44,10 +44,19 @@ def part(name: str, tensor: torch.Tensor) -> TensorPart:
     )
 
 
-def tensor(read: ReadTensor) -> torch.Tensor:
+def staged(read: ReadTensor) -> torch.Tensor:
+    """A read part as a tensor over the bytes it arrived in (no copy), for bytes copied elsewhere at once: KV
+    pages, written into the pool."""
     if not read.data:
         return torch.empty(read.shape, dtype=_DTYPES[read.dtype])
     return torch.frombuffer(read.data, dtype=torch.uint8).view(_DTYPES[read.dtype]).reshape(read.shape)
+
+
+def tensor(read: ReadTensor) -> torch.Tensor:
+    """A read part as a tensor the session may keep: one over a view of a download's buffer is copied (the
+    buffer goes after the import; a kept tensor must not hold all of it), one over its own buffer is not."""
+    wrapped = staged(read)
+    return wrapped.clone() if isinstance(read.data, memoryview) else wrapped
 
 
 def pack_list(entries: list[Any] | None, prefix: str, parts: list[TensorPart]) -> list[Any] | None:

@@ -32,7 +32,6 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -41,7 +40,6 @@ from ardiff.kv.records import SessionState
 from ardiff.worker.background import Background
 from ardiff.worker.errors import (
     ChunkNotKept,
-    ExportCorrupt,
     ExportIdentityMismatch,
     ExportNoCapacity,
     SessionExportError,
@@ -49,6 +47,7 @@ from ardiff.worker.errors import (
     Unauthorized,
     UnknownSession,
 )
+from ardiff.worker.export_download import READ_TIMEOUT_SECONDS, TransferResult, download, peer_ssl_context
 from ardiff.worker.host_tier import HostCopy, copy_needed, host_holder
 from ardiff.worker.metrics import WorkerMetrics
 from ardiff.worker.pieces import BodyReader, PieceCollector
@@ -66,15 +65,6 @@ TRANSFER_PATH = "/internal/v1/sessions/{session_id}/export"
 KEPT_PATH = "/internal/v1/kept/{session_id}/{chunk}"
 # The holder offers a session to the pod it was placed on, which pulls it at once (not at its first tick).
 PREFETCH_PATH = "/internal/v1/sessions/{session_id}/prefetch"
-CONNECT_TIMEOUT_SECONDS = 2.0
-# Between two pieces of the body: a holder that stops sending for this long counts as gone.
-READ_TIMEOUT_SECONDS = 30.0
-PULL_TIMEOUT = httpx.Timeout(READ_TIMEOUT_SECONDS, connect=CONNECT_TIMEOUT_SECONDS)
-# A whole pull: this long, plus the export's bytes at the slowest rate a pool's network should give (100 MB/s,
-# a tenth of 10 GbE): a 4 GiB session gets 53 s. A holder slower than that counts as stalled; the puller reads
-# the shared tier's copy instead.
-TRANSFER_BASE_SECONDS = 10.0
-TRANSFER_MIN_BYTES_PER_SECOND = 100e6
 # Tests only (ARDIFF_TEST_TRANSFER_STALL_SECONDS): bytes sent before the stall (the export's header).
 STALL_AFTER_BYTES = 4096
 # How often a pod holding sessions for a transfer looks for their new pods, and how long an offer may take.
@@ -85,23 +75,6 @@ OFFER_TIMEOUT = httpx.Timeout(2.0)
 HANDOFF_PLACEMENT_SECONDS = 5.0
 
 
-def transfer_deadline_seconds(size: int) -> float:
-    """How long a pull of an export of `size` bytes may take, end to end."""
-    return TRANSFER_BASE_SECONDS + size / TRANSFER_MIN_BYTES_PER_SECOND
-
-
-@dataclass(frozen=True)
-class TransferResult:
-    """What a finished transfer moved: its bytes and wall time (both sides record them)."""
-
-    bytes: int
-    seconds: float
-
-    @property
-    def bytes_per_second(self) -> float:
-        return self.bytes / self.seconds if self.seconds > 0 else 0.0
-
-
 def transfer_url(endpoint: str, session_id: str) -> str:
     return endpoint.rstrip("/") + TRANSFER_PATH.format(session_id=session_id)
 
@@ -110,62 +83,9 @@ def kept_url(endpoint: str, session_id: str, chunk: int) -> str:
     return endpoint.rstrip("/") + KEPT_PATH.format(session_id=session_id, chunk=chunk)
 
 
-def peer_verify(ca_file: str | None) -> ssl.SSLContext | bool:
-    """How this worker verifies the pool's other pods over https: against the pool's CA (`tls_ca_file`; the
-    Secret of a pool's TLS may carry none, when a public CA signed its certificate), else the system's CAs."""
-    if ca_file is None or not Path(ca_file).exists():
-        return True
-    return ssl.create_default_context(cafile=ca_file)
-
-
-async def download(
-    client: httpx.AsyncClient, url: str, token: str, *, size: int
-) -> tuple[tuple[bytes, ...], TransferResult]:
-    """GET an export (`transfer_url`, `kept_url`) from the pod holding it into memory: at most `size` bytes
-    (what the store recorded for it), within `transfer_deadline_seconds(size)`. `TransferFailed` when the
-    holder cannot be reached, refuses, sends more, or is not done in time; a body cut off short is
-    `export_corrupt` at the import (the digest does not hold)."""
-    deadline = transfer_deadline_seconds(size)
-    started = time.perf_counter()
-    pieces: list[bytes] = []
-    received, answered = 0, False
-    try:
-        async with asyncio.timeout(deadline):
-            async with client.stream("GET", url, headers={"authorization": f"Bearer {token}"}) as response:
-                answered = True
-                if response.status_code != 200:
-                    await response.aread()
-                    raise TransferFailed(f"{url} answered {response.status_code}: {_error_text(response)}")
-                async for piece in response.aiter_raw():
-                    received += len(piece)
-                    if received > size:
-                        raise TransferFailed(f"{url} sent more than the {size} bytes of the export")
-                    pieces.append(piece)
-    except TimeoutError:
-        raise TransferFailed(
-            f"{url}: not done within {deadline:.0f} s ({received} of {size} bytes)"
-        ) from None
-    except httpx.HTTPError as exc:
-        if not answered:
-            raise TransferFailed(f"{url}: {type(exc).__name__}: {exc}") from None
-        raise ExportCorrupt(
-            f"the direct transfer was cut off after {received} bytes ({type(exc).__name__}: {exc})"
-        ) from None
-    return tuple(pieces), TransferResult(received, time.perf_counter() - started)
-
-
-async def iter_pieces(pieces: tuple[bytes, ...]) -> AsyncIterator[bytes]:
+async def iter_pieces(pieces: tuple[memoryview, ...]) -> AsyncIterator[memoryview]:
     for piece in pieces:
         yield piece
-
-
-def _error_text(response: httpx.Response) -> str:
-    """The envelope's code and message, else the start of the body."""
-    try:
-        error = response.json()["error"]
-        return f"{error['code']}: {error['message']}"
-    except (ValueError, KeyError, TypeError):
-        return response.text[:200]
 
 
 def check_pool_token(token: str | None, authorization: str | None) -> None:
@@ -211,17 +131,15 @@ class Transfer:
         self._sending: dict[str, float] = {}
         self._offering: asyncio.Task[None] | None = None  # `_offer_held`, while sessions are held
         self._prefetching: dict[str, asyncio.Task[None]] = {}  # pulls offered by the holder, under way
-        self._pull_client: httpx.AsyncClient | None = None  # made at the first pull
+        self._peer_context: ssl.SSLContext | None = None  # made at the first pull or offer
 
-    def _peer_client(self, timeout: httpx.Timeout) -> httpx.AsyncClient:
-        """A client for the pool's other pods, the pulls' (one per worker, reused: making an httpx client
-        builds an SSL context, ~0.2 s, too slow per pull) and each round of offers'; over https they verify
-        the pool's CA."""
-        return httpx.AsyncClient(timeout=timeout, verify=peer_verify(self.settings.tls_ca_file))
-
-    async def close(self) -> None:
-        if self._pull_client is not None:
-            await self._pull_client.aclose()
+    @property
+    def peer_context(self) -> ssl.SSLContext:
+        """How the pulls and offers verify the pool's other pods over https (made once: building an SSL
+        context takes ~0.2 s, too slow per pull)."""
+        if self._peer_context is None:
+            self._peer_context = peer_ssl_context(self.settings.tls_ca_file)
+        return self._peer_context
 
     # ---------------------------------------------------------------- the holder
 
@@ -239,7 +157,7 @@ class Transfer:
         it now (`POST …/prefetch`) rather than at its first tick, so the move does not wait for the client
         and this pod, which is usually going, need not wait either."""
         offered: set[tuple[str, str]] = set()
-        async with self._peer_client(OFFER_TIMEOUT) as client:
+        async with httpx.AsyncClient(timeout=OFFER_TIMEOUT, verify=self.peer_context) as client:
             while self.held:
                 try:
                     bindings = await self.sessions.placement.bindings(list(self.held))
@@ -324,7 +242,7 @@ class Transfer:
         while time.monotonic() < deadline and await self._copy_still_needed(copy):  # noqa: ASYNC110 (the store)
             await asyncio.sleep(OFFER_POLL_SECONDS)
 
-    def send(self, session_id: str, held: HeldForTransfer | HostCopy) -> AsyncIterator[bytes]:
+    def send(self, session_id: str, held: HeldForTransfer | HostCopy) -> AsyncIterator[memoryview]:
         """The session's export, the HTTP body of a pull: a host-tier copy as it lies in memory (kept), a held
         session's written into memory first and released (the puller has it, or reads the shared tier's
         copy). No forward lock is held while the body goes out."""
@@ -332,12 +250,12 @@ class Transfer:
             return self._send_copy(held)
         return self._send_held(session_id, held)
 
-    async def _send_copy(self, copy: HostCopy) -> AsyncIterator[bytes]:
+    async def _send_copy(self, copy: HostCopy) -> AsyncIterator[memoryview]:
         async for piece in self._send_pieces(copy.session_id, copy.pieces):
             yield piece
         self._tasks.spawn(self._drop_copy_once_resumed(copy), f"sent-{copy.session_id}")
 
-    async def _send_held(self, session_id: str, held: HeldForTransfer) -> AsyncIterator[bytes]:
+    async def _send_held(self, session_id: str, held: HeldForTransfer) -> AsyncIterator[memoryview]:
         runtime = self.sessions.forward.runtime
         assert runtime is not None
         collector = PieceCollector(sys.maxsize)
@@ -355,7 +273,7 @@ class Transfer:
         async for piece in self._send_pieces(session_id, collector.finish()):
             yield piece
 
-    def send_kept(self, session_id: str, chunk: int, authorization: str | None) -> AsyncIterator[bytes]:
+    def send_kept(self, session_id: str, chunk: int, authorization: str | None) -> AsyncIterator[memoryview]:
         """The body of a pull of the session's kept chunk `chunk` (a fork placed on another pod, issue 26),
         for the pool's transfer token: its pieces as they lie in memory, kept (a fork consumes nothing)."""
         check_pool_token(self.settings.transfer_token, authorization)
@@ -369,7 +287,9 @@ class Transfer:
         log.info("sending kept chunk %d of session %s: %d bytes", chunk, session_id, copy.size)
         return iter_pieces(copy.pieces)
 
-    async def _send_pieces(self, session_id: str, pieces: tuple[bytes, ...]) -> AsyncIterator[bytes]:
+    async def _send_pieces(
+        self, session_id: str, pieces: tuple[memoryview, ...]
+    ) -> AsyncIterator[memoryview]:
         """Send an export's pieces, counted. The test fault (`ARDIFF_TEST_TRANSFER_STALL_SECONDS`) stops after
         the first `STALL_AFTER_BYTES` for that long: a holder that dies, or stalls, mid-transfer."""
         stall = self.settings.test_transfer_stall_seconds if self.settings.test_faults else 0.0
@@ -378,7 +298,7 @@ class Transfer:
         result = "failed"
         self.metrics.transfers_in_progress.labels("out").inc()
         try:
-            for piece in pieces:
+            async for piece in iter_pieces(pieces):
                 if stall and sent == 0 and len(piece) > STALL_AFTER_BYTES:
                     yield piece[:STALL_AFTER_BYTES]
                     sent, piece = STALL_AFTER_BYTES, piece[STALL_AFTER_BYTES:]
@@ -534,11 +454,9 @@ class Transfer:
         try:
             if not size:
                 raise TransferFailed("the store records no size for the export: nothing bounds the pull")
-            if self._pull_client is None:
-                self._pull_client = self._peer_client(PULL_TIMEOUT)
-            pieces, result = await download(self._pull_client, url, token, size=size)
+            body, result = await download(url, token, size=size, context=self.peer_context)
             book = await self.sessions.import_(
-                runtime.import_session, BodyReader(iter(pieces)), as_session=as_session
+                runtime.import_session, BodyReader(iter((body,))), as_session=as_session
             )
         except (ExportNoCapacity, ExportIdentityMismatch):
             raise  # this worker refuses the session: no other copy would do, and the holder's stays

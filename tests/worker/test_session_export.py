@@ -272,3 +272,40 @@ def test_a_reader_allocates_what_arrives_not_what_is_declared() -> None:
     finally:
         tracemalloc.stop()
     assert peak < 8 << 20
+
+
+def test_a_download_s_tensors_are_views_of_its_buffer_and_a_kept_tensor_owns_its_memory() -> None:
+    """A pulled export lies in one writable buffer (worker/export_download.py): the reader yields its tensors
+    as views of it (no copy) and still checks the digest; `session_tensors.tensor` copies such a view (a
+    tensor the session keeps must not hold the whole buffer), `staged` (KV pages, copied into the pool) does
+    not. Pieces that split a tensor, or read-only bytes, are copied into its own buffer, as before."""
+    import torch
+
+    from ardiff.worker.pieces import BodyReader, PieceCollector
+    from ardiff.worker.session_tensors import staged, tensor
+
+    values = np.arange(3 << 18, dtype=np.float32)  # 3 MiB: across three pieces of the collector
+    book = SessionBook("s")
+    collector = PieceCollector(1 << 30)
+    parts = [TensorPart("kv/0", "F32", values.shape, values.tobytes)]
+    write_export(collector, session_id="s", identity={}, book=book, state={}, tensors=parts)
+    pieces = collector.finish()
+    buffer = bytearray(b"".join(pieces))
+
+    (read,) = ExportReader(BodyReader(iter((memoryview(buffer),)))).tensors(lambda *_: None)
+    assert isinstance(read.data, memoryview)
+    assert read.data.obj is buffer
+    kept, page = tensor(read), staged(read)
+    np.testing.assert_array_equal(kept.numpy(), values)
+    assert page.data_ptr() == torch.frombuffer(read.data, dtype=torch.uint8).data_ptr()
+    assert kept.data_ptr() != page.data_ptr()
+
+    (split,) = ExportReader(BodyReader(iter(pieces))).tensors(lambda *_: None)
+    assert isinstance(split.data, bytearray)
+    np.testing.assert_array_equal(tensor(split).numpy(), values)
+    (readonly,) = ExportReader(BodyReader(iter((bytes(buffer),)))).tensors(lambda *_: None)
+    assert isinstance(readonly.data, bytearray)
+
+    buffer[len(buffer) // 2] ^= 1  # a view is still only trusted once the digest held
+    with pytest.raises(ExportCorrupt, match="checksum mismatch"):
+        list(ExportReader(BodyReader(iter((memoryview(buffer),)))).tensors(lambda *_: None))

@@ -17,7 +17,7 @@ from ardiff.devcluster.redis_server import RedisServer
 from ardiff.kv.connection import SOCKET_TIMEOUT_SECONDS
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
-from ardiff.worker.transfer import transfer_deadline_seconds
+from ardiff.worker.export_download import transfer_deadline_seconds
 from tests.worker.conftest import launch_fake_pod, suspend_and_wait
 from tests.worker.test_continuity import frames_of
 from tests.worker.test_http_contract import error_of
