@@ -28,8 +28,8 @@ is bounded; the Lost and Replaced Events are checked after each kill.
 
     .venv/bin/python benchmarks/e2e.py [--ticks 40] [--warmup 3] [--kills 3] [--store-crashes 3] [--smoke]
 
-`--smoke`: 3 measured ticks per path after one warm-up, one kill, one Redis crash per variant (the test's
-run, tests/e2e/test_e2e_benchmark.py).
+`--smoke`: 3 measured ticks per path after one warm-up, one kill, one Redis crash per variant. The suite does
+not run it (a dev cluster of its own, minutes: past the CI time issue 42 gave the benchmarks' smoke runs).
 """
 
 from __future__ import annotations
@@ -316,7 +316,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--store-crashes", type=int, default=3, help="Redis crashes per variant")
-    parser.add_argument("--smoke", action="store_true", help="3 ticks, one kill, one crash (the test's run)")
+    parser.add_argument("--smoke", action="store_true", help="3 ticks, one kill, one crash")
     args = parser.parse_args()
     if args.smoke:
         args.ticks, args.warmup, args.kills, args.store_crashes = 3, 1, 1, 1
