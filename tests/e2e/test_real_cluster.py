@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from ardiff import client
-from ardiff.devcluster.cluster import DevCluster
+from ardiff.devcluster.cluster import DevCluster, pod_pid
 from ardiff.devcluster.faults import FaultInjector
 from ardiff.devcluster.history import History
 from ardiff.devcluster.network import short_pod_id
@@ -383,6 +383,92 @@ def test_a_worker_cut_off_from_redis_past_its_lease_loses_its_session_to_another
         (a.status, a.code) for a in history.answers if a.served_by == old_incarnation and a.sent >= cut_at
     }
     assert (503, "not_ready") in by_old
+    assert {a.served_by for a in history.answers if a.status == 200} == {
+        old_incarnation,
+        ServedBy(status["pod"], status["podEpoch"]),
+    }
+
+
+def test_a_worker_paused_past_its_lease_answers_nothing_of_its_old_incarnation_when_it_wakes(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """A pause, not a partition (issue 40: a stalled node, a long GC): the worker's process stops (SIGSTOP)
+    and everything it would do waits — its heartbeat, its answers. A tick sent to it meanwhile waits in its
+    socket. Its lease lapses, the operator places the session again on the other pod from its snapshot and the
+    session ticks on there. Resumed (SIGCONT), the worker answers the tick that waited with 421 (the store
+    names the new pod) or, fenced by its first heartbeat, refuses it or hangs up — never a chunk of its old
+    incarnation; its kubelet starts it again as a new epoch holding none of the session."""
+    wait_until(lambda: len(stack.ready_pods()) == 2, timeout=WORKER_START_TIMEOUT, what="both workers Ready")
+    name = stack.session("paused", seed=43)
+    before = ready(stack, name)
+    paused_pod = before["pod"]
+    restarts = stack.restart_count(paused_pod)
+    pid = pod_pid(stack.pods()[paused_pod])
+    assert pid is not None
+    faults = FaultInjector(tmp_path / "faults.jsonl")
+    history = History()
+    with stack.connect(name) as session:
+        session.http.event_hooks["response"].append(history.record)
+        for _ in range(3):
+            session.tick([client.hold("w")])
+    old_incarnation = ServedBy(paused_pod, before["podEpoch"])
+    at_old_pod = f"{session.endpoint}/v1/sessions/{name}/ticks"
+    headers = {"Authorization": f"Bearer {session.token}"}
+    answers: list[httpx.Response | httpx.TransportError] = []
+    with httpx.Client(
+        headers=headers, timeout=WORKER_START_TIMEOUT, event_hooks={"response": [history.record]}
+    ) as old:
+
+        def tick_old_pod() -> None:
+            chunk = session.next_chunk_index
+            body = {"request_id": f"old-{chunk}", "chunk_index": chunk, "controls": [client.hold("w")]}
+            try:
+                answers.append(old.post(at_old_pod, json=body))
+            except httpx.TransportError as exc:  # woken, fenced and gone before it answered
+                answers.append(exc)
+
+        waiting = threading.Thread(target=tick_old_pod, daemon=True)
+        with faults.paused(pid, f"pod {paused_pod}"):
+            paused_at = time.monotonic()
+            waiting.start()  # sent to the stopped process: it waits in the socket
+
+            def placed_again() -> dict[str, Any] | None:
+                status = stack.sessions.status(name)
+                moved = status.get("phase") == "Ready" and status.get("podEpoch") != before["podEpoch"]
+                return status if moved else None
+
+            # Woken as soon as that happened: past ~25 s its kubelet's liveness probe would restart it.
+            status = wait_until(placed_again, timeout=WORKER_START_TIMEOUT, what="the session placed again")
+            print(f"pause -> placed again and Ready: {time.monotonic() - paused_at:.1f}s")
+            assert answers == []  # the paused worker answered nothing
+        assert status["pod"] != paused_pod
+        assert status["resetRequired"] is False  # from its snapshot
+        waiting.join(timeout=60)
+        (woken,) = answers
+        # Sent on to the session's new pod (421), or refused as the fenced worker stops: never a chunk.
+        if isinstance(woken, httpx.Response):
+            assert woken.status_code in (421, 503), woken.text
+            assert woken.json()["error"]["code"] in ("misdirected", "not_ready", "placement_recovering"), (
+                woken.text
+            )
+        with stack.connect(name) as moved:
+            moved.http.event_hooks["response"].append(history.record)
+            assert moved.endpoint != session.endpoint
+            assert_frames(moved.tick([client.hold("w")]), moved.next_chunk_index - 1)
+
+        def incarnation() -> int | None:
+            pods = {p.name: p for p in stack.placement(lambda store: store.list_pods(stack.pool_id))}
+            record = pods.get(paused_pod)
+            return record.epoch if record is not None and record.epoch > before["podEpoch"] else None
+
+        wait_until(incarnation, timeout=WORKER_START_TIMEOUT, what="the paused pod back as a new incarnation")
+        wait_until(lambda: paused_pod in stack.ready_pods(), timeout=WORKER_START_TIMEOUT, what="it Ready")
+        assert stack.restart_count(paused_pod) == restarts + 1
+        assert name not in {s["session_id"] for s in stack.worker(paused_pod)["sessions"]}
+    (fault,) = faults.faults
+    assert fault.kind == "pause"
+    assert_consistent(stack, [name])
+    assert history.violations(stale={old_incarnation: paused_at}) == []
     assert {a.served_by for a in history.answers if a.status == 200} == {
         old_incarnation,
         ServedBy(status["pod"], status["podEpoch"]),
