@@ -1,5 +1,6 @@
 """End to end on the dev cluster: tick latency through the Python client against the worker alone, and the
-time from `kill -9` of a worker to its session being Ready again elsewhere.
+time from a fault of a worker's pod (`kill -9`, a pause, a partition from Redis) to its session's status
+changing and to the session Ready again elsewhere.
 
 One dev cluster (the real control plane, the process kubelet's two nodes, real Redis, the real operator) with
 a pool of two real workers (worker Pods from the worker image: tiny LingBot-World, 64x64, CPU, one torch
@@ -19,22 +20,27 @@ window from the restart to each session's first 200 (request sent after the rest
 every answer in the window must be a retryable 503 (`placement_recovering`, `not_ready`): any other aborts
 the run.
 
-Recovery, repeated `--kills` times: two sessions, one per pod; `kill -9` of one pod's worker process (its
-pid from the Pod's `containerID`, as `kill -9` on its node);
-timed until (1) the session is Ready again with `resetRequired` on a live pod (the other one, which has a free
-slot: the operator sees the dead container, marks the session Lost and places it again in the same round),
-(2) its first tick after `reset()` returned frames, (3) the killed pod's restarted worker is Ready. Every wait
-is bounded; the Lost and Replaced Events are checked after each kill.
+Recovery (issue 40: the window under each fault), `--faults` rounds of each kind in turn: two sessions, one
+per pod, each ticked; then one pod's worker (its pid from the Pod's `containerID`, as on its node) is killed
+(`kill -9`), paused (SIGSTOP until the session is bound again) or cut from Redis (iptables in its network
+namespace, until then too) — `ardiff.devcluster.faults`. Timed from the fault, the session's status polled
+every 20 ms from outside: (1) its first change (phase no longer Ready, or its binding moved), (2) Ready again
+with `resetRequired` on a live pod (the operator marks it Lost and places it again: at once for a dead
+container, once the lease lapsed for a pause or a partition), (3) its first tick after `reset()` returned
+frames, (4) the faulted pod's worker Ready again (restarted; a woken or healed worker is fenced and restarts).
+Every wait is bounded; the Lost and Replaced Events are checked after each fault.
 
-    .venv/bin/python benchmarks/e2e.py [--ticks 40] [--warmup 3] [--kills 3] [--store-crashes 3] [--smoke]
+    .venv/bin/python benchmarks/e2e.py [--ticks 40] [--warmup 3] [--faults 3] [--store-crashes 3] [--smoke]
 
-`--smoke`: 3 measured ticks per path after one warm-up, one kill, one Redis crash per variant. The suite does
-not run it (a dev cluster of its own, minutes: past the CI time issue 42 gave the benchmarks' smoke runs).
+`--smoke`: 3 measured ticks per path after one warm-up, one fault of each kind, one Redis crash per variant.
+The suite does not run it (a dev cluster of its own, minutes: past the CI time issue 42 gave the benchmarks'
+smoke runs).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import signal
@@ -42,6 +48,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,6 +57,8 @@ import yaml
 
 from ardiff.client import CAMERA_TOUR, ResetRequired, hold, parse_server_timing
 from ardiff.devcluster.cluster import BENCHMARK_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster, pod_pid, tiny_pool
+from ardiff.devcluster.faults import FaultInjector
+from ardiff.devcluster.network import short_pod_id
 from ardiff.devcluster.tick_recorder import TickRecorder
 from ardiff.devcluster.waiting import condition_true, wait_until
 
@@ -59,6 +68,8 @@ POOL = tiny_pool("world", min_replicas=2, max_replicas=2, scale_down_delay_secon
 START_TIMEOUT = 600.0  # the first two workers: imports and model load on a loaded machine
 RESTART_TIMEOUT = 180.0  # one worker process started again
 RECOVERY_TIMEOUT = 30.0  # the operator notices a dead pod within a reconcile round or two
+FAULT_TIMEOUT = 60.0  # a pause or a partition is noticed when the worker's lease (10 s) lapses
+FAULT_KINDS = ("kill", "pause", "partition")
 RETRYABLE = {(503, "placement_recovering"), (503, "not_ready")}
 
 
@@ -79,14 +90,6 @@ def live_pods(cluster: DevCluster) -> dict[str, dict[str, Any]]:
 
 def ready_pods(cluster: DevCluster) -> set[str]:
     return {name for name, p in live_pods(cluster).items() if condition_true(p, "Ready")}
-
-
-def kill_worker(cluster: DevCluster, pod: str) -> None:
-    """`kill -9` of the Pod's worker process, as on its node."""
-    pid = pod_pid(live_pods(cluster)[pod])
-    if pid is None:
-        raise RuntimeError(f"pod {pod} has no running container")
-    os.kill(pid, signal.SIGKILL)
 
 
 def measure_ticks(cluster: DevCluster, ticks: int, warmup: int) -> dict[str, list[tuple[float, float]]]:
@@ -121,37 +124,69 @@ def measure_ticks(cluster: DevCluster, ticks: int, warmup: int) -> dict[str, lis
     return paths
 
 
-def measure_kill(cluster: DevCluster, round_: int) -> dict[str, float]:
-    """One kill: seconds from `kill -9` to the session Ready again on a live pod with `resetRequired` (the
-    operator marks it Lost and places it again in the same round), to its first tick after `reset()`, and to
-    the killed pod's restarted worker Ready. Lost may show in the status for a few ms only, too short for a
-    poll: the wait is for the new binding (pod or epoch changed), which stays, and Lost is checked in the
-    session's Events."""
+@contextlib.contextmanager
+def injected(cluster: DevCluster, faults: FaultInjector, kind: str, pod: str) -> Iterator[None]:
+    """Fault `kind` on a worker Pod while the block runs: `kill` (-9 of its process, as on its node; nothing
+    to end), `pause` (SIGSTOP, SIGCONT after) or `partition` (its network namespace loses Redis)."""
+    found = live_pods(cluster)[pod]
+    pid = pod_pid(found)
+    if pid is None:
+        raise RuntimeError(f"pod {pod} has no running container")
+    if kind == "kill":
+        faults.kill(pid, f"pod {pod}")
+        yield
+    elif kind == "pause":
+        with faults.paused(pid, f"pod {pod}"):
+            yield
+    else:
+        network, redis = cluster.network, cluster.redis
+        assert network is not None
+        assert redis is not None
+        namespace = network.pod_namespace(short_pod_id(found["metadata"]["uid"]))
+        with faults.partition(namespace, network.host_ip, redis.port):
+            yield
+
+
+def measure_fault(cluster: DevCluster, faults: FaultInjector, kind: str, round_: int) -> dict[str, float]:
+    """One fault on the pod of a session that has just ticked: seconds from the fault to the session's first
+    status change (its phase no longer Ready, or its binding moved: polled every 20 ms from outside), to Ready
+    again on a live pod with `resetRequired` (the operator marks it Lost and places it again: at once for a
+    dead container, after the lease for a pause or a partition), to its first tick after `reset()`, and to the
+    faulted pod's worker Ready again (restarted, or woken or healed, then fenced and restarted). A pause or a
+    partition ends as soon as the session is bound again (past ~25 s the kubelet's liveness probe would
+    restart a paused worker). Lost may show for a few ms only: it is checked in the session's Events."""
     sessions = cluster.sessions()
     wait_until(
         lambda: len(ready_pods(cluster)) == 2, timeout=RESTART_TIMEOUT, what="two ready pods", poll=0.5
     )
-    victim, survivor = f"victim-{round_}", f"survivor-{round_}"
+    victim, survivor = f"{kind}-victim-{round_}", f"{kind}-survivor-{round_}"
     for name in (victim, survivor):
         sessions.create(name, pool="world", prompt="recovery")
     before = sessions.wait_ready(victim, timeout=RESTART_TIMEOUT)
-    killed = before["pod"]
-    if sessions.wait_ready(survivor, timeout=RESTART_TIMEOUT)["pod"] == killed:
+    faulted = before["pod"]
+    if sessions.wait_ready(survivor, timeout=RESTART_TIMEOUT)["pod"] == faulted:
         raise RuntimeError("least-loaded placement put both sessions on one pod")
     for name in (victim, survivor):
         with sessions.connect(name) as session:
             session.tick([hold("w")])
+    binding = (faulted, before["podEpoch"])
+    restarts = live_pods(cluster)[faulted]["status"]["containerStatuses"][0]["restartCount"]
+
+    def changed(status: dict[str, Any]) -> bool:
+        return status.get("phase") != "Ready" or (status.get("pod"), status.get("podEpoch")) != binding
 
     def bound_again(status: dict[str, Any]) -> bool:
-        moved = (status.get("pod"), status.get("podEpoch")) != (killed, before["podEpoch"])
+        moved = (status.get("pod"), status.get("podEpoch")) != binding
         return status.get("phase") == "Ready" and bool(status.get("resetRequired")) and moved
 
-    kill_worker(cluster, killed)
-    killed_at = time.monotonic()
-    sessions.wait_for(
-        victim, bound_again, timeout=RECOVERY_TIMEOUT, what="Ready again, reset required", poll=0.02
-    )
-    ready_again = time.monotonic() - killed_at
+    with injected(cluster, faults, kind, faulted):
+        started = time.monotonic()
+        sessions.wait_for(victim, changed, timeout=FAULT_TIMEOUT, what="its status changed", poll=0.02)
+        status_changed = time.monotonic() - started
+        sessions.wait_for(
+            victim, bound_again, timeout=FAULT_TIMEOUT, what="Ready again, reset required", poll=0.02
+        )
+        ready_again = time.monotonic() - started
     with sessions.connect(victim, timeout=RECOVERY_TIMEOUT) as session:
         try:
             session.tick([hold("w")])
@@ -161,31 +196,37 @@ def measure_kill(cluster: DevCluster, round_: int) -> dict[str, float]:
             raise RuntimeError(f"{victim} ticked on after losing its pod, without a reset")
         session.reset()
         session.tick([hold("w")])
-    ticked = time.monotonic() - killed_at
-    wait_until(
-        lambda: killed in ready_pods(cluster), timeout=RESTART_TIMEOUT, what="the restarted worker", poll=0.2
-    )
-    restarted = time.monotonic() - killed_at
+    ticked = time.monotonic() - started
+
+    def back() -> bool:
+        pod = live_pods(cluster).get(faulted)
+        restarted = pod is not None and pod["status"]["containerStatuses"][0]["restartCount"] > restarts
+        return restarted and faulted in ready_pods(cluster)
+
+    wait_until(back, timeout=RESTART_TIMEOUT, what="the faulted worker Ready again", poll=0.2)
+    restarted = time.monotonic() - started
     reasons = {event.reason for event in sessions.events(victim)}
     if not {"Lost", "Replaced"} <= reasons:
         raise RuntimeError(f"{victim}'s Lost/Replaced events are missing (it has {sorted(reasons)})")
     for name in (victim, survivor):
         sessions.delete(name, wait=True)
     return {
+        "status changed": status_changed,
         "Ready again, reset required": ready_again,
         "first tick after reset()": ticked,
-        "killed worker restarted": restarted,
+        "faulted worker Ready again": restarted,
     }
 
 
-def measure_recovery(cluster: DevCluster, kills: int) -> list[dict[str, float]]:
-    rounds = []
-    for round_ in range(kills):
-        rounds.append(measure_kill(cluster, round_))
-        print(
-            f"  kill {round_ + 1}: " + ", ".join(f"{k} {v:.2f}s" for k, v in rounds[-1].items()), flush=True
-        )
-    return rounds
+def measure_recovery(cluster: DevCluster, rounds: int, workdir: Path) -> dict[str, list[dict[str, float]]]:
+    faults = FaultInjector(workdir / "faults.jsonl")
+    results: dict[str, list[dict[str, float]]] = {kind: [] for kind in FAULT_KINDS}
+    for round_ in range(rounds):
+        for kind in FAULT_KINDS:
+            results[kind].append(measure_fault(cluster, faults, kind, round_))
+            measured = ", ".join(f"{k} {v:.2f}s" for k, v in results[kind][-1].items())
+            print(f"  {kind} {round_ + 1}: {measured}", flush=True)
+    return results
 
 
 def measure_store_crash(cluster: DevCluster, round_: int, *, with_operator: bool) -> list[dict[str, float]]:
@@ -300,26 +341,31 @@ def print_ticks(paths: dict[str, list[tuple[float, float]]]) -> None:
     )
 
 
-def print_recovery(rounds: list[dict[str, float]]) -> None:
-    print(f"\nkill -9 of a worker -> recovery, {len(rounds)} kills (seconds after the kill)")
-    header = f"{'event':<30} {'min':>6} {'median':>7} {'max':>6}"
+def print_recovery(results: dict[str, list[dict[str, float]]]) -> None:
+    rounds = len(next(iter(results.values())))
+    print(f"\na fault on a worker's pod -> recovery, {rounds} of each kind (seconds after the fault)")
+    header = f"{'fault':<10} {'event':<30} {'min':>6} {'median':>7} {'p99':>6} {'max':>6}"
     print(header)
     print("-" * len(header))
-    for event in rounds[0]:
-        values = [r[event] for r in rounds]
-        print(f"{event:<30} {min(values):6.2f} {statistics.median(values):7.2f} {max(values):6.2f}")
+    for kind, samples in results.items():
+        for event in samples[0]:
+            values = [sample[event] for sample in samples]
+            print(
+                f"{kind:<10} {event:<30} {min(values):6.2f} {statistics.median(values):7.2f} "
+                f"{percentile(values, 0.99):6.2f} {max(values):6.2f}"
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ticks", type=int, default=40, help="measured ticks per path")
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--faults", type=int, default=3, help="rounds of each fault: kill, pause, partition")
     parser.add_argument("--store-crashes", type=int, default=3, help="Redis crashes per variant")
-    parser.add_argument("--smoke", action="store_true", help="3 ticks, one kill, one crash")
+    parser.add_argument("--smoke", action="store_true", help="3 ticks, one fault of each kind, one crash")
     args = parser.parse_args()
     if args.smoke:
-        args.ticks, args.warmup, args.kills, args.store_crashes = 3, 1, 1, 1
+        args.ticks, args.warmup, args.faults, args.store_crashes = 3, 1, 1, 1
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     workdir = Path(tempfile.mkdtemp(prefix="ardiff-bench-e2e-"))
     cluster = DevCluster(
@@ -335,7 +381,7 @@ def main() -> None:
             lambda: len(ready_pods(cluster)) == 2, timeout=START_TIMEOUT, what="two ready pods", poll=0.5
         )
         print_ticks(measure_ticks(cluster, args.ticks, args.warmup))
-        print_recovery(measure_recovery(cluster, args.kills))
+        print_recovery(measure_recovery(cluster, args.faults, workdir))
         print_store_recovery(measure_store_recovery(cluster, args.store_crashes))
     print(f"loadavg at end {os.getloadavg()[0]:.1f}")
 
