@@ -84,6 +84,37 @@ def assert_consistent(stack: Stack, names: list[str]) -> None:
     assert sum(p.used for p in pods.values()) == len(names)
 
 
+def placed_again(stack: Stack, name: str, epoch: int) -> dict[str, Any]:
+    """Wait for the session Ready on another incarnation than `epoch`'s; its status."""
+
+    def moved() -> dict[str, Any] | None:
+        status = stack.sessions.status(name)
+        return status if status.get("phase") == "Ready" and status.get("podEpoch") != epoch else None
+
+    return wait_until(moved, timeout=WORKER_START_TIMEOUT, what=f"{name} placed again")
+
+
+def ticked_into(history: History, stack: Stack, name: str) -> client.SessionClient:
+    """A client of the session (closed after) that ticked it three times, every answer recorded in `history`;
+    its endpoint, token and next chunk index."""
+    with stack.connect(name) as session:
+        session.http.event_hooks["response"].append(history.record)
+        for _ in range(3):
+            session.tick([client.hold("w")])
+    return session
+
+
+def back_as_new_incarnation(stack: Stack, pod: str, epoch: int) -> None:
+    """Wait for `pod` registered again with a later epoch than `epoch` (fenced or killed, then restarted)."""
+
+    def incarnation() -> int | None:
+        pods = {p.name: p for p in stack.placement(lambda store: store.list_pods(stack.pool_id))}
+        record = pods.get(pod)
+        return record.epoch if record is not None and record.epoch > epoch else None
+
+    wait_until(incarnation, timeout=WORKER_START_TIMEOUT, what=f"{pod} back as a new incarnation")
+
+
 def test_apply_ready_and_ticks_return_frames(stack: Stack, tmp_path: Path) -> None:
     session = {
         "apiVersion": "ardiffusion.dev/v1alpha1",
@@ -263,12 +294,7 @@ def test_killing_a_worker_mid_session_resumes_its_session_from_a_snapshot_bit_id
         assert [type(f) for f in failures] == [client.WorkerUnreachable]
         reached = doomed_client.next_chunk_index
 
-        def replaced() -> dict[str, Any] | None:
-            status = stack.sessions.status(doomed)
-            placed_again = status.get("phase") == "Ready" and status.get("podEpoch") != before["podEpoch"]
-            return status if placed_again else None
-
-        status = wait_until(replaced, timeout=WORKER_START_TIMEOUT, what="the lost session placed again")
+        status = placed_again(stack, doomed, before["podEpoch"])
         print(f"kill -9 -> placed again and Ready: {time.monotonic() - killed_at:.1f}s")
         assert status["pod"] == killed_pod  # the only free slot: the restarted worker's, with a new epoch
         assert status["resetRequired"] is False  # it has a snapshot
@@ -315,10 +341,7 @@ def test_a_worker_cut_off_from_redis_past_its_lease_loses_its_session_to_another
     namespace = network.pod_namespace(short_pod_id(stack.pods()[cut_pod]["metadata"]["uid"]))
     faults = FaultInjector(tmp_path / "faults.jsonl")
     history = History()  # every answer of the session's routes, checked at the end
-    with stack.connect(name) as session:
-        session.http.event_hooks["response"].append(history.record)
-        for _ in range(3):
-            session.tick([client.hold("w")])
+    session = ticked_into(history, stack, name)
     old_incarnation = ServedBy(cut_pod, before["podEpoch"])
     at_old_pod = f"{session.endpoint}/v1/sessions/{name}/ticks"
     headers = {"Authorization": f"Bearer {session.token}"}
@@ -332,13 +355,7 @@ def test_a_worker_cut_off_from_redis_past_its_lease_loses_its_session_to_another
         with faults.partition(namespace, network.host_ip, stack.redis.port):
             cut_at = time.monotonic()
             assert tick_old_pod().status_code == 503  # its placement cannot be checked: never a 200
-
-            def placed_again() -> dict[str, Any] | None:
-                status = stack.sessions.status(name)
-                moved = status.get("phase") == "Ready" and status.get("podEpoch") != before["podEpoch"]
-                return status if moved else None
-
-            status = wait_until(placed_again, timeout=WORKER_START_TIMEOUT, what="the session placed again")
+            status = placed_again(stack, name, before["podEpoch"])
             assert status["pod"] != cut_pod  # its pod is cut off: the other one took it
             assert status["resetRequired"] is False  # from its snapshot
             assert tick_old_pod().status_code == 503
@@ -360,15 +377,8 @@ def test_a_worker_cut_off_from_redis_past_its_lease_loses_its_session_to_another
         healed = wait_until(answered, timeout=WORKER_START_TIMEOUT, what="the healed pod answering")
         assert healed.status_code == 421, healed.text  # sent on to the session's pod
 
-        def incarnation() -> int | None:
-            pods = {p.name: p for p in stack.placement(lambda store: store.list_pods(stack.pool_id))}
-            record = pods.get(cut_pod)
-            return record.epoch if record is not None and record.epoch > before["podEpoch"] else None
-
         # Its next heartbeat is fenced: the worker stops and its kubelet starts it again, as a new epoch.
-        wait_until(
-            incarnation, timeout=WORKER_START_TIMEOUT, what="the cut-off pod back as a new incarnation"
-        )
+        back_as_new_incarnation(stack, cut_pod, before["podEpoch"])
         wait_until(lambda: cut_pod in stack.ready_pods(), timeout=WORKER_START_TIMEOUT, what="it Ready")
         assert stack.restart_count(cut_pod) == restarts + 1
         assert name not in {s["session_id"] for s in stack.worker(cut_pod)["sessions"]}
@@ -407,10 +417,7 @@ def test_a_worker_paused_past_its_lease_answers_nothing_of_its_old_incarnation_w
     assert pid is not None
     faults = FaultInjector(tmp_path / "faults.jsonl")
     history = History()
-    with stack.connect(name) as session:
-        session.http.event_hooks["response"].append(history.record)
-        for _ in range(3):
-            session.tick([client.hold("w")])
+    session = ticked_into(history, stack, name)
     old_incarnation = ServedBy(paused_pod, before["podEpoch"])
     at_old_pod = f"{session.endpoint}/v1/sessions/{name}/ticks"
     headers = {"Authorization": f"Bearer {session.token}"}
@@ -431,14 +438,8 @@ def test_a_worker_paused_past_its_lease_answers_nothing_of_its_old_incarnation_w
         with faults.paused(pid, f"pod {paused_pod}"):
             paused_at = time.monotonic()
             waiting.start()  # sent to the stopped process: it waits in the socket
-
-            def placed_again() -> dict[str, Any] | None:
-                status = stack.sessions.status(name)
-                moved = status.get("phase") == "Ready" and status.get("podEpoch") != before["podEpoch"]
-                return status if moved else None
-
             # Woken as soon as that happened: past ~25 s its kubelet's liveness probe would restart it.
-            status = wait_until(placed_again, timeout=WORKER_START_TIMEOUT, what="the session placed again")
+            status = placed_again(stack, name, before["podEpoch"])
             print(f"pause -> placed again and Ready: {time.monotonic() - paused_at:.1f}s")
             assert answers == []  # the paused worker answered nothing
         assert status["pod"] != paused_pod
@@ -456,12 +457,7 @@ def test_a_worker_paused_past_its_lease_answers_nothing_of_its_old_incarnation_w
             assert moved.endpoint != session.endpoint
             assert_frames(moved.tick([client.hold("w")]), moved.next_chunk_index - 1)
 
-        def incarnation() -> int | None:
-            pods = {p.name: p for p in stack.placement(lambda store: store.list_pods(stack.pool_id))}
-            record = pods.get(paused_pod)
-            return record.epoch if record is not None and record.epoch > before["podEpoch"] else None
-
-        wait_until(incarnation, timeout=WORKER_START_TIMEOUT, what="the paused pod back as a new incarnation")
+        back_as_new_incarnation(stack, paused_pod, before["podEpoch"])
         wait_until(lambda: paused_pod in stack.ready_pods(), timeout=WORKER_START_TIMEOUT, what="it Ready")
         assert stack.restart_count(paused_pod) == restarts + 1
         assert name not in {s["session_id"] for s in stack.worker(paused_pod)["sessions"]}
