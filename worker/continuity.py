@@ -157,7 +157,16 @@ class Continuity:
         kind = export_kind(location)
         seconds = time.perf_counter() - started
         note = resume_note(record, location, kind, pulled, seconds, pod=self.sessions.placement.pod)
-        await self.sessions.placement.resumed(session_id, note=json.dumps(note, sort_keys=True))
+        try:
+            await self.sessions.placement.resumed(session_id, note=json.dumps(note, sort_keys=True))
+        except placement.SessionNotHere as exc:
+            # Taken from this pod while it was imported (the pod's lease lapsed, the session was placed
+            # again): the import is not this pod's to serve. The caller retries and is sent where it is.
+            await self.sessions.release(session_id, "stale")
+            raise NotReady(f"session {session_id!r} left this pod while it was resumed here: {exc}") from None
+        except placement.PodFenced:
+            self.sessions.fence()
+            raise NotReady("this pod was fenced (a newer incarnation, or its lease was reaped)") from None
         if kind not in ("snapshot", "fork"):  # a fork never consumes its parent's kept chunk
             self.sessions.exports.forget(location)
         # The snapshot the session continues with, written here or by the pod it came from: this pod's next
