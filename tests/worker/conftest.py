@@ -31,6 +31,10 @@ import pytest
 from ardiff.devcluster.redis_server import free_port
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionRecord, SessionSpec, SessionState
+from ardiff.worker.pod_link import PodLink
+from ardiff.worker.server import load_runtime
+from ardiff.worker.service import WorkerService
+from ardiff.worker.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 CAMERA = {
@@ -316,6 +320,30 @@ def launch_fake_pod(launch_worker: LaunchWorker, redis_url: str, pool: PoolId, p
         pod_name=pod,
         **{**FAKE_POD_DEFAULTS, **settings},
     )
+
+
+async def started_in_process(redis_url: str, pool: PoolId, pod: str, **settings: Any) -> WorkerService:
+    """A fake-runtime worker of `pool` named `pod` in this process, started and ready: a real `PodLink` on the
+    shared Redis, a 0.5 s heartbeat and a 5 s lease unless `settings` say otherwise."""
+    worker_settings = WorkerSettings(
+        runtime="fake",
+        redis_url=redis_url,
+        pool=pool.name,
+        pod_name=pod,
+        **{"heartbeat_seconds": 0.5, "lease_seconds": 5, **settings},
+    )
+    worker = WorkerService(
+        worker_settings,
+        lambda: load_runtime(worker_settings),
+        placement=PodLink(PlacementStore.from_url(redis_url), worker_settings),
+    )
+    await worker.start()
+    for _ in range(200):
+        if worker.ready:
+            break
+        await asyncio.sleep(0.02)
+    assert worker.ready
+    return worker
 
 
 async def suspend_and_wait(

@@ -6,7 +6,6 @@ a 500; the import is released (or, fenced, the worker stops, as on any write the
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 import pytest
@@ -15,11 +14,7 @@ from ardiff.kv import errors as placement
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionState
 from ardiff.worker.errors import NotReady
-from ardiff.worker.pod_link import PodLink
-from ardiff.worker.server import load_runtime
-from ardiff.worker.service import WorkerService
-from ardiff.worker.settings import WorkerSettings
-from tests.worker.conftest import suspend_and_wait
+from tests.worker.conftest import started_in_process, suspend_and_wait
 
 TOKEN = "resume-token"
 AUTH = f"Bearer {TOKEN}"
@@ -32,27 +27,9 @@ def tick(chunk: int) -> dict:
 @pytest.fixture
 async def service(redis_url, tmp_path):
     pool = PoolId("default", f"wk-resume-{uuid.uuid4().hex[:6]}")
-    settings = WorkerSettings(
-        runtime="fake",
-        fake_capacity=2,
-        redis_url=redis_url,
-        pool=pool.name,
-        pod_name="resume-pod",
-        heartbeat_seconds=0.5,
-        lease_seconds=5,
-        suspend_dir=str(tmp_path),
+    worker = await started_in_process(
+        redis_url, pool, "resume-pod", fake_capacity=2, suspend_dir=str(tmp_path)
     )
-    worker = WorkerService(
-        settings,
-        lambda: load_runtime(settings),
-        placement=PodLink(PlacementStore.from_url(redis_url), settings),
-    )
-    await worker.start()
-    for _ in range(200):
-        if worker.ready:
-            break
-        await asyncio.sleep(0.02)
-    assert worker.ready
     yield worker
     await worker.stop()
 

@@ -16,10 +16,7 @@ import pytest
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
 from ardiff.worker.errors import AtCapacity, ChunkOutOfOrder, SessionClosed
-from ardiff.worker.pod_link import PodLink
-from ardiff.worker.server import load_runtime
-from ardiff.worker.service import WorkerService
-from ardiff.worker.settings import WorkerSettings
+from tests.worker.conftest import started_in_process
 
 TOKEN = "admission-token"
 AUTH = f"Bearer {TOKEN}"
@@ -32,26 +29,7 @@ def tick(chunk: int) -> dict:
 @pytest.fixture
 async def service(redis_url):
     pool = PoolId("default", f"wk-admit-{uuid.uuid4().hex[:6]}")
-    settings = WorkerSettings(
-        runtime="fake",
-        fake_capacity=1,
-        redis_url=redis_url,
-        pool=pool.name,
-        pod_name="admit-pod",
-        heartbeat_seconds=0.5,
-        lease_seconds=5,
-    )
-    worker = WorkerService(
-        settings,
-        lambda: load_runtime(settings),
-        placement=PodLink(PlacementStore.from_url(redis_url), settings),
-    )
-    await worker.start()
-    for _ in range(200):
-        if worker.ready:
-            break
-        await asyncio.sleep(0.02)
-    assert worker.ready
+    worker = await started_in_process(redis_url, pool, "admit-pod", fake_capacity=1)
     for task in worker._tasks:  # no event consumer; no heartbeat overwriting the pod record in the test
         if task.get_name() in ("events", "heartbeat"):
             task.cancel()
