@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import http.client
 import json
+import mmap
 import socket
 import ssl
 import time
@@ -134,7 +135,9 @@ class _Pull:
                 f"{self.url} declared {declared} bytes, more than the {self._size} of the export"
             )
         capacity = self._size if declared is None else declared
-        buffer = fresh_memory(capacity)
+        # A declared length is the body's: its pages are provided at once. Without one the size is only a
+        # bound (a kept chunk's is the pod's whole history budget): pages come as the bytes arrive.
+        buffer = fresh_memory(declared) if declared is not None else mmap.mmap(-1, max(capacity, 1))
         view = memoryview(buffer)
         sock = self._connection.sock
         assert sock is not None
