@@ -1,13 +1,13 @@
 """The puller's end of the pod-to-pod wire (docs/contracts.md §4 "Transfer"): one HTTP/1.1 GET of an export
 from the pod that holds it, read straight from the socket into one buffer.
 
-The body is received into one buffer of the size the store recorded for the export (`pieces.fresh_memory`:
-its pages provided at once, not touched twice as a `bytearray`'s would be) by `http.client`'s `readinto`, in a
-thread: the kernel's copy is the only copy, with no per-piece object or join on the way, so a pull costs
-about what the wire and the memory cost (issue 42 item 1: httpx's streaming spent several CPU-seconds per GB
-in its parser and buffers). The export reader then reads its tensors as views of that buffer
-(worker/pieces.py `BodyReader`). The deadline and a cancelled pull are looked at between two reads of at most
-`READ_INTO_BYTES`.
+The body is received into one buffer (`pieces.fresh_memory`: never zeroed twice as a `bytearray`'s would be;
+its pages provided at once when the holder declares the body's length, else, the store's size being only a
+bound, as the bytes arrive) by `http.client`'s `readinto`, in a thread: the kernel's copy is the only copy,
+with no per-piece object or join on the way, so a pull costs about what the wire and the memory cost (issue
+42 item 1: httpx's streaming spent several CPU-seconds per GB in its parser and buffers). The export reader
+then reads its tensors as views of that buffer (worker/pieces.py `BodyReader`). The deadline and a cancelled
+pull are looked at between two reads of at most `READ_INTO_BYTES`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import http.client
 import json
-import mmap
 import socket
 import ssl
 import time
@@ -137,7 +136,7 @@ class _Pull:
         capacity = self._size if declared is None else declared
         # A declared length is the body's: its pages are provided at once. Without one the size is only a
         # bound (a kept chunk's is the pod's whole history budget): pages come as the bytes arrive.
-        buffer = fresh_memory(declared) if declared is not None else mmap.mmap(-1, max(capacity, 1))
+        buffer = fresh_memory(capacity, at_once=declared is not None)
         view = memoryview(buffer)
         sock = self._connection.sock
         assert sock is not None

@@ -23,10 +23,12 @@ PIECE_BYTES = 1 << 20
 REGION_BYTES = 16 << 20
 
 
-def fresh_memory(size: int) -> mmap.mmap:
+def fresh_memory(size: int, *, at_once: bool = True) -> mmap.mmap:
     """`size` bytes of zeroed, writable host memory, its pages provided now (MAP_POPULATE) rather than one
-    fault at a time as they are first written."""
-    return mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
+    fault at a time as they are first written; `at_once=False` where `size` is only a bound (what is never
+    written never becomes resident)."""
+    populate = mmap.MAP_POPULATE if at_once else 0
+    return mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
 
 
 class PieceCollector:
