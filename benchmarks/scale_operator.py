@@ -565,7 +565,7 @@ def print_table(results: list[SizeResult], burst: int) -> None:
             f"{pair(f['round p50 s'], f['round p99 s'], 3):>15} {r.writes_per_round:>12.1f} "
             f"{pair(f['op RSS MiB'], f['op peak MiB'], 0):>15} "
             f"{pair(r.api_rss / 2**20, r.etcd_rss / 2**20, 0):>12} {r.etcd_bytes / 2**20:>11.0f} "
-            f"{pair(f['burst p50 s'], f['burst p99 s'], 2):>15} {r.burst.all_ready_s:>11.1f} {in_burst:>23} "
+            f"{pair(f['burst p50 s'], f['burst p99 s'], 2):>15} {r.burst.all_ready_s:>11.2f} {in_burst:>23} "
             f"{pair(r.restart_ready_s, r.restart_round_s, 1):>28} "
             f"{pair(r.unpatched_ready_s, r.unpatched_round_s, 1):>35} "
             f"{'-' if r.takeover_round_s is None else f'{r.takeover_round_s:.1f}':>21}"
