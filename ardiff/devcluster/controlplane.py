@@ -14,6 +14,7 @@ certificate), `node_credentials(name)` (a kubelet's `system:node:<name>`), `serv
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import signal
 import subprocess
@@ -31,6 +32,8 @@ from ardiff.devcluster.network import ClusterNetwork
 from ardiff.devcluster.pki import CertificateAuthority, KeyPair, service_account_keys
 
 API_PORT = 6443
+ETCD_PORT = 2379
+ETCD_URL = f"http://127.0.0.1:{ETCD_PORT}"  # in the control plane's network namespace only
 CLUSTER_DOMAIN = "cluster.local"
 SERVICE_ACCOUNT_ISSUER = f"https://kubernetes.default.svc.{CLUSTER_DOMAIN}"
 # The audit log keeps what service accounts outside kube-system ask (at Metadata level: who, verb, resource,
@@ -81,6 +84,13 @@ class ComponentProcess:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
 
+    def kill(self) -> None:
+        """SIGKILL, then wait: a crash."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             self.process = None
@@ -109,6 +119,7 @@ class ControlPlane:
     components: list[ComponentProcess] = field(default_factory=list)
     ca: CertificateAuthority | None = None
     admin: Credentials | None = None
+    _api_flags: list[str] = field(default_factory=list)  # every API server's (see `_api_server`)
 
     @property
     def server(self) -> str:
@@ -203,8 +214,8 @@ class ControlPlane:
                 str(self.binaries.etcd),
                 "--name=ardiff-dev",
                 f"--data-dir={self.workdir / 'etcd'}",
-                "--listen-client-urls=http://127.0.0.1:2379",
-                "--advertise-client-urls=http://127.0.0.1:2379",
+                f"--listen-client-urls={ETCD_URL}",
+                f"--advertise-client-urls={ETCD_URL}",
                 "--listen-peer-urls=http://127.0.0.1:2380",
                 "--initial-advertise-peer-urls=http://127.0.0.1:2380",
                 "--initial-cluster=ardiff-dev=http://127.0.0.1:2380",
@@ -216,47 +227,46 @@ class ControlPlane:
             self.logs_dir / "etcd.log",
         ).start()
         self.components.append(etcd)
-        apiserver = ComponentProcess(
+        self._api_flags = [
+            f"--bind-address={cp_ip}",
+            f"--advertise-address={cp_ip}",
+            f"--tls-cert-file={serving.cert}",
+            f"--tls-private-key-file={serving.key}",
+            f"--client-ca-file={ca}",
+            f"--kubelet-client-certificate={kubelet_client.cert}",
+            f"--kubelet-client-key={kubelet_client.key}",
+            f"--kubelet-certificate-authority={ca}",
+            "--kubelet-preferred-address-types=InternalIP",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction,OwnerReferencesPermissionEnforcement",
+            f"--service-cluster-ip-range={self.network.service_cidr}",
+            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+            f"--service-account-key-file={sa.cert}",
+            f"--service-account-signing-key-file={sa.key}",
+            "--allow-privileged=true",
+            f"--requestheader-client-ca-file={front_proxy.cert_path}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-username-headers=X-Remote-User",
+            f"--proxy-client-cert-file={front_proxy_client.cert}",
+            f"--proxy-client-key-file={front_proxy_client.key}",
+            "--profiling=false",
+            "--v=1",
+            *self.extra_api_args,
+        ]
+        apiserver = self._api_server(
             "kube-apiserver",
-            [
-                str(self.binaries.kube_apiserver),
-                "--etcd-servers=http://127.0.0.1:2379",
-                f"--bind-address={cp_ip}",
-                f"--advertise-address={cp_ip}",
-                f"--secure-port={API_PORT}",
-                f"--tls-cert-file={serving.cert}",
-                f"--tls-private-key-file={serving.key}",
-                f"--client-ca-file={ca}",
-                f"--kubelet-client-certificate={kubelet_client.cert}",
-                f"--kubelet-client-key={kubelet_client.key}",
-                f"--kubelet-certificate-authority={ca}",
-                "--kubelet-preferred-address-types=InternalIP",
-                "--authorization-mode=Node,RBAC",
-                "--enable-admission-plugins=NodeRestriction,OwnerReferencesPermissionEnforcement",
-                f"--service-cluster-ip-range={self.network.service_cidr}",
-                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
-                f"--service-account-key-file={sa.cert}",
-                f"--service-account-signing-key-file={sa.key}",
-                "--allow-privileged=true",
+            etcd=ETCD_URL,
+            port=API_PORT,
+            flags=[
                 f"--audit-policy-file={audit_policy}",
                 f"--audit-log-path={self.audit_log}",
                 "--audit-log-format=json",
                 "--audit-log-maxsize=200",
                 "--audit-log-mode=batch",
                 "--audit-log-batch-max-wait=1s",
-                f"--requestheader-client-ca-file={front_proxy.cert_path}",
-                "--requestheader-allowed-names=front-proxy-client",
-                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-                "--requestheader-group-headers=X-Remote-Group",
-                "--requestheader-username-headers=X-Remote-User",
-                f"--proxy-client-cert-file={front_proxy_client.cert}",
-                f"--proxy-client-key-file={front_proxy_client.key}",
-                "--profiling=false",
-                "--v=1",
-                *self.extra_api_args,
             ],
-            ns,
-            self.logs_dir / "kube-apiserver.log",
         ).start()
         self.components.append(apiserver)
         self._wait_ready(timeout)
@@ -292,6 +302,40 @@ class ControlPlane:
         self.components.append(scheduler_process)
         self._wait_default_service_account(timeout)
 
+    def _api_server(self, name: str, *, etcd: str, port: int, flags: Sequence[str]) -> ComponentProcess:
+        """A kube-apiserver (not started) on `etcd`, serving on the control plane's address at `port`."""
+        argv = [
+            str(self.binaries.kube_apiserver),
+            f"--etcd-servers={etcd}",
+            f"--secure-port={port}",
+            *self._api_flags,
+            *flags,
+        ]
+        return ComponentProcess(
+            name, argv, self.network.control_plane_namespace, self.logs_dir / f"{name}.log"
+        )
+
+    def start_api_server(self, name: str, *, etcd: str, port: int, timeout: float = 60) -> ComponentProcess:
+        """Another API server of this cluster, on `etcd` (e.g. a link to this one's: the fault injector's
+        stale view), at `https://<control plane>:<port>`, started and ready; `stop()` it. It leaves the
+        `kubernetes` Service's endpoints to the first one: in-cluster clients never reach it."""
+        process = self._api_server(name, etcd=etcd, port=port, flags=["--endpoint-reconciler-type=none"])
+        process.start()
+        try:
+            self._wait_ready(timeout, f"https://{self.network.control_plane_ip}:{port}")
+        except BaseException:
+            process.stop()
+            raise
+        return process
+
+    def restart_etcd(self, timeout: float = 60) -> None:
+        """Kill etcd (SIGKILL: a crash) and start it again on its data; returns once the API server is ready
+        on it again."""
+        (etcd,) = [component for component in self.components if component.name == "etcd"]
+        etcd.kill()
+        etcd.start()
+        self._wait_ready(timeout)
+
     def _client_flags(self, kubeconfig: Path) -> list[str]:
         """What the controller-manager and the scheduler share: their own credentials for the API and for
         authenticating and authorizing their own endpoints (delegated to the API server), their address, their
@@ -308,11 +352,13 @@ class ControlPlane:
             "--v=1",
         ]
 
-    def _wait_ready(self, timeout: float) -> None:
+    def _wait_ready(self, timeout: float, server: str | None = None) -> None:
+        """Until the API server at `server` (the first one's by default) answers `/readyz`."""
         assert self.admin is not None
         deadline = time.monotonic() + timeout
         last = ""
-        with self.admin.client(timeout=5) as client:
+        admin = self.admin if server is None else dataclasses.replace(self.admin, server=server)
+        with admin.client(timeout=5) as client:
             while time.monotonic() < deadline:
                 for component in self.components:
                     component.check_running()
@@ -324,7 +370,9 @@ class ControlPlane:
                 except httpx.HTTPError as exc:
                     last = str(exc)
                 time.sleep(0.2)
-        raise ControlPlaneError(f"kube-apiserver was not ready within {timeout}s: {last}")
+        raise ControlPlaneError(
+            f"kube-apiserver {server or self.server} was not ready within {timeout}s: {last}"
+        )
 
     def _wait_default_service_account(self, timeout: float) -> None:
         """The service-account controller's first act: before it, no Pod can be created in `default`."""

@@ -8,13 +8,23 @@ when given), so that a history checker can line them up with what clients saw.
   ICMP), while the namespace's other traffic flows. A namespace gone meanwhile (its Pod deleted) ends it.
 - `paused(pid)`: SIGSTOP, then SIGCONT (a GC pause, a stalled node: connections stay open, nothing answers).
 - `kill(pid)`: SIGKILL (a crash: nothing is flushed).
-
-Not yet (issue 40 item 1's rest): delays, an etcd restart, cutting the operator's watches, a stale API server.
+- `cut(link)`: reset every connection open through a link (`link_proxy.LinkProxy`, a TCP forwarder that can
+  also delay what it carries): a client's watches end at once, as when an API server or a load balancer drops
+  them, and the client lists and watches again.
+- `restart_etcd(control_plane)`: etcd killed (SIGKILL) and started again on its data; API servers reconnect.
+- `stale_api_server(control_plane, delay_ms)`: Sieve's *stale view*, with a real server: a second
+  kube-apiserver on the same etcd, reached through a link `delay_ms` each way, so that its watch cache (what
+  its lists and watches answer) lags behind the first server's; a client pointed at it
+  (`StaleApiServer.credentials`) sees the cluster late. `cut_from_etcd(stale)` partitions that link: the
+  server keeps its clients' connections and answers nothing new (its watches go quiet; a write or a
+  consistent list waits and fails) until it heals.
+  A paused server (`paused`) is a different fault: it answers nothing at all.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -24,10 +34,15 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ardiff.devcluster.controlplane import ETCD_PORT, ComponentProcess, ControlPlane
+from ardiff.devcluster.kubeconfig import Credentials
+from ardiff.devcluster.link_proxy import LinkProxy
 from ardiff.devcluster.network import namespaces
 
 # Marks this module's rules, so that they are told from the kubelet's and kube-proxy's in the same tables.
 RULE_COMMENT = "ardiff-fault"
+# Where a stale API server serves, on the control plane's address (the first one serves on 6443).
+STALE_API_PORT = 6444
 
 
 class FaultError(RuntimeError):
@@ -42,6 +57,21 @@ class Fault:
     target: str
     started: float
     ended: float
+
+
+@dataclass
+class StaleApiServer:
+    """A second API server (see `FaultInjector.stale_api_server`): `server` is its URL, `etcd_link` the
+    link between it and etcd (in the control plane's network namespace `namespace`)."""
+
+    server: str
+    etcd_link: LinkProxy
+    namespace: str
+    process: ComponentProcess
+
+    def credentials(self, of: Credentials) -> Credentials:
+        """`of`'s identity at this server (its certificate names the control plane's address)."""
+        return dataclasses.replace(of, server=self.server)
 
 
 def _iptables(namespace: str, *args: str) -> None:
@@ -107,3 +137,46 @@ class FaultInjector:
         started = time.time()
         os.kill(pid, signal.SIGKILL)
         self._record("kill", what or str(pid), started)
+
+    def cut(self, link: LinkProxy, what: str = "") -> int:
+        """Reset every connection open through `link`; how many there were."""
+        started = time.time()
+        count = link.cut()
+        self._record("cut", f"{what or link.address} ({count} connections)", started)
+        return count
+
+    def restart_etcd(self, control_plane: ControlPlane) -> None:
+        """Kill the cluster's etcd and start it again; returns once the first API server is ready on it."""
+        started = time.time()
+        control_plane.restart_etcd()
+        self._record("restart", "etcd", started)
+
+    @contextlib.contextmanager
+    def stale_api_server(
+        self, control_plane: ControlPlane, *, delay_ms: int, port: int = STALE_API_PORT
+    ) -> Iterator[StaleApiServer]:
+        """A second API server lagging `delay_ms` behind etcd each way while the block runs (see the module
+        docstring)."""
+        started = time.time()
+        namespace = control_plane.network.control_plane_namespace
+        etcd = ("127.0.0.1", ETCD_PORT)
+        link = LinkProxy("127.0.0.1", etcd, namespace=namespace).start()
+        try:
+            process = control_plane.start_api_server(
+                "kube-apiserver-stale", etcd=f"http://{link.address}", port=port
+            )
+            try:
+                link.set_delay(delay_ms)  # once started: its start is a round trip per resource
+                server = f"https://{control_plane.network.control_plane_ip}:{port}"
+                yield StaleApiServer(server, link, namespace, process)
+            finally:
+                process.stop()
+        finally:
+            link.stop()
+            self._record("lag", f"kube-apiserver :{port} (etcd {delay_ms} ms away)", started)
+
+    @contextlib.contextmanager
+    def cut_from_etcd(self, stale: StaleApiServer) -> Iterator[None]:
+        """`stale`'s link to etcd dropped while the block runs (a partition on its port)."""
+        with self.partition(stale.namespace, "127.0.0.1", stale.etcd_link.port):
+            yield

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 
 from ardiff.devcluster.cluster import DevCluster
@@ -26,6 +28,7 @@ class Watcher:
 
     def _read(self, credentials: Credentials, url: str, params: dict[str, str]) -> None:
         with (
+            contextlib.suppress(httpx.TransportError),  # a server that goes away ends the stream too
             credentials.client(timeout=30) as client,  # the server ends the stream after 6 s
             client.stream("GET", url, params=params) as response,
         ):
