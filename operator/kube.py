@@ -209,15 +209,25 @@ class KubeApi:
         path = f"/apis/authorization.k8s.io/v1/{plural}"
         return await self._request("POST", path, absent=-1, body=body) or {}
 
-    async def list_names(self, resource: ApiResource, namespace: str | None) -> set[tuple[str, str]]:
-        """(namespace, name) of every object in `namespace`, or in all namespaces (None); names only, in pages
-        (the sweep of Redis state compares them with what the store holds)."""
+    async def list_names(
+        self,
+        resource: ApiResource,
+        namespace: str | None,
+        where: Callable[[Mapping[str, Any]], bool] | None = None,
+    ) -> set[tuple[str, str]]:
+        """(namespace, name) of every object in `namespace`, or in all namespaces (None), that `where` (if
+        given) accepts; a live (consistent) read, in pages, keeping names only (the sweep of Redis state
+        compares them with what the store holds)."""
         path = resource.path(namespace) if namespace else f"{resource.prefix}/{resource.plural}"
         names: set[tuple[str, str]] = set()
         query: list[tuple[str, str | int]] = [("limit", 500)]
         while True:
             page = await self._request("GET", path, absent=-1, query=query) or {}
-            names.update((i["metadata"]["namespace"], i["metadata"]["name"]) for i in page.get("items", []))
+            names.update(
+                (i["metadata"]["namespace"], i["metadata"]["name"])
+                for i in page.get("items", [])
+                if where is None or where(i)
+            )
             if not (cont := (page.get("metadata") or {}).get("continue")):
                 return names
             query = [("limit", 500), ("continue", cont)]

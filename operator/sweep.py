@@ -9,38 +9,47 @@ here instead:
 - a deleted pool's daemon retires it (`retire_pool`), and any pool the store holds that is not in the API is
   forgotten by the operator-wide sweep (a pool deleted while no operator ran).
 Both read Redis first and the API second: the operator creates Redis state only for objects it has already
-seen, so a record found before the listing whose object the listing lacks was deleted.
+seen, so a record found before the listing whose object the listing lacks was deleted. The listing is a live
+one (a consistent read, which a lagging API server answers only once its cache has caught up with etcd), as
+Kubernetes' garbage collector looks an owner up live before deleting a dependent: a pool's session index
+comes from watches and may lag, for instance that of an operator that resumed in place of another (issue 40:
+a stale view), which placed sessions this one has not seen yet. The index only narrows down the candidates.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 import kopf
 
 from ardiff.kv.acl import AclForbidden
 from ardiff.kv.records import PoolId, SessionState
 from ardiff.operator.context import OperatorContext
-from ardiff.operator.kube import POOLS
+from ardiff.operator.kube import POOLS, SESSIONS
 
 
 async def sweep_sessions(
     ctx: OperatorContext, pool: PoolId, present: Callable[[], Collection[str]], logger: kopf.Logger
 ) -> list[str]:
-    """Release the pool's session records whose session `present()` (read after the store) does not list."""
+    """Release the pool's session records whose session neither `present()` (the index, read after the
+    store) nor a live listing of the namespace's sessions has."""
     stored = (await stored_session_names(ctx)).get(pool, set())
-    gone = stored - set(present())
-    if not gone:
+    candidates = stored - set(present())
+    if not candidates:
         return []
-    bindings = await ctx.store.get_bindings(pool, sorted(gone))
+    bindings = await ctx.store.get_bindings(pool, sorted(candidates))
+    # Released already: its record expires by itself.
+    open_names = {name for name, binding in bindings.items() if binding.state != SessionState.CLOSED}
+    if not open_names:
+        return []
+    listed = {name for _, name in await ctx.kube.list_names(SESSIONS, pool.namespace, where=pool_of(pool))}
     released = []
     state = ctx.pools[pool]
     async with state.lock:
-        for name, binding in sorted(bindings.items()):
-            if binding.state == SessionState.CLOSED:  # released already; its record expires by itself
-                continue
+        for name in sorted(open_names - listed):
             await ctx.store.release(pool, name, reason="deleted")
             ctx.sessions.forget((pool.namespace, name))
             released.append(name)
@@ -48,6 +57,11 @@ async def sweep_sessions(
         state.kick()
         logger.info(f"released {len(released)} sessions of pool {pool} that are gone: {released[:10]}")
     return released
+
+
+def pool_of(pool: PoolId) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether a listed session is one of `pool`'s."""
+    return lambda item: (item.get("spec") or {}).get("poolRef") == pool.name
 
 
 async def stored_session_names(ctx: OperatorContext) -> dict[PoolId, set[str]]:

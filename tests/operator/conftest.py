@@ -325,6 +325,11 @@ def cluster(dev_cluster: DevCluster, kube_namespace: str) -> Iterator[Cluster]:
 
 
 # A pool pins its Pods to the session's simulated node (registered in Redis, Ready, no process) with these.
+# Their fake workers' capacity, as the Pods' env (the simulated node registers that many slots per Pod).
+SIMULATED_ENV = [
+    {"name": "ARDIFF_RUNTIME", "value": "fake"},
+    {"name": "ARDIFF_FAKE_CAPACITY", "value": "2"},
+]
 SIMULATED_PLACEMENT = {
     "nodeSelector": {"kubernetes.io/hostname": SIMULATED_NODE},
     "tolerations": [{"key": "ardiff.dev/simulated", "operator": "Exists", "effect": "NoSchedule"}],
@@ -354,3 +359,14 @@ def operator_process(cluster: Cluster, redis_url: str, tmp_path: Path) -> Iterat
     """The operator for the test's namespace, serving (`serving`)."""
     with serving(cluster, cluster.operator(redis_url, tmp_path / "operator.log")) as process:
         yield process
+
+
+def peering_state(process: OperatorProcess) -> str:
+    """What kopf last logged about peering: `active` (resumed), `paused`, or `` (nothing yet)."""
+    state = ""
+    for line in process.log().splitlines():
+        if "Resuming operations" in line:
+            state = "active"
+        elif "Pausing operations" in line:
+            state = "paused"
+    return state

@@ -22,7 +22,7 @@ from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.waiting import condition_true, wait_until
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
-from tests.operator.conftest import SIMULATED_PLACEMENT, Cluster, serving
+from tests.operator.conftest import SIMULATED_ENV, SIMULATED_PLACEMENT, Cluster, serving
 
 T = TypeVar("T")
 # The walk's points in CI: a seeded sample.
@@ -30,10 +30,6 @@ WALK_SEED = 40
 WALK_POINTS = 3
 # Points every run of the scenario passes: the walk's discovery must find each (or the hooks moved).
 EXPECTED_POINTS = {"kube:create pods", "kube:patch ardiffusionsessions/status", "redis:place"}
-SIMULATED_ENV = [
-    {"name": "ARDIFF_RUNTIME", "value": "fake"},
-    {"name": "ARDIFF_FAKE_CAPACITY", "value": "2"},
-]
 
 
 def test_the_setting_is_read_from_the_environment_and_refuses_a_bad_count() -> None:

@@ -20,21 +20,10 @@ from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionState
 from ardiff.operator.config import OperatorConfigError, config_from_env
-from tests.operator.conftest import Cluster
+from tests.operator.conftest import Cluster, peering_state
 
 LIFETIME_SECONDS = 2
 MAX_PODS = 2
-
-
-def peering_state(process: OperatorProcess) -> str:
-    """What kopf last logged about peering: `active` (resumed), `paused`, or `` (nothing yet)."""
-    state = ""
-    for line in process.log().splitlines():
-        if "Resuming operations" in line:
-            state = "active"
-        elif "Pausing operations" in line:
-            state = "paused"
-    return state
 
 
 class Load(threading.Thread):
