@@ -16,11 +16,12 @@ from typing import Any, get_args
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
-from ardiff.kv.errors import InvalidPlacementArgument
+from ardiff.kv.errors import InvalidPlacementArgument, ScriptStatus, UnknownSession
 from ardiff.kv.keys import ANY_POOL_PATTERN, ANY_SESSION_PATTERN, PoolKeys, pool_of_key
 from ardiff.kv.placement_shared import PlacementShared
 from ardiff.kv.records import (
     MAX_PRIORITY,
+    EvictionPolicy,
     Placement,
     PlacementPolicy,
     PlaceObservation,
@@ -224,6 +225,25 @@ class OperatorPlacement(PlacementShared):
             [*_spec_args(pool, spec), "", 0, chunk_index, 0, tier, location, size],
         )
         return int(reply[0]) == 1
+
+    async def set_eviction(
+        self, pool: PoolId, session: str, *, priority: int, eviction_policy: EvictionPolicy
+    ) -> bool:
+        """Apply a session's changed `priority` and `eviction_policy` (its spec's) to its record and, where it
+        is placed, to the LRU index; False when the record held them already. UnknownSession without one."""
+        keys = PoolKeys(check_pool(pool))
+        check_name("session", session)
+        check_priority("priority", priority)
+        if eviction_policy not in get_args(EvictionPolicy):
+            raise InvalidPlacementArgument(
+                f"placement eviction_policy must be 'LRU' or 'Never', got {eviction_policy!r}"
+            )
+        status, reply = await self._run(
+            "set_eviction", [keys.session(session), keys.lru], [session, priority, eviction_policy]
+        )
+        if status is ScriptStatus.UNKNOWN_SESSION:
+            raise UnknownSession(session)
+        return bool(int(reply[0]))
 
     async def release(self, pool: PoolId, session: str, *, reason: str) -> SessionState | None:
         """Close a session (idempotent): a placed one frees its slot and its pod gets a `close` event. The

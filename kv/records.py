@@ -407,7 +407,6 @@ class SessionRecord:
     @classmethod
     def from_hash(cls, name: str, raw: dict[bytes, bytes]) -> SessionRecord:
         """From the record's hash; `image` empty when the hash lacks it (`SESSION_FIELDS_BUT_IMAGE` read)."""
-        policy = _text(raw, "eviction_policy", "LRU")
         return cls(
             name=name,
             pool=_text(raw, "pool"),
@@ -416,8 +415,6 @@ class SessionRecord:
             prompt=_text(raw, "prompt"),
             image=raw.get(b"image", b""),
             max_chunks=_int(raw, "max_chunks"),
-            priority=_int(raw, "priority"),
-            eviction_policy="Never" if policy == "Never" else "LRU",
             fork_from=_text(raw, "fork_from"),
             **dict(
                 zip(
@@ -427,6 +424,10 @@ class SessionRecord:
                 )
             ),
         )
+
+
+def _eviction_policy(value: bytes | str) -> EvictionPolicy:
+    return "Never" if _as_str(value) == "Never" else "LRU"
 
 
 def _kept_chunks(value: bytes | str) -> tuple[int, ...]:
@@ -465,13 +466,16 @@ _BINDING_FIELDS: FieldTable = (
     ("playout_buffer_chunks", int, 0),
     ("history_keep_chunks", int, 0),
     ("kept_chunks", _kept_chunks, ()),
+    # Issue 40 item 4: what eviction reads, which the operator keeps as the session's spec says.
+    ("priority", int, 0),
+    ("eviction_policy", _eviction_policy, "LRU"),
 )
 _BINDING_NAMES = tuple(name for name, _, _ in _BINDING_FIELDS)
 _BINDING_KEYS = tuple(name.encode() for name in _BINDING_NAMES)
 # The hash fields `SessionRecord.from_hash` reads but the image: what a worker reads of a session's record on
 # each tick (the image, up to 1 MiB, once per session: `PlacementStore.get_session_image`).
 SESSION_FIELDS_BUT_IMAGE = (
-    *("pool", "token_sha256", "seed", "prompt", "max_chunks", "priority", "eviction_policy", "fork_from"),
+    *("pool", "token_sha256", "seed", "prompt", "max_chunks", "fork_from"),
     *_BINDING_NAMES,
 )
 
@@ -501,6 +505,8 @@ class SessionBinding:
     playout_buffer_chunks: int = 0
     history_keep_chunks: int = 0  # issue 26: how many chunk boundaries it keeps, and those kept now
     kept_chunks: tuple[int, ...] = ()
+    priority: int = 0  # issue 40 item 4: as the operator last applied the session's spec
+    eviction_policy: EvictionPolicy = "LRU"
 
     FIELDS: ClassVar[tuple[str, ...]] = _BINDING_NAMES
 

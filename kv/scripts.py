@@ -86,6 +86,8 @@ SCRIPTS = (
     # issue 37: the front door's read, and the pool record it reads
     "route",
     "write_pool",
+    # issue 40 item 4: a placed session's changed priority and eviction policy
+    "set_eviction",
 )
 # Scripts that never wait for replicas: a read, and a touch (losing one at a failover costs a stale
 # last_tick_ms and chunk_index, which the next tick rewrites, docs/contracts.md §2 "Failover"; waiting would

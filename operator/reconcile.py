@@ -39,6 +39,7 @@ from ardiff.operator.pool_record import write_pool_record
 from ardiff.operator.pool_state import PoolState
 from ardiff.operator.scaling import PodSlots, compute_sessions, may_grow, plan_migrations, plan_scaling
 from ardiff.operator.slots import live_pods, sync_pods
+from ardiff.operator.spec_changes import apply_eviction_specs
 from ardiff.operator.status import Phase, PoolObservation, Reason, build_pool_status, status_patch
 from ardiff.operator.status_writer import now_rfc3339, previous_status, write_failed, write_session_statuses
 from ardiff.operator.views import PodView, PoolView, SessionView, epoch_ms
@@ -439,6 +440,7 @@ async def reconcile_pool(
         live = await sync_pods(ctx, state, pid, pods, pool.template_hash)
         slots = state.observe(pool, pods, live)
         records = await ctx.store.get_bindings(pid, names)
+        await apply_eviction_specs(ctx, pid, active, records)
         await report_transfers(ctx, pid, active, records)
         now_ms = await ctx.store.server_time_ms()
         by_name = {p.name: p for p in pods}

@@ -216,6 +216,40 @@ async def test_touch_updates_tick_and_refuses_other_pods(store: PlacementStore, 
     assert (await store.get_session(pool, "s1")).chunk_index == 3  # type: ignore[union-attr]
 
 
+async def test_a_changed_priority_or_eviction_policy_moves_a_placed_session_in_the_lru_index(
+    store: PlacementStore, pool: PoolId
+) -> None:
+    """Issue 40 item 4: `set_eviction` writes the record and moves the LRU entry, so eviction follows it."""
+    await register(store, pool, "w-a", capacity=1)
+    await store.place(pool, spec("held"))
+    assert await store.set_eviction(pool, "held", priority=0, eviction_policy="LRU") is False  # as placed
+    assert await store.set_eviction(pool, "held", priority=900, eviction_policy="LRU") is True
+    assert await store.evict_lru(pool, min_idle_ms=0, max_priority=500) is None  # outranks a 500 now
+    assert await store.check_invariants(pool) == []
+    await store.set_eviction(pool, "held", priority=0, eviction_policy="Never")
+    assert await store.evict_lru(pool, min_idle_ms=0, max_priority=500) is None  # never a victim
+    assert await store.check_invariants(pool) == []
+    await store.set_eviction(pool, "held", priority=0, eviction_policy="LRU")
+    record = await store.get_session(pool, "held", image=False)
+    assert record is not None
+    assert (record.priority, record.eviction_policy) == (0, "LRU")
+    assert await store.check_invariants(pool) == []
+    assert await store.evict_lru(pool, min_idle_ms=0, max_priority=500) == "held"
+    # Not placed any more: the record follows, the index has no entry to move.
+    assert await store.set_eviction(pool, "held", priority=7, eviction_policy="Never") is True
+    bindings = await store.get_bindings(pool, ["held"])
+    assert (bindings["held"].state, bindings["held"].priority, bindings["held"].eviction_policy) == (
+        SessionState.EVICTED,
+        7,
+        "Never",
+    )
+    assert await store.check_invariants(pool) == []
+    with pytest.raises(UnknownSession):
+        await store.set_eviction(pool, "nobody", priority=0, eviction_policy="LRU")
+    with pytest.raises(InvalidPlacementArgument, match="eviction_policy"):
+        await store.set_eviction(pool, "held", priority=0, eviction_policy="Sometimes")  # type: ignore[arg-type]
+
+
 async def test_mark_reset_required_then_reset_tick_clears_it(store: PlacementStore, pool: PoolId) -> None:
     reg = await register(store, pool, "w-a", capacity=1)
     await store.place(pool, spec("s1"))
