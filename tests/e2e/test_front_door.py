@@ -317,7 +317,12 @@ def test_redis_stopped_is_a_retryable_503_with_a_code_then_the_session_ticks_aga
     door.session("patient")
     url = f"{door.public_url}/pools/{door.namespace}/{POOL}/v1/sessions/patient"
     token = door.token("patient")
-    assert door.run_outside("request", "GET", url, f"--token={token}")["status"] == 200
+    # Answering first (the gateway Pods the test before scaled may still be settling: a 503 then is theirs).
+    wait_until(
+        lambda: door.run_outside("request", "GET", url, f"--token={token}")["status"] == 200,
+        timeout=60,
+        what="the session answering through the front door before Redis stops",
+    )
     redis = f"{door.release.chart.fullname}-redis"
     door.cluster.kubectl("scale", "statefulset", redis, "--replicas=0", "-n", door.namespace)
     try:
