@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -87,8 +88,11 @@ def test_a_paused_process_answers_nothing_until_resumed_and_a_killed_one_is_gone
     assert kill.started < time.time()
 
 
-def _echo_server() -> socket.socket:
-    """A loopback server that echoes every connection's bytes back until its end (on threads)."""
+@contextlib.contextmanager
+def _echo_server() -> Iterator[socket.socket]:
+    """A loopback server that echoes every connection's bytes back until its end (on threads). Its accepting
+    thread is woken and joined on the way out: a thread left blocked in accept() on a closed descriptor could
+    take the connections of whatever socket reuses that number."""
     server = socket.create_server(("127.0.0.1", 0))
 
     def echo(connection: socket.socket) -> None:
@@ -97,12 +101,20 @@ def _echo_server() -> socket.socket:
                 connection.sendall(data)
 
     def accept() -> None:
-        while True:
-            connection, _ = server.accept()
-            threading.Thread(target=echo, args=(connection,), daemon=True).start()
+        with contextlib.suppress(OSError):  # shut down: the test is over
+            while True:
+                connection, _ = server.accept()
+                threading.Thread(target=echo, args=(connection,), daemon=True).start()
 
-    threading.Thread(target=accept, daemon=True).start()
-    return server
+    accepting = threading.Thread(target=accept, daemon=True)
+    accepting.start()
+    try:
+        yield server
+    finally:
+        server.shutdown(socket.SHUT_RDWR)
+        accepting.join(timeout=5)
+        server.close()
+        assert not accepting.is_alive()
 
 
 def test_a_link_delays_what_it_carries_and_a_cut_resets_its_connections() -> None:
