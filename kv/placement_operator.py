@@ -29,6 +29,7 @@ from ardiff.kv.records import (
     PoolId,
     SessionSpec,
     SessionState,
+    check_eviction_policy,
     check_name,
     check_non_negative_int,
     check_pool,
@@ -234,10 +235,7 @@ class OperatorPlacement(PlacementShared):
         keys = PoolKeys(check_pool(pool))
         check_name("session", session)
         check_priority("priority", priority)
-        if eviction_policy not in get_args(EvictionPolicy):
-            raise InvalidPlacementArgument(
-                f"placement eviction_policy must be 'LRU' or 'Never', got {eviction_policy!r}"
-            )
+        check_eviction_policy(eviction_policy)
         status, reply = await self._run(
             "set_eviction", [keys.session(session), keys.lru], [session, priority, eviction_policy]
         )

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from enum import StrEnum
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 from urllib.parse import urlsplit
 
 from ardiff.kv.errors import InvalidPlacementArgument
@@ -65,6 +65,12 @@ def check_priority(kind: str, value: object) -> int:
     if priority > MAX_PRIORITY:
         raise InvalidPlacementArgument(f"placement {kind} must be <= {MAX_PRIORITY}, got {priority}")
     return priority
+
+
+def check_eviction_policy(value: object) -> EvictionPolicy:
+    if value not in get_args(EvictionPolicy):
+        raise InvalidPlacementArgument(f"placement eviction_policy must be 'LRU' or 'Never', got {value!r}")
+    return value  # type: ignore[return-value]
 
 
 def check_non_negative_float(kind: str, value: object) -> float:
@@ -269,10 +275,7 @@ class SessionSpec:
             )
         if not isinstance(self.image, bytes) or len(self.image) > MAX_IMAGE_BYTES:
             raise InvalidPlacementArgument(f"placement image must be at most {MAX_IMAGE_BYTES} bytes")
-        if self.eviction_policy not in ("LRU", "Never"):
-            raise InvalidPlacementArgument(
-                f"placement eviction_policy must be 'LRU' or 'Never', got {self.eviction_policy!r}"
-            )
+        check_eviction_policy(self.eviction_policy)
 
 
 def _as_str(value: bytes | str) -> str:
