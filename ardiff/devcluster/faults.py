@@ -61,13 +61,17 @@ class Fault:
 
 @dataclass
 class StaleApiServer:
-    """A second API server (see `FaultInjector.stale_api_server`): `server` is its URL, `etcd_link` the
+    """A second API server (see `FaultInjector.stale_api_server`) at `address` (host, port), `etcd_link` the
     link between it and etcd (in the control plane's network namespace `namespace`)."""
 
-    server: str
+    address: tuple[str, int]
     etcd_link: LinkProxy
     namespace: str
     process: ComponentProcess
+
+    @property
+    def server(self) -> str:
+        return f"https://{self.address[0]}:{self.address[1]}"
 
     def credentials(self, of: Credentials) -> Credentials:
         """`of`'s identity at this server (its certificate names the control plane's address)."""
@@ -167,8 +171,8 @@ class FaultInjector:
             )
             try:
                 link.set_delay(delay_ms)  # once started: its start is a round trip per resource
-                server = f"https://{control_plane.network.control_plane_ip}:{port}"
-                yield StaleApiServer(server, link, namespace, process)
+                address = (control_plane.network.control_plane_ip, port)
+                yield StaleApiServer(address, link, namespace, process)
             finally:
                 process.stop()
         finally:

@@ -124,11 +124,14 @@ class Cluster:
         response.raise_for_status()
         return response.json()
 
+    def patch_spec(self, plural: str, name: str, spec: dict[str, Any]) -> httpx.Response:
+        """Merge-patch an object's spec (a list, like `env`, is replaced as a whole); the answer, whatever it
+        is."""
+        return self.http.patch(self._path(plural, name), json={"spec": spec}, headers=MERGE)
+
     def patch_pool_spec(self, spec: dict[str, Any], name: str = "pool") -> dict[str, Any]:
-        """Merge-patch the pool's spec (a list, like `env`, is replaced as a whole)."""
-        response = self.http.patch(
-            self._path("ardiffusionworkerpools", name), json={"spec": spec}, headers=MERGE
-        )
+        """Merge-patch the pool's spec, which must be accepted."""
+        response = self.patch_spec("ardiffusionworkerpools", name, spec)
         assert response.status_code == 200, response.text
         return response.json()
 
@@ -370,3 +373,41 @@ def peering_state(process: OperatorProcess) -> str:
         elif "Pausing operations" in line:
             state = "paused"
     return state
+
+
+@dataclass
+class Peering:
+    """A namespaced KopfPeering (`ardiff`) of the test's namespace, made at once, and operators in it, each
+    with its priority and the peering lifetime given."""
+
+    cluster: Cluster
+    redis_url: str
+    logs: Path
+    lifetime_seconds: int
+
+    def __post_init__(self) -> None:
+        body = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "ardiff"}}
+        assert self.cluster.http.post(self.path, json=body).status_code == 201
+
+    @property
+    def path(self) -> str:
+        return f"/apis/kopf.dev/v1/namespaces/{self.cluster.namespace}/kopfpeerings"
+
+    def operator(
+        self, name: str, priority: int, kubeconfig: Path | None = None, env: Mapping[str, str] | None = None
+    ) -> OperatorProcess:
+        """An operator of the peering (not started), its log `<name>.log`."""
+        command = ("ardiff", "operator", "run", "--peering", "ardiff", "--priority", str(priority))
+        lifetime = {"ARDIFF_OPERATOR_PEERING_LIFETIME_SECONDS": str(self.lifetime_seconds)}
+        return self.cluster.operator(
+            self.redis_url,
+            self.logs / f"{name}.log",
+            command,
+            env={**lifetime, **(env or {})},
+            kubeconfig=kubeconfig,
+        )
+
+    def peers(self) -> dict[int, int]:
+        """Each peer's priority and lifetime, as the peering's status lists them."""
+        status = self.cluster.http.get(f"{self.path}/ardiff").json().get("status") or {}
+        return {peer["priority"]: peer["lifetime"] for peer in status.values()}

@@ -15,12 +15,11 @@ from typing import Any
 
 import pytest
 
-from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionState
 from ardiff.operator.config import OperatorConfigError, config_from_env
-from tests.operator.conftest import Cluster, peering_state
+from tests.operator.conftest import Cluster, Peering, peering_state
 
 LIFETIME_SECONDS = 2
 MAX_PODS = 2
@@ -57,27 +56,14 @@ class Load(threading.Thread):
 
 
 def test_standby_takes_over_under_load(cluster: Cluster, redis_url: str, tmp_path: Path) -> None:
-    peering = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "ardiff"}}
-    path = f"/apis/kopf.dev/v1/namespaces/{cluster.namespace}/kopfpeerings"
-    assert cluster.http.post(path, json=peering).status_code == 201
-
-    def operator(name: str, priority: int) -> OperatorProcess:
-        command = ("ardiff", "operator", "run", "--peering", "ardiff", "--priority", str(priority))
-        process = cluster.operator(redis_url, tmp_path / f"{name}.log", command)
-        process.env = {**process.env, "ARDIFF_OPERATOR_PEERING_LIFETIME_SECONDS": str(LIFETIME_SECONDS)}
-        return process
-
-    def peers() -> dict[int, int]:
-        status = cluster.http.get(f"{path}/ardiff").json().get("status") or {}
-        return {peer["priority"]: peer["lifetime"] for peer in status.values()}
-
-    active, standby = operator("active", 10), operator("standby", 0)
+    peering = Peering(cluster, redis_url, tmp_path, LIFETIME_SECONDS)
+    active, standby = peering.operator("active", 10), peering.operator("standby", 0)
     load = Load(cluster)
     try:
         active.start()
         wait_until(lambda: peering_state(active) == "active", what="the active operator to resume")
         standby.start().wait_ready()
-        wait_until(lambda: peers() == {10: LIFETIME_SECONDS, 0: LIFETIME_SECONDS}, what="both peers")
+        wait_until(lambda: peering.peers() == {10: LIFETIME_SECONDS, 0: LIFETIME_SECONDS}, what="both peers")
         cluster.create_pool(replicas={"min": 1, "max": MAX_PODS})
         for name in ("a", "b", "c"):
             cluster.create_session(name)

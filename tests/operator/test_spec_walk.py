@@ -20,7 +20,7 @@ from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.waiting import condition_true, wait_until
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionState
-from tests.operator.conftest import MERGE, SIMULATED_ENV, SIMULATED_PLACEMENT, Cluster
+from tests.operator.conftest import SIMULATED_ENV, SIMULATED_PLACEMENT, Cluster
 
 pytestmark = pytest.mark.slow  # a walk of the real operator (~1 min)
 
@@ -107,7 +107,7 @@ def undo(spec: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
 def apply(cluster: Cluster, plural: str, name: str, step: Step) -> httpx.Response:
     before = cluster.get(plural, name)
     assert before is not None
-    reply = cluster.http.patch(cluster._path(plural, name), json={"spec": step.patch}, headers=MERGE)
+    reply = cluster.patch_spec(plural, name, step.patch)
     if step.refused_with:
         assert reply.status_code == 422, (step, reply.text)
         assert step.refused_with in reply.json()["message"], (step, reply.json()["message"])

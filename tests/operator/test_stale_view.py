@@ -24,7 +24,14 @@ from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionState
-from tests.operator.conftest import SIMULATED_ENV, SIMULATED_PLACEMENT, Cluster, peering_state, serving
+from tests.operator.conftest import (
+    SIMULATED_ENV,
+    SIMULATED_PLACEMENT,
+    Cluster,
+    Peering,
+    peering_state,
+    serving,
+)
 
 pytestmark = pytest.mark.slow  # a second API server and a scenario on a lagging view (~1.5 min)
 
@@ -54,8 +61,7 @@ def stale_operator(cluster: Cluster, redis_url: str, tmp_path: Path) -> Iterator
     control_plane = cluster.kube.control_plane
     faults = FaultInjector(tmp_path / "faults.jsonl")
     with faults.stale_api_server(control_plane, delay_ms=ETCD_DELAY_MS) as stale:
-        address = stale.server.removeprefix("https://").rpartition(":")
-        link = LinkProxy("127.0.0.1", (address[0], int(address[2]))).start()
+        link = LinkProxy("127.0.0.1", stale.address).start()
         try:
             # 127.0.0.1 is among the serving certificate's addresses: the operator verifies the server.
             admin = dataclasses.replace(cluster.kube.admin, server=f"https://{link.address}")
@@ -157,29 +163,13 @@ async def test_a_standby_cut_off_from_etcd_stays_paused_and_releases_nothing_the
     meanwhile, and its sweep must not take that for a deleted session (operator/sweep.py confirms with a live
     listing; tests/operator/test_session_sweep.py). It stays paused, and nothing is released."""
     assert cluster.kube.control_plane is not None
-    peering = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "ardiff"}}
-    path = f"/apis/kopf.dev/v1/namespaces/{cluster.namespace}/kopfpeerings"
-    assert cluster.http.post(path, json=peering).status_code == 201
-
-    def operator(name: str, priority: int, kubeconfig: Path | None = None) -> OperatorProcess:
-        command = ("ardiff", "operator", "run", "--peering", "ardiff", "--priority", str(priority))
-        process = cluster.operator(redis_url, tmp_path / f"{name}.log", command, kubeconfig=kubeconfig)
-        process.env = {
-            **process.env,
-            "ARDIFF_OPERATOR_PEERING_LIFETIME_SECONDS": str(PEERING_LIFETIME_SECONDS),
-        }
-        return process
-
-    def peers() -> set[int]:
-        status = cluster.http.get(f"{path}/ardiff").json().get("status") or {}
-        return {peer["priority"] for peer in status.values()}
-
+    peering = Peering(cluster, redis_url, tmp_path, PEERING_LIFETIME_SECONDS)
     faults = FaultInjector(tmp_path / "faults.jsonl")
     with faults.stale_api_server(cluster.kube.control_plane, delay_ms=ETCD_DELAY_MS) as stale:
         kubeconfig = stale.credentials(cluster.kube.admin).write_kubeconfig(
             tmp_path / "stale.kubeconfig", cluster.namespace
         )
-        active, standby = operator("active", 10), operator("standby", 0, kubeconfig)
+        active, standby = peering.operator("active", 10), peering.operator("standby", 0, kubeconfig)
         with serving(cluster, active):
             wait_until(lambda: peering_state(active) == "active", what="the active operator to resume")
             standby.start().wait_ready()
@@ -189,7 +179,7 @@ async def test_a_standby_cut_off_from_etcd_stays_paused_and_releases_nothing_the
                 )
                 cluster.create_session("a", pool=POOL)
                 placed = {"a": _placement(cluster, "a")}
-                wait_until(lambda: peers() == {10, 0}, what="both peers")
+                wait_until(lambda: set(peering.peers()) == {10, 0}, what="both peers")
                 assert peering_state(standby) == ""  # it starts paused
                 with faults.cut_from_etcd(stale):
                     cluster.create_session("x", pool=POOL)
