@@ -39,7 +39,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ardiff.client import CAMERA_TOUR
-from ardiff.devcluster.cluster import BENCHMARK_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster, tiny_pool
+from ardiff.devcluster.cluster import BENCHMARK_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster
+from ardiff.devcluster.pools import tiny_pool
 from ardiff.devcluster.redis_server import free_port
 from ardiff.devcluster.waiting import condition_true, wait_until
 

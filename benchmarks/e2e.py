@@ -56,9 +56,10 @@ import httpx
 import yaml
 
 from ardiff.client import CAMERA_TOUR, ResetRequired, hold, parse_server_timing
-from ardiff.devcluster.cluster import BENCHMARK_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster, pod_pid, tiny_pool
+from ardiff.devcluster.cluster import BENCHMARK_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster, pod_pid
 from ardiff.devcluster.faults import FaultInjector
 from ardiff.devcluster.network import short_pod_id
+from ardiff.devcluster.pools import tiny_pool
 from ardiff.devcluster.tick_recorder import TickRecorder
 from ardiff.devcluster.waiting import condition_true, wait_until
 

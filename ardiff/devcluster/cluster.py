@@ -84,34 +84,6 @@ PROCESS_NODE_CAPACITY = {
 SIMULATED_NODE_CAPACITY = {"cpu": "4000", "memory": "16000Gi", "pods": "1000", "ephemeral-storage": "20000Gi"}
 
 
-def tiny_pool(
-    name: str,
-    *,
-    min_replicas: int,
-    max_replicas: int,
-    scale_down_delay_seconds: int,
-    capacity: int = 2,
-    env: Sequence[Mapping[str, str]] = (),
-) -> dict[str, Any]:
-    """A pool of workers on the embedded tiny LingBot-World at 64x64, `capacity` sessions per pod, evicting
-    idle sessions at once (the benchmarks' and the e2e tests' pool; `env` may make its workers fake)."""
-    return {
-        "apiVersion": "ardiffusion.dev/v1alpha1",
-        "kind": "ARDiffusionWorkerPool",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"name": "tiny-lingbot-world", "height": 64, "width": 64},
-            "image": "ghcr.io/ardiff/ardiff-worker:0.1.0",
-            # 1 GiB of "free device memory" on CPU keeps each worker's KV pool small.
-            "kv": {"sessionCapacity": capacity, "cpuFreeMemoryBytes": 1 << 30},
-            **({"env": [dict(item) for item in env]} if env else {}),
-            "replicas": {"min": min_replicas, "max": max_replicas},
-            "scaleDownDelaySeconds": scale_down_delay_seconds,
-            "eviction": {"minIdleSeconds": 0},
-        },
-    }
-
-
 def load_manifests(directory: Path = CRD_DIR) -> list[dict[str, Any]]:
     """Every document of the YAML files in `directory` (the CRDs by default)."""
     documents: list[dict[str, Any]] = []
@@ -591,4 +563,4 @@ def in_cidr(address: str, cidr: str) -> bool:
     return ipaddress.ip_address(address) in ipaddress.ip_network(cidr)
 
 
-__all__ = ["OPERATOR_COMMAND", "DevCluster", "NodeSpec", "load_manifests", "pod_pid", "time", "tiny_pool"]
+__all__ = ["OPERATOR_COMMAND", "DevCluster", "NodeSpec", "load_manifests", "pod_pid", "time"]

@@ -33,8 +33,9 @@ import httpx
 
 from ardiff.wire import SERVED_BY_HEADER, ServedBy
 
-# The answers after which a session's chunks start a new line: a reset (the tick asked for one) is recorded
-# with the tick; a rewind's 409 says the session went back to a kept or snapshot boundary.
+# The answers after which a session's chunks start a new line: a reset (a tick that asked for one, or a 200 of
+# the reset route) is recorded as `Answer.reset`; a rewind's 409 says the session went back to a kept or
+# snapshot boundary.
 NEW_LINE_CODES = frozenset({"rewound"})
 
 
@@ -51,7 +52,7 @@ class Answer:
     digest: str  # SHA-256 of a 200's body ("" otherwise)
     sent: float  # time.monotonic() when the request was sent
     at: float  # and when its answer arrived
-    reset: bool = False  # the tick asked to start the session over
+    reset: bool = False  # the tick asked to start the session over, or a reset (its own route) was done
 
 
 # `/v1/sessions/<id>/...` under any prefix (a front door's `/pools/<namespace>/<pool>`).
@@ -78,6 +79,8 @@ class History:
             body = json.loads(response.request.content)
             chunk_index, request_id = int(body["chunk_index"]), str(body["request_id"])
             reset = bool(body.get("reset", False))
+        elif route["rest"] == "/reset" and response.request.method == "POST":
+            reset = response.status_code == 200  # `SessionClient.reset()`: the next tick is chunk 0
         code = ""
         if response.status_code >= 400:
             try:

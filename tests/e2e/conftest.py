@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from ardiff.client import KubeSessions, SessionClient
-from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster, pod_pid, tiny_pool
+from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster, pod_pid
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.redis_server import RedisServer
 from ardiff.devcluster.waiting import condition_true
@@ -49,52 +49,6 @@ OPERATOR_ENV = {
     "ARDIFF_OPERATOR_MIRROR_SECONDS": "1",
     "ARDIFF_OPERATOR_CANCELLATION_POLLING_SECONDS": "0.5",
 }
-SHARED_TIER_CLAIM = {
-    "apiVersion": "v1",
-    "kind": "PersistentVolumeClaim",
-    "metadata": {"name": "shared-tier"},
-    "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
-}
-SHARED_TIER_PATH = "/var/lib/ardiff/tier"
-WORKER_LEASE_ENV = [
-    {"name": "ARDIFF_LEASE_SECONDS", "value": "5"},
-    {"name": "ARDIFF_HEARTBEAT_SECONDS", "value": "1"},
-]
-
-
-def build_pool(
-    name: str, *, capacity: int, min_replicas: int, max_replicas: int, fake: bool
-) -> dict[str, Any]:
-    """A pool of the tiny model at 64x64 (or of the fake runtime) with short worker leases."""
-    env = [*WORKER_LEASE_ENV]
-    if fake:
-        env += [
-            {"name": "ARDIFF_RUNTIME", "value": "fake"},
-            {"name": "ARDIFF_FAKE_CAPACITY", "value": str(capacity)},
-            {"name": "ARDIFF_TEST_FAULTS", "value": "1"},
-        ]
-    return tiny_pool(
-        name,
-        capacity=capacity,
-        min_replicas=min_replicas,
-        max_replicas=max_replicas,
-        scale_down_delay_seconds=3600,  # pods stay for the whole module
-        env=env,
-    )
-
-
-def with_shared_tier(pool: dict[str, Any], *, snapshot_every_chunks: int = 0) -> dict[str, Any]:
-    """`pool` with every worker mounting the shared tier claim (`SHARED_TIER_CLAIM`) as its suspend dir."""
-    spec = dict(pool["spec"])
-    env = [*spec.get("env", []), {"name": "ARDIFF_SUSPEND_DIR", "value": SHARED_TIER_PATH}]
-    if snapshot_every_chunks:
-        env.append({"name": "ARDIFF_SNAPSHOT_EVERY_CHUNKS", "value": str(snapshot_every_chunks)})
-    spec["env"] = env
-    spec["volumes"] = [
-        {"name": "tier", "persistentVolumeClaim": {"claimName": SHARED_TIER_CLAIM["metadata"]["name"]}}
-    ]
-    spec["volumeMounts"] = [{"name": "tier", "mountPath": SHARED_TIER_PATH}]
-    return {**pool, "spec": spec}
 
 
 @dataclass

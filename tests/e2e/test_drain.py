@@ -17,8 +17,9 @@ import pytest
 
 from ardiff import client
 from ardiff.devcluster.cluster import DevCluster
+from ardiff.devcluster.pools import SHARED_TIER_CLAIM, build_pool, with_shared_tier
 from ardiff.devcluster.waiting import wait_until
-from tests.e2e.conftest import SHARED_TIER_CLAIM, Stack, build_pool, running_stack, with_shared_tier
+from tests.e2e.conftest import Stack, running_stack
 
 pytestmark = pytest.mark.slow
 

@@ -22,8 +22,9 @@ import pytest
 
 from ardiff import client
 from ardiff.devcluster.cluster import DevCluster
+from ardiff.devcluster.pools import build_pool
 from ardiff.devcluster.waiting import wait_until
-from tests.e2e.conftest import Stack, build_pool, running_stack
+from tests.e2e.conftest import Stack, running_stack
 
 pytestmark = pytest.mark.slow
 

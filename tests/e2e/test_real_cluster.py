@@ -29,10 +29,11 @@ from ardiff.devcluster.cluster import DevCluster, pod_pid
 from ardiff.devcluster.faults import FaultInjector
 from ardiff.devcluster.history import History
 from ardiff.devcluster.network import short_pod_id
+from ardiff.devcluster.pools import SHARED_TIER_CLAIM, build_pool, with_shared_tier
 from ardiff.devcluster.tick_recorder import TickRecorder
 from ardiff.devcluster.waiting import wait_until
 from ardiff.wire import ServedBy
-from tests.e2e.conftest import SHARED_TIER_CLAIM, Stack, build_pool, running_stack, with_shared_tier
+from tests.e2e.conftest import Stack, running_stack
 
 pytestmark = pytest.mark.slow
 

@@ -26,8 +26,9 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
 from ardiff.devcluster.cluster import DevCluster
+from ardiff.devcluster.pools import build_pool
 from ardiff.devcluster.waiting import wait_until
-from tests.e2e.conftest import REPO, Stack, build_pool, restore_default_sigint, running_stack
+from tests.e2e.conftest import REPO, Stack, restore_default_sigint, running_stack
 
 pytestmark = pytest.mark.slow
 

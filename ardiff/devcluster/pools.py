@@ -1,0 +1,84 @@
+"""The worker pools the tests and benchmarks run on the dev cluster: the tiny LingBot-World at 64x64 (or the
+fake runtime) with short worker leases, and a shared tier (a ReadWriteMany claim every worker mounts as its
+suspend directory) for pools whose sessions move between Pods from exports and snapshots."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def tiny_pool(
+    name: str,
+    *,
+    min_replicas: int,
+    max_replicas: int,
+    scale_down_delay_seconds: int,
+    capacity: int = 2,
+    env: Sequence[Mapping[str, str]] = (),
+) -> dict[str, Any]:
+    """A pool of workers on the embedded tiny LingBot-World at 64x64, `capacity` sessions per pod, evicting
+    idle sessions at once (the benchmarks' and the e2e tests' pool; `env` may make its workers fake)."""
+    return {
+        "apiVersion": "ardiffusion.dev/v1alpha1",
+        "kind": "ARDiffusionWorkerPool",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "tiny-lingbot-world", "height": 64, "width": 64},
+            "image": "ghcr.io/ardiff/ardiff-worker:0.1.0",
+            # 1 GiB of "free device memory" on CPU keeps each worker's KV pool small.
+            "kv": {"sessionCapacity": capacity, "cpuFreeMemoryBytes": 1 << 30},
+            **({"env": [dict(item) for item in env]} if env else {}),
+            "replicas": {"min": min_replicas, "max": max_replicas},
+            "scaleDownDelaySeconds": scale_down_delay_seconds,
+            "eviction": {"minIdleSeconds": 0},
+        },
+    }
+
+
+SHARED_TIER_CLAIM = {
+    "apiVersion": "v1",
+    "kind": "PersistentVolumeClaim",
+    "metadata": {"name": "shared-tier"},
+    "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+}
+SHARED_TIER_PATH = "/var/lib/ardiff/tier"
+WORKER_LEASE_ENV = [
+    {"name": "ARDIFF_LEASE_SECONDS", "value": "5"},
+    {"name": "ARDIFF_HEARTBEAT_SECONDS", "value": "1"},
+]
+
+
+def build_pool(
+    name: str, *, capacity: int, min_replicas: int, max_replicas: int, fake: bool
+) -> dict[str, Any]:
+    """A pool of the tiny model at 64x64 (or of the fake runtime) with short worker leases."""
+    env = [*WORKER_LEASE_ENV]
+    if fake:
+        env += [
+            {"name": "ARDIFF_RUNTIME", "value": "fake"},
+            {"name": "ARDIFF_FAKE_CAPACITY", "value": str(capacity)},
+            {"name": "ARDIFF_TEST_FAULTS", "value": "1"},
+        ]
+    return tiny_pool(
+        name,
+        capacity=capacity,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        scale_down_delay_seconds=3600,  # pods stay for the whole run
+        env=env,
+    )
+
+
+def with_shared_tier(pool: dict[str, Any], *, snapshot_every_chunks: int = 0) -> dict[str, Any]:
+    """`pool` with every worker mounting the shared tier claim (`SHARED_TIER_CLAIM`) as its suspend dir."""
+    spec = dict(pool["spec"])
+    env = [*spec.get("env", []), {"name": "ARDIFF_SUSPEND_DIR", "value": SHARED_TIER_PATH}]
+    if snapshot_every_chunks:
+        env.append({"name": "ARDIFF_SNAPSHOT_EVERY_CHUNKS", "value": str(snapshot_every_chunks)})
+    spec["env"] = env
+    spec["volumes"] = [
+        {"name": "tier", "persistentVolumeClaim": {"claimName": SHARED_TIER_CLAIM["metadata"]["name"]}}
+    ]
+    spec["volumeMounts"] = [{"name": "tier", "mountPath": SHARED_TIER_PATH}]
+    return {**pool, "spec": spec}
