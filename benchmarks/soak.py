@@ -577,38 +577,33 @@ def print_report(report: SoakReport, seed: int) -> None:
 
 
 def print_alerts(report: SoakReport) -> None:
-    """Each alert's episodes with the fault before each, and each kind of fault with the alerts that became
-    active within `ALERT_WINDOW` of one."""
+    """Each alert's episodes (how many fired), and each kind of fault with the alerts that became active
+    after one of its faults and before the next fault (within `ALERT_WINDOW`)."""
     assert report.alerts is not None
     quiet = [a for a in report.alerts if a.active_at < report.quiet_until]
     print(
         f"\nalerts (the chart's rules, a real Prometheus): {len(report.alerts)} episodes, {len(quiet)} quiet"
     )
-    header = f"{'alert':<64} {'episodes':>8} {'fired':>5}  after (the fault before each)"
+    header = f"{'alert':<72} {'episodes':>8} {'fired':>5}"
     print(header)
     print("-" * len(header))
-    by_alert: dict[str, list[AlertEpisode]] = collections.defaultdict(list)
-    for episode in report.alerts:
-        by_alert[episode.alert].append(episode)
-    for alert, episodes in sorted(by_alert.items()):
-        before = collections.Counter(
-            next((kind for at, kind in reversed(report.injected) if at <= e.active_at), "none")
-            for e in episodes
-        )
-        after = ", ".join(f"{kind} {n}" for kind, n in sorted(before.items()))
-        print(f"{alert:<64} {len(episodes):8d} {sum(e.fired for e in episodes):5d}  {after}")
-    print(f"\n{'fault':<18} {'injected':>8}  alerts active within {ALERT_WINDOW:g} s of one")
+    for alert in sorted({e.alert for e in report.alerts}):
+        episodes = [e for e in report.alerts if e.alert == alert]
+        print(f"{alert:<72} {len(episodes):8d} {sum(e.fired for e in episodes):5d}")
+    followed: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for (at, kind), (until, _) in zip(
+        report.injected, [*report.injected[1:], (float("inf"), "")], strict=True
+    ):
+        raised = {
+            e.alert.split("{")[0] for e in report.alerts if at <= e.active_at < min(until, at + ALERT_WINDOW)
+        }
+        followed[kind].update(raised)
+    header = f"{'fault':<18} {'injected':>8}  alerts active after one, before the next fault (episodes)"
+    print(f"\n{header}\n{'-' * len(header)}")
     for kind in FAULT_MENU:
-        starts = [at for at, injected in report.injected if injected == kind]
-        names = sorted(
-            {
-                e.alert.split("{")[0]
-                for e in report.alerts
-                for at in starts
-                if at <= e.active_at <= at + ALERT_WINDOW
-            }
-        )
-        print(f"{kind:<18} {len(starts):8d}  {', '.join(names) or 'none'}")
+        injected = sum(1 for _, k in report.injected if k == kind)
+        raised = ", ".join(f"{alert} {n}" for alert, n in sorted(followed[kind].items()))
+        print(f"{kind:<18} {injected:8d}  {raised or 'none'}")
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ states, the store's invariants or the clean-up; and its schedule, a pure functio
 
 from __future__ import annotations
 
+import collections
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,11 +13,12 @@ import pytest
 
 from ardiff.devcluster.cluster import DevCluster
 from ardiff.devcluster.pools import SHARED_TIER_CLAIM
-from tests.benchmark_smoke import benchmark_module
+from tests.benchmark_smoke import benchmark_module, rows_under
 from tests.e2e.conftest import Stack, running_stack
 
 soak = benchmark_module("soak")
 SEED = 3
+FAULT_ROWS = [[kind] for kind in soak.FAULT_MENU]
 SECONDS = 120.0
 EVERY = 6.0
 
@@ -38,6 +40,47 @@ def test_the_schedule_is_the_seeds_and_each_round_has_every_kind_of_the_menu() -
         f.seconds <= soak.SHORT_FAULT_SECONDS[1] for f in first if f.kind.startswith(("operator", "redis"))
     )
     assert all(f.seconds == 0 for f in first if f.kind.endswith(("kill", "restart")))
+
+
+def test_the_report_tells_each_alert_after_the_fault_before_it_and_counts_the_quiet_phases(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lost, store = "ArdiffSessionsLost{pool=p}", "ArdiffPlacementStoreUnreachable{pool=p}"
+    report = soak.SoakReport(
+        faults=collections.Counter({"worker-kill": 1, "redis-pause": 1}),
+        skipped=collections.Counter(),
+        outcomes={"s": collections.Counter({"connections": 2, "rewound": 1, "worker_unreachable": 1})},
+        chunks={"s": 40},
+        incarnations={"s": 2},
+        refused=collections.Counter({"503 not_ready": 3}),
+        ended=1,
+        injected=[(100.0, "worker-kill"), (110.0, "redis-pause")],
+        alerts=[
+            soak.AlertEpisode(lost, 80.0, fired=False),  # in the quiet phase
+            soak.AlertEpisode(lost, 105.0, fired=False),
+            soak.AlertEpisode(store, 111.0, fired=True),
+            soak.AlertEpisode(store, 400.0, fired=False),  # past the window: no fault's
+        ],
+        quiet_until=90.0,
+        answers=50,
+        violations=[],
+        wall_s=130.0,
+    )
+    soak.print_report(report, SEED)
+    lines = capsys.readouterr().out.splitlines()
+    assert rows_under(lines, "session", 7) == [["s", "40", "2", "2", "0", "1", "1"]]
+    assert rows_under(lines, "alert ", 3) == [[store, "2", "1"], [lost, "2", "0"]]
+    assert "(the chart's rules, a real Prometheus): 4 episodes, 1 quiet" in "\n".join(lines)
+    table = next(i for i, line in enumerate(lines) if line.startswith("fault") and "alerts active" in line)
+    after = {
+        cells[0]: cells[2]
+        for cells in (line.split(None, 2) for line in lines[table:])
+        if cells[:1] in FAULT_ROWS
+    }
+    assert after["worker-kill"] == "ArdiffSessionsLost 1"
+    assert after["redis-pause"] == "ArdiffPlacementStoreUnreachable 1"
+    assert after["etcd-restart"] == "none"
+    assert "violations: 0" in lines
 
 
 def target(stack: Stack):  # the benchmark's SoakTarget
