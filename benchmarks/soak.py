@@ -20,7 +20,8 @@ seconds on average (uniform 0.5-1.5x), kinds in shuffled rounds of the menu (eve
 
 Checked at the end (each failure a line of the report, "violations: N" last; exit status 1 if any):
 - the history (`History.violations`): no split brain, no silent fork, no 5xx without a code, and no chunk from
-  an incarnation after its fault began when the fault ended it (a kill, a pause or a cut past its lease);
+  an incarnation after its fault began when the fault ended it (a kill, a pause or a cut past its lease; read
+  more than `IN_FLIGHT_SECONDS` after the fault began);
 - every session Ready again after the last fault and delivering chunks (within `SETTLE_TIMEOUT`);
 - no answer the menu should never cause (`UNEXPECTED_CODES`: a refused token, a tick called invalid);
 - the store's invariants (`check_invariants`), and every session's record where its status says, on its
@@ -105,6 +106,9 @@ CLIENT_TIMEOUT = 15.0  # a tick to a paused worker waits at most this long
 CLIENT_RETRY_SECONDS = 20.0  # retryable answers (a restarting Redis) are retried this long
 CONNECT_TIMEOUT = 20.0  # waiting for Ready before connecting again
 SETTLE_TIMEOUT = 180.0  # every session Ready and ticking again after the last fault
+# A chunk the worker sent before the fault began may be read by its client just after (a 200 read 0.0 s after
+# a pause began was seen): an incarnation a fault ended is stale from this long after the fault began.
+IN_FLIGHT_SECONDS = 1.0
 START_TIMEOUT = 300.0
 ALERT_WINDOW = 120.0  # an alert a fault should raise becomes active within this
 UNEXPECTED_CODES = frozenset({"unauthorized", "invalid_tick", "body_too_large", "session_closed"})
@@ -444,7 +448,7 @@ class Soak:
             with self.injector.partition(namespace, network.host_ip, self.target.redis.port):
                 time.sleep(fault.seconds)
         if fault.ends_incarnation:
-            self.ended.setdefault(ServedBy(name, epoch), begun)
+            self.ended.setdefault(ServedBy(name, epoch), begun + IN_FLIGHT_SECONDS)
         return True
 
     # --- checks ----------------------------------------------------------------------------------------
