@@ -11,7 +11,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -41,7 +41,15 @@ def walk_sample(points: list[str], setting: str | None) -> list[str]:
 
 
 # Points every run of the scenario passes: the walk's discovery must find each (or the hooks moved).
-EXPECTED_POINTS = {"kube:create pods", "kube:patch ardiffusionsessions/status", "redis:place"}
+EXPECTED_POINTS = {
+    "kube:create pods",
+    "kube:delete pods",
+    "kube:patch ardiffusionsessions/status",
+    "redis:place",
+    "redis:set_eviction",
+    "redis:release",
+    "redis:delete_pool",
+}
 
 
 def test_the_walk_takes_a_seeded_sample_in_ci_and_every_point_when_told() -> None:
@@ -136,24 +144,61 @@ class Restarter:
         return wait_until(checked, timeout=timeout, what=what)
 
 
-async def run_scenario(cluster: Cluster, operator: Restarter, pool: str) -> None:
-    """Create a pool and two sessions, delete one, scale the pool to two Pods, whatever crash happens."""
-    cluster.create_pool(pool, replicas={"min": 1, "max": 2}, **SIMULATED_PLACEMENT, env=SIMULATED_ENV)
+async def settled(operator: Restarter, check: Callable[[], Awaitable[bool]], what: str) -> None:
+    """`operator.wait` (90 s) for a check of the store."""
+    deadline = time.monotonic() + 90
+    while not await check():
+        operator.check()
+        assert time.monotonic() < deadline, f"timed out after 90 s waiting for {what}"
+        await asyncio.sleep(0.2)
+
+
+async def run_scenario(cluster: Cluster, operator: Restarter, store: PlacementStore, pool: str) -> None:
+    """A pool's life, whatever crash happens, checked as it goes: a pool and two sessions; one session's
+    priority changed, the other deleted; the pool scaled to two Pods, then back to one (the empty Pod
+    retired); the last session deleted, then the pool. At each step: the session where its status says on a
+    current Pod incarnation, the slots used equal to the sessions, the store's invariants; at the end nothing
+    of the pool left in the API server or the store."""
+    pid = PoolId(cluster.namespace, pool)
+    cluster.create_pool(
+        pool, replicas={"min": 1, "max": 2}, scaleDownDelaySeconds=0, **SIMULATED_PLACEMENT, env=SIMULATED_ENV
+    )
     for name in ("a", "b"):
         cluster.create_session(f"{pool}-{name}", pool=pool)
     for name in ("a", "b"):
         operator.wait(
             lambda n=name: _phase(cluster, f"{pool}-{n}") == "Ready" or None, f"{pool}-{name} Ready"
         )
+    assert cluster.patch_spec("ardiffusionsessions", f"{pool}-b", {"priority": 7}).status_code == 200
+
+    async def reprioritised() -> bool:
+        binding = (await store.get_bindings(pid, [f"{pool}-b"])).get(f"{pool}-b")
+        return binding is not None and binding.priority == 7
+
+    await settled(operator, reprioritised, f"{pool}-b's new priority in the store")
     cluster.delete("ardiffusionsessions", f"{pool}-a")
     operator.wait(lambda: cluster.get("ardiffusionsessions", f"{pool}-a") is None, f"{pool}-a gone")
     cluster.patch_pool_spec({"replicas": {"min": 2, "max": 2}}, name=pool)
-
-
-async def check_converged(cluster: Cluster, operator: Restarter, store: PlacementStore, pool: str) -> None:
-    """Two Ready Pods; the survivor Ready on one of them with that Pod's epoch; one slot used; the store's
-    invariants hold."""
     operator.wait(lambda: _ready_pods(cluster, pool) == 2 or None, f"two Ready Pods in {pool}")
+    await check_placed(cluster, operator, store, pool)
+    cluster.patch_pool_spec({"replicas": {"min": 1, "max": 1}}, name=pool)
+    operator.wait(lambda: len(cluster.pod_names(pool)) == 1 or None, f"{pool} back to one Pod")
+    assert (await check_placed(cluster, operator, store, pool)) in cluster.pod_names(pool)
+    cluster.delete("ardiffusionsessions", f"{pool}-b")
+    operator.wait(lambda: cluster.get("ardiffusionsessions", f"{pool}-b") is None, f"{pool}-b gone")
+    cluster.delete("ardiffusionworkerpools", pool)
+    operator.wait(lambda: cluster.get("ardiffusionworkerpools", pool) is None, f"{pool} gone")
+    operator.wait(lambda: not cluster.pods(pool) or None, f"{pool}'s Pods gone")
+
+    async def forgotten() -> bool:
+        return pid not in await store.list_pools() and not await store.list_pods(pid)
+
+    await settled(operator, forgotten, f"{pool} gone from the store")
+
+
+async def check_placed(cluster: Cluster, operator: Restarter, store: PlacementStore, pool: str) -> str:
+    """The survivor Ready on a live Pod with that Pod's epoch; one slot used; the store's invariants hold. Its
+    Pod."""
     status = operator.wait(
         lambda: cluster.status(f"{pool}-b") if _phase(cluster, f"{pool}-b") == "Ready" else None,
         f"{pool}-b Ready",
@@ -163,6 +208,7 @@ async def check_converged(cluster: Cluster, operator: Restarter, store: Placemen
     assert records[status["pod"]].epoch == status["podEpoch"]
     assert sum(r.used for r in records.values()) == 1
     assert await store.check_invariants(PoolId(cluster.namespace, pool)) == []
+    return status["pod"]
 
 
 def _phase(cluster: Cluster, name: str) -> str | None:
@@ -193,8 +239,7 @@ async def test_the_operator_crashed_at_a_seeded_sample_of_its_write_points_conve
 ) -> None:
     process, logged = walked_operator
     operator = Restarter(process)
-    await run_scenario(cluster, operator, "discover")
-    await check_converged(cluster, operator, store, "discover")
+    await run_scenario(cluster, operator, store, "discover")
     points = sorted(set(logged.read_text().splitlines()))
     assert set(points) >= EXPECTED_POINTS, points
     chosen = walk_sample(points, os.environ.get(WALK_POINTS_ENV))
@@ -204,6 +249,5 @@ async def test_the_operator_crashed_at_a_seeded_sample_of_its_write_points_conve
     for index, point in enumerate(chosen):
         operator.crash_at(point)
         crashes = operator.crashes
-        await run_scenario(cluster, operator, f"walk{index}")
+        await run_scenario(cluster, operator, store, f"walk{index}")
         operator.wait(lambda c=crashes: operator.crashes > c or None, f"the crash at {point}", timeout=30)
-        await check_converged(cluster, operator, store, f"walk{index}")
