@@ -239,7 +239,7 @@ class SessionPlay(threading.Thread):
                     client.sync()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class AlertEpisode:
     """An alert (its name and labels) from when it became active (`activeAt`, wall clock), and whether it was
     seen firing (its `for` passed) or only pending."""
@@ -269,7 +269,8 @@ class AlertWatch(threading.Thread):
 
     def stop(self) -> list[AlertEpisode]:
         self._stopping.set()
-        self.join(timeout=30)
+        if self.ident is not None:  # started
+            self.join(timeout=30)
         return sorted(AlertEpisode(a, at, fired) for (a, at), fired in self.episodes.items())
 
 
@@ -533,11 +534,15 @@ class Soak:
         token = base64.b64decode(secret["data"][TRANSFER_TOKEN_KEY]).decode()
         held = {}
         for name, pod in worker_pods(self.target).items():
-            reply = httpx.get(
-                f"http://{pod['status']['podIP']}:8000/v1/sessions",
-                headers={"Authorization": f"Bearer {token}"},
-                timeout=10,
-            ).json()
+            try:
+                reply = httpx.get(
+                    f"http://{pod['status']['podIP']}:8000/v1/sessions",
+                    headers={"Authorization": f"Bearer {token}"},
+                    timeout=10,
+                ).json()
+            except httpx.HTTPError as exc:  # a worker restarting: what it holds is not known yet
+                held[name] = [f"? ({type(exc).__name__})"]
+                continue
             held[name] = [s["session_id"] for s in reply["sessions"] if s["session_id"] in self.names]
         return held
 

@@ -83,6 +83,17 @@ def test_the_report_tells_each_alert_after_the_fault_before_it_and_counts_the_qu
     assert "violations: 0" in lines
 
 
+def test_the_alert_watch_gives_each_episode_once_in_order_of_alert_and_time() -> None:
+    watch = soak.AlertWatch(prometheus=None)
+    watch.episodes = {("b{}", 5.0): True, ("a{}", 9.0): False, ("a{}", 2.0): False}
+    assert watch.stop() == [
+        soak.AlertEpisode("a{}", 2.0, fired=False),
+        soak.AlertEpisode("a{}", 9.0, fired=False),
+        soak.AlertEpisode("b{}", 5.0, fired=True),
+    ]
+    assert soak.alert_time("2026-12-07T18:00:01.250000000Z") == 1796666401.25
+
+
 def target(stack: Stack):  # the benchmark's SoakTarget
     return soak.SoakTarget(
         stack.kube, stack.namespace, stack.pool, stack.redis, stack.operator, stack.sessions
