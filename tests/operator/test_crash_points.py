@@ -156,7 +156,8 @@ async def settled(operator: Restarter, check: Callable[[], Awaitable[bool]], wha
 async def run_scenario(cluster: Cluster, operator: Restarter, store: PlacementStore, pool: str) -> None:
     """A pool's life, whatever crash happens, checked as it goes: a pool and two sessions; one session's
     priority changed, the other deleted; the pool scaled to two Pods, then back to one (the empty Pod
-    retired); the last session deleted, then the pool. At each step: the session where its status says on a
+    retired); two more sessions, the last of which evicts one (the Pod holds two); the sessions deleted, then
+    the pool. At each step: the session where its status says on a
     current Pod incarnation, the slots used equal to the sessions, the store's invariants; at the end nothing
     of the pool left in the API server or the store."""
     pid = PoolId(cluster.namespace, pool)
@@ -184,8 +185,27 @@ async def run_scenario(cluster: Cluster, operator: Restarter, store: PlacementSt
     cluster.patch_pool_spec({"replicas": {"min": 1, "max": 1}}, name=pool)
     operator.wait(lambda: len(cluster.pod_names(pool)) == 1 or None, f"{pool} back to one Pod")
     assert (await check_placed(cluster, operator, store, pool)) in cluster.pod_names(pool)
-    cluster.delete("ardiffusionsessions", f"{pool}-b")
-    operator.wait(lambda: cluster.get("ardiffusionsessions", f"{pool}-b") is None, f"{pool}-b gone")
+    # The one Pod's two slots: the third of b, c and d to be placed evicts an idle one (Evicted: the pool has
+    # no tier to suspend it into); which, depends on the order the operator saw them in.
+    for name in ("c", "d"):
+        cluster.create_session(f"{pool}-{name}", pool=pool)
+    phases: list[dict[str, str | None]] = []
+
+    def evicted() -> bool:
+        phases.append({n: _phase(cluster, f"{pool}-{n}") for n in "bcd"})
+        return sorted(str(p) for p in phases[-1].values()) == ["Evicted", "Ready", "Ready"]
+
+    try:
+        operator.wait(lambda: evicted() or None, "two of b, c and d Ready, one evicted")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: phases {phases[-1]}") from None
+    assert await store.check_invariants(pid) == []
+    for name in ("b", "c", "d"):
+        cluster.delete("ardiffusionsessions", f"{pool}-{name}")
+    for name in ("b", "c", "d"):
+        operator.wait(
+            lambda n=name: cluster.get("ardiffusionsessions", f"{pool}-{n}") is None, f"{pool}-{name} gone"
+        )
     cluster.delete("ardiffusionworkerpools", pool)
     operator.wait(lambda: cluster.get("ardiffusionworkerpools", pool) is None, f"{pool} gone")
     operator.wait(lambda: not cluster.pods(pool) or None, f"{pool}'s Pods gone")
