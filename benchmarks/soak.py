@@ -71,7 +71,7 @@ from ardiff.devcluster.faults import FaultInjector
 from ardiff.devcluster.history import Answer, History
 from ardiff.devcluster.network import short_pod_id
 from ardiff.devcluster.operator_process import OperatorProcess
-from ardiff.devcluster.pools import SHARED_TIER_CLAIM, build_pool, with_shared_tier
+from ardiff.devcluster.pools import SHARED_TIER_CLAIM, WORKER_LEASE_SECONDS, build_pool, with_shared_tier
 from ardiff.devcluster.prometheus import Prometheus
 from ardiff.devcluster.redis_server import RedisServer, free_port
 from ardiff.devcluster.waiting import condition_true, wait_until
@@ -88,7 +88,6 @@ POOL_NAME = "soak"
 POOL = with_shared_tier(
     build_pool(POOL_NAME, capacity=4, min_replicas=2, max_replicas=2, fake=True), snapshot_every_chunks=2
 )
-LEASE_SECONDS = 5.0  # the pool's workers' (`build_pool`)
 FAULT_MENU = (
     "worker-kill",
     "worker-pause",
@@ -100,7 +99,10 @@ FAULT_MENU = (
     "etcd-restart",
 )
 SHORT_FAULT_SECONDS = (1.0, 3.0)  # within a worker's lease: nothing moves
-LONG_FAULT_SECONDS = (LEASE_SECONDS + 3, LEASE_SECONDS + 5)  # past it: the worker is reaped and fenced
+LONG_FAULT_SECONDS = (
+    WORKER_LEASE_SECONDS + 3,
+    WORKER_LEASE_SECONDS + 5,
+)  # past it: the worker is reaped and fenced
 FPS, BUFFER_CHUNKS = 16.0, 2
 CLIENT_TIMEOUT = 15.0  # a tick to a paused worker waits at most this long
 CLIENT_RETRY_SECONDS = 20.0  # retryable answers (a restarting Redis) are retried this long

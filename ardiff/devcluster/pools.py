@@ -43,9 +43,12 @@ SHARED_TIER_CLAIM = {
     "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
 }
 SHARED_TIER_PATH = "/var/lib/ardiff/tier"
+# Short leases: a worker cut off or paused is noticed within seconds.
+WORKER_LEASE_SECONDS = 5
+WORKER_HEARTBEAT_SECONDS = 1
 WORKER_LEASE_ENV = [
-    {"name": "ARDIFF_LEASE_SECONDS", "value": "5"},
-    {"name": "ARDIFF_HEARTBEAT_SECONDS", "value": "1"},
+    {"name": "ARDIFF_LEASE_SECONDS", "value": str(WORKER_LEASE_SECONDS)},
+    {"name": "ARDIFF_HEARTBEAT_SECONDS", "value": str(WORKER_HEARTBEAT_SECONDS)},
 ]
 
 
