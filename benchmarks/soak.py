@@ -528,7 +528,9 @@ class Soak:
         return in_store(self.target, lambda store: store.list_pods(pool))
 
     def _held(self) -> dict[str, list[str]]:
-        """Each worker's sessions of the soak (its `GET /v1/sessions`, with the pool's transfer token)."""
+        """Each running worker's sessions of the soak (its `GET /v1/sessions`, with the pool's transfer
+        token; a worker whose process is not running holds none: it starts again as an incarnation without
+        them)."""
         with self.target.kube.admin.client(timeout=10) as client:
             secret = client.get(
                 f"/api/v1/namespaces/{self.target.namespace}/secrets/{worker_redis_secret_name(self.target.pool)}"
@@ -536,6 +538,8 @@ class Soak:
         token = base64.b64decode(secret["data"][TRANSFER_TOKEN_KEY]).decode()
         held = {}
         for name, pod in worker_pods(self.target).items():
+            if pod_pid(pod) is None:  # no process (waiting to restart, back-off after many): it holds nothing
+                continue
             try:
                 reply = httpx.get(
                     f"http://{pod['status']['podIP']}:8000/v1/sessions",
