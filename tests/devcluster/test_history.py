@@ -102,8 +102,9 @@ def test_only_session_routes_are_recorded_and_a_describe_is_no_delivery() -> Non
 
 
 def test_a_reset_through_its_own_route_starts_a_new_line() -> None:
-    """`SessionClient.reset()` (`POST /v1/sessions/<id>/reset`, not a tick's `reset`) starts the session over: a
-    session lost with its pod and placed again needs one, and its chunk 0 then comes from another incarnation."""
+    """`SessionClient.reset()` (`POST /v1/sessions/<id>/reset`, not a tick's `reset`) starts the session
+    over: a session lost with its pod and placed again needs one, and its chunk 0 then comes from another
+    incarnation."""
     history = History()
     tick(history, "s", 0, "r0", answer(200, A1, b"c0"))
     tick(history, "s", 1, "r1", answer(200, A1, b"c1"))
@@ -113,9 +114,12 @@ def test_a_reset_through_its_own_route_starts_a_new_line() -> None:
     failed = history.record(
         httpx.Response(503, headers={SERVED_BY_HEADER: B1.header}, json=not_ready, request=reset)
     )
-    assert failed is not None and not failed.reset  # only a reset done starts a line
+    assert failed is not None
+    assert not failed.reset  # only a reset done starts a line
     done = history.record(httpx.Response(200, headers={SERVED_BY_HEADER: B1.header}, json={}, request=reset))
-    assert done is not None and done.reset and done.chunk_index is None
+    assert done is not None
+    assert done.reset
+    assert done.chunk_index is None
     tick(history, "s", 0, "r0b", answer(200, B1, b"c0 again"))
     tick(history, "s", 1, "r1b", answer(200, B1, b"c1"))
     assert history.violations() == []
