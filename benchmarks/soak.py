@@ -112,6 +112,8 @@ SETTLE_TIMEOUT = 180.0  # every session Ready and ticking again after the last f
 # a pause began was seen): an incarnation a fault ended is stale from this long after the fault began.
 IN_FLIGHT_SECONDS = 1.0
 START_TIMEOUT = 300.0
+# Deleted sessions' Secrets go by the garbage collector, whose informers relist after an etcd restart.
+LEFTOVER_TIMEOUT = 120.0
 ALERT_WINDOW = 120.0  # an alert a fault should raise becomes active within this
 UNEXPECTED_CODES = frozenset({"unauthorized", "invalid_tick", "body_too_large", "session_closed"})
 
@@ -521,7 +523,7 @@ class Soak:
             return left
 
         with contextlib.suppress(AssertionError):  # wait_until's time-out: told below
-            wait_until(lambda: not released(), timeout=60, what="nothing left", poll=1)
+            wait_until(lambda: not released(), timeout=LEFTOVER_TIMEOUT, what="nothing left", poll=1)
         return found + released()
 
     def _pods(self, pool: PoolId) -> list[Any]:
