@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import collections
 import contextlib
 import datetime
@@ -71,14 +70,21 @@ from ardiff.devcluster.faults import FaultInjector
 from ardiff.devcluster.history import Answer, History
 from ardiff.devcluster.network import short_pod_id
 from ardiff.devcluster.operator_process import OperatorProcess
-from ardiff.devcluster.pools import SHARED_TIER_CLAIM, WORKER_LEASE_SECONDS, build_pool, with_shared_tier
+from ardiff.devcluster.pools import (
+    SHARED_TIER_CLAIM,
+    WORKER_LEASE_SECONDS,
+    build_pool,
+    pool_pods,
+    transfer_token,
+    with_shared_tier,
+    worker_sessions,
+)
 from ardiff.devcluster.prometheus import Prometheus
 from ardiff.devcluster.redis_server import RedisServer, free_port
 from ardiff.devcluster.waiting import condition_true, wait_until
 from ardiff.errors import ArdiffError
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
-from ardiff.operator.pods import TRANSFER_TOKEN_KEY, worker_redis_secret_name
 from ardiff.player import Player
 from ardiff.wire import ServedBy
 
@@ -178,15 +184,7 @@ def in_store(target: SoakTarget, use: Callable[[PlacementStore], Coroutine[Any, 
 
 def worker_pods(target: SoakTarget) -> dict[str, dict[str, Any]]:
     """The pool's worker Pods that are not being deleted, by name."""
-    with target.kube.admin.client(timeout=10) as client:
-        reply = client.get(f"/api/v1/namespaces/{target.namespace}/pods")
-    reply.raise_for_status()
-    return {
-        p["metadata"]["name"]: p
-        for p in reply.json()["items"]
-        if p["metadata"].get("labels", {}).get("ardiffusion.dev/pool") == target.pool
-        and not p["metadata"].get("deletionTimestamp")
-    }
+    return pool_pods(target.kube.admin, target.namespace, target.pool)
 
 
 def epochs(target: SoakTarget) -> dict[str, int]:
@@ -314,7 +312,6 @@ class Soak:
     workdir: Path
     history: History = field(default_factory=History)
     ended: dict[ServedBy, float] = field(default_factory=dict)  # incarnations a fault ended: from when
-    faults_done: collections.Counter[str] = field(default_factory=collections.Counter)
     skipped: collections.Counter[str] = field(default_factory=collections.Counter)
     quiet_seconds: float = 0.0  # sessions played without a fault before the first one
     prometheus: Prometheus | None = None  # evaluating the chart's rules on the target's series
@@ -362,7 +359,7 @@ class Soak:
         violations += self._consistent()
         violations += self._nothing_left()
         return SoakReport(
-            faults=self.faults_done,
+            faults=collections.Counter(kind for _, kind in self.injected),
             skipped=self.skipped,
             outcomes={p.session: p.outcomes for p in players},
             chunks={n: len(self._deliveries(n)) for n in self.names},
@@ -425,7 +422,6 @@ class Soak:
             self.injector.restart_etcd(control_plane)
         else:
             raise ValueError(f"soak fault kind must be one of {FAULT_MENU}, got {kind!r}")
-        self.faults_done[kind] += 1
         self.injected.append((begun, kind))
 
     def _on_worker(self, fault: ScheduledFault) -> bool:
@@ -533,21 +529,13 @@ class Soak:
         """Each running worker's sessions of the soak (its `GET /v1/sessions`, with the pool's transfer
         token; a worker whose process is not running holds none: it starts again as an incarnation without
         them)."""
-        with self.target.kube.admin.client(timeout=10) as client:
-            secret = client.get(
-                f"/api/v1/namespaces/{self.target.namespace}/secrets/{worker_redis_secret_name(self.target.pool)}"
-            ).json()
-        token = base64.b64decode(secret["data"][TRANSFER_TOKEN_KEY]).decode()
+        token = transfer_token(self.target.kube.admin, self.target.namespace, self.target.pool)
         held = {}
         for name, pod in worker_pods(self.target).items():
             if pod_pid(pod) is None:  # no process (waiting to restart, back-off after many): it holds nothing
                 continue
             try:
-                reply = httpx.get(
-                    f"http://{pod['status']['podIP']}:8000/v1/sessions",
-                    headers={"Authorization": f"Bearer {token}"},
-                    timeout=10,
-                ).json()
+                reply = worker_sessions(pod, token)
             except httpx.HTTPError as exc:  # a worker restarting: what it holds is not known yet
                 held[name] = [f"? ({type(exc).__name__})"]
                 continue

@@ -1,11 +1,18 @@
 """The worker pools the tests and benchmarks run on the dev cluster: the tiny LingBot-World at 64x64 (or the
 fake runtime) with short worker leases, and a shared tier (a ReadWriteMany claim every worker mounts as its
-suspend directory) for pools whose sessions move between Pods from exports and snapshots."""
+suspend directory) for pools whose sessions move between Pods from exports and snapshots; and how a test
+looks at a pool's workers (its Pods, what each worker holds)."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import httpx
+
+from ardiff.devcluster.kubeconfig import Credentials
+from ardiff.operator.pods import TRANSFER_TOKEN_KEY, worker_redis_secret_name
 
 
 def tiny_pool(
@@ -85,3 +92,31 @@ def with_shared_tier(pool: dict[str, Any], *, snapshot_every_chunks: int = 0) ->
     ]
     spec["volumeMounts"] = [{"name": "tier", "mountPath": SHARED_TIER_PATH}]
     return {**pool, "spec": spec}
+
+
+def pool_pods(admin: Credentials, namespace: str, pool: str) -> dict[str, dict[str, Any]]:
+    """The pool's worker Pods that are not being deleted, by name."""
+    with admin.client(timeout=10) as client:
+        reply = client.get(f"/api/v1/namespaces/{namespace}/pods")
+    reply.raise_for_status()
+    return {
+        p["metadata"]["name"]: p
+        for p in reply.json()["items"]
+        if p["metadata"].get("labels", {}).get("ardiffusion.dev/pool") == pool
+        and not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def transfer_token(admin: Credentials, namespace: str, pool: str) -> str:
+    """The pool's transfer token (its workers' Secret), to which a worker names the sessions it holds."""
+    with admin.client(timeout=10) as client:
+        reply = client.get(f"/api/v1/namespaces/{namespace}/secrets/{worker_redis_secret_name(pool)}")
+    reply.raise_for_status()
+    return base64.b64decode(reply.json()["data"][TRANSFER_TOKEN_KEY]).decode()
+
+
+def worker_sessions(pod: Mapping[str, Any], token: str) -> dict[str, Any]:
+    """The worker's `GET /v1/sessions` (capacity, admitted sessions, KV blocks) at the Pod's address, with the
+    pool's transfer token."""
+    headers = {"Authorization": f"Bearer {token}"}
+    return httpx.get(f"http://{pod['status']['podIP']}:8000/v1/sessions", headers=headers, timeout=10).json()

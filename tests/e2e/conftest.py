@@ -11,7 +11,6 @@ module's Redis is its own, so a test may restart it (every key lost) without tou
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import os
 import signal
@@ -27,11 +26,11 @@ import yaml
 from ardiff.client import KubeSessions, SessionClient
 from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster, pod_pid
 from ardiff.devcluster.operator_process import OperatorProcess
+from ardiff.devcluster.pools import pool_pods, transfer_token, worker_sessions
 from ardiff.devcluster.redis_server import RedisServer
 from ardiff.devcluster.waiting import condition_true
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
-from ardiff.operator.pods import TRANSFER_TOKEN_KEY, worker_redis_secret_name
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
@@ -92,13 +91,7 @@ class Stack:
 
     def pods(self) -> dict[str, dict[str, Any]]:
         """The pool's worker Pods that are not being deleted, by name."""
-        items = self.api(f"/api/v1/namespaces/{self.namespace}/pods")["items"]
-        return {
-            p["metadata"]["name"]: p
-            for p in items
-            if p["metadata"].get("labels", {}).get("ardiffusion.dev/pool") == self.pool
-            and not p["metadata"].get("deletionTimestamp")
-        }
+        return pool_pods(self.kube.admin, self.namespace, self.pool)
 
     def ready_pods(self) -> set[str]:
         return {name for name, pod in self.pods().items() if condition_true(pod, "Ready")}
@@ -137,15 +130,9 @@ class Stack:
         return self.placement(lambda store: store.check_invariants(self.pool_id))
 
     def worker(self, pod: str) -> dict[str, Any]:
-        """The worker's `GET /v1/sessions` (capacity, admitted sessions, KV blocks) at the Pod's address, with
-        the pool's transfer token (the sessions are named only to it)."""
-        ip = self.pods()[pod]["status"]["podIP"]
-        secret = self.api(
-            f"/api/v1/namespaces/{self.namespace}/secrets/{worker_redis_secret_name(self.pool)}"
-        )
-        token = base64.b64decode(secret["data"][TRANSFER_TOKEN_KEY]).decode()
-        headers = {"Authorization": f"Bearer {token}"}
-        return httpx.get(f"http://{ip}:8000/v1/sessions", headers=headers, timeout=10).json()
+        """The worker's `GET /v1/sessions` at the Pod's address, with the pool's transfer token (the sessions
+        are named only to it)."""
+        return worker_sessions(self.pods()[pod], transfer_token(self.kube.admin, self.namespace, self.pool))
 
     def restart_count(self, pod: str) -> int:
         return self.pods()[pod]["status"]["containerStatuses"][0]["restartCount"]
