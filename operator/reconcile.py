@@ -81,9 +81,14 @@ def placement_order(session: SessionView, record: SessionBinding | None) -> tupl
     """Waiting sessions' order (docs/contracts.md §2): `lost` ones first (their pod died while they were in
     use), by priority then most recent activity (last tick, latest first); then suspended ones a tick asked
     for (their users are ticking), by priority then the demand's time; then the others (new, evicted) by
-    priority then creation time. A lost session without a record (Redis lost its data) ranks by its status."""
+    priority then creation time. A session without a record (Redis lost its data) ranks by its status: lost
+    when it says `Lost`, or a pod it is bound to (it was in use; first, it may be restored there with its KV,
+    which a slot an evicted or new session took first would prevent)."""
     assert session.spec is not None
-    lost = record.state is SessionState.LOST if record is not None else session.phase == Phase.LOST
+    if record is not None:
+        lost = record.state is SessionState.LOST
+    else:
+        lost = session.phase == Phase.LOST or bool(session.status.get("pod"))
     if record is not None and record.state is SessionState.SUSPENDED:
         return (1, -session.spec.priority, record.resume_requested_ms, session.created, session.name)
     if not lost:

@@ -5,24 +5,38 @@ invariants and the scenario's outcome."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
+import ardiff.kv
+import ardiff.operator
 from ardiff.crash_points import CRASH_AFTER_ENV, CRASH_EXIT_CODE, CRASH_POINTS_LOG_ENV, CrashPoints
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.waiting import condition_true, wait_until
+from ardiff.kv.keys import PoolKeys
 from ardiff.kv.placement import PlacementStore
-from ardiff.kv.records import PoolId
-from tests.operator.conftest import SIMULATED_ENV, SIMULATED_PLACEMENT, Cluster, serving
+from ardiff.kv.records import PoolId, SessionState
+from ardiff.kv.scripts import READ_ONLY_SCRIPTS
+from ardiff.operator import kube
+from tests.operator.conftest import (
+    FAKE_WORKER_ENV,
+    SIMULATED_ENV,
+    SIMULATED_PLACEMENT,
+    Cluster,
+    SharedTier,
+    serving,
+)
 
 T = TypeVar("T")
 # The walk's points in CI: a seeded sample of 3. The full walk (every point reached), recorded in
@@ -46,16 +60,103 @@ def walk_sample(points: list[str], setting: str | None) -> list[str]:
     return sorted(random.Random(WALK_SEED).sample(points, min(count, len(points))))
 
 
-# Points every run of the scenario passes: the walk's discovery must find each (or the hooks moved).
-EXPECTED_POINTS = {
+# --- every write point of the operator, read from its source ----------------------------------------------
+
+OPERATOR_SOURCE = Path(ardiff.operator.__file__).parent
+# The operator's side of the placement store (`PlacementStore` joins it with the workers' and the gateway's).
+OPERATOR_STORE_SOURCES = (
+    Path(ardiff.kv.__file__).parent / "placement_operator.py",
+    Path(ardiff.kv.__file__).parent / "placement_shared.py",
+)
+# The Kubernetes client's writes (operator/kube.py) and the point each passes.
+KUBE_WRITES = {"create": "create", "create_or_get": "create", "delete": "delete", "patch": "patch"}
+# Every point the operator's code can pass: what the walk's scenarios must reach, each of them.
+OPERATOR_WRITE_POINTS = {
     "kube:create pods",
+    "kube:create poddisruptionbudgets",
+    "kube:create secrets",
+    "kube:create services",
     "kube:delete pods",
     "kube:patch ardiffusionsessions/status",
-    "redis:place",
-    "redis:set_eviction",
-    "redis:release",
+    "kube:patch ardiffusionworkerpools/status",
+    "kube:patch poddisruptionbudgets",
+    "kube:patch pods",
+    "kube:patch secrets",
+    "redis:ack_resumed_note",
     "redis:delete_pool",
+    "redis:drain_pod",
+    "redis:expire_suspending",
+    "redis:mark_reset_required",
+    "redis:place",
+    "redis:read_bindings",
+    "redis:release",
+    "redis:remove_pods",
+    "redis:restore",
+    "redis:set_eviction",
+    "redis:suspend",
+    "redis:write_pool",
 }
+
+
+def _calls(tree: ast.AST) -> Iterator[ast.Call]:
+    return (node for node in ast.walk(tree) if isinstance(node, ast.Call))
+
+
+def store_scripts() -> dict[str, set[str]]:
+    """Each method of the operator's store: the library functions it runs, through the methods it calls."""
+    runs: dict[str, set[str]] = {}
+    calls: dict[str, set[str]] = {}
+    for source in OPERATOR_STORE_SOURCES:
+        for node in ast.walk(ast.parse(source.read_text())):
+            if not isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef):
+                continue
+            for call in _calls(node):
+                func = call.func
+                if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
+                    continue
+                if func.value.id != "self":
+                    continue
+                if func.attr == "_run" and isinstance(first := call.args[0], ast.Constant):
+                    runs.setdefault(node.name, set()).add(first.value)
+                calls.setdefault(node.name, set()).add(func.attr)
+
+    def closure(method: str, seen: frozenset[str] = frozenset()) -> set[str]:
+        found = set(runs.get(method, ()))
+        for called in calls.get(method, set()) - seen - {method}:
+            found |= closure(called, seen | {method})
+        return found
+
+    return {method: closure(method) for method in {*runs, *calls}}
+
+
+def operator_write_points() -> set[str]:
+    """The points of every store method and Kubernetes write the operator's modules call (`ctx.store.<m>(`,
+    `ctx.kube.<write>(<RESOURCE>, ...)`); the library's read-only functions are no points."""
+    scripts = store_scripts()
+    resources = {
+        name: value.plural for name, value in vars(kube).items() if isinstance(value, kube.ApiResource)
+    }
+    points = set()
+    for source in OPERATOR_SOURCE.glob("*.py"):
+        for call in _calls(ast.parse(source.read_text())):
+            func = call.func
+            if not isinstance(func, ast.Attribute) or not isinstance(func.value, ast.Attribute):
+                continue
+            if func.value.attr == "store":
+                points |= {f"redis:{s}" for s in scripts.get(func.attr, ()) if s not in READ_ONLY_SCRIPTS}
+            elif func.value.attr == "kube" and func.attr in (*KUBE_WRITES, "patch_status"):
+                plural = resources[ast.unparse(call.args[0])]
+                if func.attr == "patch_status":
+                    points.add(f"kube:patch {plural}/status")
+                else:
+                    points.add(f"kube:{KUBE_WRITES[func.attr]} {plural}")
+    return points
+
+
+def test_every_write_the_operators_code_makes_is_a_point_the_walk_must_reach() -> None:
+    """A new kind of write (a store function, a resource created, patched or deleted) is added here, and the
+    walk's scenarios must then reach it."""
+    assert operator_write_points() == OPERATOR_WRITE_POINTS
 
 
 def test_the_walk_takes_a_seeded_sample_in_ci_and_every_point_when_told() -> None:
@@ -162,7 +263,7 @@ async def settled(operator: Restarter, check: Callable[[], Awaitable[bool]], wha
         await asyncio.sleep(0.2)
 
 
-async def run_scenario(cluster: Cluster, operator: Restarter, store: PlacementStore, pool: str) -> None:
+async def run_pool_scenario(cluster: Cluster, operator: Restarter, store: PlacementStore, pool: str) -> None:
     """A pool's life, whatever crash happens, checked as it goes: a pool and two sessions; one session's
     priority changed, the other deleted; the pool scaled to two Pods, then back to one (the empty Pod
     retired); two more sessions, the last of which evicts one (the Pod holds two); the sessions deleted, then
@@ -211,18 +312,7 @@ async def run_scenario(cluster: Cluster, operator: Restarter, store: PlacementSt
     assert await store.check_invariants(pid) == []
     for name in ("b", "c", "d"):
         cluster.delete("ardiffusionsessions", f"{pool}-{name}")
-    for name in ("b", "c", "d"):
-        operator.wait(
-            lambda n=name: cluster.get("ardiffusionsessions", f"{pool}-{n}") is None, f"{pool}-{name} gone"
-        )
-    cluster.delete("ardiffusionworkerpools", pool)
-    operator.wait(lambda: cluster.get("ardiffusionworkerpools", pool) is None, f"{pool} gone")
-    operator.wait(lambda: not cluster.pods(pool) or None, f"{pool}'s Pods gone")
-
-    async def forgotten() -> bool:
-        return pid not in await store.list_pools() and not await store.list_pods(pid)
-
-    await settled(operator, forgotten, f"{pool} gone from the store")
+    await retire_pool(cluster, operator, store, pool)
 
 
 async def check_placed(cluster: Cluster, operator: Restarter, store: PlacementStore, pool: str) -> str:
@@ -253,6 +343,128 @@ async def check_placed(cluster: Cluster, operator: Restarter, store: PlacementSt
     return status["pod"]
 
 
+# The tier scenario's workers: the fake runtime exporting into the shared tier, with a lease long enough that
+# a worker paused while its session suspends (PAUSE_SECONDS at most) keeps its Pod record; the operator gives
+# an export SUSPEND_TIMEOUT_SECONDS (a roll's exports take milliseconds).
+TIER_LEASE = {"name": "ARDIFF_LEASE_SECONDS", "value": "30"}
+SUSPEND_TIMEOUT_SECONDS = 4
+WALK_OPERATOR_ENV = {"ARDIFF_OPERATOR_SUSPEND_TIMEOUT_SECONDS": str(SUSPEND_TIMEOUT_SECONDS)}
+
+
+async def run_tier_scenario(
+    cluster: Cluster, operator: Restarter, store: PlacementStore, tier: SharedTier, pool: str
+) -> None:
+    """A pool whose workers export into a shared tier, through what moves or rebuilds a session: a roll (each
+    session suspended to move, its export pulled by the new Pod, the worker's note acked); Redis losing the
+    pool's data (the bindings restored from the sessions' status, the session ticking on); the pool at max and
+    its worker paused while a newcomer makes a session suspend (the export never reported: expired, the
+    session evicted); Redis losing the data while the worker is killed (placed again, reset required); then
+    the sessions and the pool deleted, nothing of them left in the store."""
+    pid = PoolId(cluster.namespace, pool)
+    live, pinned, vip = f"{pool}-live", f"{pool}-pinned", f"{pool}-vip"
+    env = [*(e for e in FAKE_WORKER_ENV if e["name"] != TIER_LEASE["name"]), TIER_LEASE, tier.env]
+    cluster.create_pool(
+        pool, replicas={"min": 1, "max": 2}, eviction={"minIdleSeconds": 1}, env=env, **tier.pool_spec
+    )
+    cluster.create_session(live, pool=pool)
+    cluster.create_session(pinned, pool=pool, evictionPolicy="Never")
+    first = {name: _wait_ready(cluster, operator, name) for name in (live, pinned)}
+    _tick(cluster, live, 0)
+
+    # A roll: both move to the new Pod, each through its export; the worker's note of the move is acked.
+    cluster.patch_pool_spec({"kv": {"gpuMemoryFraction": 0.5}}, name=pool)
+    old_pod = first[live]["pod"]
+    for name in (live, pinned):
+        _wait_ready(cluster, operator, name, lambda status: status.get("pod") != old_pod)
+    operator.wait(lambda: old_pod not in cluster.pod_names(pool) or None, f"{old_pod} gone", timeout=90)
+
+    async def acked() -> bool:
+        records = await store.get_bindings(pid, [live, pinned])
+        return len(records) == 2 and all(r.resumed_note == "" for r in records.values())
+
+    await settled(operator, acked, "the moves' notes acked")
+    _tick(cluster, live, 1)  # continues where it was: no reset
+
+    # Redis loses the pool's data: the worker's heartbeat brings its Pod back, the operator the bindings.
+    before = {name: cluster.status(name) for name in (live, pinned)}
+    await forget_pool_data(store, pid)
+
+    async def restored() -> bool:
+        records = await store.get_bindings(pid, [live, pinned])
+        return {n: (r.state, r.pod, r.pod_epoch) for n, r in records.items()} == {
+            n: (SessionState.PLACED, s["pod"], s["podEpoch"]) for n, s in before.items()
+        }
+
+    await settled(operator, restored, "the bindings restored from the sessions' status")
+    _tick(cluster, live, 2)
+
+    # At max, the worker paused while a newcomer makes `live` suspend: no export comes, it expires.
+    cluster.patch_pool_spec({"replicas": {"min": 1, "max": 1}}, name=pool)
+    pod = before[live]["pod"]
+    await asyncio.sleep(1.5)  # idle past the pool's minIdleSeconds: `live` may be the victim
+    cluster.kill(pod, signal.SIGSTOP)
+    try:
+        cluster.create_session(vip, pool=pool, priority=5)
+        operator.wait(lambda: _phase(cluster, live) == "Evicted" or None, f"{live} evicted", timeout=30)
+    finally:
+        cluster.kill(pod, signal.SIGCONT)
+    _wait_ready(cluster, operator, vip)
+
+    # Redis loses the data while the worker is killed: its new incarnation holds no KV of them.
+    epoch = before[pinned]["podEpoch"]
+    cluster.kill(pod, signal.SIGKILL)
+    await forget_pool_data(store, pid)
+    _wait_ready(
+        cluster, operator, pinned, lambda status: status.get("resetRequired") and status["podEpoch"] != epoch
+    )
+    for name in (live, pinned, vip):
+        cluster.delete("ardiffusionsessions", name)
+    await retire_pool(cluster, operator, store, pool)
+
+
+async def forget_pool_data(store: PlacementStore, pool: PoolId) -> None:
+    """Every key of the pool deleted: what Redis losing its data does to one pool (the tests' Redis is
+    shared)."""
+    keys = [key async for key in store.client.scan_iter(match=PoolKeys(pool).pattern)]
+    if keys:
+        await store.client.delete(*keys)
+
+
+async def retire_pool(cluster: Cluster, operator: Restarter, store: PlacementStore, pool: str) -> None:
+    """The pool deleted once its sessions are: gone from the API server, its Pods and the store."""
+    pid = PoolId(cluster.namespace, pool)
+    operator.wait(
+        lambda: not any(s["spec"]["poolRef"] == pool for s in cluster.items("ardiffusionsessions")) or None,
+        f"{pool}'s sessions gone",
+    )
+    cluster.delete("ardiffusionworkerpools", pool)
+    operator.wait(lambda: cluster.get("ardiffusionworkerpools", pool) is None, f"{pool} gone")
+    operator.wait(lambda: not cluster.pods(pool) or None, f"{pool}'s Pods gone")
+
+    async def forgotten() -> bool:
+        return pid not in await store.list_pools() and not await store.list_pods(pid)
+
+    await settled(operator, forgotten, f"{pool} gone from the store")
+
+
+def _wait_ready(
+    cluster: Cluster,
+    operator: Restarter,
+    name: str,
+    also: Callable[[dict[str, Any]], object] = lambda _: True,
+) -> dict[str, Any]:
+    def ready() -> dict[str, Any] | None:
+        status = cluster.status(name)
+        return status if status.get("phase") == "Ready" and also(status) else None
+
+    return operator.wait(ready, f"{name} Ready")
+
+
+def _tick(cluster: Cluster, name: str, chunk: int) -> None:
+    answer = cluster.tick(name, chunk)
+    assert answer.status_code == 200, answer.text
+
+
 def _phase(cluster: Cluster, name: str) -> str | None:
     return (cluster.get("ardiffusionsessions", name) or {}).get("status", {}).get("phase")
 
@@ -270,7 +482,8 @@ def walked_operator(
     cluster: Cluster, redis_url: str, tmp_path: Path
 ) -> Iterator[tuple[OperatorProcess, Path]]:
     points = tmp_path / "points"
-    process = cluster.operator(redis_url, tmp_path / "operator.log", env={CRASH_POINTS_LOG_ENV: str(points)})
+    env = {**WALK_OPERATOR_ENV, CRASH_POINTS_LOG_ENV: str(points)}
+    process = cluster.operator(redis_url, tmp_path / "operator.log", env=env)
     with serving(cluster, process):
         yield process, points
 
@@ -279,11 +492,26 @@ def walked_operator(
 async def test_the_operator_crashed_at_a_seeded_sample_of_its_write_points_converges_with_its_invariants(
     cluster: Cluster, walked_operator: tuple[OperatorProcess, Path], store: PlacementStore
 ) -> None:
+    """Each scenario once without a crash finds the points it reaches (together: every write point); then
+    the operator crashes once at each chosen point, in a run of the scenario that reached it first."""
     process, logged = walked_operator
     operator = Restarter(process)
-    await run_scenario(cluster, operator, store, "discover")
-    points = sorted(set(logged.read_text().splitlines()))
-    assert set(points) >= EXPECTED_POINTS, points
+    tier = cluster.shared_tier()
+    scenarios: dict[str, Callable[[str], Awaitable[None]]] = {
+        "pool": lambda pool: run_pool_scenario(cluster, operator, store, pool),
+        "tier": lambda pool: run_tier_scenario(cluster, operator, store, tier, pool),
+    }
+    reached_by: dict[str, str] = {}
+    for kind, run in scenarios.items():
+        seen = len(logged.read_text().splitlines()) if logged.exists() else 0
+        await run(f"discover-{kind}")
+        for point in logged.read_text().splitlines()[seen:]:
+            reached_by.setdefault(point, kind)
+    points = sorted(reached_by)
+    assert set(points) == OPERATOR_WRITE_POINTS, (
+        f"not reached: {sorted(OPERATOR_WRITE_POINTS - set(points))}; "
+        f"not declared: {sorted(set(points) - OPERATOR_WRITE_POINTS)}"
+    )
     chosen = walk_sample(points, os.environ.get(WALK_POINTS_ENV))
     print(
         f"crash points: {len(points)} reached; walked {chosen}; skipped {sorted(set(points) - set(chosen))}"
@@ -291,5 +519,5 @@ async def test_the_operator_crashed_at_a_seeded_sample_of_its_write_points_conve
     for index, point in enumerate(chosen):
         operator.crash_at(point)
         crashes = operator.crashes
-        await run_scenario(cluster, operator, store, f"walk{index}")
+        await scenarios[reached_by[point]](f"walk{index}-{reached_by[point]}")
         operator.wait(lambda c=crashes: operator.crashes > c or None, f"the crash at {point}", timeout=30)

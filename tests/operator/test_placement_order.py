@@ -61,6 +61,20 @@ def test_a_lost_session_without_a_record_ranks_by_its_status() -> None:
     assert [s.name for s in ordered] == ["lost-b", "lost-a", "lost-c", "evicted"]
 
 
+def test_a_session_bound_to_a_pod_when_redis_lost_its_record_ranks_with_the_lost_ones() -> None:
+    """Issue 40 (the crash walk's tier scenario): Redis lost the pool's data while sessions were Ready on a
+    pod. Their status still says Ready on it: they were in use, and go before an evicted session (whose record
+    went too) rather than after it by creation time — first, they may be restored on that pod with their KV,
+    which a slot taken by the evicted one would prevent."""
+    evicted = session("evicted", "2023-01-01T00:00:00Z", phase="Evicted")
+    bound = session(
+        "bound", "2024-01-01T00:00:00Z", phase="Ready", pod="p1", podEpoch=7, lastTickTime="2024-01-01T00:01:00Z"
+    )
+    new = session("new", "2022-01-01T00:00:00Z")
+    ordered = sorted([evicted, new, bound], key=lambda s: placement_order(s, None))
+    assert [s.name for s in ordered] == ["bound", "new", "evicted"]
+
+
 def test_suspended_sessions_a_tick_asked_for_come_after_lost_ones() -> None:
     """Issue 12: their users are ticking; they go before new and evicted sessions, by priority then by when
     the demand came. (A suspended session without a demand is not placed at all: place_sessions skips it.)"""
