@@ -67,9 +67,7 @@ def test_a_session_bound_to_a_pod_when_redis_lost_its_record_ranks_with_the_lost
     went too) rather than after it by creation time — first, they may be restored on that pod with their KV,
     which a slot taken by the evicted one would prevent."""
     evicted = session("evicted", "2023-01-01T00:00:00Z", phase="Evicted")
-    bound = session(
-        "bound", "2024-01-01T00:00:00Z", phase="Ready", pod="p1", podEpoch=7, lastTickTime="2024-01-01T00:01:00Z"
-    )
+    bound = session("bound", "2024-01-01T00:00:00Z", phase="Ready", pod="p1", podEpoch=7)
     new = session("new", "2022-01-01T00:00:00Z")
     ordered = sorted([evicted, new, bound], key=lambda s: placement_order(s, None))
     assert [s.name for s in ordered] == ["bound", "new", "evicted"]
