@@ -33,13 +33,17 @@ With a Prometheus (the script's own run: Debian's `prometheus` scraping the oper
 the chart's alerting rules, `ardiff.devcluster.prometheus`), the sessions first play `--quiet-minutes`
 without a fault, during which no alert may become active (a violation otherwise); the report lists every
 alert episode (pending, or firing once its `for` passed) with the fault before it, and for each kind of fault
-the alerts that became active within `ALERT_WINDOW` of one.
+the alerts that became active within `ALERT_WINDOW` of one. After the schedule, each of `SUSTAINED_FAULTS`
+(Redis paused; every worker cut from Redis) is held until the alert that tells of it fires, at most
+`ALERT_WINDOW` (a violation otherwise), then healed, and the sessions must settle again
+(`benchmarks/soak_alerts.py`).
 
     .venv/bin/python benchmarks/soak.py [--minutes 30] [--quiet-minutes 3] [--seed 1] [--sessions 4]
         [--fault-every 8] [--smoke]
 
-`--smoke`: 1 minute of faults after 30 s of quiet. The suite runs a fixed seed for 2 minutes without a
-Prometheus on the test session's cluster (`tests/e2e/test_soak.py`).
+`--smoke`: 1 minute of faults after 30 s of quiet, no fault held. The suite runs a fixed seed for 2 minutes
+on the test session's cluster (`tests/e2e/test_soak.py`), with a Prometheus whose rules' `for`s are a few
+seconds (`rules_held_for`), so that its held faults fire their alerts in seconds.
 """
 
 from __future__ import annotations
@@ -48,7 +52,6 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import datetime
 import os
 import random
 import sys
@@ -62,6 +65,19 @@ from typing import Any, TypeVar
 
 import httpx
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from soak_alerts import (
+    ALERT_WINDOW,
+    SUSTAINED_FAULTS,
+    AlertEpisode,
+    AlertWatch,
+    SustainedFault,
+    print_alerts,
+    print_sustained,
+    wait_fired,
+)
 
 from ardiff.client import KubeSessions, ResetRequired, Rewound
 from ardiff.client.errors import ChunkOutOfOrder
@@ -120,7 +136,6 @@ IN_FLIGHT_SECONDS = 1.0
 START_TIMEOUT = 300.0
 # Deleted sessions' Secrets go by the garbage collector, whose informers relist after an etcd restart.
 LEFTOVER_TIMEOUT = 120.0
-ALERT_WINDOW = 120.0  # an alert a fault should raise becomes active within this
 UNEXPECTED_CODES = frozenset({"unauthorized", "invalid_tick", "body_too_large", "session_closed"})
 
 
@@ -241,48 +256,6 @@ class SessionPlay(threading.Thread):
                     client.sync()
 
 
-@dataclass(frozen=True, order=True)
-class AlertEpisode:
-    """An alert (its name and labels) from when it became active (`activeAt`, wall clock), and whether it was
-    seen firing (its `for` passed) or only pending."""
-
-    alert: str
-    active_at: float
-    fired: bool
-
-
-class AlertWatch(threading.Thread):
-    """Polls a Prometheus that evaluates the chart's rules every second: each alert episode seen."""
-
-    def __init__(self, prometheus: Prometheus) -> None:
-        super().__init__(daemon=True, name="soak-alerts")
-        self.prometheus = prometheus
-        self.episodes: dict[tuple[str, float], bool] = {}  # (alert, activeAt) -> seen firing
-        self._stopping = threading.Event()
-
-    def run(self) -> None:
-        while not self._stopping.wait(1.0):
-            with contextlib.suppress(httpx.HTTPError, RuntimeError):
-                for alert in self.prometheus.alerts():
-                    labels = alert["labels"]
-                    named = ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "alertname")
-                    key = (f"{labels['alertname']}{{{named}}}", alert_time(alert["activeAt"]))
-                    self.episodes[key] = self.episodes.get(key, False) or alert["state"] == "firing"
-
-    def stop(self) -> list[AlertEpisode]:
-        self._stopping.set()
-        if self.ident is not None:  # started
-            self.join(timeout=30)
-        return sorted(AlertEpisode(a, at, fired) for (a, at), fired in self.episodes.items())
-
-
-def alert_time(active_at: str) -> float:
-    """Prometheus's `activeAt` (RFC 3339, nanoseconds) as `time.time()`."""
-    whole, _, fraction = active_at.rstrip("Z").partition(".")
-    moment = datetime.datetime.fromisoformat(whole).replace(tzinfo=datetime.UTC)
-    return moment.timestamp() + float(f"0.{fraction or 0}")
-
-
 @dataclass
 class SoakReport:
     faults: collections.Counter[str]
@@ -294,6 +267,7 @@ class SoakReport:
     ended: int  # worker incarnations a fault ended
     injected: list[tuple[float, str]]  # each fault's start (`time.time()`) and kind, in order
     alerts: list[AlertEpisode] | None  # every alert episode of the run (None: no Prometheus)
+    held: list[SustainedFault]  # the faults held until their alert fired (with a Prometheus, when asked)
     quiet_until: float  # the end of the quiet phase before the first fault (`time.time()`)
     answers: int
     violations: list[str]
@@ -315,10 +289,13 @@ class Soak:
     skipped: collections.Counter[str] = field(default_factory=collections.Counter)
     quiet_seconds: float = 0.0  # sessions played without a fault before the first one
     prometheus: Prometheus | None = None  # evaluating the chart's rules on the target's series
+    hold_faults: bool = False  # after the schedule, hold each of SUSTAINED_FAULTS until its alert fires
     injected: list[tuple[float, str]] = field(default_factory=list)
+    held: list[SustainedFault] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.injector = FaultInjector(self.workdir / "faults.jsonl")
+        self.held_injector = FaultInjector(self.workdir / "held-faults.jsonl")  # the held faults, apart
 
     @property
     def names(self) -> list[str]:
@@ -342,6 +319,9 @@ class Soak:
                 print(f"  {time.monotonic() - faulting:6.1f}s {fault.kind} {fault.seconds:g}s", flush=True)
             time.sleep(max(0.0, faulting + self.seconds - time.monotonic()))
             violations += self._settle()
+            if self.hold_faults and self.prometheus is not None:
+                for kind, alert in SUSTAINED_FAULTS:
+                    violations += self._hold(kind, alert)
         finally:
             for player in players:
                 player.stop()
@@ -370,6 +350,7 @@ class Soak:
             ended=len(self.ended),
             injected=self.injected,
             alerts=alerts,
+            held=self.held,
             quiet_until=quiet_until,
             answers=len(self.history.answers),
             violations=violations,
@@ -451,6 +432,40 @@ class Soak:
         if fault.ends_incarnation:
             self.ended.setdefault(ServedBy(name, epoch), begun + IN_FLIGHT_SECONDS)
         return True
+
+    def _hold(self, kind: str, alert: str) -> list[str]:
+        """`kind` held until `alert` fires for the pool (at most `ALERT_WINDOW`), then healed; the sessions
+        settle again. Violations: the alert not fired, sessions not settled."""
+        assert self.prometheus is not None
+        begun, begun_monotonic = time.time(), time.monotonic()
+        with contextlib.ExitStack() as held:
+            if kind == "redis-pause":
+                assert self.target.redis.process is not None
+                held.enter_context(self.held_injector.paused(self.target.redis.process.pid, "redis-server"))
+            elif kind == "worker-partition":
+                network = self.target.kube.network
+                assert network is not None
+                current = epochs(self.target)
+                for name, pod in worker_pods(self.target).items():
+                    namespace = network.pod_namespace(short_pod_id(pod["metadata"]["uid"]))
+                    held.enter_context(
+                        self.held_injector.partition(namespace, network.host_ip, self.target.redis.port)
+                    )
+                    if name in current:  # cut past its lease: fenced, its chunks stale from now on
+                        self.ended.setdefault(
+                            ServedBy(name, current[name]), begun_monotonic + IN_FLIGHT_SECONDS
+                        )
+            else:
+                raise ValueError(f"a held fault is one of {[k for k, _ in SUSTAINED_FAULTS]}, got {kind!r}")
+            fired_after = wait_fired(self.prometheus, alert, self.target.pool, begun)
+        self.held.append(SustainedFault(kind, alert, fired_after))
+        print(f"  held {kind} until {alert} fired: {fired_after}", flush=True)
+        found = (
+            []
+            if fired_after is not None
+            else [f"held {kind}: {alert} did not fire within {ALERT_WINDOW:g} s"]
+        )
+        return found + self._settle()
 
     # --- checks ----------------------------------------------------------------------------------------
 
@@ -575,40 +590,12 @@ def print_report(report: SoakReport, seed: int) -> None:
     refused = ", ".join(f"{k} {n}" for k, n in sorted(report.refused.items()))
     print(f"answers other than 200 (status code): {refused or 'none'}")
     if report.alerts is not None:
-        print_alerts(report)
+        print_alerts(report.alerts, report.injected, report.quiet_until, FAULT_MENU)
+    if report.held:
+        print_sustained(report.held)
     for violation in report.violations:
         print(f"VIOLATION {violation}")
     print(f"violations: {len(report.violations)}")
-
-
-def print_alerts(report: SoakReport) -> None:
-    """Each alert's episodes (how many fired), and each kind of fault with the alerts that became active
-    after one of its faults and before the next fault (within `ALERT_WINDOW`)."""
-    assert report.alerts is not None
-    quiet = [a for a in report.alerts if a.active_at < report.quiet_until]
-    print(
-        f"\nalerts (the chart's rules, a real Prometheus): {len(report.alerts)} episodes, {len(quiet)} quiet"
-    )
-    header = f"{'alert':<72} {'episodes':>8} {'fired':>5}"
-    print(header)
-    print("-" * len(header))
-    for alert in sorted({e.alert for e in report.alerts}):
-        episodes = [e for e in report.alerts if e.alert == alert]
-        print(f"{alert:<72} {len(episodes):8d} {sum(e.fired for e in episodes):5d}")
-    followed: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    for (at, kind), (until, _) in zip(
-        report.injected, [*report.injected[1:], (float("inf"), "")], strict=True
-    ):
-        raised = {
-            e.alert.split("{")[0] for e in report.alerts if at <= e.active_at < min(until, at + ALERT_WINDOW)
-        }
-        followed[kind].update(raised)
-    header = f"{'fault':<18} {'injected':>8}  alerts active after one, before the next fault (episodes)"
-    print(f"\n{header}\n{'-' * len(header)}")
-    for kind in FAULT_MENU:
-        injected = sum(1 for _, k in report.injected if k == kind)
-        raised = ", ".join(f"{alert} {n}" for alert, n in sorted(followed[kind].items()))
-        print(f"{kind:<18} {injected:8d}  {raised or 'none'}")
 
 
 @contextlib.contextmanager
@@ -668,6 +655,7 @@ def main() -> None:
                 workdir,
                 quiet_seconds=args.quiet_minutes * 60,
                 prometheus=prometheus,
+                hold_faults=not args.smoke,
             )
             report = soak.run()
     print_report(report, args.seed)

@@ -29,6 +29,20 @@ ALERT_RULES = CHECKOUT / "charts" / "ardiff" / "monitoring" / "alerts.rules.yaml
 START_SECONDS = 30.0
 
 
+def rules_held_for(seconds: float, directory: Path) -> Path:
+    """The chart's rules with every `for` shortened to `seconds`, written into `directory`: the expressions as
+    shipped, so that a test sees an alert fire within seconds (the `for`s themselves are covered by
+    `promtool test rules`, tests/chart/alerts_test.yaml)."""
+    rules = yaml.safe_load(ALERT_RULES.read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if "for" in rule:
+                rule["for"] = f"{seconds:g}s"
+    path = directory / "alerts-held-short.rules.yaml"
+    path.write_text(yaml.safe_dump(rules, sort_keys=False))
+    return path
+
+
 @dataclass
 class Prometheus:
     """`prometheus` scraping `targets` (http URLs of /metrics) with `rule_files`; `start()`, then `stop()`."""

@@ -163,10 +163,11 @@ def running_stack(
     *,
     claims: Sequence[dict[str, Any]] = (),
     operator_env: dict[str, str] | None = None,
+    operator_command: Sequence[str] = OPERATOR_COMMAND,
 ) -> Iterator[Stack]:
-    """`namespace` on the session's cluster with its own Redis, the operator, `claims` and `pool` applied; on
-    exit the pool and the namespace are deleted (its Pods stopped by their kubelets), the operator and Redis
-    stopped."""
+    """`namespace` on the session's cluster with its own Redis, the operator (`operator_command`: with
+    `--metrics`, say), `claims` and `pool` applied; on exit the pool and the namespace are deleted (its Pods
+    stopped by their kubelets), the operator and Redis stopped."""
     network = kube.network
     assert network is not None
     assert kube.control_plane is not None
@@ -178,7 +179,7 @@ def running_stack(
             ).raise_for_status()
     with RedisServer(bind=("127.0.0.1", network.host_ip)) as redis:
         operator = OperatorProcess(
-            OPERATOR_COMMAND,
+            tuple(operator_command),
             kubeconfig=kube.kubeconfig,
             redis_url=redis.url,
             namespace=namespace,

@@ -1,6 +1,7 @@
 """The soak (issue 40 item 5, `benchmarks/soak.py`) on the test session's cluster: a fixed seed for two
 minutes, every kind of fault of the menu injected at least once, and no violation of the history, the end
-states, the store's invariants or the clean-up; and its schedule, a pure function of the seed."""
+states, the store's invariants or the clean-up; then each held fault until its alert fires on a real
+Prometheus (the chart's rules, their `for`s a few seconds); and its schedule, a pure function of the seed."""
 
 from __future__ import annotations
 
@@ -11,16 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from ardiff.devcluster.cluster import DevCluster
+from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster
 from ardiff.devcluster.pools import SHARED_TIER_CLAIM
+from ardiff.devcluster.prometheus import Prometheus, rules_held_for
+from ardiff.devcluster.redis_server import free_port
 from tests.benchmark_smoke import benchmark_module, rows_under
 from tests.e2e.conftest import Stack, running_stack
 
 soak = benchmark_module("soak")
+soak_alerts = benchmark_module("soak_alerts")
 SEED = 3
 FAULT_ROWS = [[kind] for kind in soak.FAULT_MENU]
 SECONDS = 120.0
 EVERY = 6.0
+ALERTS_HELD_FOR = 5  # seconds: the rules' `for` in the test's Prometheus
 
 
 def test_the_schedule_is_the_seeds_and_each_round_has_every_kind_of_the_menu() -> None:
@@ -56,10 +61,14 @@ def test_the_report_tells_each_alert_after_the_fault_before_it_and_counts_the_qu
         ended=1,
         injected=[(100.0, "worker-kill"), (110.0, "redis-pause")],
         alerts=[
-            soak.AlertEpisode(lost, 80.0, fired=False),  # in the quiet phase
-            soak.AlertEpisode(lost, 105.0, fired=False),
-            soak.AlertEpisode(store, 111.0, fired=True),
-            soak.AlertEpisode(store, 400.0, fired=False),  # past the window: no fault's
+            soak_alerts.AlertEpisode(lost, 80.0, fired=False),  # in the quiet phase
+            soak_alerts.AlertEpisode(lost, 105.0, fired=False),
+            soak_alerts.AlertEpisode(store, 111.0, fired=True),
+            soak_alerts.AlertEpisode(store, 400.0, fired=False),  # past the window: no fault's
+        ],
+        held=[
+            soak_alerts.SustainedFault("redis-pause", "ArdiffPlacementStoreUnreachable", 71.25),
+            soak_alerts.SustainedFault("worker-partition", "ArdiffSessionsLost", None),
         ],
         quiet_until=90.0,
         answers=50,
@@ -72,26 +81,29 @@ def test_the_report_tells_each_alert_after_the_fault_before_it_and_counts_the_qu
     assert rows_under(lines, "alert ", 3) == [[store, "2", "1"], [lost, "2", "0"]]
     assert "(the chart's rules, a real Prometheus): 4 episodes, 1 quiet" in "\n".join(lines)
     table = next(i for i, line in enumerate(lines) if line.startswith("fault") and "alerts active" in line)
+    rows = itertools.takewhile(bool, lines[table:])  # up to the blank line before the held faults' table
     after = {
-        cells[0]: cells[2]
-        for cells in (line.split(None, 2) for line in lines[table:])
-        if cells[:1] in FAULT_ROWS
+        cells[0]: cells[2] for cells in (line.split(None, 2) for line in rows) if cells[:1] in FAULT_ROWS
     }
     assert after["worker-kill"] == "ArdiffSessionsLost 1"
     assert after["redis-pause"] == "ArdiffPlacementStoreUnreachable 1"
     assert after["etcd-restart"] == "none"
+    assert rows_under(lines, "held fault", 3) == [
+        ["redis-pause", "ArdiffPlacementStoreUnreachable", "71.2"],
+        ["worker-partition", "ArdiffSessionsLost", "never"],
+    ]
     assert "violations: 0" in lines
 
 
 def test_the_alert_watch_gives_each_episode_once_in_order_of_alert_and_time() -> None:
-    watch = soak.AlertWatch(prometheus=None)
+    watch = soak_alerts.AlertWatch(prometheus=None)
     watch.episodes = {("b{}", 5.0): True, ("a{}", 9.0): False, ("a{}", 2.0): False}
     assert watch.stop() == [
-        soak.AlertEpisode("a{}", 2.0, fired=False),
-        soak.AlertEpisode("a{}", 9.0, fired=False),
-        soak.AlertEpisode("b{}", 5.0, fired=True),
+        soak_alerts.AlertEpisode("a{}", 2.0, fired=False),
+        soak_alerts.AlertEpisode("a{}", 9.0, fired=False),
+        soak_alerts.AlertEpisode("b{}", 5.0, fired=True),
     ]
-    assert soak.alert_time("2026-12-07T18:00:01.250000000Z") == 1796666401.25
+    assert soak_alerts.alert_time("2026-12-07T18:00:01.250000000Z") == 1796666401.25
 
 
 def target(stack: Stack):  # the benchmark's SoakTarget
@@ -101,16 +113,44 @@ def target(stack: Stack):  # the benchmark's SoakTarget
 
 
 @pytest.fixture(scope="module")
-def stack(dev_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def operator_metrics_url() -> str:
+    return f"http://127.0.0.1:{free_port()}/metrics"
+
+
+@pytest.fixture(scope="module")
+def stack(
+    dev_cluster: DevCluster, operator_metrics_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("e2e-soak")
-    with running_stack(dev_cluster, "e2e-soak", workdir, soak.POOL, claims=[SHARED_TIER_CLAIM]) as running:
+    with running_stack(
+        dev_cluster,
+        "e2e-soak",
+        workdir,
+        soak.POOL,
+        claims=[SHARED_TIER_CLAIM],
+        operator_command=(*OPERATOR_COMMAND, "--metrics", operator_metrics_url),
+    ) as running:
         soak.wait_ready_workers(target(running))
         yield running
 
 
-def test_a_seeded_soak_finds_no_violation(stack: Stack, tmp_path: Path) -> None:
-    runner = soak.Soak(target(stack), SEED, SECONDS, EVERY, sessions=3, workdir=tmp_path)
-    report = runner.run()
+def test_a_seeded_soak_finds_no_violation(stack: Stack, operator_metrics_url: str, tmp_path: Path) -> None:
+    workers = [
+        f"http://{p['status']['podIP']}:8000/metrics" for p in soak.worker_pods(target(stack)).values()
+    ]
+    rules = rules_held_for(ALERTS_HELD_FOR, tmp_path)
+    with Prometheus([operator_metrics_url, *workers], rule_files=(rules,)) as prometheus:
+        runner = soak.Soak(
+            target(stack),
+            SEED,
+            SECONDS,
+            EVERY,
+            sessions=3,
+            workdir=tmp_path,
+            prometheus=prometheus,
+            hold_faults=True,
+        )
+        report = runner.run()
     soak.print_report(report, SEED)
     assert report.violations == []
     scheduled = {f.kind for f in soak.schedule(SEED, SECONDS, EVERY)}
@@ -122,3 +162,8 @@ def test_a_seeded_soak_finds_no_violation(stack: Stack, tmp_path: Path) -> None:
     assert report.ended >= 1
     assert max(report.incarnations.values()) >= 2
     assert report.refused
+    # Each held fault fired its alert (the rules' expressions as shipped, their `for`s 5 s), and was logged: a
+    # pause of Redis, a partition of each worker.
+    assert [(h.kind, h.alert) for h in report.held] == list(soak_alerts.SUSTAINED_FAULTS)
+    assert all(h.fired_after is not None and h.fired_after >= ALERTS_HELD_FOR for h in report.held)
+    assert len(runner.held_injector.faults) == 1 + len(workers)
