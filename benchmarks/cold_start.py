@@ -19,8 +19,8 @@ quotes) and the operator's `ardiff_session_placement_seconds` histogram are prin
 
     .venv/bin/python benchmarks/cold_start.py [--runs 2] [--smoke]
 
-`--smoke`: one run. The suite does not run it (a dev cluster of its own, ~2 min: past the CI time issue 42
-gave the benchmarks' smoke runs).
+`--smoke`: one run. The suite runs one on the test session's cluster
+(`tests/e2e/test_cold_start_benchmark.py`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ardiff.client import CAMERA_TOUR
+from ardiff.devcluster.bench_target import BenchTarget
 from ardiff.devcluster.cluster import BENCHMARK_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster
 from ardiff.devcluster.pools import tiny_pool
 from ardiff.devcluster.redis_server import free_port
@@ -51,24 +52,24 @@ POOL = tiny_pool("world", min_replicas=0, max_replicas=1, scale_down_delay_secon
 TIMEOUT = 600.0
 
 
-def all_pods(cluster: DevCluster) -> list[dict[str, Any]]:
-    with cluster.admin.client(timeout=10) as client:
-        reply = client.get(f"/api/v1/namespaces/{NAMESPACE}/pods")
+def all_pods(target: BenchTarget) -> list[dict[str, Any]]:
+    with target.kube.admin.client(timeout=10) as client:
+        reply = client.get(f"/api/v1/namespaces/{target.namespace}/pods")
     reply.raise_for_status()
     return reply.json()["items"]
 
 
-def pods(cluster: DevCluster) -> list[dict[str, Any]]:
-    return [p for p in all_pods(cluster) if not p["metadata"].get("deletionTimestamp")]
+def pods(target: BenchTarget) -> list[dict[str, Any]]:
+    return [p for p in all_pods(target) if not p["metadata"].get("deletionTimestamp")]
 
 
-def any_pod(cluster: DevCluster) -> bool:
-    return bool(all_pods(cluster))
+def any_pod(target: BenchTarget) -> bool:
+    return bool(all_pods(target))
 
 
-def pool_status(cluster: DevCluster) -> dict[str, Any]:
-    path = f"/apis/ardiffusion.dev/v1alpha1/namespaces/{NAMESPACE}/ardiffusionworkerpools/world"
-    with cluster.admin.client(timeout=10) as client:
+def pool_status(target: BenchTarget) -> dict[str, Any]:
+    path = f"/apis/ardiffusion.dev/v1alpha1/namespaces/{target.namespace}/ardiffusionworkerpools/world"
+    with target.kube.admin.client(timeout=10) as client:
         return client.get(path).json().get("status") or {}
 
 
@@ -82,9 +83,9 @@ def placement_histogram(metrics_url: str) -> tuple[float, float]:
     return found.get("count", 0.0), found.get("sum", 0.0)
 
 
-def one_run(cluster: DevCluster, run: int) -> dict[str, Any]:
-    sessions = cluster.sessions()
-    wait_until(lambda: not any_pod(cluster), timeout=TIMEOUT, what="an empty pool", poll=0.05)
+def one_run(target: BenchTarget, run: int) -> dict[str, Any]:
+    sessions = target.sessions
+    wait_until(lambda: not any_pod(target), timeout=TIMEOUT, what="an empty pool", poll=0.05)
     cold, warm = f"cold-{run}", f"warm-{run}"
     times: dict[str, float] = {}
     message = ""
@@ -94,7 +95,7 @@ def one_run(cluster: DevCluster, run: int) -> dict[str, Any]:
     def progress() -> bool:
         nonlocal message
         status = sessions.status(cold)
-        listed = pods(cluster)
+        listed = pods(target)
         now = time.monotonic() - started  # stamped after both reads: an upper bound within ~50 ms
         if status.get("reason") == "PodStarting" and "pending PodStarting" not in times:
             times["pending PodStarting"] = now
@@ -118,11 +119,11 @@ def one_run(cluster: DevCluster, run: int) -> dict[str, Any]:
     sessions.create(warm, pool="world", prompt="a walk along a river")
     sessions.wait_for(warm, lambda s: s.get("phase") == "Ready", timeout=TIMEOUT, poll=0.05)
     times["warm session Ready"] = time.monotonic() - warm_started
-    startup = pool_status(cluster).get("lastPodStartupSeconds")
+    startup = pool_status(target).get("lastPodStartupSeconds")
     sessions.delete(cold, wait=True)
     sessions.delete(warm, wait=True)
     deleted = time.monotonic()
-    wait_until(lambda: not any_pod(cluster), timeout=TIMEOUT, what="the pool back at zero pods")
+    wait_until(lambda: not any_pod(target), timeout=TIMEOUT, what="the pool back at zero pods")
     times["back to zero pods"] = time.monotonic() - deleted
     return {"times": times, "startup": startup, "message": message}
 
@@ -144,16 +145,21 @@ def main() -> None:
         operator_env=BENCHMARK_OPERATOR_ENV,
     )
     print(f"dev cluster in {workdir}; loadavg at start {os.getloadavg()[0]:.1f}", flush=True)
-    results = []
     with cluster:
         cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(POOL))
-        for run in range(args.runs):
-            result = one_run(cluster, run)
-            results.append(result)
-            line = ", ".join(f"{k} {v:.2f}s" for k, v in result["times"].items())
-            print(f"run {run}: {line}; status.lastPodStartupSeconds {result['startup']}", flush=True)
-            print(f"  the cold session's message: {result['message']!r}", flush=True)
+        target = BenchTarget.of_cluster(cluster, POOL["metadata"]["name"], metrics_url)
+        results = [one_run(target, run) for run in range(args.runs)]
         count, total = placement_histogram(metrics_url)
+    print_report(results, count, total)
+    print(f"loadavg at end {os.getloadavg()[0]:.1f}")
+
+
+def print_report(results: list[dict[str, Any]], count: float, total: float) -> None:
+    """Each run's line, then each event's min / median / max over the runs and the placement histogram."""
+    for run, result in enumerate(results):
+        line = ", ".join(f"{k} {v:.2f}s" for k, v in result["times"].items())
+        print(f"run {run}: {line}; status.lastPodStartupSeconds {result['startup']}")
+        print(f"  the cold session's message: {result['message']!r}")
     print(f"\nscale from zero, {len(results)} runs (seconds after the session was created)")
     header = f"{'event':<24} {'min':>6} {'median':>7} {'max':>6}"
     print(header)
@@ -162,7 +168,6 @@ def main() -> None:
         values = [r["times"][event] for r in results]
         print(f"{event:<24} {min(values):6.2f} {statistics.median(values):7.2f} {max(values):6.2f}")
     print(f"operator placement histogram: {count:.0f} sessions, mean {total / max(count, 1):.2f}s")
-    print(f"loadavg at end {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

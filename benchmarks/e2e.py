@@ -33,8 +33,7 @@ Every wait is bounded; the Lost and Replaced Events are checked after each fault
     .venv/bin/python benchmarks/e2e.py [--ticks 40] [--warmup 3] [--faults 3] [--store-crashes 3] [--smoke]
 
 `--smoke`: 3 measured ticks per path after one warm-up, one fault of each kind, one Redis crash per variant.
-The suite does not run it (a dev cluster of its own, minutes: past the CI time issue 42 gave the benchmarks'
-smoke runs).
+The suite runs the same on the test session's cluster (`tests/e2e/test_e2e_benchmark.py`).
 """
 
 from __future__ import annotations
@@ -56,6 +55,7 @@ import httpx
 import yaml
 
 from ardiff.client import CAMERA_TOUR, ResetRequired, hold, parse_server_timing
+from ardiff.devcluster.bench_target import BenchTarget
 from ardiff.devcluster.cluster import BENCHMARK_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster, pod_pid
 from ardiff.devcluster.faults import FaultInjector
 from ardiff.devcluster.network import short_pod_id
@@ -79,24 +79,24 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def live_pods(cluster: DevCluster) -> dict[str, dict[str, Any]]:
+def live_pods(target: BenchTarget) -> dict[str, dict[str, Any]]:
     """The namespace's Pods that are not being deleted, by name."""
-    with cluster.admin.client(timeout=10) as client:
-        reply = client.get(f"/api/v1/namespaces/{NAMESPACE}/pods")
+    with target.kube.admin.client(timeout=10) as client:
+        reply = client.get(f"/api/v1/namespaces/{target.namespace}/pods")
     reply.raise_for_status()
     return {
         p["metadata"]["name"]: p for p in reply.json()["items"] if not p["metadata"].get("deletionTimestamp")
     }
 
 
-def ready_pods(cluster: DevCluster) -> set[str]:
-    return {name for name, p in live_pods(cluster).items() if condition_true(p, "Ready")}
+def ready_pods(target: BenchTarget) -> set[str]:
+    return {name for name, p in live_pods(target).items() if condition_true(p, "Ready")}
 
 
-def measure_ticks(cluster: DevCluster, ticks: int, warmup: int) -> dict[str, list[tuple[float, float]]]:
+def measure_ticks(target: BenchTarget, ticks: int, warmup: int) -> dict[str, list[tuple[float, float]]]:
     """(round trip, time inside the worker) in seconds of each measured tick, per path."""
-    sessions = cluster.sessions()
-    sessions.create("latency", pool="world", prompt="a walk through a quiet village")
+    sessions = target.sessions
+    sessions.create("latency", pool=target.pool, prompt="a walk through a quiet village")
     paths: dict[str, list[tuple[float, float]]] = {"bare HTTP POST": [], "Python client tick": []}
     try:
         with sessions.connect("latency", timeout=START_TIMEOUT) as session, httpx.Client(timeout=120) as http:
@@ -126,10 +126,10 @@ def measure_ticks(cluster: DevCluster, ticks: int, warmup: int) -> dict[str, lis
 
 
 @contextlib.contextmanager
-def injected(cluster: DevCluster, faults: FaultInjector, kind: str, pod: str) -> Iterator[None]:
+def injected(target: BenchTarget, faults: FaultInjector, kind: str, pod: str) -> Iterator[None]:
     """Fault `kind` on a worker Pod while the block runs: `kill` (-9 of its process, as on its node; nothing
     to end), `pause` (SIGSTOP, SIGCONT after) or `partition` (its network namespace loses Redis)."""
-    found = live_pods(cluster)[pod]
+    found = live_pods(target)[pod]
     pid = pod_pid(found)
     if pid is None:
         raise RuntimeError(f"pod {pod} has no running container")
@@ -140,7 +140,7 @@ def injected(cluster: DevCluster, faults: FaultInjector, kind: str, pod: str) ->
         with faults.paused(pid, f"pod {pod}"):
             yield
     else:
-        network, redis = cluster.network, cluster.redis
+        network, redis = target.kube.network, target.redis
         assert network is not None
         assert redis is not None
         namespace = network.pod_namespace(short_pod_id(found["metadata"]["uid"]))
@@ -148,7 +148,7 @@ def injected(cluster: DevCluster, faults: FaultInjector, kind: str, pod: str) ->
             yield
 
 
-def measure_fault(cluster: DevCluster, faults: FaultInjector, kind: str, round_: int) -> dict[str, float]:
+def measure_fault(target: BenchTarget, faults: FaultInjector, kind: str, round_: int) -> dict[str, float]:
     """One fault on the pod of a session that has just ticked: seconds from the fault to the session's first
     status change (its phase no longer Ready, or its binding moved: polled every 20 ms from outside), to Ready
     again on a live pod with `resetRequired` (the operator marks it Lost and places it again: at once for a
@@ -156,13 +156,11 @@ def measure_fault(cluster: DevCluster, faults: FaultInjector, kind: str, round_:
     faulted pod's worker Ready again (restarted, or woken or healed, then fenced and restarted). A pause or a
     partition ends as soon as the session is bound again (past ~25 s the kubelet's liveness probe would
     restart a paused worker). Lost may show for a few ms only: it is checked in the session's Events."""
-    sessions = cluster.sessions()
-    wait_until(
-        lambda: len(ready_pods(cluster)) == 2, timeout=RESTART_TIMEOUT, what="two ready pods", poll=0.5
-    )
+    sessions = target.sessions
+    wait_until(lambda: len(ready_pods(target)) == 2, timeout=RESTART_TIMEOUT, what="two ready pods", poll=0.5)
     victim, survivor = f"{kind}-victim-{round_}", f"{kind}-survivor-{round_}"
     for name in (victim, survivor):
-        sessions.create(name, pool="world", prompt="recovery")
+        sessions.create(name, pool=target.pool, prompt="recovery")
     before = sessions.wait_ready(victim, timeout=RESTART_TIMEOUT)
     faulted = before["pod"]
     if sessions.wait_ready(survivor, timeout=RESTART_TIMEOUT)["pod"] == faulted:
@@ -171,7 +169,7 @@ def measure_fault(cluster: DevCluster, faults: FaultInjector, kind: str, round_:
         with sessions.connect(name) as session:
             session.tick([hold("w")])
     binding = (faulted, before["podEpoch"])
-    restarts = live_pods(cluster)[faulted]["status"]["containerStatuses"][0]["restartCount"]
+    restarts = live_pods(target)[faulted]["status"]["containerStatuses"][0]["restartCount"]
 
     def changed(status: dict[str, Any]) -> bool:
         return status.get("phase") != "Ready" or (status.get("pod"), status.get("podEpoch")) != binding
@@ -180,7 +178,7 @@ def measure_fault(cluster: DevCluster, faults: FaultInjector, kind: str, round_:
         moved = (status.get("pod"), status.get("podEpoch")) != binding
         return status.get("phase") == "Ready" and bool(status.get("resetRequired")) and moved
 
-    with injected(cluster, faults, kind, faulted):
+    with injected(target, faults, kind, faulted):
         started = time.monotonic()
         sessions.wait_for(victim, changed, timeout=FAULT_TIMEOUT, what="its status changed", poll=0.02)
         status_changed = time.monotonic() - started
@@ -200,9 +198,9 @@ def measure_fault(cluster: DevCluster, faults: FaultInjector, kind: str, round_:
     ticked = time.monotonic() - started
 
     def back() -> bool:
-        pod = live_pods(cluster).get(faulted)
+        pod = live_pods(target).get(faulted)
         restarted = pod is not None and pod["status"]["containerStatuses"][0]["restartCount"] > restarts
-        return restarted and faulted in ready_pods(cluster)
+        return restarted and faulted in ready_pods(target)
 
     wait_until(back, timeout=RESTART_TIMEOUT, what="the faulted worker Ready again", poll=0.2)
     restarted = time.monotonic() - started
@@ -219,24 +217,24 @@ def measure_fault(cluster: DevCluster, faults: FaultInjector, kind: str, round_:
     }
 
 
-def measure_recovery(cluster: DevCluster, rounds: int, workdir: Path) -> dict[str, list[dict[str, float]]]:
+def measure_recovery(target: BenchTarget, rounds: int, workdir: Path) -> dict[str, list[dict[str, float]]]:
     faults = FaultInjector(workdir / "faults.jsonl")
     results: dict[str, list[dict[str, float]]] = {kind: [] for kind in FAULT_KINDS}
     for round_ in range(rounds):
         for kind in FAULT_KINDS:
-            results[kind].append(measure_fault(cluster, faults, kind, round_))
+            results[kind].append(measure_fault(target, faults, kind, round_))
             measured = ", ".join(f"{k} {v:.2f}s" for k, v in results[kind][-1].items())
             print(f"  {kind} {round_ + 1}: {measured}", flush=True)
     return results
 
 
-def measure_store_crash(cluster: DevCluster, round_: int, *, with_operator: bool) -> list[dict[str, float]]:
+def measure_store_crash(target: BenchTarget, round_: int, *, with_operator: bool) -> list[dict[str, float]]:
     """One crash of Redis (and of the operator): per session, the window to its first 200 in seconds and in
     ticks, and how many retryable answers it got meanwhile."""
-    sessions = cluster.sessions()
+    sessions = target.sessions
     names = [f"store-{round_}-{int(with_operator)}-{side}" for side in "ab"]
     for name in names:
-        sessions.create(name, pool="world", prompt="store recovery")
+        sessions.create(name, pool=target.pool, prompt="store recovery")
     if len({sessions.wait_ready(name, timeout=RESTART_TIMEOUT)["pod"] for name in names}) != 2:
         raise RuntimeError("least-loaded placement put both sessions on one pod")
     recorders = []
@@ -253,14 +251,12 @@ def measure_store_crash(cluster: DevCluster, round_: int, *, with_operator: bool
         what="three ticks of each session before the crash",
         poll=0.05,
     )
-    assert cluster.operator is not None
-    assert cluster.redis is not None
     if with_operator:
-        cluster.operator.stop(signal.SIGKILL)
-    cluster.redis.restart(signal.SIGKILL)
+        target.operator.stop(signal.SIGKILL)
+    target.redis.restart(signal.SIGKILL)
     crashed = time.monotonic()  # Redis is back, empty: the window runs from here to each first 200
     if with_operator:
-        cluster.operator.start().wait_ready()
+        target.operator.start().wait_ready()
     for recorder in recorders:
         wait_until(
             lambda r=recorder: r.first_success_since(crashed),
@@ -287,12 +283,12 @@ def measure_store_crash(cluster: DevCluster, round_: int, *, with_operator: bool
     return results
 
 
-def measure_store_recovery(cluster: DevCluster, crashes: int) -> dict[str, list[dict[str, float]]]:
+def measure_store_recovery(target: BenchTarget, crashes: int) -> dict[str, list[dict[str, float]]]:
     variants: dict[str, list[dict[str, float]]] = {}
     for with_operator, variant in ((False, "Redis killed"), (True, "Redis + operator killed")):
         samples = variants.setdefault(variant, [])
         for round_ in range(crashes):
-            measured = measure_store_crash(cluster, round_, with_operator=with_operator)
+            measured = measure_store_crash(target, round_, with_operator=with_operator)
             samples.extend(measured)
             print(f"  {variant}, crash {round_ + 1}: " + ", ".join(f"{m['seconds']:.2f}s" for m in measured))
     return variants
@@ -378,12 +374,13 @@ def main() -> None:
     print(f"dev cluster in {workdir}; loadavg at start {os.getloadavg()[0]:.1f}", flush=True)
     with cluster:
         cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(POOL))
+        target = BenchTarget.of_cluster(cluster, POOL["metadata"]["name"])
         wait_until(
-            lambda: len(ready_pods(cluster)) == 2, timeout=START_TIMEOUT, what="two ready pods", poll=0.5
+            lambda: len(ready_pods(target)) == 2, timeout=START_TIMEOUT, what="two ready pods", poll=0.5
         )
-        print_ticks(measure_ticks(cluster, args.ticks, args.warmup))
-        print_recovery(measure_recovery(cluster, args.faults, workdir))
-        print_store_recovery(measure_store_recovery(cluster, args.store_crashes))
+        print_ticks(measure_ticks(target, args.ticks, args.warmup))
+        print_recovery(measure_recovery(target, args.faults, workdir))
+        print_store_recovery(measure_store_recovery(target, args.store_crashes))
     print(f"loadavg at end {os.getloadavg()[0]:.1f}")
 
 

@@ -79,13 +79,13 @@ from soak_alerts import (
     wait_fired,
 )
 
-from ardiff.client import KubeSessions, ResetRequired, Rewound
+from ardiff.client import ResetRequired, Rewound
 from ardiff.client.errors import ChunkOutOfOrder
+from ardiff.devcluster.bench_target import BenchTarget
 from ardiff.devcluster.cluster import BENCHMARK_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster, pod_pid
 from ardiff.devcluster.faults import FaultInjector
 from ardiff.devcluster.history import Answer, History
 from ardiff.devcluster.network import short_pod_id
-from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.pools import (
     SHARED_TIER_CLAIM,
     WORKER_LEASE_SECONDS,
@@ -96,7 +96,7 @@ from ardiff.devcluster.pools import (
     worker_sessions,
 )
 from ardiff.devcluster.prometheus import Prometheus
-from ardiff.devcluster.redis_server import RedisServer, free_port
+from ardiff.devcluster.redis_server import free_port
 from ardiff.devcluster.waiting import condition_true, wait_until
 from ardiff.errors import ArdiffError
 from ardiff.kv.placement import PlacementStore
@@ -140,19 +140,6 @@ UNEXPECTED_CODES = frozenset({"unauthorized", "invalid_tick", "body_too_large", 
 
 
 @dataclass(frozen=True)
-class SoakTarget:
-    """What the soak runs on: a namespace of the dev cluster with its Redis, its operator and one pool (a
-    test's stack, or the script's own dev cluster)."""
-
-    kube: DevCluster
-    namespace: str
-    pool: str
-    redis: RedisServer
-    operator: OperatorProcess
-    sessions: KubeSessions
-
-
-@dataclass(frozen=True)
 class ScheduledFault:
     """A fault of the schedule: when (seconds from the soak's start), what, for how long, on which worker."""
 
@@ -187,7 +174,7 @@ def schedule(seed: int, seconds: float, every: float) -> list[ScheduledFault]:
     return faults
 
 
-def in_store(target: SoakTarget, use: Callable[[PlacementStore], Coroutine[Any, Any, T]]) -> T:
+def in_store(target: BenchTarget, use: Callable[[PlacementStore], Coroutine[Any, Any, T]]) -> T:
     """`use(store)` on the target's Redis (a fresh client: Redis may have restarted)."""
 
     async def run() -> T:
@@ -197,12 +184,12 @@ def in_store(target: SoakTarget, use: Callable[[PlacementStore], Coroutine[Any, 
     return asyncio.run(run())
 
 
-def worker_pods(target: SoakTarget) -> dict[str, dict[str, Any]]:
+def worker_pods(target: BenchTarget) -> dict[str, dict[str, Any]]:
     """The pool's worker Pods that are not being deleted, by name."""
     return pool_pods(target.kube.admin, target.namespace, target.pool)
 
 
-def epochs(target: SoakTarget) -> dict[str, int]:
+def epochs(target: BenchTarget) -> dict[str, int]:
     pool = PoolId(target.namespace, target.pool)
     return {p.name: p.epoch for p in in_store(target, lambda store: store.list_pods(pool))}
 
@@ -210,7 +197,7 @@ def epochs(target: SoakTarget) -> dict[str, int]:
 class SessionPlay(threading.Thread):
     """Plays session `session` until stopped (see the module docstring); counts what happened by kind."""
 
-    def __init__(self, target: SoakTarget, session: str, history: History) -> None:
+    def __init__(self, target: BenchTarget, session: str, history: History) -> None:
         super().__init__(daemon=True, name=f"soak-{session}")
         self.target = target
         self.session = session
@@ -278,7 +265,7 @@ class SoakReport:
 class Soak:
     """One soak on `target` (see the module docstring)."""
 
-    target: SoakTarget
+    target: BenchTarget
     seed: int
     seconds: float
     every: float
@@ -599,7 +586,7 @@ def print_report(report: SoakReport, seed: int) -> None:
 
 
 @contextlib.contextmanager
-def own_cluster(workdir: Path, metrics_url: str) -> Iterator[SoakTarget]:
+def own_cluster(workdir: Path, metrics_url: str) -> Iterator[BenchTarget]:
     """A dev cluster of the script's own with the soak's pool, its two workers Ready; the operator serves its
     metrics at `metrics_url`."""
     namespace = "soak"
@@ -610,18 +597,14 @@ def own_cluster(workdir: Path, metrics_url: str) -> Iterator[SoakTarget]:
         operator_env=BENCHMARK_OPERATOR_ENV,
     )
     with cluster:
-        assert cluster.redis is not None
-        assert cluster.operator is not None
         cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(SHARED_TIER_CLAIM))
         cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(POOL))
-        target = SoakTarget(
-            cluster, namespace, POOL_NAME, cluster.redis, cluster.operator, cluster.sessions()
-        )
+        target = BenchTarget.of_cluster(cluster, POOL_NAME, metrics_url)
         wait_ready_workers(target)
         yield target
 
 
-def wait_ready_workers(target: SoakTarget) -> None:
+def wait_ready_workers(target: BenchTarget) -> None:
     def ready() -> bool:
         return sum(condition_true(p, "Ready") for p in worker_pods(target).values()) == 2
 

@@ -24,10 +24,11 @@ import pytest
 import yaml
 
 from ardiff.client import KubeSessions, SessionClient
+from ardiff.devcluster.bench_target import BenchTarget
 from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster, pod_pid
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.pools import pool_pods, transfer_token, worker_sessions
-from ardiff.devcluster.redis_server import RedisServer
+from ardiff.devcluster.redis_server import RedisServer, free_port
 from ardiff.devcluster.waiting import condition_true
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
@@ -60,11 +61,18 @@ class Stack:
     redis: RedisServer
     operator: OperatorProcess
     pool: str
+    metrics_url: str | None = None  # the operator's, when the stack was made with `metrics`
     sessions: KubeSessions = field(init=False)
     created: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.sessions = KubeSessions(self.namespace, kubeconfig=self.kube.kubeconfig)
+
+    def bench_target(self) -> BenchTarget:
+        """The stack as a benchmark's target (their smoke runs share the test session's cluster)."""
+        return BenchTarget(
+            self.kube, self.namespace, self.pool, self.redis, self.operator, self.sessions, self.metrics_url
+        )
 
     @property
     def pool_id(self) -> PoolId:
@@ -163,11 +171,11 @@ def running_stack(
     *,
     claims: Sequence[dict[str, Any]] = (),
     operator_env: dict[str, str] | None = None,
-    operator_command: Sequence[str] = OPERATOR_COMMAND,
+    metrics: bool = False,
 ) -> Iterator[Stack]:
-    """`namespace` on the session's cluster with its own Redis, the operator (`operator_command`: with
-    `--metrics`, say), `claims` and `pool` applied; on exit the pool and the namespace are deleted (its Pods
-    stopped by their kubelets), the operator and Redis stopped."""
+    """`namespace` on the session's cluster with its own Redis, the operator (serving its metrics with
+    `metrics`: `Stack.metrics_url`), `claims` and `pool` applied; on exit the pool and the namespace are
+    deleted (its Pods stopped by their kubelets), the operator and Redis stopped."""
     network = kube.network
     assert network is not None
     assert kube.control_plane is not None
@@ -178,8 +186,9 @@ def running_stack(
                 f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", json=claim
             ).raise_for_status()
     with RedisServer(bind=("127.0.0.1", network.host_ip)) as redis:
+        metrics_url = f"http://127.0.0.1:{free_port()}/metrics" if metrics else None
         operator = OperatorProcess(
-            tuple(operator_command),
+            (*OPERATOR_COMMAND, "--metrics", metrics_url) if metrics_url else OPERATOR_COMMAND,
             kubeconfig=kube.kubeconfig,
             redis_url=redis.url,
             namespace=namespace,
@@ -192,7 +201,7 @@ def running_stack(
         ).start()
         try:
             operator.wait_ready()
-            stack = Stack(kube, namespace, redis, operator, pool["metadata"]["name"])
+            stack = Stack(kube, namespace, redis, operator, pool["metadata"]["name"], metrics_url)
             stack.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(pool))
             yield stack
         finally:

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster
+from ardiff.devcluster.cluster import DevCluster
 from ardiff.devcluster.pools import SHARED_TIER_CLAIM
 from ardiff.devcluster.prometheus import Prometheus, rules_held_for
-from ardiff.devcluster.redis_server import free_port
 from tests.benchmark_smoke import benchmark_module, rows_under
 from tests.e2e.conftest import Stack, running_stack
 
@@ -106,42 +105,24 @@ def test_the_alert_watch_gives_each_episode_once_in_order_of_alert_and_time() ->
     assert soak_alerts.alert_time("2026-12-07T18:00:01.250000000Z") == 1796666401.25
 
 
-def target(stack: Stack):  # the benchmark's SoakTarget
-    return soak.SoakTarget(
-        stack.kube, stack.namespace, stack.pool, stack.redis, stack.operator, stack.sessions
-    )
-
-
 @pytest.fixture(scope="module")
-def operator_metrics_url() -> str:
-    return f"http://127.0.0.1:{free_port()}/metrics"
-
-
-@pytest.fixture(scope="module")
-def stack(
-    dev_cluster: DevCluster, operator_metrics_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Stack]:
+def stack(dev_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("e2e-soak")
     with running_stack(
-        dev_cluster,
-        "e2e-soak",
-        workdir,
-        soak.POOL,
-        claims=[SHARED_TIER_CLAIM],
-        operator_command=(*OPERATOR_COMMAND, "--metrics", operator_metrics_url),
+        dev_cluster, "e2e-soak", workdir, soak.POOL, claims=[SHARED_TIER_CLAIM], metrics=True
     ) as running:
-        soak.wait_ready_workers(target(running))
+        soak.wait_ready_workers(running.bench_target())
         yield running
 
 
-def test_a_seeded_soak_finds_no_violation(stack: Stack, operator_metrics_url: str, tmp_path: Path) -> None:
-    workers = [
-        f"http://{p['status']['podIP']}:8000/metrics" for p in soak.worker_pods(target(stack)).values()
-    ]
+def test_a_seeded_soak_finds_no_violation(stack: Stack, tmp_path: Path) -> None:
+    target = stack.bench_target()
+    assert target.metrics_url is not None
+    workers = [f"http://{p['status']['podIP']}:8000/metrics" for p in soak.worker_pods(target).values()]
     rules = rules_held_for(ALERTS_HELD_FOR, tmp_path)
-    with Prometheus([operator_metrics_url, *workers], rule_files=(rules,)) as prometheus:
+    with Prometheus([target.metrics_url, *workers], rule_files=(rules,)) as prometheus:
         runner = soak.Soak(
-            target(stack),
+            target,
             SEED,
             SECONDS,
             EVERY,
