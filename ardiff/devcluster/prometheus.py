@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -49,6 +49,9 @@ class Prometheus:
 
     targets: Sequence[str]
     rule_files: Sequence[Path] = (ALERT_RULES,)
+    # Labels a target's series get (by its URL): what Kubernetes' service discovery adds in a cluster, such as
+    # `namespace` and `pod`, which the workers' own series do not carry and the dashboard selects on.
+    target_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     interval: str = "1s"
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
@@ -97,7 +100,9 @@ class Prometheus:
                 {
                     "job_name": f"target-{index}",
                     "metrics_path": parts.path or "/metrics",
-                    "static_configs": [{"targets": [parts.netloc]}],
+                    "static_configs": [
+                        {"targets": [parts.netloc], "labels": dict(self.target_labels.get(target, {}))}
+                    ],
                 }
             )
         return {

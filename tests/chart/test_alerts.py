@@ -56,9 +56,15 @@ def queried_series(expression: str) -> set[str]:
     return set(re.findall(r"\b(ardiff_\w+)\b", expression))
 
 
-def dashboard_queries() -> list[str]:
+def dashboard_queries(values: dict[str, str] | None = None) -> list[str]:
+    """Every panel's query and every variable's definition; with `values`, the panels' queries only, each
+    variable (`$namespace`) replaced by its value, as Grafana sends them to Prometheus."""
     dashboard = json.loads(DASHBOARD.read_text())
     queries = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    if values is not None:
+        for variable, value in values.items():
+            queries = [query.replace(variable, value) for query in queries]
+        return queries
     variables = dashboard["templating"]["list"]
     queries += [variable["definition"] for variable in variables if "definition" in variable]
     return queries
