@@ -1,7 +1,9 @@
 """Crash points (issue 40 item 2; `ardiff/crash_points.py`): the setting as read at start-up, a process that
-exits right after the chosen write took effect, and a seeded walk of the real operator crashed once at each of
-a few of the points a create / delete / scale scenario passes, restarted, and checked against the store's
-invariants and the scenario's outcome."""
+exits right after the chosen write took effect; every write the operator's code makes, read from its source,
+declared as a point; and a seeded walk of the real operator through two scenarios that together reach every
+point (a pool's life on simulated Pods; a shared-tier pool through a roll, Redis losing its data, a paused and
+a killed worker), crashed once at each of a few points, restarted, and checked against the store's invariants
+and the scenario's outcome."""
 
 from __future__ import annotations
 
