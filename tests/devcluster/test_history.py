@@ -4,6 +4,7 @@ after a reset or a rewind)."""
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Callable
 
@@ -80,9 +81,27 @@ def test_a_stale_incarnation_answering_200_and_a_5xx_without_a_code_are_violatio
     tick(history, "s", 2, "r2", answer(502, None, b"bad gateway"))
     found = history.violations(stale={A1: first.at + 1e-9})
     assert len(found) == 2
-    assert found[0].startswith("s chunk 1: 200 from pod-a/1, stale for ")
+    assert found[0].startswith("s chunk 1: 200 from pod-a/1, asked ")
     assert found[1] == "s chunk 2: a 502 without a code"
     assert history.violations(stale={A1: first.at + 3600}) == ["s chunk 2: a 502 without a code"]
+
+
+def test_a_chunk_made_before_its_incarnation_went_stale_and_read_late_is_no_violation() -> None:
+    """The recorded 30-minute soak of 2026-12-07 22:03 flagged a 200 read 3 s after its worker was cut from
+    Redis: the chunk was made and recorded in the store before the cut, and a busy client read it late. What
+    decides is when the request was sent (`sent`: the answer's arrival less httpx's `elapsed`)."""
+    history = History()
+    made = answer(200, A1, b"c0")("s", 0, "r0")
+    made.read()
+    made.elapsed = datetime.timedelta(seconds=3.0)  # sent 3 s before it was read
+    late = history.record(made)
+    assert late is not None
+    assert late.at - late.sent >= 3.0
+    assert history.violations(stale={A1: late.sent + 1.0}) == []  # stale from 1 s after it was sent
+    sent_after = tick(history, "s", 1, "r1", answer(200, A1, b"c1"))
+    assert history.violations(stale={A1: late.sent + 1.0}) == [
+        f"s chunk 1: 200 from pod-a/1, asked {sent_after.sent - late.sent - 1.0:.1f} s after it was stale"
+    ]
 
 
 def test_only_session_routes_are_recorded_and_a_describe_is_no_delivery() -> None:
