@@ -447,7 +447,7 @@ class Soak:
             else:
                 raise ValueError(f"a held fault is one of {[k for k, _ in SUSTAINED_FAULTS]}, got {kind!r}")
             fired_after = wait_fired(self.prometheus, alert, self.target.pool, begun)
-        self.held.append(SustainedFault(kind, alert, fired_after))
+        self.held.append(SustainedFault(kind, alert, begun, fired_after))
         print(f"  held {kind} until {alert} fired: {fired_after}", flush=True)
         found = (
             []
@@ -579,7 +579,7 @@ def print_report(report: SoakReport, seed: int) -> None:
     refused = ", ".join(f"{k} {n}" for k, n in sorted(report.refused.items()))
     print(f"answers other than 200 (status code): {refused or 'none'}")
     if report.alerts is not None:
-        print_alerts(report.alerts, report.injected, report.quiet_until, FAULT_MENU)
+        print_alerts(report.alerts, report.injected, report.quiet_until, FAULT_MENU, report.held)
     if report.held:
         print_sustained(report.held)
     for violation in report.violations:

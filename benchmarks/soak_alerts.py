@@ -40,11 +40,12 @@ class AlertEpisode:
 
 @dataclass(frozen=True)
 class SustainedFault:
-    """A fault held until `alert` fired for the soak's pool: seconds from its start (None: not within
-    `ALERT_WINDOW`)."""
+    """A fault held from `started` (`time.time()`) until `alert` fired for the soak's pool: seconds from its
+    start (None: not within `ALERT_WINDOW`)."""
 
     kind: str
     alert: str
+    started: float
     fired_after: float | None
 
 
@@ -104,9 +105,11 @@ def print_alerts(
     injected: Sequence[tuple[float, str]],
     quiet_until: float,
     menu: Sequence[str],
+    held: Sequence[SustainedFault] = (),
 ) -> None:
     """Each alert's episodes (how many fired), and each kind of fault of `menu` with the alerts that became
-    active after one of its faults (`injected`: start, kind) and before the next (within `ALERT_WINDOW`)."""
+    active after one of its faults (`injected`: start, kind) and before the next, or the first `held` fault
+    (within `ALERT_WINDOW`)."""
     quiet = [a for a in alerts if a.active_at < quiet_until]
     print(f"\nalerts (the chart's rules, a real Prometheus): {len(alerts)} episodes, {len(quiet)} quiet")
     header = f"{'alert':<72} {'episodes':>8} {'fired':>5}"
@@ -116,7 +119,8 @@ def print_alerts(
         episodes = [e for e in alerts if e.alert == alert]
         print(f"{alert:<72} {len(episodes):8d} {sum(e.fired for e in episodes):5d}")
     followed: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    for (at, kind), (until, _) in zip(injected, [*injected[1:], (float("inf"), "")], strict=True):
+    held_from = min((fault.started for fault in held), default=float("inf"))
+    for (at, kind), (until, _) in zip(injected, [*injected[1:], (held_from, "")], strict=True):
         raised = {e.alert.split("{")[0] for e in alerts if at <= e.active_at < min(until, at + ALERT_WINDOW)}
         followed[kind].update(raised)
     header = f"{'fault':<18} {'injected':>8}  alerts active after one, before the next fault (episodes)"

@@ -65,10 +65,11 @@ def test_the_report_tells_each_alert_after_the_fault_before_it_and_counts_the_qu
             soak_alerts.AlertEpisode(lost, 105.0, fired=False),
             soak_alerts.AlertEpisode(store, 111.0, fired=True),
             soak_alerts.AlertEpisode(store, 400.0, fired=False),  # past the window: no fault's
+            soak_alerts.AlertEpisode(lost, 160.0, fired=True),  # a held fault's, not the last scheduled one's
         ],
         held=[
-            soak_alerts.SustainedFault("redis-pause", "ArdiffPlacementStoreUnreachable", 71.25),
-            soak_alerts.SustainedFault("worker-partition", "ArdiffSessionsLost", None),
+            soak_alerts.SustainedFault("redis-pause", "ArdiffPlacementStoreUnreachable", 150.0, 71.25),
+            soak_alerts.SustainedFault("worker-partition", "ArdiffSessionsLost", 300.0, None),
         ],
         quiet_until=90.0,
         answers=50,
@@ -78,8 +79,8 @@ def test_the_report_tells_each_alert_after_the_fault_before_it_and_counts_the_qu
     soak.print_report(report, SEED)
     lines = capsys.readouterr().out.splitlines()
     assert rows_under(lines, "session", 7) == [["s", "40", "2", "2", "0", "1", "1"]]
-    assert rows_under(lines, "alert ", 3) == [[store, "2", "1"], [lost, "2", "0"]]
-    assert "(the chart's rules, a real Prometheus): 4 episodes, 1 quiet" in "\n".join(lines)
+    assert rows_under(lines, "alert ", 3) == [[store, "2", "1"], [lost, "3", "1"]]
+    assert "(the chart's rules, a real Prometheus): 5 episodes, 1 quiet" in "\n".join(lines)
     table = next(i for i, line in enumerate(lines) if line.startswith("fault") and "alerts active" in line)
     rows = itertools.takewhile(bool, lines[table:])  # up to the blank line before the held faults' table
     after = {
