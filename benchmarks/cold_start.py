@@ -59,16 +59,14 @@ def all_pods(target: BenchTarget) -> list[dict[str, Any]]:
     return reply.json()["items"]
 
 
-def pods(target: BenchTarget) -> list[dict[str, Any]]:
-    return [p for p in all_pods(target) if not p["metadata"].get("deletionTimestamp")]
-
-
 def any_pod(target: BenchTarget) -> bool:
     return bool(all_pods(target))
 
 
 def pool_status(target: BenchTarget) -> dict[str, Any]:
-    path = f"/apis/ardiffusion.dev/v1alpha1/namespaces/{target.namespace}/ardiffusionworkerpools/world"
+    path = (
+        f"/apis/ardiffusion.dev/v1alpha1/namespaces/{target.namespace}/ardiffusionworkerpools/{target.pool}"
+    )
     with target.kube.admin.client(timeout=10) as client:
         return client.get(path).json().get("status") or {}
 
@@ -95,7 +93,7 @@ def one_run(target: BenchTarget, run: int) -> dict[str, Any]:
     def progress() -> bool:
         nonlocal message
         status = sessions.status(cold)
-        listed = pods(target)
+        listed = list(target.worker_pods().values())
         now = time.monotonic() - started  # stamped after both reads: an upper bound within ~50 ms
         if status.get("reason") == "PodStarting" and "pending PodStarting" not in times:
             times["pending PodStarting"] = now

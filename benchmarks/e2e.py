@@ -79,18 +79,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def live_pods(target: BenchTarget) -> dict[str, dict[str, Any]]:
-    """The namespace's Pods that are not being deleted, by name."""
-    with target.kube.admin.client(timeout=10) as client:
-        reply = client.get(f"/api/v1/namespaces/{target.namespace}/pods")
-    reply.raise_for_status()
-    return {
-        p["metadata"]["name"]: p for p in reply.json()["items"] if not p["metadata"].get("deletionTimestamp")
-    }
-
-
 def ready_pods(target: BenchTarget) -> set[str]:
-    return {name for name, p in live_pods(target).items() if condition_true(p, "Ready")}
+    return {name for name, p in target.worker_pods().items() if condition_true(p, "Ready")}
 
 
 def measure_ticks(target: BenchTarget, ticks: int, warmup: int) -> dict[str, list[tuple[float, float]]]:
@@ -129,7 +119,7 @@ def measure_ticks(target: BenchTarget, ticks: int, warmup: int) -> dict[str, lis
 def injected(target: BenchTarget, faults: FaultInjector, kind: str, pod: str) -> Iterator[None]:
     """Fault `kind` on a worker Pod while the block runs: `kill` (-9 of its process, as on its node; nothing
     to end), `pause` (SIGSTOP, SIGCONT after) or `partition` (its network namespace loses Redis)."""
-    found = live_pods(target)[pod]
+    found = target.worker_pods()[pod]
     pid = pod_pid(found)
     if pid is None:
         raise RuntimeError(f"pod {pod} has no running container")
@@ -169,7 +159,7 @@ def measure_fault(target: BenchTarget, faults: FaultInjector, kind: str, round_:
         with sessions.connect(name) as session:
             session.tick([hold("w")])
     binding = (faulted, before["podEpoch"])
-    restarts = live_pods(target)[faulted]["status"]["containerStatuses"][0]["restartCount"]
+    restarts = target.worker_pods()[faulted]["status"]["containerStatuses"][0]["restartCount"]
 
     def changed(status: dict[str, Any]) -> bool:
         return status.get("phase") != "Ready" or (status.get("pod"), status.get("podEpoch")) != binding
@@ -198,7 +188,7 @@ def measure_fault(target: BenchTarget, faults: FaultInjector, kind: str, round_:
     ticked = time.monotonic() - started
 
     def back() -> bool:
-        pod = live_pods(target).get(faulted)
+        pod = target.worker_pods().get(faulted)
         restarted = pod is not None and pod["status"]["containerStatuses"][0]["restartCount"] > restarts
         return restarted and faulted in ready_pods(target)
 

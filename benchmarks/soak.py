@@ -90,7 +90,6 @@ from ardiff.devcluster.pools import (
     SHARED_TIER_CLAIM,
     WORKER_LEASE_SECONDS,
     build_pool,
-    pool_pods,
     transfer_token,
     with_shared_tier,
     worker_sessions,
@@ -184,11 +183,6 @@ def in_store(target: BenchTarget, use: Callable[[PlacementStore], Coroutine[Any,
             return await use(store)
 
     return asyncio.run(run())
-
-
-def worker_pods(target: BenchTarget) -> dict[str, dict[str, Any]]:
-    """The pool's worker Pods that are not being deleted, by name."""
-    return pool_pods(target.kube.admin, target.namespace, target.pool)
 
 
 def epochs(target: BenchTarget) -> dict[str, int]:
@@ -396,7 +390,7 @@ class Soak:
 
     def _on_worker(self, fault: ScheduledFault) -> bool:
         """The fault on the worker it picks among the Ready ones; False when none is Ready or running."""
-        pods = worker_pods(self.target)
+        pods = self.target.worker_pods()
         ready = sorted(name for name, pod in pods.items() if condition_true(pod, "Ready"))
         if not ready:
             return False
@@ -435,7 +429,7 @@ class Soak:
                 network = self.target.kube.network
                 assert network is not None
                 current = epochs(self.target)
-                for name, pod in worker_pods(self.target).items():
+                for name, pod in self.target.worker_pods().items():
                     namespace = network.pod_namespace(short_pod_id(pod["metadata"]["uid"]))
                     held.enter_context(
                         self.held_injector.partition(namespace, network.host_ip, self.target.redis.port)
@@ -535,7 +529,7 @@ class Soak:
         them)."""
         token = transfer_token(self.target.kube.admin, self.target.namespace, self.target.pool)
         held = {}
-        for name, pod in worker_pods(self.target).items():
+        for name, pod in self.target.worker_pods().items():
             if pod_pid(pod) is None:  # no process (waiting to restart, back-off after many): it holds nothing
                 continue
             try:
@@ -608,7 +602,7 @@ def own_cluster(workdir: Path, metrics_url: str) -> Iterator[BenchTarget]:
 
 def wait_ready_workers(target: BenchTarget) -> None:
     def ready() -> bool:
-        return sum(condition_true(p, "Ready") for p in worker_pods(target).values()) == 2
+        return sum(condition_true(p, "Ready") for p in target.worker_pods().values()) == 2
 
     wait_until(ready, timeout=START_TIMEOUT, what="the pool's two workers Ready", poll=0.5)
 
@@ -629,7 +623,7 @@ def main() -> None:
     print(f"dev cluster in {workdir}; loadavg at start {os.getloadavg()[0]:.1f}", flush=True)
     metrics_url = f"http://127.0.0.1:{free_port()}/metrics"
     with own_cluster(workdir, metrics_url) as target:
-        workers = [f"http://{p['status']['podIP']}:8000/metrics" for p in worker_pods(target).values()]
+        workers = [f"http://{p['status']['podIP']}:8000/metrics" for p in target.worker_pods().values()]
         with Prometheus([metrics_url, *workers]) as prometheus:
             soak = Soak(
                 target,

@@ -5,10 +5,12 @@ operator and one pool — the benchmark's own dev cluster when run as a script, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ardiff.client import KubeSessions
 from ardiff.devcluster.cluster import DevCluster
 from ardiff.devcluster.operator_process import OperatorProcess
+from ardiff.devcluster.pools import pool_pods
 from ardiff.devcluster.redis_server import RedisServer
 
 
@@ -24,6 +26,10 @@ class BenchTarget:
     operator: OperatorProcess
     sessions: KubeSessions
     metrics_url: str | None = None
+
+    def worker_pods(self) -> dict[str, dict[str, Any]]:
+        """The pool's worker Pods that are not being deleted, by name."""
+        return pool_pods(self.kube.admin, self.namespace, self.pool)
 
     @classmethod
     def of_cluster(cls, cluster: DevCluster, pool: str, metrics_url: str | None = None) -> BenchTarget:

@@ -122,7 +122,7 @@ def test_a_seeded_soak_finds_no_violation(stack: Stack, tmp_path: Path) -> None:
     assert target.metrics_url is not None
     workers = {
         f"http://{pod['status']['podIP']}:8000/metrics": {"namespace": stack.namespace, "pod": name}
-        for name, pod in soak.worker_pods(target).items()
+        for name, pod in target.worker_pods().items()
     }
     rules = rules_held_for(ALERTS_HELD_FOR, tmp_path)
     prometheus = Prometheus([target.metrics_url, *workers], rule_files=(rules,), target_labels=workers)
