@@ -42,8 +42,8 @@ from ardiff.client import CAMERA_TOUR
 from ardiff.devcluster.bench_target import BenchTarget
 from ardiff.devcluster.cluster import BENCHMARK_OPERATOR_ENV, OPERATOR_COMMAND, DevCluster
 from ardiff.devcluster.pools import tiny_pool
-from ardiff.devcluster.redis_server import free_port
 from ardiff.devcluster.waiting import condition_true, wait_until
+from ardiff.worker.net import free_port
 
 T = TypeVar("T")
 NAMESPACE = "bench"

@@ -67,7 +67,7 @@ from worker_process import CAMERA, WorkerProcess, pool_worker_env
 
 from ardiff.devcluster.binaries import ensure_envoy
 from ardiff.devcluster.front_door import LocalFrontDoor
-from ardiff.devcluster.redis_server import RedisServer, free_port
+from ardiff.devcluster.redis_server import RedisServer
 from ardiff.gateway.envoy_config import (
     DESTINATION_HEADER,
     PODS_CLUSTER,
@@ -78,6 +78,7 @@ from ardiff.gateway.envoy_config import (
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionSpec, token_sha256
 from ardiff.wire import front_door_url
+from ardiff.worker.net import free_port
 
 PARTS = ("ticks", "bytes", "picker", "streams")
 TARGET_P50_MS, TARGET_P99_MS = 1.0, 3.0

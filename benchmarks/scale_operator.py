@@ -65,7 +65,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ardiff.devcluster.cluster import OPERATOR_COMMAND, SIMULATED_TAINT, DevCluster, NodeSpec
 from ardiff.devcluster.operator_process import OperatorProcess
-from ardiff.devcluster.redis_server import free_port
 from ardiff.devcluster.scale_seed import (
     PROMPT,
     SEED,
@@ -78,6 +77,7 @@ from ardiff.devcluster.scale_seed import (
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PodRecord, PoolId, SessionBinding
 from ardiff.operator.kopf_compat import UNPATCHED_ENV
+from ardiff.worker.net import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # The burst is applied and watched as benchmarks/reconcile.py does it.

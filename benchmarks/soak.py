@@ -95,13 +95,13 @@ from ardiff.devcluster.pools import (
     worker_sessions,
 )
 from ardiff.devcluster.prometheus import Prometheus
-from ardiff.devcluster.redis_server import free_port
 from ardiff.devcluster.waiting import condition_true, wait_until
 from ardiff.errors import ArdiffError
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
 from ardiff.player import Player
 from ardiff.wire import ServedBy
+from ardiff.worker.net import free_port
 
 T = TypeVar("T")
 POOL_NAME = "soak"

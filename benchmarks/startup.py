@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from ardiff.devcluster.daemon import process_start
-from ardiff.devcluster.redis_server import free_port
+from ardiff.worker.net import free_port
 
 VARIANTS = {"builds on (baseline)": "0", "builds off": "1"}
 START_TIMEOUT = 300.0

@@ -59,10 +59,10 @@ def measure(size: int, ticks: int, warmup: int, model_cache: str) -> dict[str, A
     import uvicorn
 
     from ardiff.client import parse_server_timing
-    from ardiff.devcluster.redis_server import free_port
     from ardiff.worker import tick_rules
     from ardiff.worker.app import create_app
     from ardiff.worker.conditioning import Conditioning
+    from ardiff.worker.net import free_port
     from ardiff.worker.runtime import run_tick
     from ardiff.worker.service import WorkerService
     from ardiff.worker.settings import WorkerSettings
@@ -150,10 +150,10 @@ def measure_robot(size: int, ticks: int, warmup: int, model_cache: str) -> dict[
     import uvicorn
 
     from ardiff.client import parse_server_timing
-    from ardiff.devcluster.redis_server import free_port
     from ardiff.worker.app import create_app
     from ardiff.worker.conditioning import Conditioning
     from ardiff.worker.families import dreamzero
+    from ardiff.worker.net import free_port
     from ardiff.worker.runtime import run_tick
     from ardiff.worker.service import WorkerService
     from ardiff.worker.settings import WorkerSettings

@@ -63,7 +63,7 @@ def serve_holder(total_bytes: int, tls_dir: str | None) -> None:
     from fastapi import FastAPI
     from fastapi.responses import StreamingResponse
 
-    from ardiff.devcluster.redis_server import free_port
+    from ardiff.worker.net import free_port
     from ardiff.worker.transfer import TRANSFER_PATH, iter_pieces
 
     pieces, write_seconds = synthetic_export(total_bytes)

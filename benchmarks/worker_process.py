@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from ardiff.devcluster.redis_server import free_port
 from ardiff.kv.records import PoolId
+from ardiff.worker.net import free_port
 
 # A tick's camera control for the tiny LingBot: walk forward, then walk and turn.
 CAMERA = {

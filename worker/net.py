@@ -3,12 +3,43 @@
 from __future__ import annotations
 
 import ipaddress
+import random
 import socket
+from pathlib import Path
+
+# Ports `free_port` chooses from: below the kernel's ephemeral range, so that no outgoing connection made
+# between the choice and the bind takes one as its local port (a port `bind(0)` picked could be, and was:
+# an Envoy of the gateway benchmark found its listener's port in use), and below the NodePort range.
+CHOSEN_PORTS = range(20000, 30000)
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_choices = random.SystemRandom()  # not the global generator, which a seeded test repeats in each process
+_handed_out: set[int] = set()  # this process's choices, not handed out twice before their owners bind them
+
+
+def ephemeral_ports() -> range:
+    """The kernel's range for outgoing connections' local ports (Linux's default where it cannot be read)."""
+    try:
+        low, high = (int(n) for n in EPHEMERAL_PORTS.read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on `host` a moment ago (the rendezvous port gloo/NCCL binds; best effort)."""
+    """A TCP port that was free on every address of `host`'s family a moment ago, outside the kernel's
+    ephemeral range (the rendezvous port gloo/NCCL binds, a test's listener; best effort)."""
     family = socket.AF_INET6 if _is_ipv6(host) else socket.AF_INET
+    ephemeral = ephemeral_ports()
+    candidates = [p for p in CHOSEN_PORTS if p not in ephemeral and p not in _handed_out]
+    for port in _choices.sample(candidates, min(len(candidates), 64)):
+        with socket.socket(family) as sock:
+            try:
+                sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    # Every choice taken (or the kernel's range covers them): the kernel's own pick.
     with socket.socket(family) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

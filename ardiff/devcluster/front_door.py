@@ -20,8 +20,8 @@ import httpx
 
 from ardiff.devcluster.binaries import ensure_envoy
 from ardiff.devcluster.images import build_image_venv
-from ardiff.devcluster.redis_server import free_port
 from ardiff.gateway.envoy_config import EnvoySettings, render, write_tls_clusters
+from ardiff.worker.net import free_port
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 READY_SECONDS = 60.0

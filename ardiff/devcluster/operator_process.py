@@ -21,8 +21,8 @@ from typing import Self
 import httpx
 
 from ardiff.devcluster.kubectl import kube_env
-from ardiff.devcluster.redis_server import free_port
 from ardiff.errors import ArdiffError
+from ardiff.worker.net import free_port
 
 STOP_TIMEOUT_SECONDS = 30.0
 

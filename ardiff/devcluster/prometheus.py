@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
-from ardiff.devcluster.redis_server import free_port
+from ardiff.worker.net import free_port
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 ALERT_RULES = CHECKOUT / "charts" / "ardiff" / "monitoring" / "alerts.rules.yaml"

@@ -20,11 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from ardiff.worker.net import free_port
 
 
 def _wait_for_port(port: int, timeout: float) -> None:

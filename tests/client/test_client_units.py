@@ -22,9 +22,9 @@ import pytest
 from ardiff import client, wire
 from ardiff.devcluster.kubeconfig import Credentials
 from ardiff.devcluster.pki import CertificateAuthority, KeyPair
-from ardiff.devcluster.redis_server import free_port
 from ardiff.errors import ArdiffError
 from ardiff.worker import errors as worker_errors
+from ardiff.worker.net import free_port
 
 CONTRACTS = Path(__file__).resolve().parents[2] / "docs" / "contracts.md"
 

@@ -28,10 +28,11 @@ from ardiff.devcluster.bench_target import BenchTarget
 from ardiff.devcluster.cluster import OPERATOR_COMMAND, DevCluster, pod_pid
 from ardiff.devcluster.operator_process import OperatorProcess
 from ardiff.devcluster.pools import pool_pods, transfer_token, worker_sessions
-from ardiff.devcluster.redis_server import RedisServer, free_port
+from ardiff.devcluster.redis_server import RedisServer
 from ardiff.devcluster.waiting import condition_true
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
+from ardiff.worker.net import free_port
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]

@@ -63,7 +63,10 @@ def test_the_e2e_benchmark_smoke_run_times_ticks_fault_recovery_and_store_recove
     for path in PATHS:
         p50, mean, p99, in_worker, overhead_p50, overhead_p99, ratio = row(lines, path)
         assert 0 < in_worker < p50 <= p99, (path, p50, in_worker, p99)
-        assert in_worker < mean <= p99
+        # Each tick's round trip outlasts its own time in the worker, so the medians are ordered; the mean is
+        # not bound by the worker's median (CI of 2026-12-07: ticks of 305, 376, 415 ms round trip can hold a
+        # worker median of 371 ms above their mean of 365).
+        assert 0 < mean <= p99
         assert ratio > 1  # a round trip includes the worker's own time
         assert 0 < overhead_p50 <= overhead_p99
     for kind in e2e.FAULT_KINDS:

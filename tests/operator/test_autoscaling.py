@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ardiff.devcluster.cluster import OPERATOR_COMMAND
 from ardiff.devcluster.prometheus import Prometheus
-from ardiff.devcluster.redis_server import free_port
 from ardiff.devcluster.waiting import wait_until
+from ardiff.worker.net import free_port
 from tests.operator.conftest import Cluster
 
 pytestmark = pytest.mark.timeout(120)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from ardiff.devcluster.cluster import OPERATOR_COMMAND
-from ardiff.devcluster.redis_server import free_port
 from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
+from ardiff.worker.net import free_port
 from tests.operator.conftest import SIMULATED_PLACEMENT, Cluster
 from tests.operator.test_autoscaling import value, wait_metrics
 

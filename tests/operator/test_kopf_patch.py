@@ -22,12 +22,12 @@ from kopf._cogs.structs import references
 from kopf._core.engines import indexing
 
 from ardiff.devcluster.cluster import OPERATOR_COMMAND
-from ardiff.devcluster.redis_server import free_port
 from ardiff.devcluster.scale_seed import PROMPT, SEED, place_sessions, seed_objects, seeded_session
 from ardiff.devcluster.waiting import wait_until
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId
 from ardiff.operator import kopf_compat
+from ardiff.worker.net import free_port
 from tests.operator.conftest import GROUP_PATH, SIMULATED_PLACEMENT, Cluster
 
 UPSTREAM = kopf_compat.TOGGLES_UPSTREAM

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from ardiff.devcluster.redis_server import free_port
 from ardiff.operator import smoke
+from ardiff.worker.net import free_port
 
 
 @contextmanager

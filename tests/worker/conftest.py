@@ -28,9 +28,9 @@ from typing import Any
 import httpx
 import pytest
 
-from ardiff.devcluster.redis_server import free_port
 from ardiff.kv.placement import PlacementStore
 from ardiff.kv.records import PoolId, SessionRecord, SessionSpec, SessionState
+from ardiff.worker.net import free_port
 from ardiff.worker.pod_link import PodLink
 from ardiff.worker.server import load_runtime
 from ardiff.worker.service import WorkerService

@@ -27,8 +27,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, WebSocket
 
-from ardiff.devcluster.redis_server import free_port
 from ardiff.kv.records import PoolId
+from ardiff.worker.net import free_port
 from ardiff.worker.realtime_messages import VIDEO_CODEC_OPTIONS, upstream
 from tests.worker.realtime_client import RealtimeClient, decode
 
