@@ -2,11 +2,12 @@
 
 The holder is a child process: a synthetic export of `--gib` (16 MiB tensors, the last chunk's frames in its
 book) written through `write_export` into the worker's `PieceCollector` (its CPU per GB: `write`), then served
-as the worker serves it (`transfer.iter_pieces` in a Starlette `StreamingResponse`, uvicorn's h11 protocol, as
-`ardiff worker serve`). The puller, this process, takes it as the worker does — `export_download.download`
-into one buffer, an `ExportReader` over it (every tensor read, the XXH3-128 checked) — and copies each tensor
-into a resident buffer, as an import copies KV pages into the pool. Per run: GB/s from the request to the last
-tensor copied, and CPU seconds per GB on each side (the holder's from its own clock, before and after).
+as the worker serves it (`app.export_response`: the pieces in a Starlette `StreamingResponse`, their length
+declared, uvicorn's h11 protocol, as `ardiff worker serve`). The puller, this process, takes it as the worker
+does — `export_download.download` into one buffer, an `ExportReader` over it (every tensor read, the
+XXH3-128 checked) — and copies each tensor into a resident buffer, as an import copies KV pages into the pool.
+Per run: GB/s from the request to the last tensor copied, and CPU seconds per GB on each side (the holder's
+from its own clock, before and after).
 
 Baseline in the same run: the puller as it was before issue 42 (httpx's streamed body collected piece by
 piece, then read), against the same holder. Then the same pull over TLS (a pool with TLS: its CA made here).
@@ -63,15 +64,16 @@ def serve_holder(total_bytes: int, tls_dir: str | None) -> None:
     from fastapi import FastAPI
     from fastapi.responses import StreamingResponse
 
+    from ardiff.worker.app import export_response
     from ardiff.worker.net import free_port
-    from ardiff.worker.transfer import TRANSFER_PATH, iter_pieces
+    from ardiff.worker.transfer import TRANSFER_PATH, Outgoing, iter_pieces
 
     pieces, write_seconds = synthetic_export(total_bytes)
     app = FastAPI()
 
     @app.get(TRANSFER_PATH)
     async def export(session_id: str) -> StreamingResponse:
-        return StreamingResponse(iter_pieces(pieces), media_type="application/octet-stream")
+        return export_response(Outgoing(sum(map(len, pieces)), iter_pieces(pieces)))
 
     @app.get(CPU_PATH)
     async def cpu() -> dict[str, float]:

@@ -29,7 +29,7 @@ from ardiff.worker.placement_port import PlacementPort
 from ardiff.worker.realtime import RealtimeVideoStream
 from ardiff.worker.service import WorkerService
 from ardiff.worker.stream import SessionStream, SessionStreams
-from ardiff.worker.transfer import KEPT_PATH, PREFETCH_PATH, TRANSFER_PATH
+from ardiff.worker.transfer import KEPT_PATH, PREFETCH_PATH, TRANSFER_PATH, Outgoing
 
 log = logging.getLogger(__name__)
 
@@ -258,6 +258,15 @@ class RouteError(WorkerError):
         self.code = message.lower().replace(" ", "_")
 
 
+def export_response(export: Outgoing) -> StreamingResponse:
+    """An export pulled by another pod of the pool: its pieces with their length declared."""
+    return StreamingResponse(
+        export.body,
+        media_type="application/octet-stream",
+        headers={"content-length": str(export.size)},
+    )
+
+
 def _error_response(error: WorkerError) -> JSONResponse:
     retry = error.retry_after_seconds
     headers = None if retry is None else {"Retry-After": str(retry)}
@@ -434,16 +443,13 @@ def create_app(service: WorkerService) -> FastAPI:
     ) -> StreamingResponse:
         """A session's kept chunk boundary, streamed to the pod a fork of it was placed on (the pool's
         transfer token)."""
-        body = service.send_kept(session_id, chunk, authorization(credentials))
-        return StreamingResponse(body, media_type="application/octet-stream")
+        return export_response(service.send_kept(session_id, chunk, authorization(credentials)))
 
     @app.get(TRANSFER_PATH, include_in_schema=False)  # pod to pod, not for clients: contracts §4 "Transfer"
     async def export_for_transfer(session_id: str, credentials: Credentials = None) -> StreamingResponse:
         """A migrated session's export, streamed to the pod it was placed on (the pool's transfer token)."""
         held = await service.claim_transfer(session_id, authorization(credentials))
-        return StreamingResponse(
-            service.send_transfer(session_id, held), media_type="application/octet-stream"
-        )
+        return export_response(await service.send_transfer(session_id, held))
 
     @app.post(PREFETCH_PATH, include_in_schema=False, status_code=202)
     async def prefetch_session(session_id: str, credentials: Credentials = None) -> dict[str, str]:

@@ -65,7 +65,7 @@ from ardiff.worker.ticks import (
     check_order,
     timing_header,
 )
-from ardiff.worker.transfer import HeldForTransfer
+from ardiff.worker.transfer import HeldForTransfer, Outgoing
 from ardiff.worker.warm_up import warm_up
 
 log = logging.getLogger(__name__)
@@ -417,11 +417,11 @@ class WorkerService:
         """What a pull of the session from this pod gets (`Transfer.claim`)."""
         return await self.sessions.transfer.claim(session_id, authorization)
 
-    def send_transfer(self, session_id: str, held: HeldForTransfer | HostCopy) -> AsyncIterator[memoryview]:
+    async def send_transfer(self, session_id: str, held: HeldForTransfer | HostCopy) -> Outgoing:
         """The body of that pull (`Transfer.send`)."""
-        return self.sessions.transfer.send(session_id, held)
+        return await self.sessions.transfer.send(session_id, held)
 
-    def send_kept(self, session_id: str, chunk: int, authorization: str | None) -> AsyncIterator[memoryview]:
+    def send_kept(self, session_id: str, chunk: int, authorization: str | None) -> Outgoing:
         """The body of a pull of the session's kept chunk by the pod a fork of it was placed on."""
         return self.sessions.transfer.send_kept(session_id, chunk, authorization)
 

@@ -100,6 +100,16 @@ def check_pool_token(token: str | None, authorization: str | None) -> None:
 
 
 @dataclass(frozen=True)
+class Outgoing:
+    """An export on its way to the pod that pulls it: its pieces, and their length, which the answer
+    declares (`content-length`): the puller then provides its whole buffer at once, the cheapest way to
+    receive into fresh memory here (docs/benchmarks.md "The transfer code per side")."""
+
+    size: int
+    body: AsyncIterator[memoryview]
+
+
+@dataclass(frozen=True)
 class HeldForTransfer:
     """A migrated session kept in the runner after its export reached the shared tier, until its new pod pulls
     it (docs/contracts.md §4 "Transfer") or `until` (monotonic) passes; it holds no slot."""
@@ -242,20 +252,22 @@ class Transfer:
         while time.monotonic() < deadline and await self._copy_still_needed(copy):  # noqa: ASYNC110 (the store)
             await asyncio.sleep(OFFER_POLL_SECONDS)
 
-    def send(self, session_id: str, held: HeldForTransfer | HostCopy) -> AsyncIterator[memoryview]:
+    async def send(self, session_id: str, held: HeldForTransfer | HostCopy) -> Outgoing:
         """The session's export, the HTTP body of a pull: a host-tier copy as it lies in memory (kept), a held
-        session's written into memory first and released (the puller has it, or reads the shared tier's
-        copy). No forward lock is held while the body goes out."""
+        session's written into memory first (under the forward lock, before the answer starts, so that its
+        length goes with it) and released (the puller has it, or reads the shared tier's copy). No forward
+        lock is held while the body goes out."""
         if isinstance(held, HostCopy):
-            return self._send_copy(held)
-        return self._send_held(session_id, held)
+            return Outgoing(held.size, self._send_copy(held))
+        pieces = await self._export_held(session_id, held)
+        return Outgoing(sum(map(len, pieces)), self._send_pieces(session_id, pieces))
 
     async def _send_copy(self, copy: HostCopy) -> AsyncIterator[memoryview]:
         async for piece in self._send_pieces(copy.session_id, copy.pieces):
             yield piece
         self._tasks.spawn(self._drop_copy_once_resumed(copy), f"sent-{copy.session_id}")
 
-    async def _send_held(self, session_id: str, held: HeldForTransfer) -> AsyncIterator[memoryview]:
+    async def _export_held(self, session_id: str, held: HeldForTransfer) -> tuple[memoryview, ...]:
         runtime = self.sessions.forward.runtime
         assert runtime is not None
         collector = PieceCollector(sys.maxsize)
@@ -270,10 +282,9 @@ class Transfer:
         except BaseException:
             self._record_sent(session_id, "failed", 0, 0.0)
             raise
-        async for piece in self._send_pieces(session_id, collector.finish()):
-            yield piece
+        return collector.finish()
 
-    def send_kept(self, session_id: str, chunk: int, authorization: str | None) -> AsyncIterator[memoryview]:
+    def send_kept(self, session_id: str, chunk: int, authorization: str | None) -> Outgoing:
         """The body of a pull of the session's kept chunk `chunk` (a fork placed on another pod, issue 26),
         for the pool's transfer token: its pieces as they lie in memory, kept (a fork consumes nothing)."""
         check_pool_token(self.settings.transfer_token, authorization)
@@ -285,7 +296,7 @@ class Transfer:
                 kept_chunks=kept,
             )
         log.info("sending kept chunk %d of session %s: %d bytes", chunk, session_id, copy.size)
-        return iter_pieces(copy.pieces)
+        return Outgoing(copy.size, iter_pieces(copy.pieces))
 
     async def _send_pieces(
         self, session_id: str, pieces: tuple[memoryview, ...]

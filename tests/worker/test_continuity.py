@@ -219,6 +219,21 @@ async def test_a_migration_is_pulled_pod_to_pod_and_a_wrong_token_harms_nothing(
     assert (await store.get_session(POOL, session)).chunk_index == 5
 
 
+async def test_a_held_session_is_sent_once_with_its_length_declared(pod_a, store, on_a, tier):
+    """The holder writes a held session's export before its answer starts, so the answer declares the length
+    (the puller then provides its whole buffer at once): the bytes of the shared tier's copy, the same
+    export."""
+    session = await on_a(seed=3)
+    for i in range(2):
+        frames_of(pod_a.tick(session, i, token=TOKEN))
+    record = await suspend_and_wait(store, POOL, session, reason="migrate")
+    sent = pull(pod_a, session, TRANSFER_TOKEN)
+    assert sent.status_code == 200
+    assert sent.headers["content-length"] == str(len(sent.content)) == str(record.bytes)
+    assert sent.content[:8] == (tier / record.location).read_bytes()[:8] == b"ARDSESS\x00"
+    error_of(pull(pod_a, session, TRANSFER_TOKEN), 404, "unknown_session")  # sent once
+
+
 async def test_a_holder_killed_mid_transfer_falls_back_to_the_shared_tier(
     launch_worker, redis_url, pod_a, pod_b, store, session_spec, tier
 ):

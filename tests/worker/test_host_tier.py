@@ -126,6 +126,8 @@ async def test_another_pod_pulls_a_host_tier_export_once(pod_a, pod_b, store, se
     record = await suspend_and_wait(store, POOL, session, reason="evicted")
     assert record.tier == "host"
     error_of(pull(pod_a, session, "not-the-token"), 401, "unauthorized")  # harms nothing
+    copy = pull(pod_a, session, TRANSFER_TOKEN)  # a pull does not consume it; its length is declared
+    assert copy.headers["content-length"] == str(len(copy.content)) == str(record.bytes)
 
     await place_on(store, record.spec(), "host-b")
     for i in (2, 3):
