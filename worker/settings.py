@@ -74,6 +74,8 @@ class WorkerSettings:
     host_tier_bytes: int = 0
     # Kept history (issue 26): bytes of this pod's memory for sessions' kept chunk boundaries (rewind, fork).
     history_bytes: int = 1 << 30
+    # Host memory kept between pulls to receive exports into (issue 42; 0: each pull gets fresh memory).
+    transfer_staging_bytes: int = 0
     # Pod-to-pod transfer of migrating sessions (issue 12): the pool's shared secret (never a flag, so never
     # in a process listing; never in a repr), and how long a migrated session waits here for its new pod.
     transfer_token: str | None = field(default=None, repr=False)
@@ -128,7 +130,7 @@ class WorkerSettings:
             raise ValueError(f"worker kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction!r}")
         if isinstance(self.snapshot_every_chunks, bool) or self.snapshot_every_chunks < 0:
             raise ValueError(f"worker snapshot_every_chunks must be >= 0, got {self.snapshot_every_chunks!r}")
-        for name in ("host_tier_bytes", "history_bytes"):
+        for name in ("host_tier_bytes", "history_bytes", "transfer_staging_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or value < 0:
                 raise ValueError(f"worker {name} must be >= 0, got {value!r}")
@@ -239,6 +241,8 @@ _HELP = {
     "snapshot_every_chunks": "a snapshot of each session to the shared tier every N chunks (0: none)",
     "host_tier_bytes": "bytes of host memory for suspended sessions' exports (0: none; the shared tier then)",
     "history_bytes": "bytes of host memory for sessions' kept chunks (history.keepChunks: rewind, fork)",
+    "transfer_staging_bytes": "bytes of host memory kept between pulls to receive sessions' exports into "
+    "(0: fresh memory for each pull)",
     "transfer_hold_seconds": "how long a migrated session waits here for its new pod to pull it directly",
     "tier_sweep_seconds": "how often the shared tier's files of deleted sessions are removed",
     "runtime": "vllm (vllm-omni's paged-KV runner) or fake (no torch; control-plane tests)",

@@ -47,7 +47,13 @@ from ardiff.worker.errors import (
     Unauthorized,
     UnknownSession,
 )
-from ardiff.worker.export_download import READ_TIMEOUT_SECONDS, TransferResult, download, peer_ssl_context
+from ardiff.worker.export_download import (
+    READ_TIMEOUT_SECONDS,
+    StagingMemory,
+    TransferResult,
+    download,
+    peer_ssl_context,
+)
 from ardiff.worker.host_tier import HostCopy, copy_needed, host_holder
 from ardiff.worker.metrics import WorkerMetrics
 from ardiff.worker.pieces import BodyReader, PieceCollector
@@ -142,6 +148,7 @@ class Transfer:
         self._offering: asyncio.Task[None] | None = None  # `_offer_held`, while sessions are held
         self._prefetching: dict[str, asyncio.Task[None]] = {}  # pulls offered by the holder, under way
         self._peer_context: ssl.SSLContext | None = None  # made at the first pull or offer
+        self.staging = StagingMemory(settings.transfer_staging_bytes)  # empty until a pull fits it
 
     @property
     def peer_context(self) -> ssl.SSLContext:
@@ -462,13 +469,18 @@ class Transfer:
         token = self.settings.transfer_token
         assert token is not None
         self.metrics.transfers_in_progress.labels("in").inc()
+        memory: object = None  # what the body lies in: the staging memory goes back after the import
         try:
             if not size:
                 raise TransferFailed("the store records no size for the export: nothing bounds the pull")
-            body, result = await download(url, token, size=size, context=self.peer_context)
+            body, result = await download(
+                url, token, size=size, context=self.peer_context, staging=self.staging
+            )
+            memory = body.obj
             book = await self.sessions.import_(
                 runtime.import_session, BodyReader(iter((body,))), as_session=as_session
             )
+            del body  # the import copied what the session keeps: nothing views the body any more
         except (ExportNoCapacity, ExportIdentityMismatch):
             raise  # this worker refuses the session: no other copy would do, and the holder's stays
         except Exception as exc:
@@ -484,15 +496,17 @@ class Transfer:
             return None
         finally:
             self.metrics.transfers_in_progress.labels("in").dec()
+            self.staging.give_back(memory)
         self.metrics.transfers.labels("in", "ok").inc()
         self.metrics.transfer_bytes.labels("in").inc(result.bytes)
         self.metrics.transfer_seconds.labels("in").observe(result.seconds)
         log.info(
-            "pulled session %s from pod %s: %d bytes in %.3f s (%.0f MB/s)",
+            "pulled session %s from pod %s: %d bytes in %.3f s (%.0f MB/s) into %s memory",
             session_id,
             pod,
             result.bytes,
             result.seconds,
             result.bytes_per_second / 1e6,
+            "the staging" if self.staging.holds(memory) else "fresh",
         )
         return book, result

@@ -47,7 +47,8 @@ def pod_a(launch_worker, redis_url, tier):
 
 @pytest.fixture(scope="module")
 def pod_b(launch_worker, redis_url, tier):
-    worker = launch(launch_worker, redis_url, tier, "cont-b")
+    # B pulls into memory it keeps between pulls (the pulls below: one that fails, then others).
+    worker = launch(launch_worker, redis_url, tier, "cont-b", transfer_staging_bytes=16 << 20)
     yield worker
     worker.stop()
 
@@ -208,6 +209,9 @@ async def test_a_migration_is_pulled_pod_to_pod_and_a_wrong_token_harms_nothing(
     }
     for i in (3, 4):  # the refused pulls harmed nothing
         np.testing.assert_array_equal(frames_of(pod_b.tick(session, i, token=TOKEN)), expected[i])
+    assert f"pulled session {session} from pod cont-a: {record.bytes} bytes" in pod_b.log()
+    assert "into the staging memory" in pod_b.log()
+    assert "staging memory is still viewed" not in pod_b.log()
     sent = metric(pod_a, 'ardiff_session_transfer_bytes_total{direction="out"}') - sent_before
     assert sent == record.bytes == metric(pod_b, 'ardiff_session_transfer_bytes_total{direction="in"}')
     assert metric(pod_b, 'ardiff_session_transfers_total{direction="in",result="ok"}') == 1

@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from ardiff.worker.errors import ExportCorrupt, TransferFailed
-from ardiff.worker.export_download import download
+from ardiff.worker.export_download import StagingMemory, download
 from ardiff.worker.pieces import BodyReader
 
 CONTEXT = ssl.create_default_context()
@@ -145,3 +145,52 @@ async def test_a_cancelled_pull_hangs_up_at_once() -> None:
             await pull
         assert time.monotonic() - started < 1.0
         await asyncio.wait_for(hung_up.wait(), timeout=2.0)
+
+
+async def test_pulls_that_fit_land_in_the_staging_memory_one_at_a_time_and_others_in_fresh_memory() -> None:
+    """The pod's staging memory is lent to one pull at a time: the body lands in it (a view of it, the same
+    memory pull after pull, given back after the import); a pull while it is lent, or a body larger than it,
+    gets fresh memory; a pull that fails gives it back itself."""
+    staging = StagingMemory(len(BODY))
+    async with holder(sends(ok(len(BODY)), BODY)) as (url, _):
+        body, _ = await download(url, "t", size=len(BODY), context=CONTEXT, staging=staging)
+        memory = body.obj
+        assert staging.holds(memory)
+        assert bytes(body) == BODY
+        other, _ = await download(url, "t", size=len(BODY), context=CONTEXT, staging=staging)
+        assert not staging.holds(other.obj)  # lent meanwhile: fresh memory
+        assert bytes(other) == BODY
+        del body
+        staging.give_back(memory)
+        again, _ = await download(url, "t", size=len(BODY), context=CONTEXT, staging=staging)
+        assert again.obj is memory  # nothing viewed it: lent again, the same pages
+        del again
+        staging.give_back(memory)
+    async with holder(sends(ok(len(BODY)), BODY[:1000])) as (url, _):
+        with pytest.raises(ExportCorrupt, match="cut off after 1000 bytes"):
+            await download(url, "t", size=len(BODY), context=CONTEXT, staging=staging)
+    assert staging.lend(len(BODY)) is memory  # the failed pull gave it back
+    staging.give_back(memory)
+    cut = chunked(BODY[:1000])[:-1]  # a chunked body cut off within a read: the read's frame views it
+    async with holder(sends(ok(None), *cut)) as (url, _):
+        with pytest.raises(ExportCorrupt, match="cut off after 1000 bytes"):
+            await download(url, "t", size=len(BODY), context=CONTEXT, staging=staging)
+    assert staging.lend(len(BODY)) is not None  # given back (or let go, if still viewed), never stuck lent
+    small = StagingMemory(1 << 20)
+    async with holder(sends(ok(len(BODY)), BODY)) as (url, _):  # a body larger than it
+        body, _ = await download(url, "t", size=len(BODY), context=CONTEXT, staging=small)
+    assert not small.holds(body.obj)
+    assert bytes(body) == BODY
+    assert StagingMemory(0).lend(1) is None  # a pod without any
+
+
+def test_staging_memory_still_viewed_after_its_pull_is_let_go_never_written_again() -> None:
+    staging = StagingMemory(1 << 20)
+    memory = staging.lend(1 << 20)
+    assert memory is not None
+    kept = memoryview(memory)[:16]  # a view that outlived its import (a tensor kept by mistake)
+    staging.give_back(memory)
+    again = staging.lend(1 << 20)
+    assert again is not None
+    assert again is not memory  # fresh memory: the view still reads what it read
+    kept.release()

@@ -339,7 +339,15 @@ async def test_a_migration_pulled_pod_to_pod_continues_bit_identically(
         await place(seed=21, prompt="a walk by the sea"),
         await place(seed=21, prompt="a walk by the sea"),
     )
-    target = real_worker(launch_worker, redis_url, tiny_model_cache, tier, "real-worker-1", wait=False)
+    target = real_worker(
+        launch_worker,
+        redis_url,
+        tiny_model_cache,
+        tier,
+        "real-worker-1",
+        wait=False,
+        transfer_staging_bytes=64 << 20,
+    )
     try:
         expected = [frames_of(worker.tick(twin, i, token=TOKEN, controls=[WALK[i % 3]])) for i in range(5)]
         for i in range(3):
@@ -362,6 +370,11 @@ async def test_a_migration_pulled_pod_to_pod_continues_bit_identically(
         )
         assert worker.metric('ardiff_session_transfer_bytes_total{direction="out"}') == record.bytes
         assert target.metric('ardiff_session_resumes_total{source="direct"}') == 1
+        # Into the memory the target keeps between pulls: the import left no view of it (every tensor the
+        # session keeps was copied out), so it is lent again, not let go.
+        assert f"{record.bytes} bytes in" in target.log()
+        assert "into the staging memory" in target.log()
+        assert "staging memory is still viewed" not in target.log()
         assert not (tier / record.location).exists()
         blocks = kv_blocks(worker)  # the source released what it held: only the twin's blocks are taken
         assert 0 < blocks["total"] - blocks["free"] == kv_blocks(target)["total"] - kv_blocks(target)["free"]
