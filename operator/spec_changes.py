@@ -1,13 +1,12 @@
 """A session's spec changed after its admission, applied by each pool round (issue 40 item 4).
 
 What a session is placed with is written into its placement record once, at admission; of the fields a user
-may change afterwards (the CRD makes `poolRef`, `family` and `forkFrom` immutable), `priority` and
-`evictionPolicy` decide who is evicted for whom, so the round writes a changed one into the record and the
-LRU index (`PlacementStore.set_eviction`). Level-triggered: the round compares the spec with the record it
-read, so a change made while no operator ran is applied by the next one. `idleTimeoutSeconds` is read from the
-spec itself by every round. Not applied (a known limit, docs/contracts.md §12): a changed `prompt`, `seed`,
-`image`, `maxChunks`, playout override or `history` — the record keeps what the session was admitted with, and
-a lost or evicted session is placed again with that.
+may change afterwards (the CRD makes `poolRef`, `family`, `forkFrom`, `prompt`, `seed`, `image`,
+`maxChunks` and `playout` immutable), `priority` and `evictionPolicy` decide who is evicted for whom, so the
+round writes a changed one into the record and the LRU index (`PlacementStore.set_eviction`).
+Level-triggered: the round compares the spec with the record it read, so a change made while no operator ran
+is applied by the next one. `idleTimeoutSeconds` is read from the spec itself by every round; `history` when
+the session is placed.
 """
 
 from __future__ import annotations

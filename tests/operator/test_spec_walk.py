@@ -80,6 +80,11 @@ def session_steps(rng: random.Random) -> list[Step]:
         Step({"evictionPolicy": "Sometimes"}, "Unsupported value"),
         Step({"maxChunks": 0}, "should be greater than or equal to 1"),
         Step({"prompt": None}, "prompt"),
+        # What the session was admitted with (before: accepted, and never applied).
+        Step({"prompt": "another world"}, "prompt is immutable"),
+        Step({"seed": rng.randint(2, 1000)}, "seed is immutable"),
+        Step({"maxChunks": rng.randint(1, 100)}, "maxChunks is immutable"),
+        Step({"playout": {"fps": 8}}, "playout is immutable"),
     ]
     steps = [Step(patch) for patch in valid] + invalid
     rng.shuffle(steps)
