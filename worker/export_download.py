@@ -6,9 +6,9 @@ The body is received into one buffer (the pod's `StagingMemory` when it has one 
 holder declares the body's length, else, the store's size being only a bound, as the bytes arrive) by
 `http.client`'s `readinto`, in a thread: the kernel's copy is the only copy, with no per-piece object or join
 on the way, so a pull costs about what the wire and the memory cost (issue 42 item 1: httpx's streaming spent
-several CPU-seconds per GB in its parser and buffers). The export reader
-then reads its tensors as views of that buffer (worker/pieces.py `BodyReader`). The deadline and a cancelled
-pull are looked at between two reads of at most `READ_INTO_BYTES`.
+several CPU-seconds per GB in its parser and buffers). The export reader then reads its tensors as views of
+that buffer (worker/pieces.py `BodyReader`). The deadline and a cancelled pull are looked at between two reads
+of at most `READ_INTO_BYTES`.
 """
 
 from __future__ import annotations
