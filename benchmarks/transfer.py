@@ -70,11 +70,12 @@ def serve_holder(total_bytes: int, tls_dir: str | None) -> None:
     from ardiff.worker.transfer import TRANSFER_PATH, Outgoing, iter_pieces
 
     pieces, write_seconds = synthetic_export(total_bytes)
+    size = sum(map(len, pieces))
     app = FastAPI()
 
     @app.get(TRANSFER_PATH)
     async def export(session_id: str) -> StreamingResponse:
-        return export_response(Outgoing(sum(map(len, pieces)), iter_pieces(pieces)))
+        return export_response(Outgoing(size, iter_pieces(pieces)))
 
     @app.get(CPU_PATH)
     async def cpu() -> dict[str, float]:
@@ -83,7 +84,6 @@ def serve_holder(total_bytes: int, tls_dir: str | None) -> None:
         return {"cpu": time.process_time()}
 
     port = free_port()
-    size = sum(len(piece) for piece in pieces)
     print(READY_MARKER + json.dumps({"port": port, "bytes": size, "write_s": write_seconds}), flush=True)
     tls = (
         {}
